@@ -1,0 +1,27 @@
+//===- MoEEnums.td - MoE dialect enums -----------------------*- tablegen -*-===//
+
+#ifndef MOE_DIALECT_MOE_IR_MOEENUMS_TD
+#define MOE_DIALECT_MOE_IR_MOEENUMS_TD
+
+include "mlir/IR/EnumAttr.td"
+
+def MoE_ScoringFunc : I32EnumAttr<"ScoringFunc",
+    "how router logits become expert scores", [
+      I32EnumAttrCase<"softmax", 0>,
+      I32EnumAttrCase<"sigmoid", 1>
+    ]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def MoE_Activation : I32EnumAttr<"Activation",
+    "activation of the expert FFN", [
+      I32EnumAttrCase<"swiglu", 0>,
+      I32EnumAttrCase<"gelu", 1>,
+      I32EnumAttrCase<"silu", 2>
+    ]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+#endif // MOE_DIALECT_MOE_IR_MOEENUMS_TD

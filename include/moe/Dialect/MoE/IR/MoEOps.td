@@ -1,0 +1,520 @@
+//===- MoEOps.td - MoE dialect operations -------------------*- tablegen -*-===//
+//
+// Forward ops (layer, router, dispatch, expert_ffn, shared_expert, combine,
+// aux_loss), memory-placement ops (checkpoint, offload, prefetch) and the
+// gradient op of each differentiable forward op.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_DIALECT_MOE_IR_MOEOPS_TD
+#define MOE_DIALECT_MOE_IR_MOEOPS_TD
+
+include "moe/Dialect/MoE/IR/MoEBase.td"
+include "moe/Dialect/MoE/IR/MoEAttributes.td"
+include "moe/Dialect/MoE/IR/MoETypes.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Type constraints
+//===----------------------------------------------------------------------===//
+
+def MoE_Float : AnyTypeOf<[BF16, F16, F32]>;
+def MoE_Activations : TensorRankOf<[BF16, F16, F32], [2]>;
+def MoE_Weights2D : TensorRankOf<[BF16, F16, F32], [2]>;
+def MoE_Weights3D : TensorRankOf<[BF16, F16, F32], [3]>;
+def MoE_F32Matrix : TensorRankOf<[F32], [2]>;
+def MoE_F32Vector : TensorRankOf<[F32], [1]>;
+def MoE_F32Scalar : TensorRankOf<[F32], [0]>;
+def MoE_I32Matrix : TensorRankOf<[I32], [2]>;
+def MoE_I32Vector : TensorRankOf<[I32], [1]>;
+
+def MoE_PositiveF64Attr : ConfinedAttr<F64Attr, [
+    AttrConstraint<CPred<
+      "::llvm::cast<::mlir::FloatAttr>($_self).getValueAsDouble() > 0.0">,
+      "whose value is positive">]>;
+
+//===----------------------------------------------------------------------===//
+// Forward ops
+//===----------------------------------------------------------------------===//
+
+def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
+  let summary = "a whole MoE layer: router, routed experts and shared experts";
+  let description = [{
+    The entry point of the dialect: one Mixture-of-Experts layer as a
+    framework sees it. `moe-decompose` expands it into `moe.router`,
+    `moe.dispatch`, `moe.expert_ffn`, `moe.combine` and, with shared experts,
+    `moe.shared_expert` plus an add.
+
+    Operands: `x [T, d]`, router weight `W_r [d, E]`, optional selection bias
+    `[E]` (f32, changes only which experts are chosen), expert weights
+    `W_gate_up [E, d, 2n]` (`[E, d, n]` for plain `gelu`/`silu` experts) and
+    `W_down [E, n, d]`, and optional shared-expert weights `[d, 2m]` and
+    `[m, d]` (several shared experts are one wider shared expert).
+
+    Results: the layer output `[T, d]` and the router logits `[T, E]` (f32),
+    which auxiliary losses read.
+
+    `capacity_factor` turns on token dropping: each expert keeps at most
+    `ceil(capacity_factor * T * k / E)` (token, slot) pairs, first come in
+    token order. Without it the layer is dropless.
+
+    ```mlir
+    %out, %logits = moe.layer %x, %w_router, %w_gate_up, %w_down
+        {activation = #moe.activation<swiglu>,
+         routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+        : tensor<16384x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>,
+          tensor<8x14336x4096xbf16> -> tensor<16384x4096xbf16>, tensor<16384x8xf32>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_Weights2D:$router_weight,
+    Optional<MoE_F32Vector>:$router_bias,
+    MoE_Weights3D:$w_gate_up,
+    MoE_Weights3D:$w_down,
+    Optional<MoE_Weights2D>:$shared_gate_up,
+    Optional<MoE_Weights2D>:$shared_down,
+    MoE_RoutingAttr:$routing,
+    MoE_ActivationAttr:$activation,
+    OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor
+  );
+  let results = (outs MoE_Activations:$out, MoE_F32Matrix:$router_logits);
+  let assemblyFormat = [{
+    $x `,` $router_weight `,` $w_gate_up `,` $w_down
+    (`bias` `(` $router_bias^ `:` type($router_bias) `)`)?
+    (`shared` `(` $shared_gate_up^ `,` $shared_down `:` type($shared_gate_up) `,` type($shared_down) `)`)?
+    attr-dict `:` type($x) `,` type($router_weight) `,` type($w_gate_up) `,`
+    type($w_down) `->` type($out) `,` type($router_logits)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_RouterOp : MoE_Op<"router", [Pure]> {
+  let summary = "router: logits, scoring, (grouped) top-k selection and weights";
+  let description = [{
+    `logits = x · W_r` accumulated in f32; scores are `softmax(logits)` or
+    `sigmoid(logits)`. The selection score is the score plus the optional
+    `bias`; with `num_groups > 1` only experts of the `topk_groups` best groups
+    are candidates. The `k` best candidates are chosen (ties go to the lower
+    expert index); their weights are their scores (without bias), divided by
+    their sum when `renormalize`, times `scaling_factor`.
+
+    Results: `weights [T, k]` (f32), `experts [T, k]` (i32, in descending
+    selection score) and `logits [T, E]` (f32).
+
+    ```mlir
+    %w, %e, %logits = moe.router %x, %w_router bias(%b : tensor<256xf32>)
+        {routing = #moe.routing<scoring = sigmoid, top_k = 8, renormalize = true,
+                                num_groups = 8, topk_groups = 4, scaling_factor = 2.5>}
+        : tensor<8192x7168xbf16>, tensor<7168x256xbf16>
+        -> tensor<8192x8xf32>, tensor<8192x8xi32>, tensor<8192x256xf32>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_Weights2D:$router_weight,
+    Optional<MoE_F32Vector>:$bias,
+    MoE_RoutingAttr:$routing
+  );
+  let results = (outs MoE_F32Matrix:$weights, MoE_I32Matrix:$experts,
+                      MoE_F32Matrix:$logits);
+  let assemblyFormat = [{
+    $x `,` $router_weight (`bias` `(` $bias^ `:` type($bias) `)`)? attr-dict
+    `:` type($x) `,` type($router_weight) `->` type($weights) `,`
+    type($experts) `,` type($logits)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_DispatchOp : MoE_Op<"dispatch", [Pure]> {
+  let summary = "build the dispatch queues from the chosen experts";
+  let description = [{
+    Sorts the `T * k` (token, slot) pairs by expert, stable in token order,
+    without copying any activation. Results:
+    - `token_ids [T * k]`: the token of each row, rows in expert order;
+    - `offsets [E + 1]`: expert `e` owns rows `[offsets[e], offsets[e+1])`;
+    - `rows [T, k]`: the row of each (token, slot) pair, or -1 when dropped.
+
+    With `capacity_factor` each expert keeps at most
+    `ceil(capacity_factor * T * k / E)` pairs (first in token order); rows
+    past `offsets[E]` are unused. The result is deterministic. An expert index
+    outside `[0, E)` is a runtime error of the lowered code.
+
+    ```mlir
+    %token_ids, %offsets, %rows = moe.dispatch %experts {num_experts = 8 : i64}
+        : tensor<16384x2xi32> -> tensor<32768xi32>, tensor<9xi32>, tensor<16384x2xi32>
+    ```
+  }];
+  let arguments = (ins
+    MoE_I32Matrix:$experts,
+    ConfinedAttr<I64Attr, [IntMinValue<1>]>:$num_experts,
+    OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor
+  );
+  let results = (outs MoE_I32Vector:$token_ids, MoE_I32Vector:$offsets,
+                      MoE_I32Matrix:$rows);
+  let assemblyFormat = [{
+    $experts attr-dict `:` type($experts) `->` type($token_ids) `,`
+    type($offsets) `,` type($rows)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertFFNOp : MoE_Op<"expert_ffn", [Pure]> {
+  let summary = "every expert's FFN on its queue of gathered tokens";
+  let description = [{
+    For each expert `e` and each row `r` in `[offsets[e], offsets[e+1])`:
+    `h[r] = x[token_ids[r]] · W_gate_up[e]` (f32 accumulate), `a[r] = act(h[r])`
+    and `y[r] = a[r] · W_down[e]`. For `swiglu`, `act(h) = silu(h[:, :n]) *
+    h[:, n:]`; `gelu` and `silu` apply to `h` of width `n`.
+
+    Results, both in expert order: `y [T * k, d]` and the pre-activations
+    `h [T * k, 2n]` (`[T * k, n]` for plain activations), which backward may
+    keep. Rows without an expert (dropped pairs) are zero.
+
+    ```mlir
+    %y, %h = moe.expert_ffn %x, %token_ids, %offsets, %w_gate_up, %w_down
+        {activation = #moe.activation<swiglu>}
+        : tensor<16384x4096xbf16>, tensor<32768xi32>, tensor<9xi32>,
+          tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16>
+        -> tensor<32768x4096xbf16>, tensor<32768x28672xbf16>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_I32Vector:$token_ids,
+    MoE_I32Vector:$offsets,
+    MoE_Weights3D:$w_gate_up,
+    MoE_Weights3D:$w_down,
+    MoE_ActivationAttr:$activation
+  );
+  let results = (outs MoE_Activations:$y, MoE_Activations:$h);
+  let assemblyFormat = [{
+    $x `,` $token_ids `,` $offsets `,` $w_gate_up `,` $w_down attr-dict `:`
+    type($x) `,` type($token_ids) `,` type($offsets) `,` type($w_gate_up) `,`
+    type($w_down) `->` type($y) `,` type($h)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_SharedExpertOp : MoE_Op<"shared_expert", [Pure]> {
+  let summary = "a dense FFN applied to every token (DeepSeek-V3, Qwen2-MoE)";
+  let description = [{
+    `h = x · W_gate_up` (`[T, 2m]`, or `[T, m]` for plain activations),
+    `y = act(h) · W_down`. Results: `y [T, d]` and `h`.
+
+    ```mlir
+    %y, %h = moe.shared_expert %x, %w_gate_up, %w_down
+        {activation = #moe.activation<swiglu>}
+        : tensor<8192x7168xbf16>, tensor<7168x4096xbf16>, tensor<2048x7168xbf16>
+        -> tensor<8192x7168xbf16>, tensor<8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_Weights2D:$w_gate_up,
+    MoE_Weights2D:$w_down,
+    MoE_ActivationAttr:$activation
+  );
+  let results = (outs MoE_Activations:$y, MoE_Activations:$h);
+  let assemblyFormat = [{
+    $x `,` $w_gate_up `,` $w_down attr-dict `:` type($x) `,` type($w_gate_up)
+    `,` type($w_down) `->` type($y) `,` type($h)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_CombineOp : MoE_Op<"combine", [Pure]> {
+  let summary = "deterministic weighted gather-sum of expert outputs per token";
+  let description = [{
+    `out[t] = sum_j weights[t, j] * y[rows[t, j]]` accumulated in f32 in
+    slot order `j = 0..k-1`; slots with `rows[t, j] == -1` (dropped) add
+    nothing.
+
+    ```mlir
+    %out = moe.combine %y, %weights, %rows
+        : tensor<32768x4096xbf16>, tensor<16384x2xf32>, tensor<16384x2xi32>
+        -> tensor<16384x4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$y, MoE_F32Matrix:$weights,
+                       MoE_I32Matrix:$rows);
+  let results = (outs MoE_Activations:$out);
+  let assemblyFormat = [{
+    $y `,` $weights `,` $rows attr-dict `:` type($y) `,` type($weights) `,`
+    type($rows) `->` type($out)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_AuxLossOp : MoE_Op<"aux_loss", [Pure]> {
+  let summary = "switch-style load-balancing loss and router z-loss";
+  let description = [{
+    With `p = score(logits)` (`softmax`, or `sigmoid` normalised per token),
+    `f_e` the fraction of the `T * k` selections that went to expert `e` and
+    `P_e` the mean of `p[:, e]` over tokens:
+    - `load_balance = E / k * sum_e f_e * P_e` (1.0 when perfectly balanced);
+    - `z_loss = mean_t(logsumexp(logits[t])^2)`.
+    Both are unscaled f32 scalars; the training loop chooses coefficients.
+
+    ```mlir
+    %lb, %z = moe.aux_loss %logits, %experts {scoring = #moe.scoring<softmax>}
+        : tensor<16384x8xf32>, tensor<16384x2xi32> -> tensor<f32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins MoE_F32Matrix:$logits, MoE_I32Matrix:$experts,
+                       MoE_ScoringFuncAttr:$scoring);
+  let results = (outs MoE_F32Scalar:$load_balance, MoE_F32Scalar:$z_loss);
+  let assemblyFormat = [{
+    $logits `,` $experts attr-dict `:` type($logits) `,` type($experts) `->`
+    type($load_balance) `,` type($z_loss)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Memory placement
+//===----------------------------------------------------------------------===//
+
+def MoE_CheckpointOp : MoE_Op<"checkpoint", [
+    IsolatedFromAbove, RecursiveMemoryEffects,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "a region recomputed in backward instead of saved";
+  let description = [{
+    Values defined inside the region are not saved for backward: backward
+    re-runs the region from its `inputs`. The region is isolated from above,
+    so its inputs are exactly what must be kept; its block arguments take the
+    inputs' types and `moe.yield` gives the results.
+
+    ```mlir
+    %y, %h = moe.checkpoint (%x, %ids, %offs, %wgu, %wd)
+        : (tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>,
+           tensor<5x40x48xf32>) -> (tensor<74x48xf32>, tensor<74x80xf32>) {
+    ^bb0(%a: tensor<37x48xf32>, %b: tensor<74xi32>, %c: tensor<6xi32>,
+         %d: tensor<5x48x80xf32>, %e: tensor<5x40x48xf32>):
+      %0, %1 = moe.expert_ffn %a, %b, %c, %d, %e {activation = #moe.activation<swiglu>}
+          : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>,
+            tensor<5x40x48xf32> -> tensor<74x48xf32>, tensor<74x80xf32>
+      moe.yield %0, %1 : tensor<74x48xf32>, tensor<74x80xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<AnyType>:$inputs);
+  let results = (outs Variadic<AnyType>:$outputs);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body
+  }];
+  let hasRegionVerifier = 1;
+}
+
+def MoE_YieldOp : MoE_Op<"yield", [
+    Pure, ReturnLike, Terminator, HasParent<"CheckpointOp">]> {
+  let summary = "the results of a moe.checkpoint region";
+  let description = [{
+    ```mlir
+    moe.yield %0, %1 : tensor<74x48xf32>, tensor<74x80xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyType>:$values);
+  let builders = [OpBuilder<(ins), [{ /* nothing to yield */ }]>];
+  let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
+}
+
+def MoE_OffloadOp : MoE_Op<"offload"> {
+  let summary = "move a saved tensor to pinned host memory";
+  let description = [{
+    Starts an asynchronous device-to-host copy on the copy stream after the
+    tensor's last forward use; the device buffer is free once the copy is
+    done. Shape and element type are kept.
+
+    ```mlir
+    %host = moe.offload %h : tensor<32768x28672xbf16> -> !moe.host_tensor<32768x28672xbf16>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$source);
+  let results = (outs MoE_HostTensorType:$host);
+  let assemblyFormat = "$source attr-dict `:` type($source) `->` qualified(type($host))";
+  let hasVerifier = 1;
+}
+
+def MoE_PrefetchOp : MoE_Op<"prefetch"> {
+  let summary = "bring an offloaded tensor back to device memory";
+  let description = [{
+    Starts the host-to-device copy on the copy stream before the tensor's
+    first backward use; users wait on its event.
+
+    ```mlir
+    %h = moe.prefetch %host : !moe.host_tensor<32768x28672xbf16> -> tensor<32768x28672xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_HostTensorType:$host);
+  let results = (outs AnyRankedTensor:$device);
+  let assemblyFormat = "$host attr-dict `:` qualified(type($host)) `->` type($device)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient ops
+//===----------------------------------------------------------------------===//
+
+def MoE_RouterGradOp : MoE_Op<"router_grad", [Pure]> {
+  let summary = "backward of moe.router";
+  let description = [{
+    Given the gradient of the routing weights `d_weights [T, k]` (and,
+    optionally, an extra gradient into the logits `d_logits [T, E]`, e.g. from
+    `moe.aux_loss_grad`), recomputes the scores from `logits`, backpropagates
+    through renormalisation, scaling and scoring, and returns
+    `dx = dlogits · W_r^T [T, d]` and `d_router_weight = x^T · dlogits [d, E]`.
+    The selection itself (top-k, groups, bias) is not differentiated.
+
+    ```mlir
+    %dx, %dwr = moe.router_grad %x, %w_router, %logits, %experts, %dw
+        {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+        : tensor<16384x4096xbf16>, tensor<4096x8xbf16>, tensor<16384x8xf32>,
+          tensor<16384x2xi32>, tensor<16384x2xf32>
+        -> tensor<16384x4096xbf16>, tensor<4096x8xbf16>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_Weights2D:$router_weight,
+    MoE_F32Matrix:$logits,
+    MoE_I32Matrix:$experts,
+    MoE_F32Matrix:$d_weights,
+    Optional<MoE_F32Matrix>:$d_logits,
+    MoE_RoutingAttr:$routing
+  );
+  let results = (outs MoE_Activations:$dx, MoE_Weights2D:$d_router_weight);
+  let assemblyFormat = [{
+    $x `,` $router_weight `,` $logits `,` $experts `,` $d_weights
+    (`logits_grad` `(` $d_logits^ `:` type($d_logits) `)`)? attr-dict `:`
+    type($x) `,` type($router_weight) `,` type($logits) `,` type($experts) `,`
+    type($d_weights) `->` type($dx) `,` type($d_router_weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure]> {
+  let summary = "backward of moe.expert_ffn";
+  let description = [{
+    From the gradient of the expert outputs `dy [T * k, d]` (expert order) and
+    the pre-activations `h` (saved or recomputed): `a = act(h)`,
+    `da = dy · W_down[e]^T`, `dh = act'(h, da)`, and returns
+    `dx [T, d]` (`dx[t] = sum of dh[r] · W_gate_up[e]^T over the rows r of
+    token t`, in row order), `d_w_gate_up[e] = x[q]^T · dh` and
+    `d_w_down[e] = a^T · dy`.
+
+    ```mlir
+    %dx, %dwgu, %dwd = moe.expert_ffn_grad %x, %token_ids, %offsets, %w_gate_up,
+        %w_down, %h, %dy {activation = #moe.activation<swiglu>}
+        : tensor<16384x4096xbf16>, tensor<32768xi32>, tensor<9xi32>,
+          tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16>,
+          tensor<32768x28672xbf16>, tensor<32768x4096xbf16>
+        -> tensor<16384x4096xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_I32Vector:$token_ids,
+    MoE_I32Vector:$offsets,
+    MoE_Weights3D:$w_gate_up,
+    MoE_Weights3D:$w_down,
+    MoE_Activations:$h,
+    MoE_Activations:$dy,
+    MoE_ActivationAttr:$activation
+  );
+  let results = (outs MoE_Activations:$dx, MoE_Weights3D:$d_w_gate_up,
+                      MoE_Weights3D:$d_w_down);
+  let assemblyFormat = [{
+    $x `,` $token_ids `,` $offsets `,` $w_gate_up `,` $w_down `,` $h `,` $dy
+    attr-dict `:` type($x) `,` type($token_ids) `,` type($offsets) `,`
+    type($w_gate_up) `,` type($w_down) `,` type($h) `,` type($dy) `->`
+    type($dx) `,` type($d_w_gate_up) `,` type($d_w_down)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_SharedExpertGradOp : MoE_Op<"shared_expert_grad", [Pure]> {
+  let summary = "backward of moe.shared_expert";
+  let description = [{
+    From `dy [T, d]` and the pre-activations `h`: returns `dx [T, d]`,
+    `d_w_gate_up` and `d_w_down`.
+
+    ```mlir
+    %dx, %dwgu, %dwd = moe.shared_expert_grad %x, %w_gate_up, %w_down, %h, %dy
+        {activation = #moe.activation<swiglu>}
+        : tensor<8192x7168xbf16>, tensor<7168x4096xbf16>, tensor<2048x7168xbf16>,
+          tensor<8192x4096xbf16>, tensor<8192x7168xbf16>
+        -> tensor<8192x7168xbf16>, tensor<7168x4096xbf16>, tensor<2048x7168xbf16>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_Weights2D:$w_gate_up,
+    MoE_Weights2D:$w_down,
+    MoE_Activations:$h,
+    MoE_Activations:$dy,
+    MoE_ActivationAttr:$activation
+  );
+  let results = (outs MoE_Activations:$dx, MoE_Weights2D:$d_w_gate_up,
+                      MoE_Weights2D:$d_w_down);
+  let assemblyFormat = [{
+    $x `,` $w_gate_up `,` $w_down `,` $h `,` $dy attr-dict `:` type($x) `,`
+    type($w_gate_up) `,` type($w_down) `,` type($h) `,` type($dy) `->`
+    type($dx) `,` type($d_w_gate_up) `,` type($d_w_down)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_CombineGradOp : MoE_Op<"combine_grad", [Pure]> {
+  let summary = "backward of moe.combine";
+  let description = [{
+    `dy[rows[t, j]] = weights[t, j] * dout[t]` (expert order; rows nobody
+    owns are zero) and `d_weights[t, j] = <dout[t], y[rows[t, j]]>` in f32
+    (zero for dropped slots).
+
+    ```mlir
+    %dy, %dw = moe.combine_grad %dout, %weights, %rows, %y
+        : tensor<16384x4096xbf16>, tensor<16384x2xf32>, tensor<16384x2xi32>,
+          tensor<32768x4096xbf16> -> tensor<32768x4096xbf16>, tensor<16384x2xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$dout, MoE_F32Matrix:$weights,
+                       MoE_I32Matrix:$rows, MoE_Activations:$y);
+  let results = (outs MoE_Activations:$dy, MoE_F32Matrix:$d_weights);
+  let assemblyFormat = [{
+    $dout `,` $weights `,` $rows `,` $y attr-dict `:` type($dout) `,`
+    type($weights) `,` type($rows) `,` type($y) `->` type($dy) `,`
+    type($d_weights)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_AuxLossGradOp : MoE_Op<"aux_loss_grad", [Pure]> {
+  let summary = "backward of moe.aux_loss";
+  let description = [{
+    The gradient of `d_load_balance * load_balance + d_z_loss * z_loss` with
+    respect to the logits (the selection counts `f_e` are constants).
+
+    ```mlir
+    %dlogits = moe.aux_loss_grad %logits, %experts, %dlb, %dz
+        {scoring = #moe.scoring<softmax>}
+        : tensor<16384x8xf32>, tensor<16384x2xi32>, tensor<f32>, tensor<f32>
+        -> tensor<16384x8xf32>
+    ```
+  }];
+  let arguments = (ins MoE_F32Matrix:$logits, MoE_I32Matrix:$experts,
+                       MoE_F32Scalar:$d_load_balance, MoE_F32Scalar:$d_z_loss,
+                       MoE_ScoringFuncAttr:$scoring);
+  let results = (outs MoE_F32Matrix:$d_logits);
+  let assemblyFormat = [{
+    $logits `,` $experts `,` $d_load_balance `,` $d_z_loss attr-dict `:`
+    type($logits) `,` type($experts) `,` type($d_load_balance) `,`
+    type($d_z_loss) `->` type($d_logits)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // MOE_DIALECT_MOE_IR_MOEOPS_TD

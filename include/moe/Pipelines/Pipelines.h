@@ -1,0 +1,49 @@
+//===- Pipelines.h - moe-mlir pass pipelines ----------------*- C++ -*-===//
+
+#ifndef MOE_PIPELINES_PIPELINES_H
+#define MOE_PIPELINES_PIPELINES_H
+
+#include "moe/Support/OptionParsers.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace mlir::moe {
+
+/// Where saved activations may go besides device memory.
+enum class OffloadMode { Never, Auto, Always };
+
+struct MoETrainingPipelineOptions
+    : public PassPipelineOptions<MoETrainingPipelineOptions> {
+  PassOptions::Option<std::string, ChipOptionParser> chip{
+      *this, "chip", llvm::cl::desc("GPU architecture to generate for"),
+      llvm::cl::init("sm_90a")};
+  PassOptions::Option<std::string, MemorySizeOptionParser> memoryBudget{
+      *this, "memory-budget",
+      llvm::cl::desc("Activation memory the layer may keep for backward, e.g. "
+                     "4GiB (empty: no limit)"),
+      llvm::cl::init("")};
+  PassOptions::Option<OffloadMode> offload{
+      *this, "offload",
+      llvm::cl::desc("Whether saved activations may move to host memory"),
+      llvm::cl::init(OffloadMode::Never),
+      llvm::cl::values(
+          clEnumValN(OffloadMode::Never, "never", "keep or recompute only"),
+          clEnumValN(OffloadMode::Auto, "auto",
+                     "offload when it is the fastest plan under the budget"),
+          clEnumValN(OffloadMode::Always, "always",
+                     "offload every saved activation that can be"))};
+};
+
+/// The whole compiler: a forward `moe` layer in, training kernels out. Today
+/// it decomposes layers; the options are validated and reserved for the
+/// backward, planning and GPU stages.
+void buildMoETrainingPipeline(OpPassManager &pm,
+                              const MoETrainingPipelineOptions &options);
+
+/// Registers every moe-mlir pipeline with the pass registry.
+void registerMoEPipelines();
+
+} // namespace mlir::moe
+
+#endif // MOE_PIPELINES_PIPELINES_H

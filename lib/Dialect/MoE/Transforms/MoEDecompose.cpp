@@ -1,0 +1,94 @@
+//===- MoEDecompose.cpp - Expand moe.layer into its steps ---*- C++ -*-===//
+
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoE/Transforms/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/IR/PatternMatch.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_MOEDECOMPOSE
+#include "moe/Dialect/MoE/Transforms/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+
+int64_t mulOrDynamic(int64_t a, int64_t b) {
+  if (ShapedType::isDynamic(a) || ShapedType::isDynamic(b))
+    return ShapedType::kDynamic;
+  return a * b;
+}
+
+/// Builds the router/dispatch/expert/combine chain of one layer. Fails (with
+/// a diagnostic on the layer) when the number of experts is not static.
+LogicalResult decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
+  auto xType = layer.getX().getType();
+  auto routerType = layer.getRouterWeight().getType();
+  auto gateUpType = layer.getWGateUp().getType();
+  int64_t numExperts = routerType.getDimSize(1);
+  if (ShapedType::isDynamic(numExperts))
+    numExperts = gateUpType.getDimSize(0);
+  if (ShapedType::isDynamic(numExperts))
+    return layer.emitOpError(
+        "cannot be decomposed: the number of experts must be static");
+
+  Location loc = layer.getLoc();
+  RoutingAttr routing = layer.getRouting();
+  int64_t tokens = xType.getDimSize(0), hidden = xType.getDimSize(1);
+  int64_t topK = routing.getTopK();
+  int64_t pairs = mulOrDynamic(tokens, topK);
+  Type elementType = xType.getElementType();
+  Builder &b = rewriter;
+  auto f32Pairs = RankedTensorType::get({tokens, topK}, b.getF32Type());
+  auto i32Pairs = RankedTensorType::get({tokens, topK}, b.getI32Type());
+  auto logitsType = layer.getRouterLogits().getType();
+
+  rewriter.setInsertionPoint(layer);
+  auto router = RouterOp::create(rewriter, loc, f32Pairs, i32Pairs, logitsType,
+                                 layer.getX(), layer.getRouterWeight(),
+                                 layer.getRouterBias(), routing);
+  auto dispatch = DispatchOp::create(
+      rewriter, loc, RankedTensorType::get({pairs}, b.getI32Type()),
+      RankedTensorType::get({numExperts + 1}, b.getI32Type()), i32Pairs,
+      router.getExperts(), b.getI64IntegerAttr(numExperts),
+      layer.getCapacityFactorAttr());
+  auto expertY = RankedTensorType::get({pairs, hidden}, elementType);
+  auto expertH =
+      RankedTensorType::get({pairs, gateUpType.getDimSize(2)}, elementType);
+  auto experts = ExpertFFNOp::create(
+      rewriter, loc, expertY, expertH, layer.getX(), dispatch.getTokenIds(),
+      dispatch.getOffsets(), layer.getWGateUp(), layer.getWDown(),
+      layer.getActivationAttr());
+  Value out =
+      CombineOp::create(rewriter, loc, layer.getOut().getType(), experts.getY(),
+                        router.getWeights(), dispatch.getRows());
+  if (TypedValue<RankedTensorType> sharedGateUp = layer.getSharedGateUp()) {
+    auto sharedH = RankedTensorType::get(
+        {tokens, sharedGateUp.getType().getDimSize(1)}, elementType);
+    auto shared = SharedExpertOp::create(
+        rewriter, loc, layer.getOut().getType(), sharedH, layer.getX(),
+        sharedGateUp, layer.getSharedDown(), layer.getActivationAttr());
+    out = arith::AddFOp::create(rewriter, loc, out, shared.getY());
+  }
+  rewriter.replaceOp(layer, {out, router.getLogits()});
+  return success();
+}
+
+struct MoEDecomposePass
+    : public mlir::moe::impl::MoEDecomposeBase<MoEDecomposePass> {
+  void runOnOperation() override {
+    SmallVector<LayerOp> layers;
+    getOperation()->walk([&](LayerOp layer) { layers.push_back(layer); });
+    IRRewriter rewriter(&getContext());
+    bool failedAny = false;
+    for (LayerOp layer : layers)
+      failedAny |= failed(decomposeLayer(rewriter, layer));
+    if (failedAny)
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Configures (once) and builds moe-mlir with clang-22, lld and Ninja.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${MOE_BUILD_DIR:-$root/build}
+
+if [[ ! -f $build/build.ninja ]]; then
+  cmake -G Ninja -S "$root" -B "$build" \
+    -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
+    -DLLVM_USE_LINKER=lld
+fi
+ninja -C "$build"

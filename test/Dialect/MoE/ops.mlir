@@ -1,0 +1,180 @@
+// Every moe op in custom form, printed and re-parsed in custom, generic and
+// bytecode form.
+// RUN: moe-opt %s | moe-opt | FileCheck %s
+// RUN: moe-opt %s --mlir-print-op-generic | moe-opt | FileCheck %s
+// RUN: moe-opt %s --emit-bytecode | moe-opt | FileCheck %s
+// RUN: moe-opt %s --mlir-print-op-generic | FileCheck %s --check-prefix=GENERIC
+
+// CHECK-LABEL: func.func @layer_mixtral
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
+// GENERIC-LABEL: sym_name = "layer_mixtral"
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}>
+func.func @layer_mixtral(%x: tensor<?x4096xbf16>, %wr: tensor<4096x8xbf16>,
+                         %wgu: tensor<8x4096x28672xbf16>,
+                         %wd: tensor<8x14336x4096xbf16>)
+    -> (tensor<?x4096xbf16>, tensor<?x8xf32>) {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>,
+       routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>,
+        tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
+  return %out, %logits : tensor<?x4096xbf16>, tensor<?x8xf32>
+}
+
+// CHECK-LABEL: func.func @layer_deepseek
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} bias(%{{.*}} : tensor<256xf32>) shared(%{{.*}}, %{{.*}} : tensor<7168x4096xbf16>, tensor<2048x7168xbf16>) {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = sigmoid, top_k = 8, renormalize = true, num_groups = 8, topk_groups = 4, scaling_factor = 2.5{{0*}}e+00>}
+func.func @layer_deepseek(%x: tensor<8192x7168xbf16>, %wr: tensor<7168x256xbf16>,
+                          %bias: tensor<256xf32>,
+                          %wgu: tensor<256x7168x4096xbf16>,
+                          %wd: tensor<256x2048x7168xbf16>,
+                          %sgu: tensor<7168x4096xbf16>,
+                          %sd: tensor<2048x7168xbf16>) -> tensor<8192x7168xbf16> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd bias(%bias : tensor<256xf32>)
+      shared(%sgu, %sd : tensor<7168x4096xbf16>, tensor<2048x7168xbf16>)
+      {activation = #moe.activation<swiglu>,
+       routing = #moe.routing<scoring = sigmoid, top_k = 8, renormalize = true,
+                              num_groups = 8, topk_groups = 4, scaling_factor = 2.5>}
+      : tensor<8192x7168xbf16>, tensor<7168x256xbf16>, tensor<256x7168x4096xbf16>,
+        tensor<256x2048x7168xbf16> -> tensor<8192x7168xbf16>, tensor<8192x256xf32>
+  return %out : tensor<8192x7168xbf16>
+}
+
+// CHECK-LABEL: func.func @layer_gelu_capacity
+// CHECK: moe.layer {{.*}} {activation = #moe.activation<gelu>, capacity_factor = 1.25{{0*}}e+00 : f64, routing = #moe.routing<scoring = softmax, top_k = 1>}
+func.func @layer_gelu_capacity(%x: tensor<37x48xf16>, %wr: tensor<48x5xf16>,
+                               %wgu: tensor<5x48x40xf16>, %wd: tensor<5x40x48xf16>)
+    -> tensor<37x48xf16> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<gelu>, capacity_factor = 1.25 : f64,
+       routing = #moe.routing<scoring = softmax, top_k = 1>}
+      : tensor<37x48xf16>, tensor<48x5xf16>, tensor<5x48x40xf16>,
+        tensor<5x40x48xf16> -> tensor<37x48xf16>, tensor<37x5xf32>
+  return %out : tensor<37x48xf16>
+}
+
+// CHECK-LABEL: func.func @steps
+// CHECK: %[[W:.*]], %[[E:.*]], %[[L:.*]] = moe.router %{{.*}}, %{{.*}} bias(%{{.*}} : tensor<5xf32>) {routing = #moe.routing<scoring = sigmoid, top_k = 2, num_groups = 5, topk_groups = 2>} : tensor<37x48xf32>, tensor<48x5xf32> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x5xf32>
+// CHECK: %[[IDS:.*]], %[[OFF:.*]], %[[ROWS:.*]] = moe.dispatch %[[E]] {num_experts = 5 : i64} : tensor<37x2xi32> -> tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>
+// CHECK: %[[Y:.*]], %[[H:.*]] = moe.expert_ffn %{{.*}}, %[[IDS]], %[[OFF]], %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>, tensor<5x40x48xf32> -> tensor<74x48xf32>, tensor<74x80xf32>
+// CHECK: %[[OUT:.*]] = moe.combine %[[Y]], %[[W]], %[[ROWS]] : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
+// CHECK: moe.shared_expert %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<silu>} : tensor<37x48xf32>, tensor<48x32xf32>, tensor<32x48xf32> -> tensor<37x48xf32>, tensor<37x32xf32>
+// CHECK: moe.aux_loss %[[L]], %[[E]] {scoring = #moe.scoring<sigmoid>} : tensor<37x5xf32>, tensor<37x2xi32> -> tensor<f32>, tensor<f32>
+func.func @steps(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %bias: tensor<5xf32>,
+                 %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>,
+                 %sgu: tensor<48x32xf32>, %sd: tensor<32x48xf32>)
+    -> (tensor<37x48xf32>, tensor<37x48xf32>, tensor<f32>, tensor<f32>) {
+  %w, %e, %logits = moe.router %x, %wr bias(%bias : tensor<5xf32>)
+      {routing = #moe.routing<scoring = sigmoid, top_k = 2, num_groups = 5,
+                              topk_groups = 2>}
+      : tensor<37x48xf32>, tensor<48x5xf32>
+      -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x5xf32>
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 5 : i64}
+      : tensor<37x2xi32> -> tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd
+      {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>,
+        tensor<5x40x48xf32> -> tensor<74x48xf32>, tensor<74x80xf32>
+  %out = moe.combine %y, %w, %rows
+      : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
+  %ys, %hs = moe.shared_expert %x, %sgu, %sd {activation = #moe.activation<silu>}
+      : tensor<37x48xf32>, tensor<48x32xf32>, tensor<32x48xf32>
+      -> tensor<37x48xf32>, tensor<37x32xf32>
+  %lb, %z = moe.aux_loss %logits, %e {scoring = #moe.scoring<sigmoid>}
+      : tensor<37x5xf32>, tensor<37x2xi32> -> tensor<f32>, tensor<f32>
+  return %out, %ys, %lb, %z : tensor<37x48xf32>, tensor<37x48xf32>, tensor<f32>, tensor<f32>
+}
+
+// CHECK-LABEL: func.func @dispatch_capacity_dynamic
+// CHECK: moe.dispatch %{{.*}} {capacity_factor = 1.{{0*}}e+00 : f64, num_experts = 64 : i64} : tensor<?x8xi32> -> tensor<?xi32>, tensor<65xi32>, tensor<?x8xi32>
+func.func @dispatch_capacity_dynamic(%e: tensor<?x8xi32>) -> tensor<?xi32> {
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 64 : i64, capacity_factor = 1.0 : f64}
+      : tensor<?x8xi32> -> tensor<?xi32>, tensor<65xi32>, tensor<?x8xi32>
+  return %ids : tensor<?xi32>
+}
+
+// CHECK-LABEL: func.func @grads
+// CHECK: moe.aux_loss_grad %{{.*}} {scoring = #moe.scoring<softmax>} : tensor<37x5xf32>, tensor<37x2xi32>, tensor<f32>, tensor<f32> -> tensor<37x5xf32>
+// CHECK: moe.router_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} logits_grad(%{{.*}} : tensor<37x5xf32>) {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>, tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+// CHECK: moe.router_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {routing
+// CHECK: moe.expert_ffn_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<74x48xf32> -> tensor<37x48xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+// CHECK: moe.shared_expert_grad %{{.*}} {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32>, tensor<37x64xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32>
+// CHECK: moe.combine_grad %{{.*}} : tensor<37x48xf32>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x48xf32> -> tensor<74x48xf32>, tensor<37x2xf32>
+func.func @grads(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %logits: tensor<37x5xf32>,
+                 %e: tensor<37x2xi32>, %w: tensor<37x2xf32>, %dw: tensor<37x2xf32>,
+                 %ids: tensor<74xi32>, %offsets: tensor<6xi32>, %rows: tensor<37x2xi32>,
+                 %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>,
+                 %h: tensor<74x80xf32>, %y: tensor<74x48xf32>, %dout: tensor<37x48xf32>,
+                 %sgu: tensor<48x64xf32>, %sd: tensor<32x48xf32>, %hs: tensor<37x64xf32>,
+                 %dlb: tensor<f32>, %dz: tensor<f32>) {
+  %dlogits = moe.aux_loss_grad %logits, %e, %dlb, %dz {scoring = #moe.scoring<softmax>}
+      : tensor<37x5xf32>, tensor<37x2xi32>, tensor<f32>, tensor<f32> -> tensor<37x5xf32>
+  %dx0, %dwr0 = moe.router_grad %x, %wr, %logits, %e, %dw
+      logits_grad(%dlogits : tensor<37x5xf32>)
+      {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>,
+        tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+  %dx1, %dwr1 = moe.router_grad %x, %wr, %logits, %e, %dw
+      {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>,
+        tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+  %dx2, %dwgu, %dwd = moe.expert_ffn_grad %x, %ids, %offsets, %wgu, %wd, %h, %y
+      {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>,
+        tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<74x48xf32>
+      -> tensor<37x48xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  %dx3, %dsgu, %dsd = moe.shared_expert_grad %x, %sgu, %sd, %hs, %dout
+      {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32>, tensor<37x64xf32>,
+        tensor<37x48xf32> -> tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32>
+  %dy, %dweights = moe.combine_grad %dout, %w, %rows, %y
+      : tensor<37x48xf32>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x48xf32>
+      -> tensor<74x48xf32>, tensor<37x2xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @checkpoint_and_offload
+// CHECK: %[[R:.*]]:2 = moe.checkpoint(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<37x48xbf16>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xbf16>, tensor<5x40x48xbf16>) -> (tensor<74x48xbf16>, tensor<74x80xbf16>) {
+// CHECK: ^bb0(%{{.*}}: tensor<37x48xbf16>, %{{.*}}: tensor<74xi32>, %{{.*}}: tensor<6xi32>, %{{.*}}: tensor<5x48x80xbf16>, %{{.*}}: tensor<5x40x48xbf16>):
+// CHECK: moe.yield %{{.*}}, %{{.*}} : tensor<74x48xbf16>, tensor<74x80xbf16>
+// CHECK: %[[HOST:.*]] = moe.offload %[[R]]#1 : tensor<74x80xbf16> -> !moe.host_tensor<74x80xbf16>
+// CHECK: moe.prefetch %[[HOST]] : !moe.host_tensor<74x80xbf16> -> tensor<74x80xbf16>
+// CHECK: moe.offload %{{.*}} : tensor<?x48xbf16> -> !moe.host_tensor<?x48xbf16>
+// CHECK: moe.checkpoint() : () -> () {
+// CHECK-NEXT: }
+func.func @checkpoint_and_offload(%x: tensor<37x48xbf16>, %ids: tensor<74xi32>,
+                                  %offsets: tensor<6xi32>,
+                                  %wgu: tensor<5x48x80xbf16>,
+                                  %wd: tensor<5x40x48xbf16>,
+                                  %dyn: tensor<?x48xbf16>)
+    -> (tensor<74x48xbf16>, tensor<74x80xbf16>, !moe.host_tensor<?x48xbf16>) {
+  %r:2 = moe.checkpoint (%x, %ids, %offsets, %wgu, %wd)
+      : (tensor<37x48xbf16>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xbf16>,
+         tensor<5x40x48xbf16>) -> (tensor<74x48xbf16>, tensor<74x80xbf16>) {
+  ^bb0(%a: tensor<37x48xbf16>, %b: tensor<74xi32>, %c: tensor<6xi32>,
+       %d: tensor<5x48x80xbf16>, %e: tensor<5x40x48xbf16>):
+    %y, %h = moe.expert_ffn %a, %b, %c, %d, %e {activation = #moe.activation<swiglu>}
+        : tensor<37x48xbf16>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xbf16>,
+          tensor<5x40x48xbf16> -> tensor<74x48xbf16>, tensor<74x80xbf16>
+    moe.yield %y, %h : tensor<74x48xbf16>, tensor<74x80xbf16>
+  }
+  %host = moe.offload %r#1 : tensor<74x80xbf16> -> !moe.host_tensor<74x80xbf16>
+  %back = moe.prefetch %host : !moe.host_tensor<74x80xbf16> -> tensor<74x80xbf16>
+  %dynHost = moe.offload %dyn : tensor<?x48xbf16> -> !moe.host_tensor<?x48xbf16>
+  moe.checkpoint () : () -> () {
+  ^bb0:
+    moe.yield
+  }
+  return %r#0, %back, %dynHost : tensor<74x48xbf16>, tensor<74x80xbf16>, !moe.host_tensor<?x48xbf16>
+}
+
+// Edge shapes: one token, k = E, a zero-token batch.
+// CHECK-LABEL: func.func @edge_shapes
+// CHECK: moe.router {{.*}} -> tensor<1x5xf32>, tensor<1x5xi32>, tensor<1x5xf32>
+// CHECK: moe.dispatch {{.*}} : tensor<0x2xi32> -> tensor<0xi32>, tensor<6xi32>, tensor<0x2xi32>
+func.func @edge_shapes(%x: tensor<1x48xf32>, %wr: tensor<48x5xf32>, %e0: tensor<0x2xi32>) {
+  %w, %e, %logits = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 5>}
+      : tensor<1x48xf32>, tensor<48x5xf32> -> tensor<1x5xf32>, tensor<1x5xi32>, tensor<1x5xf32>
+  %ids, %offsets, %rows = moe.dispatch %e0 {num_experts = 5 : i64}
+      : tensor<0x2xi32> -> tensor<0xi32>, tensor<6xi32>, tensor<0x2xi32>
+  return
+}

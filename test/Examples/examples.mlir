@@ -1,0 +1,25 @@
+// The bundled examples parse, verify, decompose and go through the pipeline.
+// RUN: moe-opt %moe_src_root/examples/mixtral-8x7b.mlir --moe-decompose | FileCheck %s --check-prefix=MIXTRAL
+// RUN: moe-opt %moe_src_root/examples/olmoe-1b-7b.mlir --moe-decompose | FileCheck %s --check-prefix=OLMOE
+// RUN: moe-opt %moe_src_root/examples/qwen3-30b-a3b.mlir --moe-decompose | FileCheck %s --check-prefix=QWEN
+// RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-decompose | FileCheck %s --check-prefix=DEEPSEEK
+// RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-training-pipeline="chip=sm_90a" | FileCheck %s --check-prefix=DEEPSEEK
+
+// MIXTRAL: moe.router {{.*}}routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>
+// MIXTRAL: moe.dispatch {{.*}}num_experts = 8 : i64} : tensor<16384x2xi32> -> tensor<32768xi32>, tensor<9xi32>, tensor<16384x2xi32>
+// MIXTRAL: moe.expert_ffn {{.*}} -> tensor<32768x4096xbf16>, tensor<32768x28672xbf16>
+// MIXTRAL: moe.combine {{.*}} -> tensor<16384x4096xbf16>
+
+// OLMOE: moe.router {{.*}}routing = #moe.routing<scoring = softmax, top_k = 8>
+// OLMOE: moe.dispatch {{.*}} -> tensor<131072xi32>, tensor<65xi32>, tensor<16384x8xi32>
+// OLMOE: moe.expert_ffn {{.*}} -> tensor<131072x2048xbf16>, tensor<131072x2048xbf16>
+
+// QWEN: moe.dispatch {{.*}} -> tensor<131072xi32>, tensor<129xi32>, tensor<16384x8xi32>
+// QWEN: moe.expert_ffn {{.*}} -> tensor<131072x2048xbf16>, tensor<131072x1536xbf16>
+
+// DEEPSEEK: moe.router {{.*}} bias({{.*}} : tensor<256xf32>) {routing = #moe.routing<scoring = sigmoid, top_k = 8, renormalize = true, num_groups = 8, topk_groups = 4, scaling_factor = 2.5{{0*}}e+00>}
+// DEEPSEEK: moe.dispatch {{.*}} -> tensor<65536xi32>, tensor<257xi32>, tensor<8192x8xi32>
+// DEEPSEEK: moe.expert_ffn {{.*}} -> tensor<65536x7168xbf16>, tensor<65536x4096xbf16>
+// DEEPSEEK: moe.combine
+// DEEPSEEK: moe.shared_expert {{.*}} -> tensor<8192x7168xbf16>, tensor<8192x4096xbf16>
+// DEEPSEEK: arith.addf

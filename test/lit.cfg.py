@@ -1,0 +1,53 @@
+# -*- Python -*-
+import os
+import shutil
+import subprocess
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "MOE"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.moe_obj_root, "test")
+# GoogleTest sources and inputs of other tests are not lit tests.
+config.excludes = ["Unit", "Inputs", "CMakeLists.txt", "lit.cfg.py",
+                   "lit.site.cfg.py"]
+
+config.substitutions.append(("%PATH%", config.environment["PATH"]))
+config.substitutions.append(("%moe_src_root", config.moe_src_root))
+
+llvm_config.use_default_substitutions()
+llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
+
+# Catch captures that leak between CHECK-LABEL blocks and unused prefixes.
+config.environment["FILECHECK_OPTS"] = (
+    "-enable-var-scope --allow-unused-prefixes=false")
+
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+llvm_config.with_environment("PATH", config.moe_tools_dir, append_path=True)
+
+# MOE_OPT_CHECK_IR_ROUNDTRIP=1 reruns the whole suite with every moe-opt
+# invocation checking that its output re-parses to the same IR.
+moe_opt_extra = []
+if os.environ.get("MOE_OPT_CHECK_IR_ROUNDTRIP"):
+    moe_opt_extra.append("--verify-roundtrip")
+
+tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
+tools = [
+    ToolSubst("moe-opt", extra_args=moe_opt_extra, unresolved="fatal"),
+    "mlir-opt",
+]
+llvm_config.add_tool_substitutions(tools, tool_dirs)
+
+config.available_features.add("noasserts")
+if shutil.which("ptxas") or os.path.exists("/usr/local/cuda/bin/ptxas"):
+    config.available_features.add("ptxas")
+try:
+    if subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                      timeout=20).returncode == 0:
+        config.available_features.add("cuda")
+except (OSError, subprocess.TimeoutExpired):
+    pass

@@ -12,6 +12,10 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/MathExtras.h"
+
+#include <cmath>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -71,17 +75,34 @@ private:
   Operation *op;
 };
 
+/// a * b, or dynamic (unchecked) when either is dynamic or it overflows.
 int64_t product(int64_t a, int64_t b) {
-  if (ShapedType::isDynamic(a) || ShapedType::isDynamic(b))
+  int64_t result;
+  if (ShapedType::isDynamic(a) || ShapedType::isDynamic(b) ||
+      llvm::MulOverflow(a, b, result))
     return kDynamic;
-  return a * b;
+  return result;
 }
+
+/// a + 1, or dynamic when a is dynamic or a + 1 overflows.
+int64_t successor(int64_t a) {
+  int64_t result;
+  if (ShapedType::isDynamic(a) || llvm::AddOverflow(a, int64_t{1}, result))
+    return kDynamic;
+  return result;
+}
+
+/// Row, token and expert indices are i32.
+constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
 
 /// Rules of a routing attribute that depend on the number of experts.
 LogicalResult verifyRoutingForExperts(Operation *op, RoutingAttr routing,
                                       int64_t numExperts) {
   if (ShapedType::isDynamic(numExperts))
     return success();
+  if (numExperts >= kMaxIndex)
+    return op->emitOpError() << "the number of experts (" << numExperts
+                             << ") exceeds the i32 expert index range";
   int64_t topK = routing.getTopK();
   if (topK > numExperts)
     return op->emitOpError()
@@ -122,6 +143,14 @@ int64_t dimOf(Value value, unsigned dim) {
   return cast<ShapedType>(value.getType()).getDimSize(dim);
 }
 
+/// k read from a shape (experts, rows, weights) must be at least 1.
+LogicalResult verifyTopKDim(Operation *op, int64_t topK, StringRef from) {
+  if (ShapedType::isDynamic(topK) || topK >= 1)
+    return success();
+  return op->emitOpError() << "k (dimension 1 of " << from
+                           << ") must be at least 1, got " << topK;
+}
+
 /// Rows of expert-ordered tensors are (token, slot) pairs: a multiple of T.
 LogicalResult verifyRowCount(Operation *op, int64_t rows, int64_t tokens) {
   if (ShapedType::isDynamic(rows) || ShapedType::isDynamic(tokens))
@@ -141,8 +170,7 @@ struct ExpertSizes {
           experts = kDynamic, rows = kDynamic, gateUpWidth = kDynamic;
 };
 
-LogicalResult verifyExpertOperands(Operation *op, ShapeVerifier &shapes,
-                                   Activation activation, Value x,
+LogicalResult verifyExpertOperands(ShapeVerifier &shapes, Value x,
                                    Value tokenIds, Value offsets, Value wGateUp,
                                    Value wDown, ExpertSizes &sizes) {
   if (failed(shapes.match(sizes.tokens, "T", x, "x", 0)) ||
@@ -155,32 +183,38 @@ LogicalResult verifyExpertOperands(Operation *op, ShapeVerifier &shapes,
       failed(shapes.match(sizes.hidden, "d", wDown, "w_down", 2)))
     return failure();
   sizes.gateUpWidth = dimOf(wGateUp, 2);
+  int64_t experts1 = successor(sizes.experts);
+  return shapes.matchSize(experts1, "E + 1", dimOf(offsets, 0),
+                          "offsets dimension 0");
+}
+
+/// Checks that need every operand's and result's sizes: the gate/up width
+/// against n, and the row count against T.
+LogicalResult verifyExpertSizes(Operation *op, ShapeVerifier &shapes,
+                                Activation activation, ExpertSizes &sizes) {
   if (failed(matchGateUpWidth(op, shapes, activation, sizes.gateUpWidth,
                               "w_gate_up", sizes.ffn, "n")))
-    return failure();
-  int64_t experts1 =
-      ShapedType::isDynamic(sizes.experts) ? kDynamic : sizes.experts + 1;
-  if (failed(shapes.matchSize(experts1, "E + 1", dimOf(offsets, 0),
-                              "offsets dimension 0")))
     return failure();
   return verifyRowCount(op, sizes.rows, sizes.tokens);
 }
 
-/// Operands of a shared expert and its gradient: x [T, d], w_gate_up [d, G],
-/// w_down [m, d].
-LogicalResult verifySharedOperands(Operation *op, ShapeVerifier &shapes,
-                                   Activation activation, Value x,
-                                   Value wGateUp, Value wDown, int64_t &tokens,
-                                   int64_t &hidden, int64_t &width) {
-  int64_t ffn = kDynamic;
+/// Operands of a shared expert: x [T, d], w_gate_up [d, G], w_down [m, d],
+/// named `gateUpName` and `downName` in diagnostics. `width` receives G and
+/// `ffn` receives m; check G against m once every value is matched.
+LogicalResult verifySharedOperands(ShapeVerifier &shapes, Value x,
+                                   Value wGateUp, StringRef gateUpName,
+                                   Value wDown, StringRef downName,
+                                   int64_t &tokens, int64_t &hidden,
+                                   int64_t &width, int64_t &ffn) {
   if (failed(shapes.match(tokens, "T", x, "x", 0)) ||
       failed(shapes.match(hidden, "d", x, "x", 1)) ||
-      failed(shapes.match(hidden, "d", wGateUp, "w_gate_up", 0)) ||
-      failed(shapes.match(ffn, "m", wDown, "w_down", 0)) ||
-      failed(shapes.match(hidden, "d", wDown, "w_down", 1)))
+      failed(shapes.match(hidden, "d", wGateUp, gateUpName, 0)) ||
+      failed(
+          shapes.match(width, "the gate/up width", wGateUp, gateUpName, 1)) ||
+      failed(shapes.match(ffn, "m", wDown, downName, 0)) ||
+      failed(shapes.match(hidden, "d", wDown, downName, 1)))
     return failure();
-  width = dimOf(wGateUp, 1);
-  return matchGateUpWidth(op, shapes, activation, width, "w_gate_up", ffn, "m");
+  return success();
 }
 
 LogicalResult verifySameType(Operation *op, StringRef name, Value value,
@@ -232,10 +266,12 @@ LogicalResult LayerOp::verify() {
     return emitOpError("expected both shared_gate_up and shared_down, or "
                        "neither");
   if (Value sharedGateUp = getSharedGateUp()) {
-    int64_t sharedTokens = tokens, sharedWidth;
-    if (failed(verifySharedOperands(*this, shapes, activation, getX(),
-                                    sharedGateUp, getSharedDown(), sharedTokens,
-                                    hidden, sharedWidth)))
+    int64_t sharedWidth = kDynamic, sharedFfn = kDynamic;
+    if (failed(verifySharedOperands(
+            shapes, getX(), sharedGateUp, "shared_gate_up", getSharedDown(),
+            "shared_down", tokens, hidden, sharedWidth, sharedFfn)) ||
+        failed(matchGateUpWidth(*this, shapes, activation, sharedWidth,
+                                "shared_gate_up", sharedFfn, "m")))
       return failure();
     typed.push_back({"shared_gate_up", sharedGateUp});
     typed.push_back({"shared_down", getSharedDown()});
@@ -257,12 +293,11 @@ LogicalResult LayerOp::verify() {
 /// x [T, d], router_weight [d, E], logits [T, E], experts and the weights
 /// or their gradient [T, k] with k = top_k.
 static LogicalResult verifyRouterShapes(Operation *op, RoutingAttr routing,
-                                        Value x, Value routerWeight,
+                                        Value x, Value routerWeight, Value bias,
                                         Value logits, Value experts,
-                                        Value weights, StringRef weightsName,
-                                        int64_t &tokens, int64_t &hidden,
-                                        int64_t &numExperts) {
+                                        Value weights, StringRef weightsName) {
   ShapeVerifier shapes(op);
+  int64_t tokens = kDynamic, hidden = kDynamic, numExperts = kDynamic;
   int64_t topK = routing.getTopK();
   if (failed(shapes.sameElementType(
           {{"x", x}, {"router_weight", routerWeight}})) ||
@@ -277,27 +312,22 @@ static LogicalResult verifyRouterShapes(Operation *op, RoutingAttr routing,
       failed(shapes.match(tokens, "T", weights, weightsName, 0)) ||
       failed(shapes.match(topK, "top_k", weights, weightsName, 1)))
     return failure();
+  // The bias may be the only operand that gives E statically.
+  if (bias && failed(shapes.match(numExperts, "E", bias, "bias", 0)))
+    return failure();
   return verifyRoutingForExperts(op, routing, numExperts);
 }
 
 LogicalResult RouterOp::verify() {
-  int64_t tokens = kDynamic, hidden = kDynamic, experts = kDynamic;
-  if (failed(verifyRouterShapes(*this, getRouting(), getX(), getRouterWeight(),
-                                getLogits(), getExperts(), getWeights(),
-                                "weights", tokens, hidden, experts)))
-    return failure();
-  if (Value bias = getBias()) {
-    ShapeVerifier shapes(*this);
-    return shapes.match(experts, "E", bias, "bias", 0);
-  }
-  return success();
+  return verifyRouterShapes(*this, getRouting(), getX(), getRouterWeight(),
+                            getBias(), getLogits(), getExperts(), getWeights(),
+                            "weights");
 }
 
 LogicalResult RouterGradOp::verify() {
-  int64_t tokens = kDynamic, hidden = kDynamic, experts = kDynamic;
   if (failed(verifyRouterShapes(*this, getRouting(), getX(), getRouterWeight(),
-                                getLogits(), getExperts(), getDWeights(),
-                                "d_weights", tokens, hidden, experts)) ||
+                                /*bias=*/nullptr, getLogits(), getExperts(),
+                                getDWeights(), "d_weights")) ||
       failed(verifySameType(*this, "dx", getDx(), "x", getX())) ||
       failed(verifySameType(*this, "d_router_weight", getDRouterWeight(),
                             "router_weight", getRouterWeight())))
@@ -315,11 +345,17 @@ LogicalResult DispatchOp::verify() {
   ShapeVerifier shapes(*this);
   int64_t tokens = dimOf(getExperts(), 0), topK = dimOf(getExperts(), 1);
   int64_t pairs = product(tokens, topK);
-  int64_t offsets = static_cast<int64_t>(getNumExperts()) + 1;
+  int64_t offsets = successor(static_cast<int64_t>(getNumExperts()));
+  if (!ShapedType::isDynamic(tokens) && !ShapedType::isDynamic(topK) &&
+      (ShapedType::isDynamic(pairs) || pairs > kMaxIndex))
+    return emitOpError() << "T * k (" << tokens << " * " << topK
+                         << ") exceeds the i32 row index range";
   if (failed(shapes.match(pairs, "T * k", getTokenIds(), "token_ids", 0)) ||
       failed(shapes.match(offsets, "num_experts + 1", getOffsets(), "offsets",
                           0)) ||
-      failed(verifySameType(*this, "rows", getRows(), "experts", getExperts())))
+      failed(
+          verifySameType(*this, "rows", getRows(), "experts", getExperts())) ||
+      failed(verifyTopKDim(*this, topK, "experts")))
     return failure();
   if (!ShapedType::isDynamic(topK) &&
       topK > static_cast<int64_t>(getNumExperts()))
@@ -336,9 +372,8 @@ LogicalResult DispatchOp::verify() {
 LogicalResult ExpertFFNOp::verify() {
   ShapeVerifier shapes(*this);
   ExpertSizes sizes;
-  if (failed(verifyExpertOperands(*this, shapes, getActivation(), getX(),
-                                  getTokenIds(), getOffsets(), getWGateUp(),
-                                  getWDown(), sizes)) ||
+  if (failed(verifyExpertOperands(shapes, getX(), getTokenIds(), getOffsets(),
+                                  getWGateUp(), getWDown(), sizes)) ||
       failed(shapes.sameElementType({{"x", getX()},
                                      {"w_gate_up", getWGateUp()},
                                      {"w_down", getWDown()},
@@ -350,15 +385,14 @@ LogicalResult ExpertFFNOp::verify() {
       failed(shapes.match(sizes.gateUpWidth, "the w_gate_up width", getH(), "h",
                           1)))
     return failure();
-  return success();
+  return verifyExpertSizes(*this, shapes, getActivation(), sizes);
 }
 
 LogicalResult ExpertFFNGradOp::verify() {
   ShapeVerifier shapes(*this);
   ExpertSizes sizes;
-  if (failed(verifyExpertOperands(*this, shapes, getActivation(), getX(),
-                                  getTokenIds(), getOffsets(), getWGateUp(),
-                                  getWDown(), sizes)) ||
+  if (failed(verifyExpertOperands(shapes, getX(), getTokenIds(), getOffsets(),
+                                  getWGateUp(), getWDown(), sizes)) ||
       failed(shapes.sameElementType({{"x", getX()},
                                      {"w_gate_up", getWGateUp()},
                                      {"w_down", getWDown()},
@@ -375,7 +409,7 @@ LogicalResult ExpertFFNGradOp::verify() {
       failed(
           verifySameType(*this, "d_w_down", getDWDown(), "w_down", getWDown())))
     return failure();
-  return success();
+  return verifyExpertSizes(*this, shapes, getActivation(), sizes);
 }
 
 //===----------------------------------------------------------------------===//
@@ -384,10 +418,11 @@ LogicalResult ExpertFFNGradOp::verify() {
 
 LogicalResult SharedExpertOp::verify() {
   ShapeVerifier shapes(*this);
-  int64_t tokens = kDynamic, hidden = kDynamic, width = kDynamic;
-  if (failed(verifySharedOperands(*this, shapes, getActivation(), getX(),
-                                  getWGateUp(), getWDown(), tokens, hidden,
-                                  width)) ||
+  int64_t tokens = kDynamic, hidden = kDynamic, width = kDynamic,
+          ffn = kDynamic;
+  if (failed(verifySharedOperands(shapes, getX(), getWGateUp(), "w_gate_up",
+                                  getWDown(), "w_down", tokens, hidden, width,
+                                  ffn)) ||
       failed(shapes.sameElementType({{"x", getX()},
                                      {"w_gate_up", getWGateUp()},
                                      {"w_down", getWDown()},
@@ -397,15 +432,17 @@ LogicalResult SharedExpertOp::verify() {
       failed(shapes.match(tokens, "T", getH(), "h", 0)) ||
       failed(shapes.match(width, "the w_gate_up width", getH(), "h", 1)))
     return failure();
-  return success();
+  return matchGateUpWidth(*this, shapes, getActivation(), width, "w_gate_up",
+                          ffn, "m");
 }
 
 LogicalResult SharedExpertGradOp::verify() {
   ShapeVerifier shapes(*this);
-  int64_t tokens = kDynamic, hidden = kDynamic, width = kDynamic;
-  if (failed(verifySharedOperands(*this, shapes, getActivation(), getX(),
-                                  getWGateUp(), getWDown(), tokens, hidden,
-                                  width)) ||
+  int64_t tokens = kDynamic, hidden = kDynamic, width = kDynamic,
+          ffn = kDynamic;
+  if (failed(verifySharedOperands(shapes, getX(), getWGateUp(), "w_gate_up",
+                                  getWDown(), "w_down", tokens, hidden, width,
+                                  ffn)) ||
       failed(shapes.sameElementType({{"x", getX()},
                                      {"w_gate_up", getWGateUp()},
                                      {"w_down", getWDown()},
@@ -420,7 +457,8 @@ LogicalResult SharedExpertGradOp::verify() {
       failed(
           verifySameType(*this, "d_w_down", getDWDown(), "w_down", getWDown())))
     return failure();
-  return success();
+  return matchGateUpWidth(*this, shapes, getActivation(), width, "w_gate_up",
+                          ffn, "m");
 }
 
 //===----------------------------------------------------------------------===//
@@ -441,7 +479,8 @@ static LogicalResult verifyCombineShapes(Operation *op, Value y, Value weights,
       failed(shapes.match(topK, "k", rows, "rows", 1)) ||
       failed(shapes.match(tokens, "T", tokenValue, tokenName, 0)) ||
       failed(shapes.match(hidden, "d", tokenValue, tokenName, 1)) ||
-      failed(shapes.match(hidden, "d", y, "y", 1)))
+      failed(shapes.match(hidden, "d", y, "y", 1)) ||
+      failed(verifyTopKDim(op, topK, "weights")))
     return failure();
   int64_t pairs = product(tokens, topK);
   return shapes.match(pairs, "T * k", y, "y", 0);
@@ -474,6 +513,8 @@ static LogicalResult verifyAuxLossShapes(Operation *op, Value logits,
       failed(shapes.match(tokens, "T", experts, "experts", 0)))
     return failure();
   int64_t numExperts = dimOf(logits, 1), topK = dimOf(experts, 1);
+  if (failed(verifyTopKDim(op, topK, "experts")))
+    return failure();
   if (!ShapedType::isDynamic(numExperts) && !ShapedType::isDynamic(topK) &&
       topK > numExperts)
     return op->emitOpError()
@@ -512,9 +553,9 @@ LogicalResult CheckpointOp::verifyRegions() {
   }
   auto yield = cast<YieldOp>(body.getTerminator());
   if (yield.getValues().size() != getOutputs().size())
-    return emitOpError() << "expected the region to yield "
-                         << getOutputs().size()
-                         << " values (one per result), got "
+    return emitOpError() << "expected the region to yield one value per "
+                            "result ("
+                         << getOutputs().size() << "), got "
                          << yield.getValues().size();
   for (auto [index, pair] :
        llvm::enumerate(llvm::zip(yield.getValues(), getOutputs()))) {
@@ -533,12 +574,12 @@ LogicalResult CheckpointOp::verifyRegions() {
 
 static LogicalResult verifyHostCopy(Operation *op, RankedTensorType device,
                                     HostTensorType host) {
-  if (device.getShape() == host.getShape() &&
-      device.getElementType() == host.getElementType())
+  if (device == host.getDeviceType())
     return success();
   return op->emitOpError() << "device tensor " << device << " and host tensor "
                            << host
-                           << " must have the same shape and element type";
+                           << " must have the same shape and element type, and "
+                              "the device tensor no encoding";
 }
 
 LogicalResult OffloadOp::verify() {

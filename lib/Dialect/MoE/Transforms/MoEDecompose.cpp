@@ -5,6 +5,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/IR/PatternMatch.h"
+#include "llvm/Support/MathExtras.h"
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_MOEDECOMPOSE
@@ -17,9 +18,11 @@ using namespace mlir::moe;
 namespace {
 
 int64_t mulOrDynamic(int64_t a, int64_t b) {
-  if (ShapedType::isDynamic(a) || ShapedType::isDynamic(b))
+  int64_t result;
+  if (ShapedType::isDynamic(a) || ShapedType::isDynamic(b) ||
+      llvm::MulOverflow(a, b, result))
     return ShapedType::kDynamic;
-  return a * b;
+  return result;
 }
 
 /// Builds the router/dispatch/expert/combine chain of one layer. Fails (with

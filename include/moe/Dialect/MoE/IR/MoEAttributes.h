@@ -10,6 +10,15 @@
 #include "moe/Dialect/MoE/IR/MoEEnums.h.inc"
 
 namespace mlir::moe {
+/// Parses a bool attribute parameter spelled `true` or `false`.
+inline FailureOr<bool> parseBoolParameter(AsmParser &parser) {
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef keyword;
+  if (succeeded(parser.parseOptionalKeyword(&keyword, {"true", "false"})))
+    return keyword == "true";
+  return parser.emitError(loc, "expected 'true' or 'false'");
+}
+
 /// Parses an f64 attribute parameter (`scaling_factor = 2.5`); MLIR 22 has
 /// field parsers for integers only.
 inline FailureOr<llvm::APFloat> parseF64Parameter(AsmParser &parser) {

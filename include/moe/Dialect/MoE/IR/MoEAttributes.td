@@ -20,6 +20,14 @@ class MoE_F64Parameter<string desc> : APFloatParameter<desc> {
   let printer = "$_printer.printFloat($_self)";
 }
 
+// A bool spelled `true` or `false` (MLIR's default field parser reads 0/1).
+def MoE_RenormalizeParameter
+    : AttrOrTypeParameter<"bool", "renormalise the selected weights"> {
+  let parser = "::mlir::moe::parseBoolParameter($_parser)";
+  let printer = "$_printer << ($_self ? \"true\" : \"false\")";
+  let defaultValue = "false";
+}
+
 def MoE_ScalingFactorParameter : MoE_F64Parameter<"weight multiplier"> {
   let defaultValue = "::llvm::APFloat(1.0)";
 }
@@ -52,7 +60,7 @@ def MoE_RoutingAttr : MoE_Attr<"Routing", "routing"> {
   let parameters = (ins
     EnumParameter<MoE_ScoringFunc>:$scoring,
     "int64_t":$top_k,
-    DefaultValuedParameter<"bool", "false">:$renormalize,
+    MoE_RenormalizeParameter:$renormalize,
     DefaultValuedParameter<"int64_t", "1">:$num_groups,
     DefaultValuedParameter<"int64_t", "1">:$topk_groups,
     MoE_ScalingFactorParameter:$scaling_factor

@@ -32,8 +32,10 @@ def MoE_I32Vector : TensorRankOf<[I32], [1]>;
 
 def MoE_PositiveF64Attr : ConfinedAttr<F64Attr, [
     AttrConstraint<CPred<
+      "::std::isfinite(::llvm::cast<::mlir::FloatAttr>($_self)"
+      ".getValueAsDouble()) && "
       "::llvm::cast<::mlir::FloatAttr>($_self).getValueAsDouble() > 0.0">,
-      "whose value is positive">]>;
+      "whose value is positive and finite">]>;
 
 //===----------------------------------------------------------------------===//
 // Forward ops
@@ -149,7 +151,7 @@ def MoE_DispatchOp : MoE_Op<"dispatch", [Pure]> {
   }];
   let arguments = (ins
     MoE_I32Matrix:$experts,
-    ConfinedAttr<I64Attr, [IntMinValue<1>]>:$num_experts,
+    ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<2147483646>]>:$num_experts,
     OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor
   );
   let results = (outs MoE_I32Vector:$token_ids, MoE_I32Vector:$offsets,

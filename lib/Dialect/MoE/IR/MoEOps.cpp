@@ -369,96 +369,95 @@ LogicalResult DispatchOp::verify() {
 // ExpertFFNOp and ExpertFFNGradOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult ExpertFFNOp::verify() {
-  ShapeVerifier shapes(*this);
+/// A routed expert FFN and its gradient share operands, `h [R, G]` and one
+/// more expert-ordered `[R, d]` value: `y` forward, `dy` backward.
+static LogicalResult verifyRoutedExpert(Operation *op, Activation activation,
+                                        Value x, Value tokenIds, Value offsets,
+                                        Value wGateUp, Value wDown, Value h,
+                                        Value rowValue, StringRef rowName) {
+  ShapeVerifier shapes(op);
   ExpertSizes sizes;
-  if (failed(verifyExpertOperands(shapes, getX(), getTokenIds(), getOffsets(),
-                                  getWGateUp(), getWDown(), sizes)) ||
-      failed(shapes.sameElementType({{"x", getX()},
-                                     {"w_gate_up", getWGateUp()},
-                                     {"w_down", getWDown()},
-                                     {"y", getY()},
-                                     {"h", getH()}})) ||
-      failed(shapes.match(sizes.rows, "R", getY(), "y", 0)) ||
-      failed(shapes.match(sizes.hidden, "d", getY(), "y", 1)) ||
-      failed(shapes.match(sizes.rows, "R", getH(), "h", 0)) ||
-      failed(shapes.match(sizes.gateUpWidth, "the w_gate_up width", getH(), "h",
-                          1)))
+  if (failed(verifyExpertOperands(shapes, x, tokenIds, offsets, wGateUp, wDown,
+                                  sizes)) ||
+      failed(shapes.sameElementType({{"x", x},
+                                     {"w_gate_up", wGateUp},
+                                     {"w_down", wDown},
+                                     {"h", h},
+                                     {rowName, rowValue}})) ||
+      failed(shapes.match(sizes.rows, "R", h, "h", 0)) ||
+      failed(
+          shapes.match(sizes.gateUpWidth, "the w_gate_up width", h, "h", 1)) ||
+      failed(shapes.match(sizes.rows, "R", rowValue, rowName, 0)) ||
+      failed(shapes.match(sizes.hidden, "d", rowValue, rowName, 1)))
     return failure();
-  return verifyExpertSizes(*this, shapes, getActivation(), sizes);
+  return verifyExpertSizes(op, shapes, activation, sizes);
+}
+
+/// Gradients have the types of what they differentiate.
+static LogicalResult verifyWeightGrads(Operation *op, Value dx, Value x,
+                                       Value dWGateUp, Value wGateUp,
+                                       Value dWDown, Value wDown) {
+  if (failed(verifySameType(op, "dx", dx, "x", x)) ||
+      failed(
+          verifySameType(op, "d_w_gate_up", dWGateUp, "w_gate_up", wGateUp)) ||
+      failed(verifySameType(op, "d_w_down", dWDown, "w_down", wDown)))
+    return failure();
+  return success();
+}
+
+LogicalResult ExpertFFNOp::verify() {
+  return verifyRoutedExpert(*this, getActivation(), getX(), getTokenIds(),
+                            getOffsets(), getWGateUp(), getWDown(), getH(),
+                            getY(), "y");
 }
 
 LogicalResult ExpertFFNGradOp::verify() {
-  ShapeVerifier shapes(*this);
-  ExpertSizes sizes;
-  if (failed(verifyExpertOperands(shapes, getX(), getTokenIds(), getOffsets(),
-                                  getWGateUp(), getWDown(), sizes)) ||
-      failed(shapes.sameElementType({{"x", getX()},
-                                     {"w_gate_up", getWGateUp()},
-                                     {"w_down", getWDown()},
-                                     {"h", getH()},
-                                     {"dy", getDy()}})) ||
-      failed(shapes.match(sizes.rows, "R", getH(), "h", 0)) ||
-      failed(shapes.match(sizes.gateUpWidth, "the w_gate_up width", getH(), "h",
-                          1)) ||
-      failed(shapes.match(sizes.rows, "R", getDy(), "dy", 0)) ||
-      failed(shapes.match(sizes.hidden, "d", getDy(), "dy", 1)) ||
-      failed(verifySameType(*this, "dx", getDx(), "x", getX())) ||
-      failed(verifySameType(*this, "d_w_gate_up", getDWGateUp(), "w_gate_up",
-                            getWGateUp())) ||
-      failed(
-          verifySameType(*this, "d_w_down", getDWDown(), "w_down", getWDown())))
+  if (failed(verifyRoutedExpert(*this, getActivation(), getX(), getTokenIds(),
+                                getOffsets(), getWGateUp(), getWDown(), getH(),
+                                getDy(), "dy")))
     return failure();
-  return verifyExpertSizes(*this, shapes, getActivation(), sizes);
+  return verifyWeightGrads(*this, getDx(), getX(), getDWGateUp(), getWGateUp(),
+                           getDWDown(), getWDown());
 }
 
 //===----------------------------------------------------------------------===//
 // SharedExpertOp and SharedExpertGradOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult SharedExpertOp::verify() {
-  ShapeVerifier shapes(*this);
+/// A shared expert and its gradient share operands, `h [T, G]` and one more
+/// token-ordered value of x's type: `y` forward, `dy` backward.
+static LogicalResult verifySharedExpert(Operation *op, Activation activation,
+                                        Value x, Value wGateUp, Value wDown,
+                                        Value h, Value tokenValue,
+                                        StringRef tokenName) {
+  ShapeVerifier shapes(op);
   int64_t tokens = kDynamic, hidden = kDynamic, width = kDynamic,
           ffn = kDynamic;
-  if (failed(verifySharedOperands(shapes, getX(), getWGateUp(), "w_gate_up",
-                                  getWDown(), "w_down", tokens, hidden, width,
-                                  ffn)) ||
-      failed(shapes.sameElementType({{"x", getX()},
-                                     {"w_gate_up", getWGateUp()},
-                                     {"w_down", getWDown()},
-                                     {"y", getY()},
-                                     {"h", getH()}})) ||
-      failed(verifySameType(*this, "y", getY(), "x", getX())) ||
-      failed(shapes.match(tokens, "T", getH(), "h", 0)) ||
-      failed(shapes.match(width, "the w_gate_up width", getH(), "h", 1)))
+  if (failed(verifySharedOperands(shapes, x, wGateUp, "w_gate_up", wDown,
+                                  "w_down", tokens, hidden, width, ffn)) ||
+      failed(shapes.sameElementType({{"x", x},
+                                     {"w_gate_up", wGateUp},
+                                     {"w_down", wDown},
+                                     {"h", h},
+                                     {tokenName, tokenValue}})) ||
+      failed(verifySameType(op, tokenName, tokenValue, "x", x)) ||
+      failed(shapes.match(tokens, "T", h, "h", 0)) ||
+      failed(shapes.match(width, "the w_gate_up width", h, "h", 1)))
     return failure();
-  return matchGateUpWidth(*this, shapes, getActivation(), width, "w_gate_up",
-                          ffn, "m");
+  return matchGateUpWidth(op, shapes, activation, width, "w_gate_up", ffn, "m");
+}
+
+LogicalResult SharedExpertOp::verify() {
+  return verifySharedExpert(*this, getActivation(), getX(), getWGateUp(),
+                            getWDown(), getH(), getY(), "y");
 }
 
 LogicalResult SharedExpertGradOp::verify() {
-  ShapeVerifier shapes(*this);
-  int64_t tokens = kDynamic, hidden = kDynamic, width = kDynamic,
-          ffn = kDynamic;
-  if (failed(verifySharedOperands(shapes, getX(), getWGateUp(), "w_gate_up",
-                                  getWDown(), "w_down", tokens, hidden, width,
-                                  ffn)) ||
-      failed(shapes.sameElementType({{"x", getX()},
-                                     {"w_gate_up", getWGateUp()},
-                                     {"w_down", getWDown()},
-                                     {"h", getH()},
-                                     {"dy", getDy()}})) ||
-      failed(shapes.match(tokens, "T", getH(), "h", 0)) ||
-      failed(shapes.match(width, "the w_gate_up width", getH(), "h", 1)) ||
-      failed(verifySameType(*this, "dy", getDy(), "x", getX())) ||
-      failed(verifySameType(*this, "dx", getDx(), "x", getX())) ||
-      failed(verifySameType(*this, "d_w_gate_up", getDWGateUp(), "w_gate_up",
-                            getWGateUp())) ||
-      failed(
-          verifySameType(*this, "d_w_down", getDWDown(), "w_down", getWDown())))
+  if (failed(verifySharedExpert(*this, getActivation(), getX(), getWGateUp(),
+                                getWDown(), getH(), getDy(), "dy")))
     return failure();
-  return matchGateUpWidth(*this, shapes, getActivation(), width, "w_gate_up",
-                          ffn, "m");
+  return verifyWeightGrads(*this, getDx(), getX(), getDWGateUp(), getWGateUp(),
+                           getDWDown(), getWDown());
 }
 
 //===----------------------------------------------------------------------===//

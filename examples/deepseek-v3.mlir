@@ -7,7 +7,7 @@
 //
 //   moe-opt examples/deepseek-v3.mlir --moe-decompose
 //   moe-opt examples/deepseek-v3.mlir --moe-training-pipeline="chip=sm_90a"
-func.func @deepseek_v3_forward(
+func.func @deepseek_v3(
     %x: tensor<8192x7168xbf16>,
     %w_router: tensor<7168x256xbf16>,
     %router_bias: tensor<256xf32>,

@@ -5,7 +5,7 @@
 //
 //   moe-opt examples/mixtral-8x7b.mlir --moe-decompose
 //   moe-opt examples/mixtral-8x7b.mlir --moe-training-pipeline="chip=sm_90a"
-func.func @mixtral_8x7b_forward(
+func.func @mixtral_8x7b(
     %x: tensor<16384x4096xbf16>,
     %w_router: tensor<4096x8xbf16>,
     %w_gate_up: tensor<8x4096x28672xbf16>,

@@ -5,7 +5,7 @@
 //
 //   moe-opt examples/olmoe-1b-7b.mlir --moe-decompose
 //   moe-opt examples/olmoe-1b-7b.mlir --moe-training-pipeline="chip=sm_90a"
-func.func @olmoe_1b_7b_forward(
+func.func @olmoe_1b_7b(
     %x: tensor<16384x2048xbf16>,
     %w_router: tensor<2048x64xbf16>,
     %w_gate_up: tensor<64x2048x2048xbf16>,

@@ -5,7 +5,7 @@
 //
 //   moe-opt examples/qwen3-30b-a3b.mlir --moe-decompose
 //   moe-opt examples/qwen3-30b-a3b.mlir --moe-training-pipeline="chip=sm_90a"
-func.func @qwen3_30b_a3b_forward(
+func.func @qwen3_30b_a3b(
     %x: tensor<16384x2048xbf16>,
     %w_router: tensor<2048x128xbf16>,
     %w_gate_up: tensor<128x2048x1536xbf16>,

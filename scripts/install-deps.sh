@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(
-  cmake ninja-build git python3
+  cmake ninja-build git python3 python3-numpy python3-pytest
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   clang-22 lld-22 clang-format-22 libgtest-dev
 )

@@ -3,6 +3,7 @@
 #ifndef MOE_INITALL_H
 #define MOE_INITALL_H
 
+#include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Pipelines/Pipelines.h"
@@ -19,6 +20,7 @@ inline void registerAllMoEDialects(DialectRegistry &registry) {
 /// moe-* passes and pipelines.
 inline void registerAllMoEPasses() {
   registerMoEPasses();
+  registerMoEConversionPasses();
   registerMoEPipelines();
 }
 

@@ -1581,3 +1581,51 @@ func.func @router_experts_range(%x: tensor<4x8xf32>, %wr: tensor<8x4294967296xf3
   %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>} : tensor<4x8xf32>, tensor<8x4294967296xf32> -> tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x4294967296xf32>
   return
 }
+
+// -----
+
+func.func @expert_combine_grad_rows_tokens(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<6xi32>, %rows: tensor<36x2xi32>, %w: tensor<37x2xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<74x80xf32>, %dout: tensor<37x48xf32>) {
+  // expected-error @+1 {{rows dimension 0 is 36, expected T = 37}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<36x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}
+
+// -----
+
+func.func @expert_combine_grad_weights_k(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<6xi32>, %rows: tensor<37x2xi32>, %w: tensor<37x3xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<74x80xf32>, %dout: tensor<37x48xf32>) {
+  // expected-error @+1 {{weights dimension 1 is 3, expected k = 2}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x3xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x3xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}
+
+// -----
+
+func.func @expert_combine_grad_pairs(%x: tensor<37x48xf32>, %ids: tensor<111xi32>, %off: tensor<6xi32>, %rows: tensor<37x2xi32>, %w: tensor<37x2xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<111x80xf32>, %dout: tensor<37x48xf32>) {
+  // expected-error @+1 {{the row count R is 111, expected T * k = 74}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<111xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<111x80xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}
+
+// -----
+
+func.func @expert_combine_grad_dout(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<6xi32>, %rows: tensor<37x2xi32>, %w: tensor<37x2xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<74x80xf32>, %dout: tensor<37x47xf32>) {
+  // expected-error @+1 {{expected dout to have the type of x ('tensor<37x48xf32>'), got 'tensor<37x47xf32>'}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x47xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}
+
+// -----
+
+func.func @expert_combine_grad_dweights(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<6xi32>, %rows: tensor<37x2xi32>, %w: tensor<37x2xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<74x80xf32>, %dout: tensor<37x48xf32>) {
+  // expected-error @+1 {{expected d_weights to have the type of weights}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x1xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}
+
+// -----
+
+func.func @expert_combine_grad_h_width(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<6xi32>, %rows: tensor<37x2xi32>, %w: tensor<37x2xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<74x81xf32>, %dout: tensor<37x48xf32>) {
+  // expected-error @+1 {{h dimension 1 is 81, expected the w_gate_up width = 80}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x81xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}

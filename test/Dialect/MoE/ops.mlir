@@ -99,6 +99,7 @@ func.func @dispatch_capacity_dynamic(%e: tensor<?x8xi32>) -> tensor<?xi32> {
 // CHECK: moe.expert_ffn_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<74x48xf32> -> tensor<37x48xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
 // CHECK: moe.shared_expert_grad %{{.*}} {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32>, tensor<37x64xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32>
 // CHECK: moe.combine_grad %{{.*}} : tensor<37x48xf32>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x48xf32> -> tensor<74x48xf32>, tensor<37x2xf32>
+// CHECK: moe.expert_combine_grad %{{.*}} {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
 func.func @grads(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %logits: tensor<37x5xf32>,
                  %e: tensor<37x2xi32>, %w: tensor<37x2xf32>, %dw: tensor<37x2xf32>,
                  %ids: tensor<74xi32>, %offsets: tensor<6xi32>, %rows: tensor<37x2xi32>,
@@ -129,6 +130,12 @@ func.func @grads(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %logits: tensor<3
   %dy, %dweights = moe.combine_grad %dout, %w, %rows, %y
       : tensor<37x48xf32>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x48xf32>
       -> tensor<74x48xf32>, tensor<37x2xf32>
+  %dx4, %dw4, %dwgu4, %dwd4 = moe.expert_combine_grad %x, %ids, %offsets, %rows, %w,
+      %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>,
+        tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>,
+        tensor<74x80xf32>, tensor<37x48xf32>
+      -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
   return
 }
 

@@ -420,6 +420,37 @@ LogicalResult ExpertFFNGradOp::verify() {
                            getDWDown(), getWDown());
 }
 
+LogicalResult ExpertCombineGradOp::verify() {
+  ShapeVerifier shapes(*this);
+  ExpertSizes sizes;
+  int64_t topK = kDynamic;
+  if (failed(verifyExpertOperands(shapes, getX(), getTokenIds(), getOffsets(),
+                                  getWGateUp(), getWDown(), sizes)) ||
+      failed(shapes.sameElementType({{"x", getX()},
+                                     {"w_gate_up", getWGateUp()},
+                                     {"w_down", getWDown()},
+                                     {"h", getH()},
+                                     {"dout", getDout()}})) ||
+      failed(shapes.match(sizes.rows, "R", getH(), "h", 0)) ||
+      failed(shapes.match(sizes.gateUpWidth, "the w_gate_up width", getH(), "h",
+                          1)) ||
+      failed(shapes.match(sizes.tokens, "T", getRows(), "rows", 0)) ||
+      failed(shapes.match(topK, "k", getRows(), "rows", 1)) ||
+      failed(shapes.match(sizes.tokens, "T", getWeights(), "weights", 0)) ||
+      failed(shapes.match(topK, "k", getWeights(), "weights", 1)) ||
+      failed(verifyTopKDim(*this, topK, "rows")) ||
+      failed(verifySameType(*this, "dout", getDout(), "x", getX())) ||
+      failed(verifySameType(*this, "d_weights", getDWeights(), "weights",
+                            getWeights())) ||
+      failed(verifyWeightGrads(*this, getDx(), getX(), getDWGateUp(),
+                               getWGateUp(), getDWDown(), getWDown())))
+    return failure();
+  int64_t pairs = product(sizes.tokens, topK);
+  if (failed(shapes.matchSize(pairs, "T * k", sizes.rows, "the row count R")))
+    return failure();
+  return verifyExpertSizes(*this, shapes, getActivation(), sizes);
+}
+
 //===----------------------------------------------------------------------===//
 // SharedExpertOp and SharedExpertGradOp
 //===----------------------------------------------------------------------===//

@@ -256,9 +256,10 @@ def MoE_AuxLossOp : MoE_Op<"aux_loss", [Pure]> {
     With `p = score(logits)` (`softmax`, or `sigmoid` normalised per token),
     `f_e` the fraction of the `T * k` selections that went to expert `e` and
     `P_e` the mean of `p[:, e]` over tokens:
-    - `load_balance = E / k * sum_e f_e * P_e` (1.0 when perfectly balanced);
+    - `load_balance = E * sum_e f_e * P_e` (1.0 when perfectly balanced);
     - `z_loss = mean_t(logsumexp(logits[t])^2)`.
     Both are unscaled f32 scalars; the training loop chooses coefficients.
+    With no tokens (`T = 0`) both are 0.
 
     ```mlir
     %lb, %z = moe.aux_loss %logits, %experts {scoring = #moe.scoring<softmax>}
@@ -434,6 +435,56 @@ def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure]> {
     attr-dict `:` type($x) `,` type($token_ids) `,` type($offsets) `,`
     type($w_gate_up) `,` type($w_down) `,` type($h) `,` type($dy) `->`
     type($dx) `,` type($d_w_gate_up) `,` type($d_w_down)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad", [Pure]> {
+  let summary = "backward of moe.expert_ffn followed by moe.combine, without y";
+  let description = [{
+    The backward of `out = combine(expert_ffn(x, ...).y, weights, rows)` that
+    needs neither `y` nor a separate `dy` tensor. For each kept (token, slot)
+    pair `(t, j)` with row `r = rows[t, j]` of expert `e`:
+    `ga = dout[t] · W_down[e]^T`, `a = act(h[r])`,
+    `d_weights[t, j] = <ga, a>` (the routing-weight gradient `dS = <dA, A>`,
+    so `y` need not be saved), `da = weights[t, j] * ga`, and from there as
+    `moe.expert_ffn_grad` with `dy[r] = weights[t, j] * dout[t]`. Dropped
+    slots (`rows[t, j] == -1`) get a zero `d_weights`.
+
+    `moe-generate-backward` emits it in place of `moe.combine_grad` +
+    `moe.expert_ffn_grad` when the combine reads the expert FFN's `y`.
+
+    ```mlir
+    %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %token_ids, %offsets,
+        %rows, %weights, %w_gate_up, %w_down, %h, %dout
+        {activation = #moe.activation<swiglu>}
+        : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>,
+          tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>,
+          tensor<74x80xf32>, tensor<37x48xf32>
+        -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>,
+           tensor<5x40x48xf32>
+    ```
+  }];
+  let arguments = (ins
+    MoE_Activations:$x,
+    MoE_I32Vector:$token_ids,
+    MoE_I32Vector:$offsets,
+    MoE_I32Matrix:$rows,
+    MoE_F32Matrix:$weights,
+    MoE_Weights3D:$w_gate_up,
+    MoE_Weights3D:$w_down,
+    MoE_Activations:$h,
+    MoE_Activations:$dout,
+    MoE_ActivationAttr:$activation
+  );
+  let results = (outs MoE_Activations:$dx, MoE_F32Matrix:$d_weights,
+                      MoE_Weights3D:$d_w_gate_up, MoE_Weights3D:$d_w_down);
+  let assemblyFormat = [{
+    $x `,` $token_ids `,` $offsets `,` $rows `,` $weights `,` $w_gate_up `,`
+    $w_down `,` $h `,` $dout attr-dict `:` type($x) `,` type($token_ids) `,`
+    type($offsets) `,` type($rows) `,` type($weights) `,` type($w_gate_up) `,`
+    type($w_down) `,` type($h) `,` type($dout) `->` type($dx) `,`
+    type($d_weights) `,` type($d_w_gate_up) `,` type($d_w_down)
   }];
   let hasVerifier = 1;
 }

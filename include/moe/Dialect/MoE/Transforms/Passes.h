@@ -4,6 +4,8 @@
 #define MOE_DIALECT_MOE_TRANSFORMS_PASSES_H
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Pass/Pass.h"
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 

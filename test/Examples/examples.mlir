@@ -4,6 +4,10 @@
 // RUN: moe-opt %moe_src_root/examples/qwen3-30b-a3b.mlir --moe-decompose | FileCheck %s --check-prefix=QWEN
 // RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-decompose | FileCheck %s --check-prefix=DEEPSEEK
 // RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-training-pipeline="chip=sm_90a" | FileCheck %s --check-prefix=DEEPSEEK
+// RUN: moe-opt %moe_src_root/examples/mixtral-8x7b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=MIXTRAL-BWD
+// RUN: moe-opt %moe_src_root/examples/olmoe-1b-7b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=BWD
+// RUN: moe-opt %moe_src_root/examples/qwen3-30b-a3b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=BWD
+// RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=DEEPSEEK-BWD
 
 // MIXTRAL: moe.router {{.*}}routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>
 // MIXTRAL: moe.dispatch {{.*}}num_experts = 8 : i64} : tensor<16384x2xi32> -> tensor<32768xi32>, tensor<9xi32>, tensor<16384x2xi32>
@@ -23,3 +27,27 @@
 // DEEPSEEK: moe.combine
 // DEEPSEEK: moe.shared_expert {{.*}} -> tensor<8192x7168xbf16>, tensor<8192x4096xbf16>
 // DEEPSEEK: arith.addf
+
+// The saved set of the Mixtral layer: x and the weights, the router's
+// weights, experts and logits, the queues and H [32768, 28672]; never y.
+// MIXTRAL-BWD-LABEL: func.func @mixtral_8x7b_forward
+// MIXTRAL-BWD-SAME: moe.num_saved = 11
+// MIXTRAL-BWD-LABEL: func.func @mixtral_8x7b_backward
+// MIXTRAL-BWD-SAME: tensor<32768x28672xbf16> {moe.saved = "moe.expert_ffn.h"}
+// MIXTRAL-BWD-SAME: moe.gradient_args = array<i64: 0, 1, 2, 3>
+// MIXTRAL-BWD: moe.expert_combine_grad
+// MIXTRAL-BWD: moe.router_grad
+
+// BWD: moe.num_saved = 11
+// BWD: moe.expert_combine_grad
+// BWD: moe.router_grad
+
+// The selection bias (argument 2) gets no gradient; the shared expert adds
+// its h to the saved set.
+// DEEPSEEK-BWD: moe.num_saved = 14
+// DEEPSEEK-BWD-LABEL: func.func @deepseek_v3_backward
+// DEEPSEEK-BWD-SAME: tensor<8192x4096xbf16> {moe.saved = "moe.shared_expert.h"}
+// DEEPSEEK-BWD-SAME: moe.gradient_args = array<i64: 0, 1, 3, 4, 5, 6>
+// DEEPSEEK-BWD: moe.shared_expert_grad
+// DEEPSEEK-BWD: moe.expert_combine_grad
+// DEEPSEEK-BWD: moe.router_grad

@@ -18,6 +18,13 @@ config.excludes = ["Unit", "Inputs", "CMakeLists.txt", "lit.cfg.py",
 
 config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%moe_src_root", config.moe_src_root))
+# Runtime libraries of mlir-runner for the CPU integration tests
+# (/usr/lib/llvm-22/lib/libmlir_{,c_}runner_utils.so).
+mlir_lib_dir = config.mlir_lib_dir or os.path.join(
+    os.path.dirname(config.llvm_tools_dir), "lib")
+for lib in ["mlir_runner_utils", "mlir_c_runner_utils"]:
+    config.substitutions.append(
+        ("%" + lib, os.path.join(mlir_lib_dir, "lib" + lib + ".so")))
 
 llvm_config.use_default_substitutions()
 llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
@@ -39,6 +46,8 @@ tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
 tools = [
     ToolSubst("moe-opt", extra_args=moe_opt_extra, unresolved="fatal"),
     "mlir-opt",
+    "mlir-runner",
+    "mlir-translate",
 ]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 

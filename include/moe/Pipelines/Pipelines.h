@@ -41,6 +41,13 @@ struct MoETrainingPipelineOptions
 void buildMoETrainingPipeline(OpPassManager &pm,
                               const MoETrainingPipelineOptions &options);
 
+/// The CPU reference path (docs/cpu-path.md): convert-moe-to-linalg, then
+/// bufferization with identity layouts at function boundaries, results as
+/// out-parameters, loops, and the LLVM dialect with C wrappers, so that every
+/// public function `@f(ins...) -> (outs...)` on tensors becomes
+/// `void _mlir_ciface_f(ins..., outs...)` on memref descriptors.
+void buildMoELowerToCPUPipeline(OpPassManager &pm);
+
 /// Registers every moe-mlir pipeline with the pass registry.
 void registerMoEPipelines();
 

@@ -1,6 +1,7 @@
 //===- MoEDecompose.cpp - Expand moe.layer into its steps ---*- C++ -*-===//
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoE/Transforms/Decompose.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -25,9 +26,11 @@ int64_t mulOrDynamic(int64_t a, int64_t b) {
   return result;
 }
 
+} // namespace
+
 /// Builds the router/dispatch/expert/combine chain of one layer. Fails (with
 /// a diagnostic on the layer) when the number of experts is not static.
-LogicalResult decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
+LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
   auto xType = layer.getX().getType();
   auto routerType = layer.getRouterWeight().getType();
   auto gateUpType = layer.getWGateUp().getType();
@@ -79,6 +82,8 @@ LogicalResult decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
   rewriter.replaceOp(layer, {out, router.getLogits()});
   return success();
 }
+
+namespace {
 
 struct MoEDecomposePass
     : public mlir::moe::impl::MoEDecomposeBase<MoEDecomposePass> {

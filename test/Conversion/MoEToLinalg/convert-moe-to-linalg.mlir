@@ -1,0 +1,377 @@
+// RUN: moe-opt %s --convert-moe-to-linalg -split-input-file | FileCheck %s
+
+// Router: operands cast to dynamic shapes, the missing bias is a zero
+// tensor, the routing configuration becomes scalar arguments.
+// CHECK-LABEL: func.func @router
+// CHECK-SAME: (%[[X:.*]]: tensor<6x4xf32>, %[[WR:.*]]: tensor<4x8xf32>)
+// CHECK-NOT: moe.router
+// CHECK-DAG: %[[XC:.*]] = tensor.cast %[[X]] : tensor<6x4xf32> to tensor<?x?xf32>
+// CHECK-DAG: %[[WRC:.*]] = tensor.cast %[[WR]] : tensor<4x8xf32> to tensor<?x?xf32>
+// CHECK-DAG: %[[C1:.*]] = arith.constant 1 : index
+// CHECK-DAG: %[[E:.*]] = tensor.dim %[[WRC]], %[[C1]]
+// CHECK-DAG: %[[EMPTY:.*]] = tensor.empty(%[[E]]) : tensor<?xf32>
+// CHECK-DAG: %[[BIAS:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%[[EMPTY]] : tensor<?xf32>)
+// CHECK-DAG: %[[SIGMOID:.*]] = arith.constant 1 : i32
+// CHECK-DAG: %[[K:.*]] = arith.constant 2 : index
+// CHECK-DAG: %[[RENORM:.*]] = arith.constant true
+// CHECK-DAG: %[[GROUPS:.*]] = arith.constant 4 : index
+// CHECK-DAG: %[[TOPKG:.*]] = arith.constant 2 : index
+// CHECK-DAG: %[[SCALE:.*]] = arith.constant 2.500000e+00 : f32
+// CHECK: %[[R:.*]]:3 = call @__moe_cpu_router(%[[XC]], %[[WRC]], %[[BIAS]], %[[SIGMOID]], %[[K]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]])
+// CHECK-SAME: : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?xf32>, i32, index, i1, index, index, f32) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>)
+// CHECK-DAG: %[[W:.*]] = tensor.cast %[[R]]#0 : tensor<?x?xf32> to tensor<6x2xf32>
+// CHECK-DAG: %[[EX:.*]] = tensor.cast %[[R]]#1 : tensor<?x?xi32> to tensor<6x2xi32>
+// CHECK-DAG: %[[L:.*]] = tensor.cast %[[R]]#2 : tensor<?x?xf32> to tensor<6x8xf32>
+// CHECK: return %[[W]], %[[EX]], %[[L]]
+// CHECK-LABEL: func.func private @__moe_cpu_router
+// CHECK-SAME: (%{{.*}}: tensor<?x?xf32>, %{{.*}}: tensor<?x?xf32>, %{{.*}}: tensor<?xf32>, %{{.*}}: i32, %{{.*}}: index, %{{.*}}: i1, %{{.*}}: index, %{{.*}}: index, %{{.*}}: f32) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>)
+// The helpers the kernel calls come along.
+// CHECK-DAG: func.func private @__moe_cpu_mm(
+// CHECK-DAG: func.func private @__moe_cpu_scores(
+// CHECK-DAG: func.func private @__moe_cpu_softmax(
+// CHECK-DAG: func.func private @__moe_cpu_beats(
+func.func @router(%x: tensor<6x4xf32>, %wr: tensor<4x8xf32>)
+    -> (tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>) {
+  %w, %e, %l = moe.router %x, %wr
+      {routing = #moe.routing<scoring = sigmoid, top_k = 2, renormalize = true,
+                              num_groups = 4, topk_groups = 2,
+                              scaling_factor = 2.5>}
+      : tensor<6x4xf32>, tensor<4x8xf32>
+      -> tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>
+  return %w, %e, %l : tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>
+}
+
+// -----
+
+// bf16 data is extended to f32 for the kernel and truncated back; the bias
+// operand is passed as it is.
+// CHECK-LABEL: func.func @router_bf16_bias
+// CHECK-SAME: (%[[X:.*]]: tensor<6x4xbf16>, %[[WR:.*]]: tensor<4x8xbf16>, %[[B:.*]]: tensor<8xf32>)
+// CHECK-DAG: %[[XE:.*]] = arith.extf %[[X]] : tensor<6x4xbf16> to tensor<6x4xf32>
+// CHECK-DAG: %[[XC:.*]] = tensor.cast %[[XE]] : tensor<6x4xf32> to tensor<?x?xf32>
+// CHECK-DAG: %[[WRE:.*]] = arith.extf %[[WR]] : tensor<4x8xbf16> to tensor<4x8xf32>
+// CHECK-DAG: %[[WRC:.*]] = tensor.cast %[[WRE]] : tensor<4x8xf32> to tensor<?x?xf32>
+// CHECK-DAG: %[[BC:.*]] = tensor.cast %[[B]] : tensor<8xf32> to tensor<?xf32>
+// CHECK-DAG: %[[SOFTMAX:.*]] = arith.constant 0 : i32
+// CHECK-DAG: %[[RENORM:.*]] = arith.constant false
+// CHECK-DAG: %[[GROUPS:.*]] = arith.constant 1 : index
+// CHECK-DAG: %[[SCALE:.*]] = arith.constant 1.000000e+00 : f32
+// CHECK: call @__moe_cpu_router(%[[XC]], %[[WRC]], %[[BC]], %[[SOFTMAX]], %{{.*}}, %[[RENORM]], %[[GROUPS]], %{{.*}}, %[[SCALE]])
+func.func @router_bf16_bias(%x: tensor<6x4xbf16>, %wr: tensor<4x8xbf16>,
+                            %b: tensor<8xf32>) -> tensor<6x2xi32> {
+  %w, %e, %l = moe.router %x, %wr bias(%b : tensor<8xf32>)
+      {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<6x4xbf16>, tensor<4x8xbf16>
+      -> tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>
+  return %e : tensor<6x2xi32>
+}
+
+// -----
+
+// Capacity: ceil(1.25 * 6 * 2 / 4) = 4; T * k = 12 without a factor.
+// CHECK-LABEL: func.func @dispatch
+// CHECK-SAME: (%[[EX:.*]]: tensor<6x2xi32>)
+// CHECK: %[[EXC:.*]] = tensor.cast %[[EX]] : tensor<6x2xi32> to tensor<?x?xi32>
+// CHECK: %[[CAP:.*]] = arith.constant 4 : index
+// CHECK: %[[E:.*]] = arith.constant 4 : index
+// CHECK: %[[D0:.*]]:3 = call @__moe_cpu_dispatch(%[[EXC]], %[[E]], %[[CAP]])
+// CHECK-SAME: : (tensor<?x?xi32>, index, index) -> (tensor<?xi32>, tensor<?xi32>, tensor<?x?xi32>)
+// CHECK-DAG: tensor.cast %[[D0]]#0 : tensor<?xi32> to tensor<12xi32>
+// CHECK-DAG: tensor.cast %[[D0]]#1 : tensor<?xi32> to tensor<5xi32>
+// CHECK-DAG: tensor.cast %[[D0]]#2 : tensor<?x?xi32> to tensor<6x2xi32>
+// CHECK: %[[C12:.*]] = arith.constant 12 : index
+// CHECK: call @__moe_cpu_dispatch(%{{.*}}, %{{.*}}, %[[C12]])
+// CHECK-LABEL: func.func private @__moe_cpu_dispatch
+func.func @dispatch(%e: tensor<6x2xi32>)
+    -> (tensor<12xi32>, tensor<5xi32>, tensor<6x2xi32>, tensor<12xi32>) {
+  %ids, %offs, %rows = moe.dispatch %e
+      {num_experts = 4 : i64, capacity_factor = 1.25}
+      : tensor<6x2xi32> -> tensor<12xi32>, tensor<5xi32>, tensor<6x2xi32>
+  %ids2, %offs2, %rows2 = moe.dispatch %e {num_experts = 4 : i64}
+      : tensor<6x2xi32> -> tensor<12xi32>, tensor<5xi32>, tensor<6x2xi32>
+  return %ids, %offs, %rows, %ids2
+      : tensor<12xi32>, tensor<5xi32>, tensor<6x2xi32>, tensor<12xi32>
+}
+
+// -----
+
+// f64, left to right: 1.1 * 25 * 2 / 5 = 11.000000000000002, so 12.
+// CHECK-LABEL: func.func @dispatch_f64
+// CHECK: %[[CAP:.*]] = arith.constant 12 : index
+// CHECK: %[[E:.*]] = arith.constant 5 : index
+// CHECK: call @__moe_cpu_dispatch(%{{.*}}, %[[E]], %[[CAP]])
+func.func @dispatch_f64(%e: tensor<25x2xi32>) -> tensor<25x2xi32> {
+  %ids, %offs, %rows = moe.dispatch %e
+      {num_experts = 5 : i64, capacity_factor = 1.1}
+      : tensor<25x2xi32> -> tensor<50xi32>, tensor<6xi32>, tensor<25x2xi32>
+  return %rows : tensor<25x2xi32>
+}
+
+// -----
+
+// With a dynamic T the capacity is computed at run time, in f64.
+// CHECK-LABEL: func.func @dispatch_dynamic
+// CHECK-DAG: %[[C0:.*]] = arith.constant 0 : index
+// CHECK-DAG: %[[C1:.*]] = arith.constant 1 : index
+// CHECK-DAG: %[[T:.*]] = tensor.dim %{{.*}}, %[[C0]] : tensor<?x?xi32>
+// CHECK-DAG: %[[K:.*]] = tensor.dim %{{.*}}, %[[C1]] : tensor<?x?xi32>
+// CHECK-DAG: %[[CF:.*]] = arith.constant 1.250000e+00 : f64
+// CHECK-DAG: %[[EF:.*]] = arith.constant 4.000000e+00 : f64
+// CHECK: %[[TF:.*]] = arith.sitofp %{{.*}} : i64 to f64
+// CHECK: %[[P0:.*]] = arith.mulf %[[CF]], %[[TF]] : f64
+// CHECK: %[[P1:.*]] = arith.mulf %[[P0]], %{{.*}} : f64
+// CHECK: %[[Q:.*]] = arith.divf %[[P1]], %[[EF]] : f64
+// CHECK: %[[CEIL:.*]] = math.ceil %[[Q]] : f64
+// CHECK: %[[MIN:.*]] = arith.minimumf %[[CEIL]], %{{.*}} : f64
+// CHECK: %[[CAP64:.*]] = arith.fptosi %[[MIN]] : f64 to i64
+// CHECK: %[[CAP:.*]] = arith.index_cast %[[CAP64]] : i64 to index
+// CHECK: call @__moe_cpu_dispatch(%{{.*}}, %{{.*}}, %[[CAP]])
+func.func @dispatch_dynamic(%e: tensor<?x2xi32>) -> tensor<?x2xi32> {
+  %ids, %offs, %rows = moe.dispatch %e
+      {num_experts = 4 : i64, capacity_factor = 1.25}
+      : tensor<?x2xi32> -> tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>
+  return %rows : tensor<?x2xi32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @experts_bf16
+// CHECK-SAME: (%[[X:.*]]: tensor<6x4xbf16>, %[[IDS:.*]]: tensor<12xi32>, %[[OFFS:.*]]: tensor<5xi32>, %[[WGU:.*]]: tensor<4x4x6xbf16>, %[[WD:.*]]: tensor<4x3x4xbf16>,
+// CHECK-DAG: %[[XE:.*]] = arith.extf %[[X]] : tensor<6x4xbf16> to tensor<6x4xf32>
+// CHECK-DAG: %[[XC:.*]] = tensor.cast %[[XE]] : tensor<6x4xf32> to tensor<?x?xf32>
+// CHECK-DAG: %[[IDSC:.*]] = tensor.cast %[[IDS]] : tensor<12xi32> to tensor<?xi32>
+// CHECK-DAG: %[[OFFSC:.*]] = tensor.cast %[[OFFS]] : tensor<5xi32> to tensor<?xi32>
+// CHECK-DAG: %[[WGUE:.*]] = arith.extf %[[WGU]] : tensor<4x4x6xbf16> to tensor<4x4x6xf32>
+// CHECK-DAG: %[[WGUC:.*]] = tensor.cast %[[WGUE]] : tensor<4x4x6xf32> to tensor<?x?x?xf32>
+// CHECK-DAG: %[[WDE:.*]] = arith.extf %[[WD]] : tensor<4x3x4xbf16> to tensor<4x3x4xf32>
+// CHECK-DAG: %[[WDC:.*]] = tensor.cast %[[WDE]] : tensor<4x3x4xf32> to tensor<?x?x?xf32>
+// CHECK-DAG: %[[SWIGLU:.*]] = arith.constant 0 : i32
+// CHECK: %[[F:.*]]:2 = call @__moe_cpu_expert_ffn(%[[XC]], %[[IDSC]], %[[OFFSC]], %[[WGUC]], %[[WDC]], %[[SWIGLU]])
+// CHECK-SAME: : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+// CHECK: %[[YC:.*]] = tensor.cast %[[F]]#0 : tensor<?x?xf32> to tensor<12x4xf32>
+// CHECK: %[[Y:.*]] = arith.truncf %[[YC]] : tensor<12x4xf32> to tensor<12x4xbf16>
+// CHECK: %[[HC:.*]] = tensor.cast %[[F]]#1 : tensor<?x?xf32> to tensor<12x6xf32>
+// CHECK: %[[H:.*]] = arith.truncf %[[HC]] : tensor<12x6xf32> to tensor<12x6xbf16>
+// CHECK: %[[G:.*]]:3 = call @__moe_cpu_expert_ffn_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>)
+// CHECK: arith.truncf %{{.*}} : tensor<6x4xf32> to tensor<6x4xbf16>
+// CHECK: arith.truncf %{{.*}} : tensor<4x4x6xf32> to tensor<4x4x6xbf16>
+// CHECK: arith.truncf %{{.*}} : tensor<4x3x4xf32> to tensor<4x3x4xbf16>
+// CHECK: %[[CG:.*]]:4 = call @__moe_cpu_expert_combine_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?xi32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>)
+// CHECK: tensor.cast %[[CG]]#1 : tensor<?x?xf32> to tensor<6x2xf32>
+// CHECK-DAG: func.func private @__moe_cpu_expert_ffn(
+// CHECK-DAG: func.func private @__moe_cpu_expert_ffn_grad(
+// CHECK-DAG: func.func private @__moe_cpu_expert_combine_grad(
+// CHECK-DAG: func.func private @__moe_cpu_act(
+// CHECK-DAG: func.func private @__moe_cpu_act_grad(
+func.func @experts_bf16(%x: tensor<6x4xbf16>, %ids: tensor<12xi32>,
+                        %offs: tensor<5xi32>, %wgu: tensor<4x4x6xbf16>,
+                        %wd: tensor<4x3x4xbf16>, %rows: tensor<6x2xi32>,
+                        %w: tensor<6x2xf32>)
+    -> (tensor<6x4xbf16>, tensor<4x4x6xbf16>, tensor<4x3x4xbf16>,
+        tensor<6x2xf32>) {
+  %y, %h = moe.expert_ffn %x, %ids, %offs, %wgu, %wd
+      {activation = #moe.activation<swiglu>}
+      : tensor<6x4xbf16>, tensor<12xi32>, tensor<5xi32>, tensor<4x4x6xbf16>,
+        tensor<4x3x4xbf16> -> tensor<12x4xbf16>, tensor<12x6xbf16>
+  %dx, %dwgu, %dwd = moe.expert_ffn_grad %x, %ids, %offs, %wgu, %wd, %h, %y
+      {activation = #moe.activation<swiglu>}
+      : tensor<6x4xbf16>, tensor<12xi32>, tensor<5xi32>, tensor<4x4x6xbf16>,
+        tensor<4x3x4xbf16>, tensor<12x6xbf16>, tensor<12x4xbf16>
+      -> tensor<6x4xbf16>, tensor<4x4x6xbf16>, tensor<4x3x4xbf16>
+  %dx2, %dw, %dwgu2, %dwd2 = moe.expert_combine_grad %x, %ids, %offs, %rows,
+      %w, %wgu, %wd, %h, %dx {activation = #moe.activation<swiglu>}
+      : tensor<6x4xbf16>, tensor<12xi32>, tensor<5xi32>, tensor<6x2xi32>,
+        tensor<6x2xf32>, tensor<4x4x6xbf16>, tensor<4x3x4xbf16>,
+        tensor<12x6xbf16>, tensor<6x4xbf16>
+      -> tensor<6x4xbf16>, tensor<6x2xf32>, tensor<4x4x6xbf16>,
+         tensor<4x3x4xbf16>
+  return %dx2, %dwgu, %dwd, %dw
+      : tensor<6x4xbf16>, tensor<4x4x6xbf16>, tensor<4x3x4xbf16>,
+        tensor<6x2xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @shared
+// CHECK-DAG: %[[GELU:.*]] = arith.constant 1 : i32
+// CHECK: %[[S:.*]]:2 = call @__moe_cpu_shared_expert(%{{.*}}, %{{.*}}, %{{.*}}, %[[GELU]]) : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+// CHECK: %[[SY:.*]] = tensor.cast %[[S]]#0 : tensor<?x?xf32> to tensor<6x4xf32>
+// CHECK: arith.truncf %[[SY]] : tensor<6x4xf32> to tensor<6x4xf16>
+// CHECK-DAG: %[[SILU:.*]] = arith.constant 2 : i32
+// CHECK: call @__moe_cpu_shared_expert_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[SILU]]) : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>)
+// CHECK-DAG: func.func private @__moe_cpu_shared_expert(
+// CHECK-DAG: func.func private @__moe_cpu_shared_expert_grad(
+// CHECK-DAG: func.func private @__moe_cpu_gelu(
+// CHECK-DAG: func.func private @__moe_cpu_dsilu(
+func.func @shared(%x: tensor<6x4xf16>, %wgu: tensor<4x3xf16>,
+                  %wd: tensor<3x4xf16>) -> (tensor<6x4xf16>, tensor<4x3xf16>) {
+  %y, %h = moe.shared_expert %x, %wgu, %wd {activation = #moe.activation<gelu>}
+      : tensor<6x4xf16>, tensor<4x3xf16>, tensor<3x4xf16>
+      -> tensor<6x4xf16>, tensor<6x3xf16>
+  %dx, %dwgu, %dwd = moe.shared_expert_grad %x, %wgu, %wd, %h, %y
+      {activation = #moe.activation<silu>}
+      : tensor<6x4xf16>, tensor<4x3xf16>, tensor<3x4xf16>, tensor<6x3xf16>,
+        tensor<6x4xf16> -> tensor<6x4xf16>, tensor<4x3xf16>, tensor<3x4xf16>
+  return %dx, %dwgu : tensor<6x4xf16>, tensor<4x3xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @combine
+// CHECK-SAME: (%[[Y:.*]]: tensor<12x4xbf16>, %[[W:.*]]: tensor<6x2xf32>, %[[ROWS:.*]]: tensor<6x2xi32>, %[[DOUT:.*]]: tensor<6x4xbf16>)
+// CHECK: %[[YE:.*]] = arith.extf %[[Y]] : tensor<12x4xbf16> to tensor<12x4xf32>
+// CHECK: %[[YC:.*]] = tensor.cast %[[YE]] : tensor<12x4xf32> to tensor<?x?xf32>
+// CHECK: %[[WC:.*]] = tensor.cast %[[W]] : tensor<6x2xf32> to tensor<?x?xf32>
+// CHECK: %[[RC:.*]] = tensor.cast %[[ROWS]] : tensor<6x2xi32> to tensor<?x?xi32>
+// CHECK: %[[OUT:.*]] = call @__moe_cpu_combine(%[[YC]], %[[WC]], %[[RC]]) : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+// CHECK: %[[OUTC:.*]] = tensor.cast %[[OUT]] : tensor<?x?xf32> to tensor<6x4xf32>
+// CHECK: %[[OUTT:.*]] = arith.truncf %[[OUTC]] : tensor<6x4xf32> to tensor<6x4xbf16>
+// CHECK: %[[G:.*]]:2 = call @__moe_cpu_combine_grad(%{{.*}}, %[[WC2:.*]], %[[RC2:.*]], %{{.*}}) : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+// CHECK: %[[DYC:.*]] = tensor.cast %[[G]]#0 : tensor<?x?xf32> to tensor<12x4xf32>
+// CHECK: arith.truncf %[[DYC]] : tensor<12x4xf32> to tensor<12x4xbf16>
+// CHECK: tensor.cast %[[G]]#1 : tensor<?x?xf32> to tensor<6x2xf32>
+func.func @combine(%y: tensor<12x4xbf16>, %w: tensor<6x2xf32>,
+                   %rows: tensor<6x2xi32>, %dout: tensor<6x4xbf16>)
+    -> (tensor<6x4xbf16>, tensor<12x4xbf16>, tensor<6x2xf32>) {
+  %out = moe.combine %y, %w, %rows
+      : tensor<12x4xbf16>, tensor<6x2xf32>, tensor<6x2xi32> -> tensor<6x4xbf16>
+  %dy, %dw = moe.combine_grad %dout, %w, %rows, %y
+      : tensor<6x4xbf16>, tensor<6x2xf32>, tensor<6x2xi32>, tensor<12x4xbf16>
+      -> tensor<12x4xbf16>, tensor<6x2xf32>
+  return %out, %dy, %dw : tensor<6x4xbf16>, tensor<12x4xbf16>, tensor<6x2xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @router_grad_aux
+// CHECK-SAME: (%[[X:.*]]: tensor<6x4xf32>, %[[WR:.*]]: tensor<4x8xf32>, %[[L:.*]]: tensor<6x8xf32>, %[[EX:.*]]: tensor<6x2xi32>, %[[DW:.*]]: tensor<6x2xf32>, %[[DLB:.*]]: tensor<f32>, %[[DZ:.*]]: tensor<f32>)
+// CHECK: %[[SIGMOID:.*]] = arith.constant 1 : i32
+// CHECK: %[[LB:.*]]:2 = call @__moe_cpu_aux_loss(%{{.*}}, %{{.*}}, %[[SIGMOID]]) : (tensor<?x?xf32>, tensor<?x?xi32>, i32) -> (tensor<f32>, tensor<f32>)
+// CHECK: %[[SIGMOID2:.*]] = arith.constant 1 : i32
+// CHECK: %[[DL:.*]] = call @__moe_cpu_aux_loss_grad(%{{.*}}, %{{.*}}, %[[DLB]], %[[DZ]], %[[SIGMOID2]]) : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<f32>, tensor<f32>, i32) -> tensor<?x?xf32>
+// CHECK: %[[DLC:.*]] = tensor.cast %[[DL]] : tensor<?x?xf32> to tensor<6x8xf32>
+// CHECK: %[[DLK:.*]] = tensor.cast %[[DLC]] : tensor<6x8xf32> to tensor<?x?xf32>
+// CHECK: call @__moe_cpu_router_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[DLK]], %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>, tensor<?x?xf32>, i32, i1, f32) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+// Without logits_grad the extra logits gradient is a zero [T, E] tensor.
+// CHECK: %[[ZE:.*]] = tensor.empty(%{{.*}}, %{{.*}}) : tensor<?x?xf32>
+// CHECK: %[[Z:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%[[ZE]] : tensor<?x?xf32>)
+// CHECK: call @__moe_cpu_router_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[Z]], %{{.*}}, %{{.*}}, %{{.*}})
+func.func @router_grad_aux(%x: tensor<6x4xf32>, %wr: tensor<4x8xf32>,
+                           %l: tensor<6x8xf32>, %e: tensor<6x2xi32>,
+                           %dw: tensor<6x2xf32>, %dlb: tensor<f32>,
+                           %dz: tensor<f32>)
+    -> (tensor<6x4xf32>, tensor<4x8xf32>, tensor<f32>, tensor<6x4xf32>) {
+  %lb, %z = moe.aux_loss %l, %e {scoring = #moe.scoring<sigmoid>}
+      : tensor<6x8xf32>, tensor<6x2xi32> -> tensor<f32>, tensor<f32>
+  %dl = moe.aux_loss_grad %l, %e, %dlb, %dz {scoring = #moe.scoring<sigmoid>}
+      : tensor<6x8xf32>, tensor<6x2xi32>, tensor<f32>, tensor<f32>
+      -> tensor<6x8xf32>
+  %dx, %dwr = moe.router_grad %x, %wr, %l, %e, %dw logits_grad(%dl : tensor<6x8xf32>)
+      {routing = #moe.routing<scoring = sigmoid, top_k = 2>}
+      : tensor<6x4xf32>, tensor<4x8xf32>, tensor<6x8xf32>, tensor<6x2xi32>,
+        tensor<6x2xf32> -> tensor<6x4xf32>, tensor<4x8xf32>
+  %dx2, %dwr2 = moe.router_grad %x, %wr, %l, %e, %dw
+      {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<6x4xf32>, tensor<4x8xf32>, tensor<6x8xf32>, tensor<6x2xi32>,
+        tensor<6x2xf32> -> tensor<6x4xf32>, tensor<4x8xf32>
+  return %dx, %dwr, %lb, %dx2 : tensor<6x4xf32>, tensor<4x8xf32>, tensor<f32>, tensor<6x4xf32>
+}
+
+// -----
+
+// moe.layer is decomposed first, then every step becomes a call.
+// CHECK-LABEL: func.func @layer
+// CHECK-NOT: moe.
+// CHECK: call @__moe_cpu_router
+// CHECK: call @__moe_cpu_dispatch
+// CHECK: call @__moe_cpu_expert_ffn
+// CHECK: call @__moe_cpu_combine
+// CHECK: call @__moe_cpu_shared_expert
+// CHECK: arith.addf %{{.*}}, %{{.*}} : tensor<6x4xbf16>
+// CHECK: return
+func.func @layer(%x: tensor<6x4xbf16>, %wr: tensor<4x4xbf16>,
+                 %wgu: tensor<4x4x6xbf16>, %wd: tensor<4x3x4xbf16>,
+                 %sgu: tensor<4x4xbf16>, %sd: tensor<2x4xbf16>)
+    -> (tensor<6x4xbf16>, tensor<6x4xf32>) {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      shared(%sgu, %sd : tensor<4x4xbf16>, tensor<2x4xbf16>)
+      {activation = #moe.activation<swiglu>, capacity_factor = 1.0,
+       routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<6x4xbf16>, tensor<4x4xbf16>, tensor<4x4x6xbf16>,
+        tensor<4x3x4xbf16> -> tensor<6x4xbf16>, tensor<6x4xf32>
+  return %out, %logits : tensor<6x4xbf16>, tensor<6x4xf32>
+}
+
+// -----
+
+// moe.checkpoint is inlined; moe.offload and moe.prefetch become copies and
+// !moe.host_tensor becomes the tensor type it mirrors, in signatures too.
+// CHECK-LABEL: func.func @placement
+// CHECK-SAME: (%[[X:.*]]: tensor<6x4xf32>, %[[IDS:.*]]: tensor<12xi32>, %[[OFFS:.*]]: tensor<5xi32>, %[[WGU:.*]]: tensor<4x4x6xf32>, %[[WD:.*]]: tensor<4x3x4xf32>)
+// CHECK-SAME: -> (tensor<12x4xf32>, tensor<12x6xf32>)
+// CHECK-NOT: moe.
+// CHECK: %[[F:.*]]:2 = call @__moe_cpu_expert_ffn
+// CHECK: %[[Y:.*]] = tensor.cast %[[F]]#0 : tensor<?x?xf32> to tensor<12x4xf32>
+// CHECK: %[[H:.*]] = tensor.cast %[[F]]#1 : tensor<?x?xf32> to tensor<12x6xf32>
+// CHECK: %[[EMPTY:.*]] = tensor.empty() : tensor<12x6xf32>
+// CHECK: %[[COPY:.*]] = linalg.copy ins(%[[H]] : tensor<12x6xf32>) outs(%[[EMPTY]] : tensor<12x6xf32>) -> tensor<12x6xf32>
+// CHECK: return %[[Y]], %[[COPY]] : tensor<12x4xf32>, tensor<12x6xf32>
+func.func @placement(%x: tensor<6x4xf32>, %ids: tensor<12xi32>,
+                     %offs: tensor<5xi32>, %wgu: tensor<4x4x6xf32>,
+                     %wd: tensor<4x3x4xf32>)
+    -> (tensor<12x4xf32>, !moe.host_tensor<12x6xf32>) {
+  %y, %h = moe.checkpoint (%x, %ids, %offs, %wgu, %wd)
+      : (tensor<6x4xf32>, tensor<12xi32>, tensor<5xi32>, tensor<4x4x6xf32>,
+         tensor<4x3x4xf32>) -> (tensor<12x4xf32>, tensor<12x6xf32>) {
+  ^bb0(%a: tensor<6x4xf32>, %b: tensor<12xi32>, %c: tensor<5xi32>,
+       %d: tensor<4x4x6xf32>, %e: tensor<4x3x4xf32>):
+    %0, %1 = moe.expert_ffn %a, %b, %c, %d, %e
+        {activation = #moe.activation<swiglu>}
+        : tensor<6x4xf32>, tensor<12xi32>, tensor<5xi32>, tensor<4x4x6xf32>,
+          tensor<4x3x4xf32> -> tensor<12x4xf32>, tensor<12x6xf32>
+    moe.yield %0, %1 : tensor<12x4xf32>, tensor<12x6xf32>
+  }
+  %host = moe.offload %h : tensor<12x6xf32> -> !moe.host_tensor<12x6xf32>
+  return %y, %host : tensor<12x4xf32>, !moe.host_tensor<12x6xf32>
+}
+
+// CHECK-LABEL: func.func @backward
+// CHECK-SAME: (%[[HOST:.*]]: tensor<?x6xbf16>) -> tensor<?x6xbf16>
+// CHECK: %[[C0:.*]] = arith.constant 0 : index
+// CHECK: %[[DIM:.*]] = tensor.dim %[[HOST]], %[[C0]] : tensor<?x6xbf16>
+// CHECK: %[[EMPTY:.*]] = tensor.empty(%[[DIM]]) : tensor<?x6xbf16>
+// CHECK: %[[COPY:.*]] = linalg.copy ins(%[[HOST]] : tensor<?x6xbf16>) outs(%[[EMPTY]] : tensor<?x6xbf16>)
+// CHECK: return %[[COPY]]
+func.func @backward(%host: !moe.host_tensor<?x6xbf16>) -> tensor<?x6xbf16> {
+  %h = moe.prefetch %host : !moe.host_tensor<?x6xbf16> -> tensor<?x6xbf16>
+  return %h : tensor<?x6xbf16>
+}
+
+// CHECK-LABEL: func.func @caller
+// CHECK-SAME: (%[[ARG:.*]]: tensor<?x6xbf16>) -> tensor<?x6xbf16>
+// CHECK: %[[R:.*]] = call @backward(%[[ARG]]) : (tensor<?x6xbf16>) -> tensor<?x6xbf16>
+// CHECK: return %[[R]] : tensor<?x6xbf16>
+func.func @caller(%host: !moe.host_tensor<?x6xbf16>) -> tensor<?x6xbf16> {
+  %h = func.call @backward(%host) : (!moe.host_tensor<?x6xbf16>) -> tensor<?x6xbf16>
+  return %h : tensor<?x6xbf16>
+}
+
+// -----
+
+// A kernel the module already defines is neither replaced nor duplicated.
+// CHECK-LABEL: func.func @combine_own_kernel
+// CHECK: call @__moe_cpu_combine
+// CHECK: func.func private @__moe_cpu_combine(%{{.*}}: tensor<?x?xf32>, %[[W:.*]]: tensor<?x?xf32>, %{{.*}}: tensor<?x?xi32>) -> tensor<?x?xf32> {
+// CHECK-NEXT: return %[[W]]
+// CHECK-NOT: func.func private @__moe_cpu_combine
+// CHECK-NOT: func.func private @__moe_cpu_zeros
+func.func @combine_own_kernel(%y: tensor<12x4xf32>, %w: tensor<6x2xf32>,
+                              %rows: tensor<6x2xi32>) -> tensor<6x4xf32> {
+  %out = moe.combine %y, %w, %rows
+      : tensor<12x4xf32>, tensor<6x2xf32>, tensor<6x2xi32> -> tensor<6x4xf32>
+  return %out : tensor<6x4xf32>
+}
+func.func private @__moe_cpu_combine(%y: tensor<?x?xf32>, %w: tensor<?x?xf32>,
+                                     %rows: tensor<?x?xi32>) -> tensor<?x?xf32> {
+  return %w : tensor<?x?xf32>
+}

@@ -9,6 +9,7 @@ if [[ ! -f $build/build.ninja ]]; then
     -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
     -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
-    -DLLVM_USE_LINKER=lld
+    -DLLVM_USE_LINKER=lld \
+    -DPython3_EXECUTABLE=/usr/bin/python3
 fi
 ninja -C "$build"

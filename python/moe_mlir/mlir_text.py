@@ -1,0 +1,85 @@
+"""MLIR text of one MoE layer: a `func.func` with static shapes holding one `moe.layer`.
+
+The syntax is that of examples/deepseek-v3.mlir and test/Dialect/MoE/ops.mlir.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable, Sequence, Tuple
+
+from .config import LayerConfig
+
+__all__ = ["mlir_float", "tensor_type", "routing_attr", "layer_mlir"]
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.]*$")
+
+
+def mlir_float(value: float) -> str:
+    """A float literal MLIR parses: always with a decimal point (`2.5`, `1.0`, `1.0e-05`)."""
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"cannot write the non-finite float {value!r} as an MLIR literal")
+    text = repr(v)  # shortest round-trip form
+    mantissa, sep, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return mantissa + (sep + exponent if sep else "")
+
+
+def tensor_type(shape: Sequence[int], element: str) -> str:
+    dims = "".join(f"{int(s)}x" for s in shape)
+    return f"tensor<{dims}{element}>"
+
+
+def routing_attr(config: LayerConfig) -> str:
+    """`#moe.routing<...>`, defaults elided as moe-opt prints it."""
+    parts = [f"scoring = {config.scoring}", f"top_k = {config.top_k}"]
+    if config.renormalize:
+        parts.append("renormalize = true")
+    if config.num_groups != 1:
+        parts.append(f"num_groups = {config.num_groups}")
+    if config.topk_groups != 1:
+        parts.append(f"topk_groups = {config.topk_groups}")
+    if float(config.scaling_factor) != 1.0:
+        parts.append(f"scaling_factor = {mlir_float(config.scaling_factor)}")
+    return "#moe.routing<" + ", ".join(parts) + ">"
+
+
+def _types(specs: Iterable[Tuple[str, Tuple[int, ...], str]]):
+    return [tensor_type(shape, elem) for _, shape, elem in specs]
+
+
+def layer_mlir(config: LayerConfig, name: str = "moe_layer") -> str:
+    """`func.func @<name>(x, w_router, [router_bias], w_gate_up, w_down,
+    [shared_gate_up, shared_down]) -> (out, logits)` with one `moe.layer`."""
+    config.validate()
+    if not _NAME_RE.match(name):
+        raise ValueError(f"invalid function name {name!r}")
+    args = config.arg_specs()
+    types = {arg: tensor_type(shape, elem) for arg, shape, elem in args}
+    out_t, logits_t = _types(config.result_specs())
+    params = ",\n    ".join(f"%{arg}: {types[arg]}" for arg, _, _ in args)
+
+    attrs = [f"activation = #moe.activation<{config.activation}>"]
+    if config.capacity_factor is not None:
+        attrs.append(f"capacity_factor = {mlir_float(config.capacity_factor)} : f64")
+    attrs.append(f"routing = {routing_attr(config)}")
+
+    operands = "%x, %w_router, %w_gate_up, %w_down"
+    extras = ""
+    if config.router_bias:
+        extras += f"\n      bias(%router_bias : {types['router_bias']})"
+    if config.has_shared:
+        extras += (f"\n      shared(%shared_gate_up, %shared_down : "
+                   f"{types['shared_gate_up']}, {types['shared_down']})")
+    main_types = ", ".join(types[a] for a in ("x", "w_router", "w_gate_up", "w_down"))
+    return (
+        f"func.func @{name}(\n    {params})\n    -> ({out_t}, {logits_t}) {{\n"
+        f"  %out, %logits = moe.layer {operands}{extras}\n"
+        f"      {{{', '.join(attrs)}}}\n"
+        f"      : {main_types} -> {out_t}, {logits_t}\n"
+        f"  return %out, %logits : {out_t}, {logits_t}\n"
+        f"}}\n"
+    )

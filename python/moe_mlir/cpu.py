@@ -12,8 +12,8 @@ Two levels:
   `CompiledFunction` that checks its numpy inputs (count, shape, dtype) against the signature
   before calling. `CompiledLayer` builds, differentiates and compiles one `moe.layer`.
 
-Tools: `MOE_OPT` (default `build/bin/moe-opt` under the repository, `$MOE_BUILD_DIR/bin/moe-opt`,
-/work/main/build/bin/moe-opt, then PATH), `MLIR_TRANSLATE` (default
+Tools: `MOE_OPT` (default `$MOE_BUILD_DIR/bin/moe-opt` when set, `build/bin/moe-opt` under the
+repository, then PATH), `MLIR_TRANSLATE` (default
 /usr/lib/llvm-22/bin/mlir-translate), `CLANG` (default clang-22). Failures raise `ToolError`
 (`MoeOptError` for the opt tool) carrying the tool's diagnostics.
 """
@@ -125,7 +125,7 @@ def find_moe_opt() -> str:
     candidates: List[Union[str, Path]] = [REPO_ROOT / "build" / "bin" / "moe-opt"]
     if os.environ.get("MOE_BUILD_DIR"):
         candidates.insert(0, Path(os.environ["MOE_BUILD_DIR"]) / "bin" / "moe-opt")
-    candidates += [Path("/work/main/build/bin/moe-opt"), "moe-opt"]
+    candidates.append("moe-opt")
     return _tool("MOE_OPT", candidates, "moe-opt")
 
 

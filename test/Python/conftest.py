@@ -1,6 +1,6 @@
 """pytest configuration of the Python tests: puts python/ on sys.path.
 
-Run: cd /work/main && /usr/bin/python3 -m pytest test/Python -q
+Run from the repository root: /usr/bin/python3 -m pytest test/Python -q
 """
 
 import os

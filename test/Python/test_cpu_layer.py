@@ -231,3 +231,43 @@ def test_bad_inputs_raise_value_error():
         layer.backward(saved[:-1], out, logits)
     with pytest.raises(ValueError, match="shape"):
         layer.backward(saved, out[:-1], logits)
+
+
+def same_nans_and_close(actual, expected, what):
+    """NaN exactly where the reference has NaN, inf where it has inf, close elsewhere."""
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert (np.isnan(actual) == np.isnan(expected)).all(), f"{what}: NaN positions differ"
+    assert (np.isposinf(actual) == np.isposinf(expected)).all(), f"{what}: +inf positions"
+    assert (np.isneginf(actual) == np.isneginf(expected)).all(), f"{what}: -inf positions"
+    finite = np.isfinite(expected)
+    assert rel_err(actual[finite], expected[finite]) <= RTOL, what
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy warns about the NaN it makes
+def test_nan_and_inf_inputs_follow_the_documented_rules():
+    """NaN and inf propagate as IEEE arithmetic; a token whose scores are all NaN picks the
+    first experts (docs/cpu-path.md §2); every other token is unaffected in forward."""
+    name = "t37_k2_softmax_renorm"
+    config, mode = CASES[name]
+    layer = compiled(name)
+    args = make_inputs(config, mode, 11)
+    args["x"][3, :] = np.nan
+    args["x"][5, 7] = np.inf
+    args64 = {k: v.astype(np.float64) for k, v in args.items()}
+    ref_out, ref_logits, cache = ref.layer_forward(config, **args64)
+    assert list(cache.experts[3]) == [0, 1]
+    out, logits, saved = layer.forward(args)
+    same_nans_and_close(out, ref_out, "out")
+    same_nans_and_close(logits, ref_logits, "logits")
+    healthy = [t for t in range(config.tokens) if t not in (3, 5)]
+    assert np.isfinite(out[healthy]).all()
+
+    rng = np.random.default_rng(2)
+    d_out = rng.standard_normal((config.tokens, config.hidden)).astype(np.float32)
+    d_logits = rng.standard_normal((config.tokens, config.experts)).astype(np.float32)
+    grads = layer.backward(saved, d_out, d_logits)
+    ref_grads = ref.layer_backward(config, cache, d_out.astype(np.float64),
+                                   d_logits.astype(np.float64))
+    for (gname, g), r in zip(grads.items(), ref_grads):
+        same_nans_and_close(g, r, f"gradient of {gname}")

@@ -45,6 +45,7 @@ if os.environ.get("MOE_OPT_CHECK_IR_ROUNDTRIP"):
 tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
 tools = [
     ToolSubst("moe-opt", extra_args=moe_opt_extra, unresolved="fatal"),
+    ToolSubst("moe-reduce", unresolved="fatal"),
     "mlir-opt",
     "mlir-runner",
     "mlir-translate",
@@ -52,8 +53,13 @@ tools = [
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 config.available_features.add("noasserts")
-if shutil.which("ptxas") or os.path.exists("/usr/local/cuda/bin/ptxas"):
+config.substitutions.append(("%PYTHON", config.python_executable))
+ptxas = shutil.which("ptxas") or (
+    "/usr/local/cuda/bin/ptxas"
+    if os.path.exists("/usr/local/cuda/bin/ptxas") else None)
+if ptxas:
     config.available_features.add("ptxas")
+    config.substitutions.append(("%ptxas", ptxas))
 try:
     if subprocess.run(["nvidia-smi", "-L"], capture_output=True,
                       timeout=20).returncode == 0:

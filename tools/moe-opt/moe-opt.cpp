@@ -37,6 +37,7 @@ int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   mlir::moe::registerAllMoEDialects(registry);
   mlir::moe::registerMoECPUPathDialects(registry);
+  mlir::moe::registerMoEGPUPathDialects(registry);
   mlir::registerTransformsPasses();
   registerCPUPathPasses();
   mlir::moe::registerAllMoEPasses();

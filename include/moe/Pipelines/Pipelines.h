@@ -48,6 +48,30 @@ void buildMoETrainingPipeline(OpPassManager &pm,
 /// `void _mlir_ciface_f(ins..., outs...)` on memref descriptors.
 void buildMoELowerToCPUPipeline(OpPassManager &pm);
 
+struct MoELowerToNVVMPipelineOptions
+    : public PassPipelineOptions<MoELowerToNVVMPipelineOptions> {
+  PassOptions::Option<std::string, ChipOptionParser> chip{
+      *this, "chip", llvm::cl::desc("GPU architecture to generate for"),
+      llvm::cl::init("sm_90a")};
+  PassOptions::Option<std::string> features{
+      *this, "features", llvm::cl::desc("PTX features (sm_90a needs +ptx80)"),
+      llvm::cl::init("+ptx80")};
+  PassOptions::Option<unsigned> optLevel{
+      *this, "opt-level", llvm::cl::desc("LLVM optimisation level (0-3)"),
+      llvm::cl::init(3)};
+  PassOptions::Option<std::string> format{
+      *this, "format",
+      llvm::cl::desc("gpu-module-to-binary format: isa (PTX text), bin "
+                     "(cubin, needs ptxas) or fatbin"),
+      llvm::cl::init("isa")};
+};
+
+/// gpu.modules of nvgpu/nvvm/gpu ops to PTX or cubin (CODEGEN.md §3): attach
+/// the sm_90a target, nvgpu and gpu to NVVM with bare pointers, NVVM to LLVM,
+/// then gpu-module-to-binary. Kernels must have static shapes.
+void buildMoELowerToNVVMPipeline(OpPassManager &pm,
+                                 const MoELowerToNVVMPipelineOptions &options);
+
 /// Registers every moe-mlir pipeline with the pass registry.
 void registerMoEPipelines();
 

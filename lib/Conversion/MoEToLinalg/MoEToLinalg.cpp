@@ -399,9 +399,33 @@ void inlineCheckpoints(ModuleOp module) {
 
 /// Copies the kernels that `module` calls, and the helpers they call, from
 /// the embedded library into `module` as private functions. Functions the
-/// module already defines are left as they are.
+/// module already defines are left as they are, but must have the type the
+/// calls expect.
 LogicalResult addKernels(ModuleOp module) {
   SymbolTable symbols(module);
+  WalkResult typesMatch = module.walk([&](func::CallOp call) {
+    StringAttr callee = call.getCalleeAttr().getAttr();
+    Operation *existing = symbols.lookup(callee);
+    if (!existing || !callee.getValue().starts_with(kKernelPrefix))
+      return WalkResult::advance();
+    auto function = dyn_cast<func::FuncOp>(existing);
+    if (!function)
+      existing->emitError() << "@" << callee.getValue()
+                            << " is not a function, but the CPU kernels call "
+                               "it as one of type "
+                            << call.getCalleeType();
+    else if (function.getFunctionType() != call.getCalleeType())
+      existing->emitError()
+          << "@" << callee.getValue() << " has type "
+          << function.getFunctionType()
+          << ", but the CPU kernels call it with type " << call.getCalleeType();
+    else
+      return WalkResult::advance();
+    return WalkResult::interrupt();
+  });
+  if (typesMatch.wasInterrupted())
+    return failure();
+
   SmallVector<StringAttr> worklist;
   auto collectCallees = [&](Operation *root) {
     root->walk([&](func::CallOp call) {

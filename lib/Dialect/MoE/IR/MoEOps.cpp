@@ -283,6 +283,13 @@ LogicalResult LayerOp::verify() {
           shapes.match(tokens, "T", getRouterLogits(), "router_logits", 0)) ||
       failed(shapes.match(experts, "E", getRouterLogits(), "router_logits", 1)))
     return failure();
+  // The moe.dispatch that moe-decompose builds numbers the T * k rows in i32.
+  int64_t topK = getRouting().getTopK();
+  int64_t pairs = product(tokens, topK);
+  if (!ShapedType::isDynamic(tokens) &&
+      (ShapedType::isDynamic(pairs) || pairs > kMaxIndex))
+    return emitOpError() << "T * k (" << tokens << " * " << topK
+                         << ") exceeds the i32 row index range";
   return verifyRoutingForExperts(*this, getRouting(), experts);
 }
 

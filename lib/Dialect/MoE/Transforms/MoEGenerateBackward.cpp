@@ -333,8 +333,16 @@ LogicalResult BackwardBuilder::build() {
   }
 
   for (Operation &op : llvm::reverse(forwardBody.without_terminator())) {
-    if (handled.contains(&op))
+    if (handled.contains(&op)) {
+      // An expert FFN fused into moe.expert_combine_grad: a gradient that
+      // reached its h after the fusion would be dropped.
+      auto experts = cast<ExpertFFNOp>(op);
+      if (gradients.count(experts.getH()))
+        return experts.emitOpError(
+            "has a gradient into its pre-activations h, which "
+            "moe-generate-backward does not differentiate");
       continue;
+    }
     if (op.getNumRegions() != 0)
       return op.emitOpError("has regions; moe-generate-backward "
                             "differentiates straight-line functions only");

@@ -1,0 +1,334 @@
+//===- TensorMap.cpp - TMA descriptor validation and encoding ---*- C++ -*-===//
+//
+// cuTensorMapEncodeTiled answers CUDA_ERROR_INVALID_VALUE for any broken
+// rule. moeTensorMapValidate checks the rules of CUDA 13's cuda.h first, on
+// the host and without the driver, and names the one that fails.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+using namespace moe::runtime;
+
+static_assert(sizeof(moeTensorMap) == sizeof(CUtensorMap) &&
+                  alignof(moeTensorMap) == alignof(CUtensorMap),
+              "moeTensorMap must be layout-compatible with CUtensorMap");
+
+namespace {
+
+constexpr uint32_t kMaxRank = 5;
+
+// Size of one element in bits; 0 for a value that is no data type.
+// The packed 16U4_ALIGN16B and 16U6_ALIGN16B types hold 16 values in 16
+// bytes (gaps included), so they count as 8 bits for the box width.
+unsigned elementBits(uint32_t dataType) {
+  switch (dataType) {
+  case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+    return 8;
+  case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+  case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+    return 16;
+  case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+  case CU_TENSOR_MAP_DATA_TYPE_INT32:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ:
+  case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+  case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ:
+    return 32;
+  case CU_TENSOR_MAP_DATA_TYPE_UINT64:
+  case CU_TENSOR_MAP_DATA_TYPE_INT64:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+    return 64;
+  case CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B:
+    return 4;
+  case CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B:
+  case CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B:
+    return 8;
+  default:
+    return 0;
+  }
+}
+
+bool isPacked16B(uint32_t dataType) {
+  return dataType == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B ||
+         dataType == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B;
+}
+
+bool isFloat(uint32_t dataType) {
+  switch (dataType) {
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+  case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+  case CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ:
+  case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+  case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ:
+    return true;
+  default:
+    return false;
+  }
+}
+
+// Bytes of the swizzle span; 0 for no swizzle.
+unsigned swizzleSpan(uint32_t swizzle) {
+  switch (swizzle) {
+  case CU_TENSOR_MAP_SWIZZLE_32B:
+    return 32;
+  case CU_TENSOR_MAP_SWIZZLE_64B:
+    return 64;
+  case CU_TENSOR_MAP_SWIZZLE_128B:
+  case CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B:
+  case CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B:
+  case CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B:
+    return 128;
+  default:
+    return 0;
+  }
+}
+
+moeStatus report(moeTensorMapRule rule, const char *detail,
+                 moeTensorMapRule *failedRule) {
+  if (failedRule)
+    *failedRule = rule;
+  moeStatus status = rule == MOE_TMA_RULE_MAP_ALIGNMENT ||
+                             rule == MOE_TMA_RULE_ADDRESS_ALIGNMENT ||
+                             rule == MOE_TMA_RULE_STRIDE_MULTIPLE
+                         ? MOE_ERROR_MISALIGNED
+                         : MOE_ERROR_INVALID_ARGUMENT;
+  return fail(status, "tensor map: %s: %s", moeTensorMapRuleString(rule),
+              detail);
+}
+
+#define MOE_TMA_FAIL(rule, ...)                                                \
+  do {                                                                         \
+    char detail[192];                                                          \
+    std::snprintf(detail, sizeof(detail), __VA_ARGS__);                        \
+    return report(rule, detail, failedRule);                                   \
+  } while (false)
+
+} // namespace
+
+extern "C" {
+
+const char *moeTensorMapRuleString(moeTensorMapRule rule) {
+  switch (rule) {
+  case MOE_TMA_RULE_OK:
+    return "no rule broken";
+  case MOE_TMA_RULE_NULL_POINTER:
+    return "tensorMap, globalAddress, globalDim, boxDim and (rank > 1) "
+           "globalStrides must not be null";
+  case MOE_TMA_RULE_MAP_ALIGNMENT:
+    return "tensorMap must be 64-byte aligned";
+  case MOE_TMA_RULE_DATA_TYPE:
+    return "tensorDataType must be a CUtensorMapDataType";
+  case MOE_TMA_RULE_RANK:
+    return "tensorRank must be 1..5 (3..5 when interleaved)";
+  case MOE_TMA_RULE_ADDRESS_ALIGNMENT:
+    return "globalAddress must be 16-byte aligned (32-byte with 32B "
+           "interleave or a 16U*_ALIGN16B type)";
+  case MOE_TMA_RULE_GLOBAL_DIM:
+    return "globalDim must be 1..2^32 (dim 0 a multiple of 128 for "
+           "16U*_ALIGN16B, of 2 for 16U4_ALIGN8B)";
+  case MOE_TMA_RULE_STRIDE_MULTIPLE:
+    return "globalStrides must be multiples of 16 (of 32 with 32B "
+           "interleave or a 16U*_ALIGN16B type)";
+  case MOE_TMA_RULE_STRIDE_RANGE:
+    return "globalStrides must be less than 2^40";
+  case MOE_TMA_RULE_BOX_DIM:
+    return "boxDim must be 1..256 (boxDim[0] 128 for 16U*_ALIGN16B)";
+  case MOE_TMA_RULE_BOX_INNER_BYTES:
+    return "boxDim[0] * element size must be a multiple of 16 bytes without "
+           "interleave";
+  case MOE_TMA_RULE_SWIZZLE_SPAN:
+    return "with swizzle and no interleave, boxDim[0] * element size must "
+           "not exceed the swizzle span (32, 64 or 128 bytes)";
+  case MOE_TMA_RULE_ELEMENT_STRIDE:
+    return "elementStrides must be 1..8";
+  case MOE_TMA_RULE_INTERLEAVE:
+    return "interleave must be a CUtensorMapInterleave; 32B interleave "
+           "needs 32B swizzle; 16U6_ALIGN16B needs no interleave";
+  case MOE_TMA_RULE_SWIZZLE:
+    return "swizzle must be a CUtensorMapSwizzle allowed for the data type";
+  case MOE_TMA_RULE_L2_PROMOTION:
+    return "l2Promotion must be a CUtensorMapL2promotion";
+  case MOE_TMA_RULE_OOB_FILL:
+    return "oobFill must be a CUtensorMapFloatOOBfill; NaN fill needs a "
+           "floating-point, unpacked data type";
+  }
+  return "unknown tensor map rule";
+}
+
+moeStatus
+moeTensorMapValidate(const void *tensorMap, uint32_t dataType, uint32_t rank,
+                     const void *globalAddress, const uint64_t *globalDim,
+                     const uint64_t *globalStrides, const uint32_t *boxDim,
+                     const uint32_t *elementStrides, uint32_t interleave,
+                     uint32_t swizzle, uint32_t l2Promotion, uint32_t oobFill,
+                     moeTensorMapRule *failedRule) {
+  if (failedRule)
+    *failedRule = MOE_TMA_RULE_OK;
+  if (!tensorMap || !globalAddress || !globalDim || !boxDim ||
+      (rank > 1 && !globalStrides))
+    MOE_TMA_FAIL(MOE_TMA_RULE_NULL_POINTER, "%s is null",
+                 !tensorMap       ? "tensorMap"
+                 : !globalAddress ? "globalAddress"
+                 : !globalDim     ? "globalDim"
+                 : !boxDim        ? "boxDim"
+                                  : "globalStrides");
+  uintptr_t mapAddress = reinterpret_cast<uintptr_t>(tensorMap);
+  if (mapAddress % 64 != 0)
+    MOE_TMA_FAIL(MOE_TMA_RULE_MAP_ALIGNMENT,
+                 "tensorMap %p is %u bytes past "
+                 "a 64-byte boundary",
+                 tensorMap, unsigned(mapAddress % 64));
+  unsigned bits = elementBits(dataType);
+  if (bits == 0)
+    MOE_TMA_FAIL(MOE_TMA_RULE_DATA_TYPE, "data type %u", dataType);
+  if (interleave > CU_TENSOR_MAP_INTERLEAVE_32B)
+    MOE_TMA_FAIL(MOE_TMA_RULE_INTERLEAVE, "interleave %u", interleave);
+  if (swizzle > CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B)
+    MOE_TMA_FAIL(MOE_TMA_RULE_SWIZZLE, "swizzle %u", swizzle);
+  if (l2Promotion > CU_TENSOR_MAP_L2_PROMOTION_L2_256B)
+    MOE_TMA_FAIL(MOE_TMA_RULE_L2_PROMOTION, "l2Promotion %u", l2Promotion);
+  if (oobFill > CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
+    MOE_TMA_FAIL(MOE_TMA_RULE_OOB_FILL, "oobFill %u", oobFill);
+
+  bool interleaved = interleave != CU_TENSOR_MAP_INTERLEAVE_NONE;
+  if (rank < 1 || rank > kMaxRank || (interleaved && rank < 3))
+    MOE_TMA_FAIL(MOE_TMA_RULE_RANK, "rank %u%s", rank,
+                 interleaved ? " with interleave" : "");
+
+  bool needs32 =
+      interleave == CU_TENSOR_MAP_INTERLEAVE_32B || isPacked16B(dataType);
+  unsigned addressAlignment = needs32 ? 32 : 16;
+  uintptr_t address = reinterpret_cast<uintptr_t>(globalAddress);
+  if (address % addressAlignment != 0)
+    MOE_TMA_FAIL(MOE_TMA_RULE_ADDRESS_ALIGNMENT,
+                 "globalAddress %p is not %u-byte aligned", globalAddress,
+                 addressAlignment);
+
+  for (uint32_t i = 0; i < rank; ++i)
+    if (globalDim[i] == 0 || globalDim[i] > (uint64_t(1) << 32))
+      MOE_TMA_FAIL(MOE_TMA_RULE_GLOBAL_DIM, "globalDim[%u] = %" PRIu64, i,
+                   globalDim[i]);
+  if (isPacked16B(dataType) && globalDim[0] % 128 != 0)
+    MOE_TMA_FAIL(MOE_TMA_RULE_GLOBAL_DIM,
+                 "globalDim[0] = %" PRIu64 " is not a multiple of 128",
+                 globalDim[0]);
+  if (dataType == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B && globalDim[0] % 2)
+    MOE_TMA_FAIL(MOE_TMA_RULE_GLOBAL_DIM,
+                 "globalDim[0] = %" PRIu64 " is not a multiple of 2",
+                 globalDim[0]);
+
+  unsigned strideMultiple = needs32 ? 32 : 16;
+  for (uint32_t i = 0; i + 1 < rank; ++i) {
+    if (globalStrides[i] % strideMultiple != 0)
+      MOE_TMA_FAIL(MOE_TMA_RULE_STRIDE_MULTIPLE,
+                   "globalStrides[%u] = %" PRIu64 " is not a multiple of %u", i,
+                   globalStrides[i], strideMultiple);
+    if (globalStrides[i] >= (uint64_t(1) << 40))
+      MOE_TMA_FAIL(MOE_TMA_RULE_STRIDE_RANGE, "globalStrides[%u] = %" PRIu64, i,
+                   globalStrides[i]);
+  }
+
+  for (uint32_t i = 0; i < rank; ++i)
+    if (boxDim[i] == 0 || boxDim[i] > 256)
+      MOE_TMA_FAIL(MOE_TMA_RULE_BOX_DIM, "boxDim[%u] = %u", i, boxDim[i]);
+  if (isPacked16B(dataType) && boxDim[0] != 128)
+    MOE_TMA_FAIL(MOE_TMA_RULE_BOX_DIM, "boxDim[0] = %u, not 128", boxDim[0]);
+  uint64_t innerBits = uint64_t(boxDim[0]) * bits;
+  if (!interleaved && innerBits % (16 * 8) != 0)
+    MOE_TMA_FAIL(MOE_TMA_RULE_BOX_INNER_BYTES,
+                 "boxDim[0] = %u elements of %u bits is %" PRIu64
+                 " bits, not a whole multiple of 16 bytes",
+                 boxDim[0], bits, innerBits);
+  unsigned span = swizzleSpan(swizzle);
+  if (!interleaved && span && innerBits > uint64_t(span) * 8)
+    MOE_TMA_FAIL(MOE_TMA_RULE_SWIZZLE_SPAN,
+                 "boxDim[0] = %u is %" PRIu64 " bytes, over the %u-byte span",
+                 boxDim[0], innerBits / 8, span);
+
+  if (elementStrides)
+    for (uint32_t i = 0; i < rank; ++i)
+      if (elementStrides[i] == 0 || elementStrides[i] > 8)
+        MOE_TMA_FAIL(MOE_TMA_RULE_ELEMENT_STRIDE, "elementStrides[%u] = %u", i,
+                     elementStrides[i]);
+
+  if (interleave == CU_TENSOR_MAP_INTERLEAVE_32B &&
+      swizzle != CU_TENSOR_MAP_SWIZZLE_32B)
+    MOE_TMA_FAIL(MOE_TMA_RULE_INTERLEAVE,
+                 "32B interleave with swizzle %u instead of 32B", swizzle);
+  if (dataType == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B && interleaved)
+    MOE_TMA_FAIL(MOE_TMA_RULE_INTERLEAVE, "16U6_ALIGN16B with interleave %u",
+                 interleave);
+  if (isPacked16B(dataType) && swizzle != CU_TENSOR_MAP_SWIZZLE_NONE &&
+      swizzle != CU_TENSOR_MAP_SWIZZLE_128B &&
+      swizzle != CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B &&
+      !(dataType == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B &&
+        swizzle == CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B))
+    MOE_TMA_FAIL(MOE_TMA_RULE_SWIZZLE, "swizzle %u for packed type %u", swizzle,
+                 dataType);
+  if (oobFill == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA &&
+      !isFloat(dataType))
+    MOE_TMA_FAIL(MOE_TMA_RULE_OOB_FILL, "NaN fill with data type %u", dataType);
+  return MOE_SUCCESS;
+}
+
+moeStatus moeTensorMapEncodeTiled(
+    void *tensorMap, uint32_t dataType, uint32_t rank, void *globalAddress,
+    const uint64_t *globalDim, const uint64_t *globalStrides,
+    const uint32_t *boxDim, const uint32_t *elementStrides, uint32_t interleave,
+    uint32_t swizzle, uint32_t l2Promotion, uint32_t oobFill) {
+  if (moeStatus status = moeTensorMapValidate(
+          tensorMap, dataType, rank, globalAddress, globalDim, globalStrides,
+          boxDim, elementStrides, interleave, swizzle, l2Promotion, oobFill,
+          nullptr))
+    return status;
+  static const cuuint32_t kUnitStrides[kMaxRank] = {1, 1, 1, 1, 1};
+  const DriverApi *api;
+  if (moeStatus status = getContext(api))
+    return status;
+  if (CUresult result = api->cuTensorMapEncodeTiled(
+          static_cast<CUtensorMap *>(tensorMap),
+          static_cast<CUtensorMapDataType>(dataType), rank, globalAddress,
+          reinterpret_cast<const cuuint64_t *>(globalDim),
+          reinterpret_cast<const cuuint64_t *>(globalStrides),
+          reinterpret_cast<const cuuint32_t *>(boxDim),
+          elementStrides ? reinterpret_cast<const cuuint32_t *>(elementStrides)
+                         : kUnitStrides,
+          static_cast<CUtensorMapInterleave>(interleave),
+          static_cast<CUtensorMapSwizzle>(swizzle),
+          static_cast<CUtensorMapL2promotion>(l2Promotion),
+          static_cast<CUtensorMapFloatOOBfill>(oobFill)))
+    return failCuda(result, "cuTensorMapEncodeTiled");
+  return MOE_SUCCESS;
+}
+
+moeStatus moeTensorMapReplaceAddress(void *tensorMap, void *globalAddress) {
+  if (!tensorMap)
+    return fail(MOE_ERROR_INVALID_ARGUMENT,
+                "moeTensorMapReplaceAddress: null tensorMap");
+  if (reinterpret_cast<uintptr_t>(tensorMap) % 64 != 0)
+    return fail(MOE_ERROR_MISALIGNED,
+                "moeTensorMapReplaceAddress: tensorMap %p is not 64-byte "
+                "aligned",
+                tensorMap);
+  if (reinterpret_cast<uintptr_t>(globalAddress) % 16 != 0)
+    return fail(MOE_ERROR_MISALIGNED,
+                "moeTensorMapReplaceAddress: globalAddress %p is not 16-byte "
+                "aligned",
+                globalAddress);
+  const DriverApi *api;
+  if (moeStatus status = getContext(api))
+    return status;
+  if (CUresult result = api->cuTensorMapReplaceAddress(
+          static_cast<CUtensorMap *>(tensorMap), globalAddress))
+    return failCuda(result, "cuTensorMapReplaceAddress");
+  return MOE_SUCCESS;
+}
+
+} // extern "C"

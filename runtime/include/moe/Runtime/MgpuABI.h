@@ -1,0 +1,93 @@
+/*===- MgpuABI.h - The mgpu* functions that gpu-to-llvm calls -----*- C -*-===*\
+|*                                                                            *|
+|* The host ABI that MLIR 22.1's gpu-to-llvm emits calls to, with the exact   *|
+|* signatures of ../shared/CODEGEN.md section 7.2 (LLVM IR types in the       *|
+|* comments). Re-check them with mlir-translate on every LLVM bump.           *|
+|*                                                                            *|
+|* These functions return void or a pointer, so failures are recorded as the *|
+|* thread's last error (moeGetLastStatus / moeGetLastErrorMessage in          *|
+|* Runtime.h) and the pointer results are null; nothing aborts. Set           *|
+|* MOE_RUNTIME_VERBOSE=1 to also print each failure to stderr.                *|
+|*                                                                            *|
+|* Handles: a module is a moeModule, a function a moeFunction, an event a     *|
+|* moeEvent, a stream a CUstream (as in Runtime.h).                           *|
+|*                                                                            *|
+\*===----------------------------------------------------------------------===*/
+
+#ifndef MOE_RUNTIME_MGPUABI_H
+#define MOE_RUNTIME_MGPUABI_H
+
+#include "moe/Runtime/Runtime.h"
+
+#ifndef __cplusplus
+#include <stdbool.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ptr (ptr data, i64 size): cubin or fatbin (PTX is accepted too). */
+MOE_RUNTIME_EXPORT void *mgpuModuleLoad(void *data, uint64_t size);
+/* ptr (ptr ptx, i32 optLevel): PTX, JIT log recorded on failure. */
+MOE_RUNTIME_EXPORT void *mgpuModuleLoadJIT(void *data, int32_t optLevel);
+/* void (ptr) */
+MOE_RUNTIME_EXPORT void mgpuModuleUnload(void *module);
+/* ptr (ptr module, ptr name) */
+MOE_RUNTIME_EXPORT void *mgpuModuleGetFunction(void *module, const char *name);
+
+/* void (ptr f, i64 gx, i64 gy, i64 gz, i64 bx, i64 by, i64 bz, i32 smem,
+         ptr stream, ptr params, ptr extra, i64 paramsCount): 12 args. */
+MOE_RUNTIME_EXPORT void mgpuLaunchKernel(void *function, intptr_t gridX,
+                                         intptr_t gridY, intptr_t gridZ,
+                                         intptr_t blockX, intptr_t blockY,
+                                         intptr_t blockZ, int32_t smem,
+                                         void *stream, void **params,
+                                         void **extra, size_t paramsCount);
+
+/* void (ptr f, i64 cx, i64 cy, i64 cz, i64 gx, i64 gy, i64 gz, i64 bx,
+         i64 by, i64 bz, i32 smem, ptr stream, ptr params, ptr extra):
+   14 args, no count. The grid is in blocks, a multiple of the cluster. */
+MOE_RUNTIME_EXPORT void
+mgpuLaunchClusterKernel(void *function, intptr_t clusterX, intptr_t clusterY,
+                        intptr_t clusterZ, intptr_t gridX, intptr_t gridY,
+                        intptr_t gridZ, intptr_t blockX, intptr_t blockY,
+                        intptr_t blockZ, int32_t smem, void *stream,
+                        void **params, void **extra);
+
+/* ptr () / void (ptr) / void (ptr) */
+MOE_RUNTIME_EXPORT void *mgpuStreamCreate(void);
+MOE_RUNTIME_EXPORT void mgpuStreamSynchronize(void *stream);
+MOE_RUNTIME_EXPORT void mgpuStreamDestroy(void *stream);
+
+/* ptr () / void (ptr ev, ptr stream) / void (ptr stream, ptr ev) /
+   void (ptr) / void (ptr) */
+MOE_RUNTIME_EXPORT void *mgpuEventCreate(void);
+MOE_RUNTIME_EXPORT void mgpuEventRecord(void *event, void *stream);
+MOE_RUNTIME_EXPORT void mgpuStreamWaitEvent(void *stream, void *event);
+MOE_RUNTIME_EXPORT void mgpuEventSynchronize(void *event);
+MOE_RUNTIME_EXPORT void mgpuEventDestroy(void *event);
+
+/* ptr (i64 bytes, ptr stream, i8 hostShared): hostShared allocates managed
+   memory (cuMemAllocManaged). 0 bytes gives null without an error. */
+MOE_RUNTIME_EXPORT void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
+                                      bool hostShared);
+/* void (ptr, ptr stream); null is a no-op. */
+MOE_RUNTIME_EXPORT void mgpuMemFree(void *ptr, void *stream);
+
+/* void (ptr dst, ptr src, i64 bytes, ptr stream): cuMemcpyAsync on unified
+   addresses; 0 bytes is a no-op. */
+MOE_RUNTIME_EXPORT void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
+                                   void *stream);
+/* void (ptr, i32 value, i64 count, ptr stream); 0 words is a no-op. */
+MOE_RUNTIME_EXPORT void mgpuMemset32(void *dst, uint32_t value, size_t count,
+                                     void *stream);
+
+/* void (i32): this thread's device, as moeSetDevice. */
+MOE_RUNTIME_EXPORT void mgpuSetDefaultDevice(int32_t device);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MOE_RUNTIME_MGPUABI_H */

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Fuzzes the moe-mlir parser and passes with libFuzzer for SECONDS (default
+# 60): configures build-fuzz with -DMOE_ENABLE_FUZZER=ON (clang-22, ASan and
+# coverage on our libraries), builds tools/moe-parser-fuzzer only, and runs it
+# on a copy of test/Fuzz/corpus with test/Fuzz/moe.dict. Exits non-zero on any
+# crash, leak, timeout or out-of-memory, and prints the input that caused it.
+#
+#   scripts/fuzz.sh [SECONDS]
+#
+# MOE_FUZZ_BUILD_DIR overrides the build folder; the run's corpus copy, log
+# and artifacts go to $MOE_FUZZ_BUILD_DIR/fuzz-run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${MOE_FUZZ_BUILD_DIR:-$root/build-fuzz}
+seconds=${1:-60}
+if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
+  echo "usage: scripts/fuzz.sh [SECONDS]" >&2
+  exit 2
+fi
+
+"$root/scripts/install-deps.sh"
+# libFuzzer and the sanitizer runtimes of clang-22.
+if [[ ! -f $(clang++-22 -print-runtime-dir)/libclang_rt.fuzzer-$(uname -m).a ]]; then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo=sudo
+  echo "fuzz: installing libclang-rt-22-dev"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q \
+    --no-install-recommends libclang-rt-22-dev
+fi
+
+if [[ ! -f $build/build.ninja ]]; then
+  cmake -G Ninja -S "$root" -B "$build" \
+    -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
+    -DLLVM_USE_LINKER=lld \
+    -DPython3_EXECUTABLE=/usr/bin/python3 \
+    -DMOE_ENABLE_FUZZER=ON -DMOE_BUILD_TESTS=OFF
+fi
+ninja -C "$build" moe-parser-fuzzer
+
+run=$build/fuzz-run
+rm -rf "$run"
+mkdir -p "$run/corpus" "$run/artifacts"
+cp "$root"/test/Fuzz/corpus/*.mlir.txt "$run/corpus/"
+echo "fuzz: $(ls "$run/corpus" | wc -l) seeds, ${seconds} s, log in $run/fuzz.log"
+
+status=0
+"$build/bin/moe-parser-fuzzer" "$run/corpus" \
+  -dict="$root/test/Fuzz/moe.dict" \
+  -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+  -max_total_time="$seconds" -print_final_stats=1 \
+  -artifact_prefix="$run/artifacts/" >"$run/fuzz.log" 2>&1 || status=$?
+
+grep -E '^(#[0-9]+ +DONE|Done [0-9]+ runs|stat::)' "$run/fuzz.log" || true
+shopt -s nullglob
+artifacts=("$run"/artifacts/{crash,leak,timeout,oom}-*)
+if ((status != 0 || ${#artifacts[@]} > 0)); then
+  tail -n 60 "$run/fuzz.log"
+  echo "fuzz: FAILED (libFuzzer exit status $status)"
+  for artifact in "${artifacts[@]}"; do
+    echo "fuzz: input: $artifact"
+    echo "fuzz: replay: $build/bin/moe-parser-fuzzer $artifact"
+  done
+  exit 1
+fi
+echo "fuzz: no crash, leak, timeout or out-of-memory in ${seconds} s"

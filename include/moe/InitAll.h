@@ -96,6 +96,13 @@ inline void registerMoEGPUPathDialects(DialectRegistry &registry) {
   gpu::registerConvertGpuToLLVMInterface(registry);
 }
 
+/// Everything the moe-mlir tools (moe-opt, moe-reduce) parse or produce.
+inline void registerAllMoEToolDialects(DialectRegistry &registry) {
+  registerAllMoEDialects(registry);
+  registerMoECPUPathDialects(registry);
+  registerMoEGPUPathDialects(registry);
+}
+
 /// moe-* passes and pipelines.
 inline void registerAllMoEPasses() {
   registerMoEPasses();

@@ -35,9 +35,7 @@ static void registerCPUPathPasses() {
 
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
-  mlir::moe::registerAllMoEDialects(registry);
-  mlir::moe::registerMoECPUPathDialects(registry);
-  mlir::moe::registerMoEGPUPathDialects(registry);
+  mlir::moe::registerAllMoEToolDialects(registry);
   mlir::registerTransformsPasses();
   registerCPUPathPasses();
   mlir::moe::registerAllMoEPasses();

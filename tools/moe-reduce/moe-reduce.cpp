@@ -19,9 +19,7 @@
 
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
-  mlir::moe::registerAllMoEDialects(registry);
-  mlir::moe::registerMoECPUPathDialects(registry);
-  mlir::moe::registerMoEGPUPathDialects(registry);
+  mlir::moe::registerAllMoEToolDialects(registry);
   mlir::registerTransformsPasses();
   mlir::moe::registerAllMoEPasses();
   mlir::MLIRContext context(registry);

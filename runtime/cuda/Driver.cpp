@@ -182,7 +182,13 @@ void moe::runtime::reportMgpuFailure(const char *function) {
 extern "C" {
 
 const char *moeStatusString(moeStatus status) {
-  switch (status) {
+  // C callers may pass any int; reading it as a moeStatus would be undefined
+  // outside the enumerators' range (UBSan -fsanitize=enum), so switch on the
+  // bytes as an int.
+  int code;
+  static_assert(sizeof(code) == sizeof(status), "moeStatus is int-sized");
+  std::memcpy(&code, &status, sizeof(code));
+  switch (code) {
   case MOE_SUCCESS:
     return "MOE_SUCCESS";
   case MOE_ERROR_NO_DRIVER:
@@ -211,6 +217,10 @@ const char *moeStatusString(moeStatus status) {
 
 moeStatus moeGetLastStatus(void) { return tlsLastStatus; }
 
+moeStatus moeSetErrorMessage(moeStatus status, const char *message) {
+  return fail(status, "%s", message ? message : "");
+}
+
 const char *moeGetLastErrorMessage(void) { return tlsLastMessage; }
 
 void moeClearLastError(void) {
@@ -236,6 +246,8 @@ struct DriverState {
   int deviceCount = 0;
   std::vector<CUdevice> devices;
   std::vector<CUcontext> contexts; // retained primary contexts, or null
+  // Per device: 0 not asked yet, 1 stream-ordered allocation, -1 not.
+  std::vector<int> streamOrderedAlloc;
 };
 
 // Never destroyed: other libraries' destructors may still call in at exit.
@@ -281,6 +293,11 @@ moeStatus loadDriverLocked(DriverState &state) {
   }
   MOE_FOR_EACH_CUDA_FUNCTION(MOE_RESOLVE)
 #undef MOE_RESOLVE
+#define MOE_RESOLVE_OPTIONAL(name)                                             \
+  api.name = reinterpret_cast<decltype(api.name)>(                             \
+      dlsym(handle, MOE_STRINGIFY(name)));
+  MOE_FOR_EACH_OPTIONAL_CUDA_FUNCTION(MOE_RESOLVE_OPTIONAL)
+#undef MOE_RESOLVE_OPTIONAL
   if (missing) {
     dlclose(handle);
     return fail(MOE_ERROR_NO_DRIVER,
@@ -319,6 +336,7 @@ moeStatus loadDriverLocked(DriverState &state) {
   state.deviceCount = count;
   state.devices.assign(count, 0);
   state.contexts.assign(count, nullptr);
+  state.streamOrderedAlloc.assign(count, 0);
   return MOE_SUCCESS;
 }
 
@@ -385,6 +403,37 @@ moeStatus moe::runtime::getContext(const DriverApi *&api) {
   return MOE_SUCCESS;
 }
 
+bool moe::runtime::streamOrderedAllocSupported(const DriverApi *api) {
+  if (!api->cuMemAllocAsync || !api->cuMemFreeAsync)
+    return false;
+  DriverState &state = driverState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  int device = tlsDevice;
+  if (device < 0 || device >= static_cast<int>(state.streamOrderedAlloc.size()))
+    return false;
+  int &known = state.streamOrderedAlloc[device];
+  if (known == 0) {
+    CUdevice handle = state.devices[device];
+    int supported = 0;
+    if (api->cuDeviceGetAttribute(&supported,
+                                  CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                                  handle) != CUDA_SUCCESS)
+      supported = 0;
+    known = supported ? 1 : -1;
+    // Without a threshold the pool returns memory to the OS at every
+    // synchronization, and each call would pay for cuMemAlloc again.
+    CUmemoryPool pool = nullptr;
+    if (supported && api->cuDeviceGetDefaultMemPool &&
+        api->cuMemPoolSetAttribute &&
+        api->cuDeviceGetDefaultMemPool(&pool, handle) == CUDA_SUCCESS) {
+      cuuint64_t threshold = ~cuuint64_t(0);
+      (void)api->cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                       &threshold);
+    }
+  }
+  return known > 0;
+}
+
 void moe::runtime::resetDriverForTesting() {
   DriverState &state = driverState();
   std::lock_guard<std::mutex> lock(state.mutex);
@@ -406,6 +455,7 @@ void moe::runtime::resetDriverForTesting() {
   state.deviceCount = 0;
   state.devices.clear();
   state.contexts.clear();
+  state.streamOrderedAlloc.clear();
   tlsDevice = 0;
   tlsBoundContext = nullptr;
   tlsBoundGeneration = 0;

@@ -90,9 +90,18 @@ moeStatus statusFromCuda(CUresult result);
   X(cuTensorMapEncodeTiled)                                                    \
   X(cuTensorMapReplaceAddress)
 
+// Entry points the runtime can do without (older drivers, fakes): null when
+// the driver lacks them, and callers fall back.
+#define MOE_FOR_EACH_OPTIONAL_CUDA_FUNCTION(X)                                 \
+  X(cuMemAllocAsync)                                                           \
+  X(cuMemFreeAsync)                                                            \
+  X(cuDeviceGetDefaultMemPool)                                                 \
+  X(cuMemPoolSetAttribute)
+
 struct DriverApi {
 #define MOE_DECLARE_MEMBER(name) decltype(&::name) name = nullptr;
   MOE_FOR_EACH_CUDA_FUNCTION(MOE_DECLARE_MEMBER)
+  MOE_FOR_EACH_OPTIONAL_CUDA_FUNCTION(MOE_DECLARE_MEMBER)
 #undef MOE_DECLARE_MEMBER
 };
 
@@ -107,6 +116,13 @@ const DriverApi *loadedDriver();
 /// getDriver, then makes the primary context of this thread's device current
 /// on this thread if it is not yet.
 moeStatus getContext(const DriverApi *&api);
+
+/// After getContext: whether this thread's device takes stream-ordered
+/// allocations (the driver has cuMemAllocAsync and cuMemFreeAsync, and the
+/// device supports memory pools). The first call per device also raises the
+/// default pool's release threshold, so freed memory stays cached across
+/// calls. Records no error: callers fall back to cuMemAlloc.
+bool streamOrderedAllocSupported(const DriverApi *api);
 
 /// Releases the primary contexts and closes the driver, so that the next
 /// getDriver loads it again. For moeRuntimeResetForTesting.
@@ -129,6 +145,10 @@ moeStatus launchKernel(moeFunction function, const int64_t grid[3],
 /// Records a failure from a mgpu* entry point (prints it when
 /// MOE_RUNTIME_VERBOSE is set).
 void reportMgpuFailure(const char *function);
+
+/// Forgets the mgpu* layer's state (stream-ordered allocations, the last
+/// module load failure). For moeRuntimeResetForTesting.
+void resetMgpuForTesting();
 
 } // namespace moe::runtime
 

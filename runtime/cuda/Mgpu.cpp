@@ -4,17 +4,73 @@
 // internals. Unlike upstream's CudaRuntimeWrappers.cpp the context is made
 // current once per thread, the dynamic smem attribute is set once per
 // function, and failures are recorded (moeGetLastStatus) instead of printed.
+// For the generated entry points: the caller's stream can be lent
+// (moeSetLaunchStream), temporaries come from the stream-ordered pool, and a
+// recorded failure stops later launches, copies and allocations.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Internal.h"
 #include "moe/Runtime/MgpuABI.h"
 
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_set>
 
 using namespace moe::runtime;
 
 namespace {
+
+// The caller's stream of a generated call (moeSetLaunchStream).
+thread_local void *tlsLaunchStream = nullptr;
+
+// Pointers from cuMemAllocAsync, which mgpuMemFree returns with
+// cuMemFreeAsync; everything else goes back through cuMemFree.
+struct AsyncAllocations {
+  std::mutex mutex;
+  std::unordered_set<uintptr_t> pointers;
+  // The last mgpuModuleLoad failure: modules load in a global constructor,
+  // long before a null module reaches mgpuModuleGetFunction.
+  moeStatus moduleLoadStatus = MOE_SUCCESS;
+  std::string moduleLoadMessage;
+};
+
+// Never destroyed: generated destructors may still call in at exit.
+AsyncAllocations &mgpuState() {
+  static AsyncAllocations *state = new AsyncAllocations;
+  return *state;
+}
+
+// True when a failure is pending: the work that depends on earlier results
+// is skipped (see MgpuABI.h).
+bool failurePending() { return moeGetLastStatus() != MOE_SUCCESS; }
+
+// Keeps a pending failure as the last error across a call that still runs
+// (a free, a synchronization), so the first cause is what the caller reads.
+class KeepFirstFailure {
+public:
+  KeepFirstFailure() : status(moeGetLastStatus()) {
+    if (status != MOE_SUCCESS)
+      message = moeGetLastErrorMessage();
+  }
+  ~KeepFirstFailure() {
+    if (status != MOE_SUCCESS &&
+        (moeGetLastStatus() != status || message != moeGetLastErrorMessage()))
+      moeSetErrorMessage(status, message.c_str());
+  }
+  KeepFirstFailure(const KeepFirstFailure &) = delete;
+  KeepFirstFailure &operator=(const KeepFirstFailure &) = delete;
+
+private:
+  moeStatus status;
+  std::string message;
+};
+
+bool isLaunchStream(void *stream) {
+  return stream && stream == tlsLaunchStream;
+}
 
 // Records nothing new on success; on failure lets MOE_RUNTIME_VERBOSE print.
 void check(moeStatus status, const char *function) {
@@ -35,26 +91,66 @@ void launch(const char *what, void *function, const int64_t grid[3],
 
 } // namespace
 
+extern "C" {} // extern "C"
+
+namespace {
+
+// Only failures are kept: another layer's module loading fine says nothing
+// about the one that did not.
+void rememberModuleLoad(moeStatus status) {
+  if (status == MOE_SUCCESS)
+    return;
+  AsyncAllocations &state = mgpuState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  state.moduleLoadStatus = status;
+  state.moduleLoadMessage = moeGetLastErrorMessage();
+}
+
+} // namespace
+
 extern "C" {
 
 void *mgpuModuleLoad(void *data, uint64_t size) {
   moeModule module = nullptr;
-  check(loadImage(data, size, &module), "mgpuModuleLoad");
+  moeStatus status = loadImage(data, size, &module);
+  rememberModuleLoad(status);
+  check(status, "mgpuModuleLoad");
   return module;
 }
 
 void *mgpuModuleLoadJIT(void *data, int32_t optLevel) {
   moeModule module = nullptr;
-  check(moeModuleLoadPTX(static_cast<const char *>(data), optLevel, &module),
-        "mgpuModuleLoadJIT");
+  moeStatus status =
+      moeModuleLoadPTX(static_cast<const char *>(data), optLevel, &module);
+  rememberModuleLoad(status);
+  check(status, "mgpuModuleLoadJIT");
   return module;
 }
 
 void mgpuModuleUnload(void *module) {
+  KeepFirstFailure keep;
   check(moeModuleUnload(static_cast<moeModule>(module)), "mgpuModuleUnload");
 }
 
 void *mgpuModuleGetFunction(void *module, const char *name) {
+  if (failurePending())
+    return nullptr;
+  if (!module) {
+    // Say why the module is missing rather than only that it is.
+    AsyncAllocations &state = mgpuState();
+    std::unique_lock<std::mutex> lock(state.mutex);
+    if (state.moduleLoadStatus != MOE_SUCCESS) {
+      moeStatus status = state.moduleLoadStatus;
+      std::string message = state.moduleLoadMessage;
+      lock.unlock();
+      check(fail(status,
+                 "mgpuModuleGetFunction(%s): the kernel module did not load: "
+                 "%s",
+                 name ? name : "(null)", message.c_str()),
+            "mgpuModuleGetFunction");
+      return nullptr;
+    }
+  }
   moeFunction function = nullptr;
   check(moeModuleGetFunction(static_cast<moeModule>(module), name, &function),
         "mgpuModuleGetFunction");
@@ -65,6 +161,8 @@ void mgpuLaunchKernel(void *function, intptr_t gridX, intptr_t gridY,
                       intptr_t gridZ, intptr_t blockX, intptr_t blockY,
                       intptr_t blockZ, int32_t smem, void *stream,
                       void **params, void **extra, size_t /*paramsCount*/) {
+  if (failurePending())
+    return;
   const int64_t grid[3] = {gridX, gridY, gridZ};
   const int64_t block[3] = {blockX, blockY, blockZ};
   const int64_t cluster[3] = {0, 0, 0};
@@ -78,6 +176,8 @@ void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
                              intptr_t blockX, intptr_t blockY, intptr_t blockZ,
                              int32_t smem, void *stream, void **params,
                              void **extra) {
+  if (failurePending())
+    return;
   const int64_t grid[3] = {gridX, gridY, gridZ};
   const int64_t block[3] = {blockX, blockY, blockZ};
   const int64_t cluster[3] = {clusterX, clusterY, clusterZ};
@@ -93,16 +193,24 @@ void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 }
 
 void *mgpuStreamCreate(void) {
+  if (tlsLaunchStream)
+    return tlsLaunchStream;
   moeStream stream = nullptr;
   check(moeStreamCreate(&stream), "mgpuStreamCreate");
   return stream;
 }
 
 void mgpuStreamSynchronize(void *stream) {
+  if (isLaunchStream(stream))
+    return;
+  KeepFirstFailure keep;
   check(moeStreamSynchronize(asStream(stream)), "mgpuStreamSynchronize");
 }
 
 void mgpuStreamDestroy(void *stream) {
+  if (isLaunchStream(stream))
+    return;
+  KeepFirstFailure keep;
   check(moeStreamDestroy(asStream(stream)), "mgpuStreamDestroy");
 }
 
@@ -113,50 +221,91 @@ void *mgpuEventCreate(void) {
 }
 
 void mgpuEventRecord(void *event, void *stream) {
+  KeepFirstFailure keep;
   check(moeEventRecord(static_cast<moeEvent>(event), asStream(stream)),
         "mgpuEventRecord");
 }
 
 void mgpuStreamWaitEvent(void *stream, void *event) {
+  KeepFirstFailure keep;
   check(moeStreamWaitEvent(asStream(stream), static_cast<moeEvent>(event)),
         "mgpuStreamWaitEvent");
 }
 
 void mgpuEventSynchronize(void *event) {
+  KeepFirstFailure keep;
   check(moeEventSynchronize(static_cast<moeEvent>(event)),
         "mgpuEventSynchronize");
 }
 
 void mgpuEventDestroy(void *event) {
+  KeepFirstFailure keep;
   check(moeEventDestroy(static_cast<moeEvent>(event)), "mgpuEventDestroy");
 }
 
-void *mgpuMemAlloc(uint64_t sizeBytes, void * /*stream*/, bool hostShared) {
-  if (sizeBytes == 0)
+void *mgpuMemAlloc(uint64_t sizeBytes, void *stream, bool hostShared) {
+  if (sizeBytes == 0 || failurePending())
     return nullptr;
   const DriverApi *api;
   if (moeStatus status = getContext(api)) {
     check(status, "mgpuMemAlloc");
     return nullptr;
   }
+  char detail[64];
+  std::snprintf(detail, sizeof(detail), "%llu bytes",
+                static_cast<unsigned long long>(sizeBytes));
   CUdeviceptr ptr = 0;
+  if (!hostShared && stream && streamOrderedAllocSupported(api)) {
+    if (CUresult result = api->cuMemAllocAsync(&ptr, sizeBytes,
+                                               static_cast<CUstream>(stream))) {
+      check(failCuda(result, "cuMemAllocAsync", detail), "mgpuMemAlloc");
+      return nullptr;
+    }
+    AsyncAllocations &state = mgpuState();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.pointers.insert(static_cast<uintptr_t>(ptr));
+    return reinterpret_cast<void *>(ptr);
+  }
   CUresult result =
       hostShared ? api->cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL)
                  : api->cuMemAlloc(&ptr, sizeBytes);
   if (result) {
-    check(failCuda(result, hostShared ? "cuMemAllocManaged" : "cuMemAlloc"),
+    check(failCuda(result, hostShared ? "cuMemAllocManaged" : "cuMemAlloc",
+                   detail),
           "mgpuMemAlloc");
     return nullptr;
   }
   return reinterpret_cast<void *>(ptr);
 }
 
-void mgpuMemFree(void *ptr, void * /*stream*/) {
-  check(moeMemFree(reinterpret_cast<moeDevicePtr>(ptr)), "mgpuMemFree");
+void mgpuMemFree(void *ptr, void *stream) {
+  if (!ptr)
+    return;
+  KeepFirstFailure keep;
+  bool async = false;
+  {
+    AsyncAllocations &state = mgpuState();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    async = state.pointers.erase(reinterpret_cast<uintptr_t>(ptr)) != 0;
+  }
+  // Without a stream there is no order to free in; cuMemFree then (valid for
+  // pool memory too, the caller having waited).
+  if (!async || !stream) {
+    check(moeMemFree(reinterpret_cast<moeDevicePtr>(ptr)), "mgpuMemFree");
+    return;
+  }
+  const DriverApi *api;
+  if (moeStatus status = getContext(api)) {
+    check(status, "mgpuMemFree");
+    return;
+  }
+  if (CUresult result = api->cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(ptr),
+                                            static_cast<CUstream>(stream)))
+    check(failCuda(result, "cuMemFreeAsync"), "mgpuMemFree");
 }
 
 void mgpuMemcpy(void *dst, void *src, size_t sizeBytes, void *stream) {
-  if (sizeBytes == 0)
+  if (sizeBytes == 0 || failurePending())
     return;
   if (!dst || !src) {
     check(fail(MOE_ERROR_INVALID_ARGUMENT, "mgpuMemcpy: null %s",
@@ -177,7 +326,7 @@ void mgpuMemcpy(void *dst, void *src, size_t sizeBytes, void *stream) {
 }
 
 void mgpuMemset32(void *dst, uint32_t value, size_t count, void *stream) {
-  if (count == 0)
+  if (count == 0 || failurePending())
     return;
   check(moeMemsetD32Async(reinterpret_cast<moeDevicePtr>(dst), value, count,
                           asStream(stream)),
@@ -188,4 +337,20 @@ void mgpuSetDefaultDevice(int32_t device) {
   check(moeSetDevice(device), "mgpuSetDefaultDevice");
 }
 
+moeStatus moeSetLaunchStream(void *stream) {
+  tlsLaunchStream = stream;
+  return MOE_SUCCESS;
+}
+
+void *moeGetLaunchStream(void) { return tlsLaunchStream; }
+
 } // extern "C"
+
+void moe::runtime::resetMgpuForTesting() {
+  AsyncAllocations &state = mgpuState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  state.pointers.clear();
+  state.moduleLoadStatus = MOE_SUCCESS;
+  state.moduleLoadMessage.clear();
+  tlsLaunchStream = nullptr;
+}

@@ -293,6 +293,7 @@ void moeRuntimeResetForTesting(void) {
     }
     cache.modules.clear();
   }
+  resetMgpuForTesting();
   resetDriverForTesting();
   moeClearLastError();
 }

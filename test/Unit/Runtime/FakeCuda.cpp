@@ -130,6 +130,9 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute,
   case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
     *value = kFakeOptinSmem;
     break;
+  case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    *value = state.memoryPoolsSupported;
+    break;
   default:
     *value = 0;
   }
@@ -299,7 +302,10 @@ CUresult cuStreamDestroy(CUstream) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuStreamSynchronize(CUstream) { return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream) {
+  ++state.streamSynchronizeCalls;
+  return CUDA_SUCCESS;
+}
 
 CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int) {
   ++state.streamWaitEventCalls;
@@ -360,6 +366,37 @@ CUresult cuMemFree(CUdeviceptr ptr) {
   std::free(reinterpret_cast<void *>(ptr));
   return CUDA_SUCCESS;
 }
+
+#ifndef MOE_FAKE_CUDA_NO_MEMPOOL
+int fakeMemPoolStorage = 0;
+
+CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t bytes, CUstream stream) {
+  ++state.memAllocAsyncCalls;
+  state.lastAllocStream = stream;
+  --state.memAllocCalls; // counted as async only
+  return cuMemAlloc(ptr, bytes);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) {
+  ++state.memFreeAsyncCalls;
+  state.lastFreeStream = stream;
+  --state.memFreeCalls;
+  return cuMemFree(ptr);
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice) {
+  *pool = reinterpret_cast<CUmemoryPool>(&fakeMemPoolStorage);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute attribute,
+                               void *value) {
+  ++state.poolSetAttributeCalls;
+  if (attribute == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    state.lastReleaseThreshold = *static_cast<cuuint64_t *>(value);
+  return CUDA_SUCCESS;
+}
+#endif
 
 CUresult cuMemGetInfo(size_t *freeBytes, size_t *totalBytes) {
   *freeBytes = state.memoryLimit;

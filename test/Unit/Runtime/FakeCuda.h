@@ -16,7 +16,12 @@
 //   "missing"; a name starting with "small" gets MAX_THREADS_PER_BLOCK 128,
 //   others 1024. Every kernel has 40 registers and 1024 B of static smem.
 // - Device pointers are host pointers: copies and memsets really happen.
-// - cuMemAlloc fails with CUDA_ERROR_OUT_OF_MEMORY above memoryLimit bytes.
+// - cuMemAlloc fails with CUDA_ERROR_OUT_OF_MEMORY above memoryLimit bytes;
+//   so does cuMemAllocAsync, which allocates like cuMemAlloc.
+// - Built twice: libmoe_fake_cuda.so has the stream-ordered allocator
+//   (cuMemAllocAsync, cuMemFreeAsync, the default pool); the
+//   MOE_FAKE_CUDA_NO_MEMPOOL build, libmoe_fake_cuda_nopool.so, lacks those
+//   entry points like a driver older than CUDA 11.2.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,6 +42,7 @@ struct FakeCudaState {
   int initResult = 0; // CUresult of cuInit
   int deviceCount = 1;
   size_t memoryLimit = size_t(1) << 30;
+  int memoryPoolsSupported = 1; // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
 
   // Counters and last arguments.
   int initCalls = 0;
@@ -70,6 +76,13 @@ struct FakeCudaState {
   int memAllocCalls = 0;
   int managedAllocCalls = 0;
   int memFreeCalls = 0;
+  int memAllocAsyncCalls = 0;
+  int memFreeAsyncCalls = 0;
+  void *lastAllocStream = nullptr;
+  void *lastFreeStream = nullptr;
+  int poolSetAttributeCalls = 0;
+  unsigned long long lastReleaseThreshold = 0;
+  int streamSynchronizeCalls = 0;
   long liveDeviceAllocations = 0;
   int hostAllocCalls = 0;
   unsigned lastHostAllocFlags = 0;

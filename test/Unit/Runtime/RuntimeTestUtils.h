@@ -45,8 +45,11 @@ protected:
 /// The fake driver, reset to its defaults.
 class FakeDriverTest : public ::testing::Test {
 protected:
+  /// The fake library to load; the _nopool build for an old driver.
+  virtual const char *fakePath() const { return MOE_FAKE_CUDA_PATH; }
+
   void SetUp() override {
-    handle = dlopen(MOE_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+    handle = dlopen(fakePath(), RTLD_NOW | RTLD_LOCAL);
     ASSERT_NE(handle, nullptr) << dlerror();
     auto *stateFn =
         reinterpret_cast<FakeCudaState *(*)()>(dlsym(handle, "fakeCudaState"));
@@ -56,7 +59,7 @@ protected:
     ASSERT_NE(resetFn, nullptr);
     resetFn();
     fake = stateFn();
-    useDriver(MOE_FAKE_CUDA_PATH);
+    useDriver(fakePath());
     moeClearLastError();
   }
   void TearDown() override {

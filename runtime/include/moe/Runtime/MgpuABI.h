@@ -9,6 +9,19 @@
 |* Runtime.h) and the pointer results are null; nothing aborts. Set           *|
 |* MOE_RUNTIME_VERBOSE=1 to also print each failure to stderr.                *|
 |*                                                                            *|
+|* Inside a generated call (which clears the last error first), a recorded   *|
+|* failure stops later work: while moeGetLastStatus() is not MOE_SUCCESS,     *|
+|* mgpuModuleGetFunction, the launches, mgpuMemcpy, mgpuMemset32 and          *|
+|* mgpuMemAlloc do nothing (null results), so no kernel runs on a null        *|
+|* buffer. Frees, synchronizations and destroys still run, and keep the      *|
+|* first failure as the last error.                                           *|
+|*                                                                            *|
+|* Streams: see moeSetLaunchStream in Runtime.h. mgpuMemAlloc with a stream   *|
+|* allocates stream-ordered from the device's default memory pool            *|
+|* (cuMemAllocAsync; the pool keeps freed memory), mgpuMemFree of such a      *|
+|* pointer frees it on the given stream (cuMemFreeAsync); without pool        *|
+|* support in the driver or device, cuMemAlloc and cuMemFree.                 *|
+|*                                                                            *|
 |* Handles: a module is a moeModule, a function a moeFunction, an event a     *|
 |* moeEvent, a stream a CUstream (as in Runtime.h).                           *|
 |*                                                                            *|

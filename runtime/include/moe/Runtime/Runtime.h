@@ -87,6 +87,21 @@ MOE_RUNTIME_EXPORT const char *moeGetLastErrorMessage(void);
 
 MOE_RUNTIME_EXPORT void moeClearLastError(void);
 
+/* Records `status` and `message` (null reads as "") as this thread's last
+   error and returns `status`. The generated entry points use it to refuse
+   bad pointer arguments (docs/gpu-path.md section 2). */
+MOE_RUNTIME_EXPORT moeStatus moeSetErrorMessage(moeStatus status,
+                                                const char *message);
+
+/* The caller's stream for the mgpu* calls of a generated entry point (a
+   CUstream; thread-local). While it is non-null, mgpuStreamCreate returns it
+   (borrowed) and mgpuStreamSynchronize/mgpuStreamDestroy on it do nothing,
+   so the generated code enqueues its work there and returns without
+   waiting. NULL (the default) restores: create a stream, wait, destroy.
+   Always returns MOE_SUCCESS. */
+MOE_RUNTIME_EXPORT moeStatus moeSetLaunchStream(void *stream);
+MOE_RUNTIME_EXPORT void *moeGetLaunchStream(void);
+
 /*===----------------------------------------------------------------------===*/
 /* Driver, devices, contexts                                                  */
 /*===----------------------------------------------------------------------===*/

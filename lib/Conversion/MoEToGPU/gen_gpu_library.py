@@ -1,0 +1,1658 @@
+#!/usr/bin/env python3
+"""Generates MoEGPULibrary.mlir: the sm_90a kernels and host functions of the GPU path.
+
+    python3 lib/Conversion/MoEToGPU/gen_gpu_library.py > lib/Conversion/MoEToGPU/MoEGPULibrary.mlir
+
+The GEMM kernels are unrolled (the wgmma accumulators are LLVM structs of 64 f32 and every
+k-step and copy is spelled out), which is why they are generated rather than written by hand.
+docs/gpu-path.md describes the kernels; the host-function contract is its table in section 1.
+A ctest checks that the committed MoEGPULibrary.mlir is this script's output.
+"""
+
+import sys
+
+# ---------------------------------------------------------------------------
+# GEMM tiling: one warpgroup (128 threads) computes a 128x128 tile of C as two
+# m64n128k16 wgmma accumulators; A and B stream through a 4-stage cp.async
+# ring in shared memory, 128B-swizzled (CODEGEN.md sections 2-5).
+# ---------------------------------------------------------------------------
+BM, BN, BK, STAGES, THREADS = 128, 128, 64, 4, 128
+A_TILE_BYTES = BM * BK * 2  # 16 KiB
+B_TILE_BYTES = BK * BN * 2  # 16 KiB
+STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
+SMEM_BYTES = STAGES * STAGE_BYTES  # 128 KiB ring
+LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024  # + room to align the ring to 1 KiB
+# wgmma descriptors (CODEGEN.md section 2): 128B swizzle (bit 62), SBO = 1024 B
+# (8 rows of 128 B), LBO = 16 KiB for K-major tiles (unused with swizzle, the
+# value nvgpu emits) and 8 KiB for MN-major tiles (the distance between the two
+# 64-column boxes).
+DESC_KMAJOR = 0x4000004004000000
+DESC_MNMAJOR = 0x4000004002000000
+
+ACC = "!llvm.struct<(" + ", ".join(["f32"] * 64) + ")>"
+WG = "#gpu.address_space<workgroup>"
+SMEM = f"memref<?xi8, {WG}>"
+SBF16 = f"memref<?xbf16, {WG}>"
+
+
+class Emitter:
+    """Collects lines of MLIR with fresh SSA names and cached constants."""
+
+    def __init__(self, indent="      "):
+        self.lines = []
+        self.n = 0
+        self.indent = indent
+        self.consts = {}
+        # constants go to the top of the function so every region can use them
+        self.const_lines = []
+
+    def fresh(self, hint="v"):
+        self.n += 1
+        return f"%{hint}{self.n}"
+
+    def emit(self, text):
+        self.lines.append(self.indent + text)
+
+    def op(self, text, hint="v"):
+        name = self.fresh(hint)
+        self.emit(f"{name} = {text}")
+        return name
+
+    def const(self, value, ty="index"):
+        key = (value, ty)
+        if key not in self.consts:
+            name = self.fresh("c")
+            lit = value
+            if ty in ("f32",):
+                lit = repr(float(value))
+            if ty == "i1":
+                lit = "true" if value else "false"
+            suffix = "" if ty == "i1" else f" : {ty}"
+            self.const_lines.append(f"      {name} = arith.constant {lit}{suffix}")
+            self.consts[key] = name
+        return self.consts[key]
+
+    # index arithmetic helpers
+    def add(self, a, b, ty="index"):
+        return self.op(f"arith.addi {a}, {b} : {ty}")
+
+    def sub(self, a, b, ty="index"):
+        return self.op(f"arith.subi {a}, {b} : {ty}")
+
+    def mul(self, a, b, ty="index"):
+        return self.op(f"arith.muli {a}, {b} : {ty}")
+
+    def div(self, a, b, ty="index"):
+        return self.op(f"arith.divui {a}, {b} : {ty}")
+
+    def rem(self, a, b, ty="index"):
+        return self.op(f"arith.remui {a}, {b} : {ty}")
+
+    def xor(self, a, b, ty="index"):
+        return self.op(f"arith.xori {a}, {b} : {ty}")
+
+    def cmp(self, pred, a, b, ty="index"):
+        return self.op(f"arith.cmpi {pred}, {a}, {b} : {ty}")
+
+    def select(self, c, a, b, ty="index"):
+        return self.op(f"arith.select {c}, {a}, {b} : {ty}")
+
+    def minu(self, a, b, ty="index"):
+        return self.op(f"arith.minui {a}, {b} : {ty}")
+
+    def maxs(self, a, b, ty="index"):
+        return self.op(f"arith.maxsi {a}, {b} : {ty}")
+
+    def mins(self, a, b, ty="index"):
+        return self.op(f"arith.minsi {a}, {b} : {ty}")
+
+    def load_i32_as_index(self, mem, idx):
+        v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32>")
+        return self.op(f"arith.index_cast {v} : i32 to index")
+
+    def fadd(self, a, b):
+        return self.op(f"arith.addf {a}, {b} : f32")
+
+    def fmul(self, a, b):
+        return self.op(f"arith.mulf {a}, {b} : f32")
+
+    def fsub(self, a, b):
+        return self.op(f"arith.subf {a}, {b} : f32")
+
+
+# ---------------------------------------------------------------------------
+# GEMM variants
+# ---------------------------------------------------------------------------
+# A operand (K-major tile of BM rows x BK):
+#   gather:  row r of the tile is row ids[r] of a [*, K] matrix (dispatch queue)
+#   rows:    row r is row r of a [*, K] matrix
+#   kT:      row m of a [M, ldT] matrix, columns kbase + [0, kcount) (varlen K)
+# B operand:
+#   w_mn:        W[e] is [K, N], N contiguous (MN-major smem tile)
+#   w_mn_swiglu: W[e] is [K, 2h]; the tile takes 64 gate columns and the same
+#                64 up columns, so SwiGLU completes inside one tile
+#   w_k:         W[e] is [N, K], K contiguous (K-major smem tile)
+#   rows_mn:     row k of the tile is row ids[off + k] (or off + k) of a [*, N]
+#                matrix (varlen K, gathered along K)
+# Schedules:
+#   varlen_m: x over every expert's 128-row tiles (offsets), y over N tiles
+#   varlen_k: x over M tiles, y over N tiles, z over experts; K = expert's rows
+
+
+class Gemm:
+    def __init__(self, name, a, b, epi, sched, gather_b=False, has_w=False, has_ds=False):
+        self.name, self.a, self.b, self.epi, self.sched = name, a, b, epi, sched
+        self.gather_b, self.has_w, self.has_ds = gather_b, has_w, has_ds
+
+
+def gemm_signature(g):
+    """Kernel arguments: (name, type) pairs."""
+    args = []
+    if g.sched == "varlen_m":
+        args += [("offsets", "memref<?xi32>"), ("num_experts", "index")]
+    else:
+        args += [("offsets", "memref<?xi32>"), ("poffsets", "memref<?xi32>"),
+                 ("num_experts", "index")]
+    if g.a == "gather":
+        args += [("ids", "memref<?xi32>")]
+    args += [("amat", "memref<?xbf16>"), ("lda", "index")]
+    if g.b == "rows_mn" and g.gather_b:
+        args += [("bids", "memref<?xi32>")]
+    args += [("bmat", "memref<?xbf16>"), ("ldb", "index")]
+    # M, N, K of one problem (varlen dims are read from offsets)
+    args += [("dim_m", "index"), ("dim_n", "index"), ("dim_k", "index")]
+    if g.epi == "swiglu":
+        args += [("hout", "memref<?xbf16>"), ("aout", "memref<?xbf16>")]
+    elif g.epi == "store_f32":
+        args += [("cout", "memref<?xf32>"), ("ldc", "index")]
+    elif g.epi in ("store_bf16", "store_bf16_w", "store_T_bf16_w"):
+        args += [("cout", "memref<?xbf16>"), ("ldc", "index")]
+    elif g.epi == "dswiglu":
+        args += [("hsaved", "memref<?xbf16>")]
+        if g.has_w:
+            args += [("wrow", "memref<?xf32>")]
+        args += [("poffsets", "memref<?xi32>"), ("ldt", "index"),
+                 ("dh", "memref<?xbf16>"), ("dht", "memref<?xbf16>"),
+                 ("wat", "memref<?xbf16>")]
+        if g.has_ds:
+            args += [("dspart", "memref<?xf32>"), ("num_ntiles", "index")]
+    return args
+
+
+def gen_gemm(g):
+    e = Emitter()
+    sig = gemm_signature(g)
+    A = {n: f"%{n}" for n, _ in sig}
+    c = e.const
+    tid = e.op("gpu.thread_id x", "tid")
+    bx = e.op("gpu.block_id x", "bx")
+    by = e.op("gpu.block_id y", "by")
+    warp = e.div(tid, c(32))
+    lane = e.rem(tid, c(32))
+
+    # ---- tile schedule -----------------------------------------------------
+    body_indent = "      "
+    if g.sched == "varlen_m":
+        # Find the expert whose tiles contain this CTA's x index.
+        e.emit(f"%sched:3 = scf.for %ex = {c(0)} to {A['num_experts']} step {c(1)} "
+               f"iter_args(%cum = {c(0)}, %fe = {c(-1)}, %fcum = {c(0)}) -> (index, index, index) {{")
+        e.indent = body_indent + "  "
+        lo = e.load_i32_as_index(A["offsets"], "%ex")
+        ex1 = e.add("%ex", c(1))
+        hi = e.load_i32_as_index(A["offsets"], ex1)
+        cnt = e.sub(hi, lo)
+        tiles = e.div(e.add(cnt, c(BM - 1)), c(BM))
+        ncum = e.add("%cum", tiles)
+        ge = e.cmp("uge", bx, "%cum")
+        lt = e.cmp("ult", bx, ncum)
+        hit = e.op(f"arith.andi {ge}, {lt} : i1")
+        fe = e.select(hit, "%ex", "%fe")
+        fcum = e.select(hit, "%cum", "%fcum")
+        e.emit(f"scf.yield {ncum}, {fe}, {fcum} : index, index, index")
+        e.indent = body_indent
+        e.emit("}")
+        expert = "%sched#1"
+        found = e.cmp("sge", expert, c(0))
+        e.emit(f"scf.if {found} {{")
+        e.indent = body_indent + "  "
+        elo = e.load_i32_as_index(A["offsets"], expert)
+        ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
+        m0 = e.add(elo, e.mul(e.sub(bx, "%sched#2"), c(BM)))
+        m_end = ehi
+        n0 = e.mul(by, c(64 if g.b == "w_mn_swiglu" else BN))
+        numk = e.div(e.add(A["dim_k"], c(BK - 1)), c(BK))
+        kbase = kcount = None
+    else:
+        bz = e.op("gpu.block_id z", "bz")
+        expert = bz
+        m0 = e.mul(bx, c(BM))
+        m_end = A["dim_m"]
+        n0 = e.mul(by, c(BN))
+        elo = e.load_i32_as_index(A["offsets"], expert)
+        ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
+        kcount = e.sub(ehi, elo)
+        kbase = e.load_i32_as_index(A["poffsets"], expert)
+        numk = e.div(e.add(kcount, c(BK - 1)), c(BK))
+        e.emit(f"scf.if {e.const(1, 'i1')} {{")
+        e.indent = body_indent + "  "
+
+    # ---- shared memory -----------------------------------------------------
+    # The 128B swizzle written by the copies below is relative to the tile base,
+    # and wgmma reads it by address: tiles must start 1024-aligned. The launch
+    # asks for 1 KiB more than the ring and the ring starts at the first
+    # 1024-aligned byte, whatever alignment the dynamic buffer gets (P6).
+    smem = e.op(f"gpu.dynamic_shared_memory : {SMEM}", "smem")
+    raw_idx = e.op(f"memref.extract_aligned_pointer_as_index {smem} : {SMEM} -> index")
+    pad = e.rem(e.sub(c(1024), e.rem(raw_idx, c(1024))), c(1024))
+    sview = e.op(f"memref.view {smem}[{pad}][{c(SMEM_BYTES // 2)}] : {SMEM} to {SBF16}", "sb")
+    sbase_idx = e.op(f"memref.extract_aligned_pointer_as_index {sview} : {SBF16} -> index")
+    sbase = e.op(f"arith.index_cast {sbase_idx} : index to i64")
+
+    # ---- per-thread copy assignments ----------------------------------------
+    # K-major tile (A, or B w_k): 128 rows x 8 chunks of 16 B; thread t copies
+    # chunk t%8 of rows t/8 + 16 i. The 128B swizzle puts chunk c of row r at
+    # c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
+    kchunk = e.rem(tid, c(8))
+    krow = e.div(tid, c(8))
+    kswz = e.xor(kchunk, e.rem(krow, c(8)))
+    # element offset in a tile: row*64 + swizzled chunk*8
+    k_soff = e.add(e.mul(krow, c(64)), e.mul(kswz, c(8)))
+    # MN-major tile (B w_mn / rows_mn): 64 K-rows x 2 boxes x 8 chunks; thread t
+    # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + 8 i.
+    mchunk = e.rem(tid, c(16))
+    mbox = e.div(mchunk, c(8))
+    mcc = e.rem(mchunk, c(8))
+    mrow = e.div(tid, c(16))
+    mswz = e.xor(mcc, e.rem(mrow, c(8)))
+    m_soff = e.add(e.add(e.mul(mbox, c(4096)), e.mul(mrow, c(64))), e.mul(mswz, c(8)))
+
+    # A rows for this thread (loop invariant): global row index and validity.
+    a_src_rows = []
+    if g.a in ("gather", "rows"):
+        for i in range(8):
+            r = e.add(m0, e.add(krow, c(16 * i)))
+            ok = e.cmp("ult", r, m_end)
+            rs = e.select(ok, r, c(0))
+            if g.a == "gather":
+                src = e.load_i32_as_index(A["ids"], rs)
+            else:
+                src = rs
+            a_src_rows.append((src, ok))
+    else:  # kT: tile rows are m rows of the [M, ldt] matrix
+        for i in range(8):
+            r = e.add(m0, e.add(krow, c(16 * i)))
+            ok = e.cmp("ult", r, m_end)
+            rs = e.select(ok, r, c(0))
+            a_src_rows.append((rs, ok))
+    # B rows (w_k) or columns (w_mn) for this thread.
+    b_rows = []
+    if g.b == "w_k":
+        for i in range(8):
+            nrow = e.add(n0, e.add(krow, c(16 * i)))
+            ok = e.cmp("ult", nrow, A["dim_n"])
+            b_rows.append((e.select(ok, nrow, c(0)), ok))
+    if g.b in ("w_mn", "rows_mn"):
+        bcol = e.add(n0, e.add(e.mul(mbox, c(64)), e.mul(mcc, c(8))))
+        bcol_ok = e.cmp("ult", bcol, A["dim_n"])
+        bcol_s = e.select(bcol_ok, bcol, c(0))
+    if g.b == "w_mn_swiglu":
+        # box 0: gate columns n0 + [0,64); box 1: up columns h + n0 + [0,64)
+        half = A["dim_n"]
+        bcol = e.add(e.add(n0, e.mul(mbox, half)), e.mul(mcc, c(8)))
+    if g.b in ("w_mn", "w_mn_swiglu", "w_k"):
+        # expert weight base: e * K * N (N = 2h for the SwiGLU tile)
+        nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
+        wbase = e.mul(e.mul(expert, A["dim_k"]), nfull)
+
+    zero8 = c(0)
+
+    def issue_stage(kt, slot, enabled):
+        """cp.async copies of k-tile kt into ring slot `slot` (both index values)."""
+        k0 = e.mul(kt, c(BK))
+        a_sbase = e.mul(slot, c(STAGE_BYTES // 2))
+        b_sbase = e.add(a_sbase, c(A_TILE_BYTES // 2))
+        # A
+        kcol = e.add(k0, e.mul(kchunk, c(8)))
+        if g.a in ("gather", "rows"):
+            krem = e.sub(A["dim_k"], kcol)
+            kvalid = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
+            kcol_s = e.select(e.cmp("slt", krem, c(1)), c(0), kcol)
+        else:
+            krem = e.sub(kcount, kcol)
+            kvalid = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
+            kcol_s = e.add(kbase, e.select(e.cmp("slt", krem, c(1)), c(0), kcol))
+        for i, (src, ok) in enumerate(a_src_rows):
+            n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid, zero8)
+            gidx = e.add(e.mul(src, A["lda"]), kcol_s)
+            sidx = e.add(e.add(a_sbase, k_soff), c(i * 16 * 64))
+            e.op(f"nvgpu.device_async_copy {A['amat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
+        # B
+        if g.b == "w_k":
+            krem = e.sub(A["dim_k"], kcol)
+            kvalid_b = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
+            kcol_b = e.select(e.cmp("slt", krem, c(1)), c(0), kcol)
+            for i, (nrow, ok) in enumerate(b_rows):
+                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid_b, zero8)
+                gidx = e.add(e.add(wbase, e.mul(nrow, A["ldb"])), kcol_b)
+                sidx = e.add(e.add(b_sbase, k_soff), c(i * 16 * 64))
+                e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
+        else:
+            for i in range(8):
+                kr = e.add(k0, e.add(mrow, c(8 * i)))
+                if g.b == "rows_mn":
+                    kok = e.cmp("ult", kr, kcount)
+                    krs = e.select(kok, kr, c(0))
+                    if g.gather_b:
+                        src = e.load_i32_as_index(A["bids"], e.add(elo, krs))
+                    else:
+                        src = e.add(elo, krs)
+                    ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
+                    gidx = e.add(e.mul(src, A["ldb"]), bcol_s)
+                else:
+                    kok = e.cmp("ult", kr, A["dim_k"])
+                    krs = e.select(kok, kr, c(0))
+                    if g.b == "w_mn":
+                        ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
+                        gidx = e.add(e.add(wbase, e.mul(krs, A["ldb"])), bcol_s)
+                    else:
+                        ok = kok
+                        gidx = e.add(e.add(wbase, e.mul(krs, A["ldb"])), bcol)
+                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), c(8), zero8)
+                sidx = e.add(e.add(b_sbase, m_soff), c(i * 8 * 64))
+                e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
+        e.emit("nvvm.cp.async.commit.group")
+
+    # ---- prologue ------------------------------------------------------------
+    for s in range(STAGES - 1):
+        en = e.cmp("ult", c(s), numk)
+        issue_stage(c(s), c(s), en)
+
+    acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
+    acc1 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
+    b_layout = "col" if g.b == "w_k" else "row"
+    b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
+    e.emit(f"%kloop:2 = scf.for %kt = {c(0)} to {numk} step {c(1)} iter_args(%a0 = {acc0}, %a1 = {acc1}) -> ({ACC}, {ACC}) {{")
+    outer = e.indent
+    e.indent = outer + "  "
+    e.emit(f"nvvm.cp.async.wait.group {STAGES - 2}")
+    e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+    e.emit("gpu.barrier")
+    slot = e.rem("%kt", c(STAGES))
+    slot64 = e.op(f"arith.index_cast {slot} : index to i64")
+    a_addr = e.add(sbase, e.mul(slot64, c(STAGE_BYTES, "i64"), "i64"), "i64")
+    b_addr = e.add(a_addr, c(A_TILE_BYTES, "i64"), "i64")
+
+    def desc(addr, const):
+        mask = c(0x3FFFF, "i64")
+        masked = e.op(f"arith.andi {addr}, {mask} : i64")
+        four = c(4, "i64")
+        field = e.op(f"arith.shrui {masked}, {four} : i64")
+        return e.op(f"arith.ori {field}, {c(const, 'i64')} : i64")
+
+    e.emit("nvvm.wgmma.fence.aligned")
+    accs = ["%a0", "%a1"]
+    for h in range(2):
+        cur = accs[h]
+        for kk in range(4):
+            da = desc(e.add(a_addr, c(h * 8192 + kk * 32, "i64"), "i64"), DESC_KMAJOR)
+            boff = kk * 32 if g.b == "w_k" else kk * 2048
+            db = desc(e.add(b_addr, c(boff, "i64"), "i64"), b_desc_const)
+            cur = e.op(
+                f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = 128, k = 16>, "
+                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
+        accs[h] = cur
+    e.emit("nvvm.wgmma.commit.group.sync.aligned")
+    e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
+    e.emit("gpu.barrier")
+    nk = e.add("%kt", c(STAGES - 1))
+    en = e.cmp("ult", nk, numk)
+    issue_stage(nk, e.rem(nk, c(STAGES)), en)
+    e.emit(f"scf.yield {accs[0]}, {accs[1]} : {ACC}, {ACC}")
+    e.indent = outer
+    e.emit("}")
+    e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
+    e.emit("nvvm.cp.async.wait.group 0")
+
+    # ---- epilogue -------------------------------------------------------------
+    # The accumulators go through shared memory (the ring is free now) so the
+    # epilogue runs as a loop over the tile in an order that makes the global
+    # stores coalesced, with few live registers.
+    # Accumulator value v of half h sits at row h*64 + 16*warp + lane/4 + 8*((v/2)%2)
+    # and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
+    e.emit("gpu.barrier")
+    stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BN)}] : {SMEM} to memref<?xf32, {WG}>", "st")
+    SF = f"memref<?xf32, {WG}>"
+    qrow = e.add(e.mul(warp, c(16)), e.div(lane, c(4)))
+    qcol = e.mul(e.rem(lane, c(4)), c(2))
+    finals = ["%kloop#0", "%kloop#1"]
+    for h in range(2):
+        for v in range(64):
+            j, i, cc = v // 4, (v // 2) % 2, v % 2
+            val = e.op(f"llvm.extractvalue {finals[h]}[{v}] : {ACC}", "f")
+            row = e.add(qrow, c(h * 64 + 8 * i))
+            idx = e.add(e.mul(row, c(BN)), e.add(qcol, c(8 * j + cc)))
+            e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
+    e.emit("gpu.barrier")
+
+    def bf16(x):
+        return e.op(f"arith.truncf {x} : f32 to bf16")
+
+    def if_begin(cond):
+        e.emit(f"scf.if {cond} {{")
+        e.indent += "  "
+
+    def if_end():
+        e.indent = e.indent[:-2]
+        e.emit("}")
+
+    def loop_begin(count, name):
+        e.emit(f"scf.for %{name} = {tid} to {c(count)} step {c(THREADS)} {{")
+        e.indent += "  "
+        return f"%{name}"
+
+    def silu_parts(g32):
+        ng = e.op(f"arith.negf {g32} : f32")
+        ex = e.op(f"math.exp {ng} : f32")
+        den = e.fadd(ex, c(1.0, "f32"))
+        sgm = e.op(f"arith.divf {c(1.0, 'f32')}, {den} : f32")
+        return sgm, e.fmul(g32, sgm)
+
+    def staged(lr, lc):
+        return e.op(f"memref.load {stage}[{e.add(e.mul(lr, c(BN)), lc)}] : {SF}")
+
+    if g.epi in ("store_bf16", "store_f32", "store_bf16_w", "store_T_bf16_w"):
+        transposed = g.epi == "store_T_bf16_w"
+        it = loop_begin(BM * BN, "ep")
+        if transposed:  # consecutive threads take consecutive rows (stores along m)
+            lr, lc = e.rem(it, c(BM)), e.div(it, c(BM))
+        else:
+            lr, lc = e.div(it, c(BN)), e.rem(it, c(BN))
+        r = e.add(m0, lr)
+        col = e.add(n0, lc)
+        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, A['dim_n'])} : i1")
+        if_begin(ok)
+        v = staged(lr, lc)
+        if g.epi == "store_f32":
+            e.emit(f"memref.store {v}, {A['cout']}[{e.add(e.mul(r, A['ldc']), col)}] : memref<?xf32>")
+        elif g.epi == "store_bf16":
+            e.emit(f"memref.store {bf16(v)}, {A['cout']}[{e.add(e.mul(r, A['ldc']), col)}] : memref<?xbf16>")
+        else:
+            obase = e.mul(e.mul(expert, A["dim_m"]), A["dim_n"])
+            if transposed:
+                idx = e.add(obase, e.add(e.mul(col, A["ldc"]), r))
+            else:
+                idx = e.add(obase, e.add(e.mul(r, A["ldc"]), col))
+            e.emit(f"memref.store {bf16(v)}, {A['cout']}[{idx}] : memref<?xbf16>")
+        if_end()
+        if_end()
+    elif g.epi == "swiglu":
+        # tile columns [0,64) are gate g, [64,128) up u of the same 64 outputs
+        half = A["dim_n"]
+        two_half = e.mul(half, c(2))
+        it = loop_begin(BM * 64, "ep")
+        lr, lc = e.div(it, c(64)), e.rem(it, c(64))
+        r = e.add(m0, lr)
+        col = e.add(n0, lc)
+        if_begin(e.cmp("ult", r, m_end))
+        gb = bf16(staged(lr, lc))
+        ub = bf16(staged(lr, e.add(lc, c(64))))
+        hrow = e.mul(r, two_half)
+        e.emit(f"memref.store {gb}, {A['hout']}[{e.add(hrow, col)}] : memref<?xbf16>")
+        e.emit(f"memref.store {ub}, {A['hout']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
+        # a = silu(g) * u from the bf16-rounded h, as backward sees it
+        g32 = e.op(f"arith.extf {gb} : bf16 to f32")
+        u32 = e.op(f"arith.extf {ub} : bf16 to f32")
+        _, silu = silu_parts(g32)
+        av = bf16(e.fmul(silu, u32))
+        e.emit(f"memref.store {av}, {A['aout']}[{e.add(e.mul(r, half), col)}] : memref<?xbf16>")
+        if_end()
+        if_end()
+    elif g.epi == "dswiglu":
+        # acc = dA (unscaled) for columns n0 + [0,128) of n; w = wrow[r] (1 without
+        # routing weights). Writes dH [R,2n] and, for the weight gradients, dH^T and
+        # (w a)^T at column poff[e] + (r - off[e]); with dS, acc * a goes back to
+        # shared memory and one thread per row sums it in column order.
+        half = A["dim_n"]
+        two_half = e.mul(half, c(2))
+        ldt = A["ldt"]
+        poff = e.load_i32_as_index(A["poffsets"], expert)
+        it = loop_begin(BM * BN, "ep")
+        lr, lc = e.div(it, c(BN)), e.rem(it, c(BN))
+        r = e.add(m0, lr)
+        col = e.add(n0, lc)
+        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
+        e.emit(f"%dsv = scf.if {ok} -> (f32) {{")
+        e.indent += "  "
+        acc = staged(lr, lc)
+        if g.has_w:
+            w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>")
+        else:
+            w = c(1.0, "f32")
+        hrow = e.mul(r, two_half)
+        gb = e.op(f"memref.load {A['hsaved']}[{e.add(hrow, col)}] : memref<?xbf16>")
+        ub = e.op(f"memref.load {A['hsaved']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
+        g32 = e.op(f"arith.extf {gb} : bf16 to f32")
+        u32 = e.op(f"arith.extf {ub} : bf16 to f32")
+        sgm, silu = silu_parts(g32)
+        a = e.fmul(silu, u32)
+        da = e.fmul(acc, w)
+        # d silu / dg = s (1 + g (1 - s))
+        dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(g32, e.fsub(c(1.0, "f32"), sgm))))
+        dg = bf16(e.fmul(e.fmul(da, u32), dsilu))
+        du = bf16(e.fmul(da, silu))
+        wa = bf16(e.fmul(w, a))
+        pcol = e.add(poff, e.sub(r, elo))
+        e.emit(f"memref.store {dg}, {A['dh']}[{e.add(hrow, col)}] : memref<?xbf16>")
+        e.emit(f"memref.store {du}, {A['dh']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
+        e.emit(f"memref.store {dg}, {A['dht']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
+        e.emit(f"memref.store {du}, {A['dht']}[{e.add(e.mul(e.add(half, col), ldt), pcol)}] : memref<?xbf16>")
+        e.emit(f"memref.store {wa}, {A['wat']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
+        prod = e.fmul(acc, a)
+        e.emit(f"scf.yield {prod} : f32")
+        e.indent = e.indent[:-2]
+        e.emit("} else {")
+        e.emit(f"  scf.yield {c(0.0, 'f32')} : f32")
+        e.emit("}")
+        if g.has_ds:
+            e.emit(f"memref.store %dsv, {stage}[{e.add(e.mul(lr, c(BN)), lc)}] : {SF}")
+        if_end()
+        if g.has_ds:
+            e.emit("gpu.barrier")
+            r = e.add(m0, tid)
+            if_begin(e.cmp("ult", r, m_end))
+            e.emit(f"%dsum = scf.for %dc = {c(0)} to {c(BN)} step {c(1)} iter_args(%dacc = {c(0.0, 'f32')}) -> (f32) {{")
+            v = e.op(f"memref.load {stage}[{e.add(e.mul(tid, c(BN)), '%dc')}] : {SF}")
+            s2 = e.fadd("%dacc", v)
+            e.emit(f"  scf.yield {s2} : f32")
+            e.emit("}")
+            e.emit(f"memref.store %dsum, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), by)}] : memref<?xf32>")
+            if_end()
+    else:
+        raise ValueError(g.epi)
+
+    e.indent = body_indent
+    e.emit("}")
+    e.emit("gpu.return")
+    args = ", ".join(f"%{n}: {t}" for n, t in sig)
+    head = (f"    gpu.func @{g.name}({args}) kernel attributes "
+            f"{{known_block_size = array<i32: {THREADS}, 1, 1>}} {{")
+    return "\n".join([head] + e.const_lines + e.lines + ["    }"])
+
+
+GEMMS = [
+    Gemm("moe_gemm_up_gather", "gather", "w_mn_swiglu", "swiglu", "varlen_m"),
+    Gemm("moe_gemm_up_rows", "rows", "w_mn_swiglu", "swiglu", "varlen_m"),
+    Gemm("moe_gemm_rows_mn_bf16", "rows", "w_mn", "store_bf16", "varlen_m"),
+    Gemm("moe_gemm_rows_mn_f32", "rows", "w_mn", "store_f32", "varlen_m"),
+    Gemm("moe_gemm_rows_k_bf16", "rows", "w_k", "store_bf16", "varlen_m"),
+    Gemm("moe_gemm_dact_gather", "gather", "w_k", "dswiglu", "varlen_m", has_w=True, has_ds=True),
+    Gemm("moe_gemm_dact_rows", "rows", "w_k", "dswiglu", "varlen_m"),
+    Gemm("moe_gemm_wgrad_gather", "kT", "rows_mn", "store_bf16_w", "varlen_k", gather_b=True),
+    Gemm("moe_gemm_wgrad_gather_t", "kT", "rows_mn", "store_T_bf16_w", "varlen_k", gather_b=True),
+    Gemm("moe_gemm_wgrad_rows", "kT", "rows_mn", "store_bf16_w", "varlen_k"),
+    Gemm("moe_gemm_wgrad_rows_t", "kT", "rows_mn", "store_T_bf16_w", "varlen_k"),
+]
+
+
+# ---------------------------------------------------------------------------
+# Kernels that are not GEMMs. One thread per token (router), per routing slot
+# (dispatch, weights) or per 8 columns (gather-sums); 128 threads per block.
+# ---------------------------------------------------------------------------
+KB = f"known_block_size = array<i32: {THREADS}, 1, 1>"
+
+
+def kernel(name, args, body):
+    head = f"    gpu.func @{name}({args}) kernel attributes {{{KB}}} {{"
+    return head + "\n" + body.rstrip() + "\n      gpu.return\n    }"
+
+
+GID = """      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %c128 = arith.constant 128 : index
+      %gid0 = arith.muli %bid, %c128 : index
+      %gid = arith.addi %gid0, %tid : index
+"""
+
+SIMPLE = []
+
+# softmax or sigmoid of the router logits, per token
+SIMPLE.append(kernel(
+    "moe_router_scores",
+    "%logits: memref<?xf32>, %scores: memref<?xf32>, %T: index, %E: index, %scoring: i32",
+    GID + """      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %ninf = arith.constant 0xFF800000 : f32
+      %ok = arith.cmpi ult, %gid, %T : index
+      scf.if %ok {
+        %base = arith.muli %gid, %E : index
+        %soft = arith.cmpi eq, %scoring, %c0_i32 : i32
+        scf.if %soft {
+          %mx = scf.for %e = %c0 to %E step %c1 iter_args(%m = %ninf) -> (f32) {
+            %i = arith.addi %base, %e : index
+            %l = memref.load %logits[%i] : memref<?xf32>
+            %m2 = arith.maximumf %m, %l : f32
+            scf.yield %m2 : f32
+          }
+          %sum = scf.for %e = %c0 to %E step %c1 iter_args(%s = %zero) -> (f32) {
+            %i = arith.addi %base, %e : index
+            %l = memref.load %logits[%i] : memref<?xf32>
+            %d = arith.subf %l, %mx : f32
+            %x = math.exp %d : f32
+            %s2 = arith.addf %s, %x : f32
+            scf.yield %s2 : f32
+          }
+          scf.for %e = %c0 to %E step %c1 {
+            %i = arith.addi %base, %e : index
+            %l = memref.load %logits[%i] : memref<?xf32>
+            %d = arith.subf %l, %mx : f32
+            %x = math.exp %d : f32
+            %p = arith.divf %x, %sum : f32
+            memref.store %p, %scores[%i] : memref<?xf32>
+          }
+        } else {
+          scf.for %e = %c0 to %E step %c1 {
+            %i = arith.addi %base, %e : index
+            %l = memref.load %logits[%i] : memref<?xf32>
+            %nl = arith.negf %l : f32
+            %x = math.exp %nl : f32
+            %den = arith.addf %x, %one : f32
+            %p = arith.divf %one, %den : f32
+            memref.store %p, %scores[%i] : memref<?xf32>
+          }
+        }
+      }
+""".replace("%c0_i32 : i32", "%czi : i32").replace(
+        "%soft = arith", "%czi = arith.constant 0 : i32\n        %soft = arith")))
+
+
+def argbest(prefix, lo, hi, value_of, candidate_of, indent):
+    """MLIR of a scan over [lo, hi) keeping the best candidate under the order rule of
+    docs/cpu-path.md section 2; yields %{prefix}#0 (index, -1 if none) and #1 (f32)."""
+    ind = indent
+    lines = [
+        f"{ind}%{prefix}:2 = scf.for %{prefix}_e = {lo} to {hi} step %c1 iter_args(%{prefix}_b = %cm1, %{prefix}_v = %zero) -> (index, f32) {{",
+    ]
+    cand, cand_lines = candidate_of(f"%{prefix}_e", ind + "  ")
+    val, val_lines = value_of(f"%{prefix}_e", ind + "  ")
+    lines += cand_lines + val_lines
+    lines += [
+        f"{ind}  %{prefix}_none = arith.cmpi slt, %{prefix}_b, %c0 : index",
+        f"{ind}  %{prefix}_vnan = arith.cmpf uno, {val}, {val} : f32",
+        f"{ind}  %{prefix}_bnan = arith.cmpf uno, %{prefix}_v, %{prefix}_v : f32",
+        f"{ind}  %{prefix}_gt = arith.cmpf ogt, {val}, %{prefix}_v : f32",
+        f"{ind}  %{prefix}_gt2 = arith.ori %{prefix}_bnan, %{prefix}_gt : i1",
+        f"{ind}  %{prefix}_vok = arith.xori %{prefix}_vnan, %true : i1",
+        f"{ind}  %{prefix}_beat = arith.andi %{prefix}_vok, %{prefix}_gt2 : i1",
+        f"{ind}  %{prefix}_take0 = arith.ori %{prefix}_none, %{prefix}_beat : i1",
+        f"{ind}  %{prefix}_take = arith.andi %{prefix}_take0, {cand} : i1",
+        f"{ind}  %{prefix}_nb = arith.select %{prefix}_take, %{prefix}_e, %{prefix}_b : index",
+        f"{ind}  %{prefix}_nv = arith.select %{prefix}_take, {val}, %{prefix}_v : f32",
+        f"{ind}  scf.yield %{prefix}_nb, %{prefix}_nv : index, f32",
+        f"{ind}}}",
+    ]
+    return lines
+
+
+def select_kernel():
+    """Top-k (group-limited) selection, weights, renormalisation, scaling; per token."""
+    ind = "        "
+    L = [GID.rstrip(),
+         "      %c0 = arith.constant 0 : index",
+         "      %c1 = arith.constant 1 : index",
+         "      %cm1 = arith.constant -1 : index",
+         "      %c1_i64 = arith.constant 1 : i64",
+         "      %c0_i64 = arith.constant 0 : i64",
+         "      %allg = arith.constant -1 : i64",
+         "      %zero = arith.constant 0.0 : f32",
+         "      %true = arith.constant true",
+         "      %ok = arith.cmpi ult, %gid, %T : index",
+         "      scf.if %ok {",
+         f"{ind}%base = arith.muli %gid, %E : index",
+         f"{ind}%obase = arith.muli %gid, %k : index",
+         f"{ind}%hasb = arith.cmpi ugt, %nbias, %c0 : index",
+         f"{ind}%gsize = arith.divui %E, %G : index"]
+
+    def cval(e, ind2):
+        # selection score c = s + bias
+        return f"%cv_{e[1:]}", [
+            f"{ind2}%si_{e[1:]} = arith.addi %base, {e} : index",
+            f"{ind2}%s_{e[1:]} = memref.load %scores[%si_{e[1:]}] : memref<?xf32>",
+            f"{ind2}%bi_{e[1:]} = arith.select %hasb, {e}, %c0 : index",
+            f"{ind2}%bl_{e[1:]} = scf.if %hasb -> (f32) {{",
+            f"{ind2}  %bv_{e[1:]} = memref.load %bias[%bi_{e[1:]}] : memref<?xf32>",
+            f"{ind2}  scf.yield %bv_{e[1:]} : f32",
+            f"{ind2}}} else {{",
+            f"{ind2}  scf.yield %zero : f32",
+            f"{ind2}}}",
+            f"{ind2}%cv_{e[1:]} = arith.addf %s_{e[1:]}, %bl_{e[1:]} : f32",
+        ]
+
+    # group selection: %gsel is a bit mask of the kept groups
+    L += [f"{ind}%multi = arith.cmpi ugt, %G, %c1 : index",
+          f"{ind}%gsel = scf.if %multi -> (i64) {{"]
+    ind2 = ind + "  "
+    L += [f"{ind2}%gs:1 = scf.for %r = %c0 to %TG step %c1 iter_args(%mask = %c0_i64) -> (i64) {{"]
+    ind3 = ind2 + "  "
+
+    def gscore(gv, ind4):
+        # the group's score: the sum of its two best c (its best when it has one expert)
+        g = gv[1:]
+        lo = f"%glo_{g}"
+        hi = f"%ghi_{g}"
+        lines = [f"{ind4}{lo} = arith.muli {gv}, %gsize : index",
+                 f"{ind4}{hi} = arith.addi {lo}, %gsize : index"]
+        lines += argbest(f"b1{g}", lo, hi, cval, lambda e, i: ("%true", []), ind4)
+        lines += argbest(f"b2{g}", lo, hi, cval,
+                         lambda e, i: (f"%ne_{e[1:]}", [f"{i}%ne_{e[1:]} = arith.cmpi ne, {e}, %b1{g}#0 : index"]), ind4)
+        lines += [f"{ind4}%two_{g} = arith.cmpi ugt, %gsize, %c1 : index",
+                  f"{ind4}%sum_{g} = arith.addf %b1{g}#1, %b2{g}#1 : f32",
+                  f"{ind4}%gsc_{g} = arith.select %two_{g}, %sum_{g}, %b1{g}#1 : f32"]
+        return f"%gsc_{g}", lines
+
+    def gcand(gv, ind4):
+        g = gv[1:]
+        return f"%gfree_{g}", [
+            f"{ind4}%gi_{g} = arith.index_cast {gv} : index to i64",
+            f"{ind4}%gbit_{g} = arith.shli %c1_i64, %gi_{g} : i64",
+            f"{ind4}%gand_{g} = arith.andi %mask, %gbit_{g} : i64",
+            f"{ind4}%gfree_{g} = arith.cmpi eq, %gand_{g}, %c0_i64 : i64"]
+
+    L += argbest("gb", "%c0", "%G", gscore, gcand, ind3)
+    L += [f"{ind3}%gbi = arith.index_cast %gb#0 : index to i64",
+          f"{ind3}%gbb = arith.shli %c1_i64, %gbi : i64",
+          f"{ind3}%nmask = arith.ori %mask, %gbb : i64",
+          f"{ind3}scf.yield %nmask : i64",
+          f"{ind2}}}",
+          f"{ind2}scf.yield %gs#0 : i64",
+          f"{ind}}} else {{",
+          f"{ind2}scf.yield %allg : i64",
+          f"{ind}}}"]
+
+    # k picks
+    L += [f"{ind}%tot = scf.for %j = %c0 to %k step %c1 iter_args(%acc = %zero) -> (f32) {{"]
+    ind2 = ind + "  "
+
+    def ecand(ev, ind4):
+        e = ev[1:]
+        lines = [f"{ind4}%eg_{e} = arith.divui {ev}, %gsize : index",
+                 f"{ind4}%egi_{e} = arith.index_cast %eg_{e} : index to i64",
+                 f"{ind4}%egb_{e} = arith.shli %c1_i64, %egi_{e} : i64",
+                 f"{ind4}%ega_{e} = arith.andi %gsel, %egb_{e} : i64",
+                 f"{ind4}%egk_{e} = arith.cmpi ne, %ega_{e}, %c0_i64 : i64",
+                 f"{ind4}%taken_{e} = scf.for %jj = %c0 to %j step %c1 iter_args(%tk = %false) -> (i1) {{",
+                 f"{ind4}  %jji = arith.addi %obase, %jj : index",
+                 f"{ind4}  %pe = memref.load %experts[%jji] : memref<?xi32>",
+                 f"{ind4}  %pei = arith.index_cast %pe : i32 to index",
+                 f"{ind4}  %same = arith.cmpi eq, %pei, {ev} : index",
+                 f"{ind4}  %tk2 = arith.ori %tk, %same : i1",
+                 f"{ind4}  scf.yield %tk2 : i1",
+                 f"{ind4}}}",
+                 f"{ind4}%free_{e} = arith.xori %taken_{e}, %true : i1",
+                 f"{ind4}%cand_{e} = arith.andi %free_{e}, %egk_{e} : i1"]
+        return f"%cand_{e}", lines
+
+    L += argbest("pk", "%c0", "%E", cval, ecand, ind2)
+    L += [f"{ind2}%slot = arith.addi %obase, %j : index",
+          f"{ind2}%pki = arith.index_cast %pk#0 : index to i32",
+          f"{ind2}memref.store %pki, %experts[%slot] : memref<?xi32>",
+          f"{ind2}%ui = arith.addi %base, %pk#0 : index",
+          f"{ind2}%u = memref.load %scores[%ui] : memref<?xf32>",
+          f"{ind2}memref.store %u, %weights[%slot] : memref<?xf32>",
+          f"{ind2}%acc2 = arith.addf %acc, %u : f32",
+          f"{ind2}scf.yield %acc2 : f32",
+          f"{ind}}}",
+          f"{ind}%nz = arith.cmpf une, %tot, %zero : f32",
+          f"{ind}%div = arith.andi %renorm, %nz : i1",
+          f"{ind}scf.for %j = %c0 to %k step %c1 {{",
+          f"{ind}  %slot = arith.addi %obase, %j : index",
+          f"{ind}  %w = memref.load %weights[%slot] : memref<?xf32>",
+          f"{ind}  %wq = arith.divf %w, %tot : f32",
+          f"{ind}  %w2 = arith.select %div, %wq, %w : f32",
+          f"{ind}  %w3 = arith.mulf %w2, %scaling : f32",
+          f"{ind}  memref.store %w3, %weights[%slot] : memref<?xf32>",
+          f"{ind}}}",
+          "      }"]
+    body = "\n".join(L).replace("%tk = %false", "%tk = %false_c")
+    body = body.replace("      %true = arith.constant true",
+                        "      %true = arith.constant true\n      %false_c = arith.constant false")
+    return kernel("moe_router_select",
+                  "%scores: memref<?xf32>, %bias: memref<?xf32>, %nbias: index, %T: index, "
+                  "%E: index, %k: index, %G: index, %TG: index, %renorm: i1, %scaling: f32, "
+                  "%weights: memref<?xf32>, %experts: memref<?xi32>", body)
+
+
+SIMPLE.append(select_kernel())
+
+DISPATCH_CHUNK = 1024
+
+# Dispatch, step 1: per chunk of 1024 routing slots, the rank of each slot among
+# the earlier slots of the chunk with the same expert, and per-expert counts.
+SIMPLE.append(f"""    gpu.func @moe_dispatch_rank(%experts: memref<?xi32>, %Tk: index, %E: index, %rank: memref<?xi32>, %cnt: memref<?xi32>)
+        workgroup(%sh: memref<{DISPATCH_CHUNK}xi32, {WG}>, %shc: memref<{DISPATCH_CHUNK}xi32, {WG}>) kernel attributes {{{KB}}} {{
+      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c128 = arith.constant 128 : index
+      %chunk = arith.constant {DISPATCH_CHUNK} : index
+      %m1 = arith.constant -1 : i32
+      %z = arith.constant 0 : i32
+      %one = arith.constant 1 : i32
+      %base = arith.muli %bid, %chunk : index
+      scf.for %s = %tid to %chunk step %c128 {{
+        %i = arith.addi %base, %s : index
+        %in = arith.cmpi ult, %i, %Tk : index
+        %v = scf.if %in -> (i32) {{
+          %x = memref.load %experts[%i] : memref<?xi32>
+          %xi = arith.index_cast %x : i32 to index
+          %ge = arith.cmpi sge, %x, %z : i32
+          %lt = arith.cmpi slt, %xi, %E : index
+          %ok = arith.andi %ge, %lt : i1
+          %r = arith.select %ok, %x, %m1 : i32
+          scf.yield %r : i32
+        }} else {{
+          scf.yield %m1 : i32
+        }}
+        memref.store %v, %sh[%s] : memref<{DISPATCH_CHUNK}xi32, {WG}>
+        memref.store %z, %shc[%s] : memref<{DISPATCH_CHUNK}xi32, {WG}>
+      }}
+      gpu.barrier
+      scf.for %s = %tid to %chunk step %c128 {{
+        %i = arith.addi %base, %s : index
+        %v = memref.load %sh[%s] : memref<{DISPATCH_CHUNK}xi32, {WG}>
+        %ok = arith.cmpi sge, %v, %z : i32
+        scf.if %ok {{
+          %r = scf.for %j = %c0 to %s step %c1 iter_args(%acc = %z) -> (i32) {{
+            %w = memref.load %sh[%j] : memref<{DISPATCH_CHUNK}xi32, {WG}>
+            %same = arith.cmpi eq, %w, %v : i32
+            %inc = arith.select %same, %one, %z : i32
+            %acc2 = arith.addi %acc, %inc : i32
+            scf.yield %acc2 : i32
+          }}
+          memref.store %r, %rank[%i] : memref<?xi32>
+          %vi = arith.index_cast %v : i32 to index
+          %old = memref.atomic_rmw addi %one, %shc[%vi] : (i32, memref<{DISPATCH_CHUNK}xi32, {WG}>) -> i32
+        }}
+      }}
+      gpu.barrier
+      %cbase = arith.muli %bid, %E : index
+      scf.for %e = %tid to %E step %c128 {{
+        %n = memref.load %shc[%e] : memref<{DISPATCH_CHUNK}xi32, {WG}>
+        %ci = arith.addi %cbase, %e : index
+        memref.store %n, %cnt[%ci] : memref<?xi32>
+      }}
+      gpu.return
+    }}""")
+
+# Dispatch, step 2 (one block): per expert, exclusive prefix of the chunk counts
+# in chunk order; then the expert offsets.
+SIMPLE.append(kernel(
+    "moe_dispatch_scan",
+    "%cnt: memref<?xi32>, %nchunks: index, %E: index, %offsets: memref<?xi32>",
+    """      %tid = gpu.thread_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c128 = arith.constant 128 : index
+      %z = arith.constant 0 : i32
+      scf.for %e = %tid to %E step %c128 {
+        %tot = scf.for %ch = %c0 to %nchunks step %c1 iter_args(%run = %z) -> (i32) {
+          %i0 = arith.muli %ch, %E : index
+          %i = arith.addi %i0, %e : index
+          %n = memref.load %cnt[%i] : memref<?xi32>
+          memref.store %run, %cnt[%i] : memref<?xi32>
+          %run2 = arith.addi %run, %n : i32
+          scf.yield %run2 : i32
+        }
+        %e1 = arith.addi %e, %c1 : index
+        memref.store %tot, %offsets[%e1] : memref<?xi32>
+      }
+      gpu.barrier
+      %first = arith.cmpi eq, %tid, %c0 : index
+      scf.if %first {
+        memref.store %z, %offsets[%c0] : memref<?xi32>
+        %s = scf.for %e = %c0 to %E step %c1 iter_args(%acc = %z) -> (i32) {
+          %e1 = arith.addi %e, %c1 : index
+          %n = memref.load %offsets[%e1] : memref<?xi32>
+          %acc2 = arith.addi %acc, %n : i32
+          memref.store %acc2, %offsets[%e1] : memref<?xi32>
+          scf.yield %acc2 : i32
+        }
+      }
+"""))
+
+# Dispatch, step 3: rows[t, j] and token_ids[row]; rows from offsets[E] on get token 0.
+SIMPLE.append(kernel(
+    "moe_dispatch_place",
+    "%experts: memref<?xi32>, %rank: memref<?xi32>, %cnt: memref<?xi32>, %offsets: memref<?xi32>, "
+    "%Tk: index, %k: index, %E: index, %R: index, %token_ids: memref<?xi32>, %rows: memref<?xi32>",
+    GID + f"""      %z = arith.constant 0 : i32
+      %m1 = arith.constant -1 : i32
+      %chunk = arith.constant {DISPATCH_CHUNK} : index
+      %in = arith.cmpi ult, %gid, %Tk : index
+      scf.if %in {{
+        %x = memref.load %experts[%gid] : memref<?xi32>
+        %xi = arith.index_cast %x : i32 to index
+        %ge = arith.cmpi sge, %x, %z : i32
+        %lt = arith.cmpi slt, %xi, %E : index
+        %ok = arith.andi %ge, %lt : i1
+        scf.if %ok {{
+          %ch = arith.divui %gid, %chunk : index
+          %ci0 = arith.muli %ch, %E : index
+          %ci = arith.addi %ci0, %xi : index
+          %before = memref.load %cnt[%ci] : memref<?xi32>
+          %off = memref.load %offsets[%xi] : memref<?xi32>
+          %rk = memref.load %rank[%gid] : memref<?xi32>
+          %r0 = arith.addi %off, %before : i32
+          %row = arith.addi %r0, %rk : i32
+          memref.store %row, %rows[%gid] : memref<?xi32>
+          %t = arith.divui %gid, %k : index
+          %ti = arith.index_cast %t : index to i32
+          %rowi = arith.index_cast %row : i32 to index
+          memref.store %ti, %token_ids[%rowi] : memref<?xi32>
+        }} else {{
+          memref.store %m1, %rows[%gid] : memref<?xi32>
+        }}
+      }}
+      %inr = arith.cmpi ult, %gid, %R : index
+      scf.if %inr {{
+        %used = memref.load %offsets[%E] : memref<?xi32>
+        %usedi = arith.index_cast %used : i32 to index
+        %tail = arith.cmpi uge, %gid, %usedi : index
+        scf.if %tail {{
+          memref.store %z, %token_ids[%gid] : memref<?xi32>
+        }}
+      }}
+"""))
+
+# out[t, :] = sum_j w[t, j] * src[rows[t, j], :] (w = 1 without weights), f32,
+# j ascending: the combine and the dx reduction, deterministic.
+SIMPLE.append(kernel(
+    "moe_gather_sum",
+    "%src: memref<?xbf16>, %rows: memref<?xi32>, %w: memref<?xf32>, %has_w: i1, %T: index, "
+    "%k: index, %d: index, %out: memref<?xbf16>",
+    """      %tid = gpu.thread_id x
+      %t = gpu.block_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
+      %c1024 = arith.constant 1024 : index
+      %z = arith.constant 0 : i32
+      %one = arith.constant 1.0 : f32
+      %zv = arith.constant dense<0.0> : vector<8xf32>
+      %ok = arith.cmpi ult, %t, %T : index
+      scf.if %ok {
+        %sbase = arith.muli %t, %k : index
+        %obase = arith.muli %t, %d : index
+        %col0 = arith.muli %tid, %c8 : index
+        scf.for %col = %col0 to %d step %c1024 {
+          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %zv) -> (vector<8xf32>) {
+            %si = arith.addi %sbase, %j : index
+            %r = memref.load %rows[%si] : memref<?xi32>
+            %valid = arith.cmpi sge, %r, %z : i32
+            %a2 = scf.if %valid -> (vector<8xf32>) {
+              %ri = arith.index_cast %r : i32 to index
+              %src0 = arith.muli %ri, %d : index
+              %srci = arith.addi %src0, %col : index
+              %v = vector.load %src[%srci] {alignment = 16} : memref<?xbf16>, vector<8xbf16>
+              %vf = arith.extf %v : vector<8xbf16> to vector<8xf32>
+              %wv = scf.if %has_w -> (f32) {
+                %ww = memref.load %w[%si] : memref<?xf32>
+                scf.yield %ww : f32
+              } else {
+                scf.yield %one : f32
+              }
+              %wb = vector.broadcast %wv : f32 to vector<8xf32>
+              %prod = arith.mulf %vf, %wb : vector<8xf32>
+              %s = arith.addf %a, %prod : vector<8xf32>
+              scf.yield %s : vector<8xf32>
+            } else {
+              scf.yield %a : vector<8xf32>
+            }
+            scf.yield %a2 : vector<8xf32>
+          }
+          %ob = arith.truncf %acc : vector<8xf32> to vector<8xbf16>
+          %oi = arith.addi %obase, %col : index
+          vector.store %ob, %out[%oi] {alignment = 16} : memref<?xbf16>, vector<8xbf16>
+        }
+      }
+"""))
+
+# wrow[rows[t, j]] = weights[t, j]: the routing weight of each expert-ordered row.
+SIMPLE.append(kernel(
+    "moe_scatter_weights",
+    "%weights: memref<?xf32>, %rows: memref<?xi32>, %Tk: index, %wrow: memref<?xf32>",
+    GID + """      %z = arith.constant 0 : i32
+      %in = arith.cmpi ult, %gid, %Tk : index
+      scf.if %in {
+        %r = memref.load %rows[%gid] : memref<?xi32>
+        %ok = arith.cmpi sge, %r, %z : i32
+        scf.if %ok {
+          %ri = arith.index_cast %r : i32 to index
+          %w = memref.load %weights[%gid] : memref<?xf32>
+          memref.store %w, %wrow[%ri] : memref<?xf32>
+        }
+      }
+"""))
+
+# Column offsets of each expert in the transposed [*, ldt] buffers of backward:
+# every expert starts at a multiple of 8 columns (16 B) so cp.async can read it.
+SIMPLE.append(kernel(
+    "moe_padded_offsets",
+    "%offsets: memref<?xi32>, %E: index, %poffsets: memref<?xi32>",
+    """      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %z = arith.constant 0 : i32
+      %c7 = arith.constant 7 : i32
+      %cm8 = arith.constant -8 : i32
+      %t0 = arith.cmpi eq, %tid, %c0 : index
+      %b0 = arith.cmpi eq, %bid, %c0 : index
+      %first = arith.andi %t0, %b0 : i1
+      scf.if %first {
+        %end = scf.for %e = %c0 to %E step %c1 iter_args(%acc = %z) -> (i32) {
+          memref.store %acc, %poffsets[%e] : memref<?xi32>
+          %e1 = arith.addi %e, %c1 : index
+          %lo = memref.load %offsets[%e] : memref<?xi32>
+          %hi = memref.load %offsets[%e1] : memref<?xi32>
+          %n = arith.subi %hi, %lo : i32
+          %n7 = arith.addi %n, %c7 : i32
+          %n8 = arith.andi %n7, %cm8 : i32
+          %acc2 = arith.addi %acc, %n8 : i32
+          scf.yield %acc2 : i32
+        }
+        memref.store %end, %poffsets[%E] : memref<?xi32>
+      }
+"""))
+
+# One problem of T rows for the grouped kernels (shared expert, router GEMMs):
+# offsets = [0, T], poffsets = [0, T rounded up to 8].
+SIMPLE.append(kernel(
+    "moe_single_offsets",
+    "%offsets: memref<?xi32>, %poffsets: memref<?xi32>, %T: index",
+    """      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c7 = arith.constant 7 : i32
+      %cm8 = arith.constant -8 : i32
+      %z = arith.constant 0 : i32
+      %t0 = arith.cmpi eq, %tid, %c0 : index
+      %b0 = arith.cmpi eq, %bid, %c0 : index
+      %first = arith.andi %t0, %b0 : i1
+      scf.if %first {
+        %ti = arith.index_cast %T : index to i32
+        %t7 = arith.addi %ti, %c7 : i32
+        %t8 = arith.andi %t7, %cm8 : i32
+        memref.store %z, %offsets[%c0] : memref<?xi32>
+        memref.store %ti, %offsets[%c1] : memref<?xi32>
+        memref.store %z, %poffsets[%c0] : memref<?xi32>
+        memref.store %t8, %poffsets[%c1] : memref<?xi32>
+      }
+"""))
+
+# d_weights[t, j] = sum over N tiles of the dS partials of its row, in tile order.
+SIMPLE.append(kernel(
+    "moe_dweights",
+    "%dspart: memref<?xf32>, %rows: memref<?xi32>, %Tk: index, %nt: index, %dweights: memref<?xf32>",
+    GID + """      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %z = arith.constant 0 : i32
+      %zero = arith.constant 0.0 : f32
+      %in = arith.cmpi ult, %gid, %Tk : index
+      scf.if %in {
+        %r = memref.load %rows[%gid] : memref<?xi32>
+        %ok = arith.cmpi sge, %r, %z : i32
+        %s = scf.if %ok -> (f32) {
+          %ri = arith.index_cast %r : i32 to index
+          %b = arith.muli %ri, %nt : index
+          %acc = scf.for %i = %c0 to %nt step %c1 iter_args(%a = %zero) -> (f32) {
+            %ii = arith.addi %b, %i : index
+            %p = memref.load %dspart[%ii] : memref<?xf32>
+            %a2 = arith.addf %a, %p : f32
+            scf.yield %a2 : f32
+          }
+          scf.yield %acc : f32
+        } else {
+          scf.yield %zero : f32
+        }
+        memref.store %s, %dweights[%gid] : memref<?xf32>
+      }
+"""))
+
+# Router backward to the logits, per token (docs/cpu-path.md "Router gradient"):
+# writes dlogits as bf16 [T, E] and transposed [E, ldt] for the two GEMMs.
+SIMPLE.append(kernel(
+    "moe_router_grad_logits",
+    "%logits: memref<?xf32>, %experts: memref<?xi32>, %dw: memref<?xf32>, %dlin: memref<?xf32>, "
+    "%has_dlin: i1, %T: index, %E: index, %k: index, %scoring: i32, %renorm: i1, %scaling: f32, "
+    "%dl: memref<?xbf16>, %dlt: memref<?xbf16>, %ldt: index",
+    GID + """      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %z = arith.constant 0 : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %ninf = arith.constant 0xFF800000 : f32
+      %ok = arith.cmpi ult, %gid, %T : index
+      scf.if %ok {
+        %base = arith.muli %gid, %E : index
+        %obase = arith.muli %gid, %k : index
+        %soft = arith.cmpi eq, %scoring, %z : i32
+        %mx = scf.for %e = %c0 to %E step %c1 iter_args(%m = %ninf) -> (f32) {
+          %i = arith.addi %base, %e : index
+          %l = memref.load %logits[%i] : memref<?xf32>
+          %m2 = arith.maximumf %m, %l : f32
+          scf.yield %m2 : f32
+        }
+        %sum = scf.for %e = %c0 to %E step %c1 iter_args(%s = %zero) -> (f32) {
+          %i = arith.addi %base, %e : index
+          %l = memref.load %logits[%i] : memref<?xf32>
+          %d = arith.subf %l, %mx : f32
+          %x = math.exp %d : f32
+          %s2 = arith.addf %s, %x : f32
+          scf.yield %s2 : f32
+        }
+        // S = sum_j u_j and sum_j dw_j u_j over the valid picks
+        %sums:2 = scf.for %j = %c0 to %k step %c1 iter_args(%S = %zero, %W = %zero) -> (f32, f32) {
+          %si = arith.addi %obase, %j : index
+          %ej = memref.load %experts[%si] : memref<?xi32>
+          %eji = arith.index_cast %ej : i32 to index
+          %ge = arith.cmpi sge, %ej, %z : i32
+          %lt = arith.cmpi slt, %eji, %E : index
+          %valid = arith.andi %ge, %lt : i1
+          %r:2 = scf.if %valid -> (f32, f32) {
+            %li = arith.addi %base, %eji : index
+            %l = memref.load %logits[%li] : memref<?xf32>
+            %u = func.call @__moe_gpu_score(%l, %mx, %sum, %soft) : (f32, f32, f32, i1) -> f32
+            %dwj = memref.load %dw[%si] : memref<?xf32>
+            %S2 = arith.addf %S, %u : f32
+            %p = arith.mulf %dwj, %u : f32
+            %W2 = arith.addf %W, %p : f32
+            scf.yield %S2, %W2 : f32, f32
+          } else {
+            scf.yield %S, %W : f32, f32
+          }
+          scf.yield %r#0, %r#1 : f32, f32
+        }
+        %nz = arith.cmpf une, %sums#0, %zero : f32
+        %S2 = arith.mulf %sums#0, %sums#0 : f32
+        // <ds, s> = sum_j du_j u_j
+        %dsdot = scf.for %j = %c0 to %k step %c1 iter_args(%acc = %zero) -> (f32) {
+          %si = arith.addi %obase, %j : index
+          %ej = memref.load %experts[%si] : memref<?xi32>
+          %eji = arith.index_cast %ej : i32 to index
+          %ge = arith.cmpi sge, %ej, %z : i32
+          %lt = arith.cmpi slt, %eji, %E : index
+          %valid = arith.andi %ge, %lt : i1
+          %r = scf.if %valid -> (f32) {
+            %li = arith.addi %base, %eji : index
+            %l = memref.load %logits[%li] : memref<?xf32>
+            %u = func.call @__moe_gpu_score(%l, %mx, %sum, %soft) : (f32, f32, f32, i1) -> f32
+            %dwj = memref.load %dw[%si] : memref<?xf32>
+            %du = func.call @__moe_gpu_dweight(%dwj, %sums#0, %sums#1, %S2, %nz, %renorm, %scaling) : (f32, f32, f32, f32, i1, i1, f32) -> f32
+            %p = arith.mulf %du, %u : f32
+            %a2 = arith.addf %acc, %p : f32
+            scf.yield %a2 : f32
+          } else {
+            scf.yield %acc : f32
+          }
+          scf.yield %r : f32
+        }
+        scf.for %e = %c0 to %E step %c1 {
+          %li = arith.addi %base, %e : index
+          %l = memref.load %logits[%li] : memref<?xf32>
+          %s = func.call @__moe_gpu_score(%l, %mx, %sum, %soft) : (f32, f32, f32, i1) -> f32
+          %ds = scf.for %j = %c0 to %k step %c1 iter_args(%acc = %zero) -> (f32) {
+            %si = arith.addi %obase, %j : index
+            %ej = memref.load %experts[%si] : memref<?xi32>
+            %eji = arith.index_cast %ej : i32 to index
+            %same = arith.cmpi eq, %eji, %e : index
+            %r = scf.if %same -> (f32) {
+              %dwj = memref.load %dw[%si] : memref<?xf32>
+              %du = func.call @__moe_gpu_dweight(%dwj, %sums#0, %sums#1, %S2, %nz, %renorm, %scaling) : (f32, f32, f32, f32, i1, i1, f32) -> f32
+              %a2 = arith.addf %acc, %du : f32
+              scf.yield %a2 : f32
+            } else {
+              scf.yield %acc : f32
+            }
+            scf.yield %r : f32
+          }
+          %g = scf.if %soft -> (f32) {
+            %q = arith.subf %ds, %dsdot : f32
+            %v = arith.mulf %s, %q : f32
+            scf.yield %v : f32
+          } else {
+            %oms = arith.subf %one, %s : f32
+            %q = arith.mulf %s, %oms : f32
+            %v = arith.mulf %ds, %q : f32
+            scf.yield %v : f32
+          }
+          %g2 = scf.if %has_dlin -> (f32) {
+            %x = memref.load %dlin[%li] : memref<?xf32>
+            %y = arith.addf %g, %x : f32
+            scf.yield %y : f32
+          } else {
+            scf.yield %g : f32
+          }
+          %gb = arith.truncf %g2 : f32 to bf16
+          memref.store %gb, %dl[%li] : memref<?xbf16>
+          %ti0 = arith.muli %e, %ldt : index
+          %ti = arith.addi %ti0, %gid : index
+          memref.store %gb, %dlt[%ti] : memref<?xbf16>
+        }
+      }
+"""))
+
+# out = a + b, bf16 with an f32 add (gradient accumulation across uses).
+SIMPLE.append(kernel(
+    "moe_add",
+    "%a: memref<?xbf16>, %b: memref<?xbf16>, %out: memref<?xbf16>, %N: index",
+    GID + """      %in = arith.cmpi ult, %gid, %N : index
+      scf.if %in {
+        %x = memref.load %a[%gid] : memref<?xbf16>
+        %y = memref.load %b[%gid] : memref<?xbf16>
+        %xf = arith.extf %x : bf16 to f32
+        %yf = arith.extf %y : bf16 to f32
+        %s = arith.addf %xf, %yf : f32
+        %sb = arith.truncf %s : f32 to bf16
+        memref.store %sb, %out[%gid] : memref<?xbf16>
+      }
+"""))
+
+DEVICE_FUNCS = """    func.func private @__moe_gpu_score(%l: f32, %mx: f32, %sum: f32, %soft: i1) -> f32 {
+      %one = arith.constant 1.0 : f32
+      %r = scf.if %soft -> (f32) {
+        %d = arith.subf %l, %mx : f32
+        %x = math.exp %d : f32
+        %p = arith.divf %x, %sum : f32
+        scf.yield %p : f32
+      } else {
+        %nl = arith.negf %l : f32
+        %x = math.exp %nl : f32
+        %den = arith.addf %x, %one : f32
+        %p = arith.divf %one, %den : f32
+        scf.yield %p : f32
+      }
+      return %r : f32
+    }
+    func.func private @__moe_gpu_dweight(%dw: f32, %S: f32, %W: f32, %S2: f32, %nz: i1, %renorm: i1, %scaling: f32) -> f32 {
+      %zero = arith.constant 0.0 : f32
+      %a = arith.divf %dw, %S : f32
+      %b = arith.divf %W, %S2 : f32
+      %c = arith.subf %a, %b : f32
+      %r = arith.select %nz, %c, %zero : f32
+      %q = arith.select %renorm, %r, %dw : f32
+      %out = arith.mulf %q, %scaling : f32
+      return %out : f32
+    }"""
+
+
+# ---------------------------------------------------------------------------
+# Host functions (docs/gpu-path.md section 1): launches on one async token.
+# ---------------------------------------------------------------------------
+class Host:
+    def __init__(self, name, args):
+        self.e = Emitter("    ")
+        self.name = name
+        self.args = args
+        self.tok = "%token"
+
+    def c(self, v, ty="index"):
+        return self.e.const(v, ty)
+
+    def dim(self, mem, ty, i):
+        return self.e.op(f"memref.dim {mem}, {self.c(i)} : {ty}", "dim")
+
+    def flat(self, mem, ty):
+        rank = ty.count("?x")
+        elt = ty.split("x")[-1].rstrip(">")
+        if rank == 1:
+            return mem
+        dims = ", ".join(str(i) for i in range(rank))
+        return self.e.op(f"memref.collapse_shape {mem} [[{dims}]] : {ty} into memref<?x{elt}>", "flat")
+
+    def ceil(self, a, b):
+        e = self.e
+        return e.div(e.add(a, self.c(b - 1)), self.c(b))
+
+    def grid(self, v):
+        # a launch needs at least one block; kernels bound-check.
+        return self.e.op(f"arith.maxui {v}, {self.c(1)} : index", "g")
+
+    def alloc(self, size, elt):
+        e = self.e
+        buf = e.fresh("buf")
+        tok = e.fresh("t")
+        e.emit(f"{buf}, {tok} = gpu.alloc async [{self.tok}] ({size}) : memref<?x{elt}>")
+        self.tok = tok
+        return buf
+
+    def dealloc(self, buf, elt):
+        self.tok = self.e.op(f"gpu.dealloc async [{self.tok}] {buf} : memref<?x{elt}>", "t")
+
+    def launch(self, kernel, gx, gy, gz, args, smem=0):
+        e = self.e
+        one = self.c(1)
+        threads = self.c(THREADS)
+        arglist = ", ".join(f"{v} : {t}" for v, t in args)
+        sm = f" dynamic_shared_memory_size {self.c(smem, 'i32')}" if smem else ""
+        self.tok = e.op(
+            f"gpu.launch_func async [{self.tok}] @moe_kernels::@{kernel} blocks in ({self.grid(gx)}, {self.grid(gy)}, {self.grid(gz)}) "
+            f"threads in ({threads}, {one}, {one}){sm} args({arglist})", "t")
+
+    def text(self):
+        args = ", ".join(f"%{n}: {t}" for n, t in self.args)
+        head = f"  func.func private @__moe_gpu_{self.name}(%token: !gpu.async.token, {args}) -> !gpu.async.token {{"
+        return "\n".join([head] + [l.replace("      ", "    ", 1) for l in self.e.const_lines]
+                         + self.e.lines + [f"    return {self.tok} : !gpu.async.token", "  }"])
+
+
+I32V, F32V, BF16V = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
+M2 = {"bf16": "memref<?x?xbf16>", "f32": "memref<?x?xf32>", "i32": "memref<?x?xi32>"}
+M3 = "memref<?x?x?xbf16>"
+IDX = "index"
+
+
+def gemm_args(h, kernel, values):
+    """Arguments of a GEMM launch in the kernel's signature order."""
+    g = next(x for x in GEMMS if x.name == kernel)
+    out = []
+    for name, ty in gemm_signature(g):
+        out.append((values[name], ty))
+    return out
+
+
+def single_offsets(h, T):
+    offs = h.alloc(h.c(2), "i32")
+    poffs = h.alloc(h.c(2), "i32")
+    h.launch("moe_single_offsets", h.c(1), h.c(1), h.c(1), [(offs, I32V), (poffs, I32V), (T, IDX)])
+    return offs, poffs
+
+
+def host_router():
+    h = Host("router", [("x", M2["bf16"]), ("wr", M2["bf16"]), ("bias", F32V), ("scoring", "i32"),
+                        ("renormalize", "i1"), ("num_groups", IDX), ("topk_groups", IDX),
+                        ("scaling", "f32"), ("weights", M2["f32"]), ("experts", M2["i32"]),
+                        ("logits", M2["f32"])])
+    e = h.e
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    E = h.dim("%wr", M2["bf16"], 1)
+    k = h.dim("%weights", M2["f32"], 1)
+    xf, wrf = h.flat("%x", M2["bf16"]), h.flat("%wr", M2["bf16"])
+    lf = h.flat("%logits", M2["f32"])
+    wf, ef = h.flat("%weights", M2["f32"]), h.flat("%experts", M2["i32"])
+    offs, poffs = single_offsets(h, T)
+    one = h.c(1)
+    h.launch("moe_gemm_rows_mn_f32", e.add(h.ceil(T, BM), one), h.ceil(E, BN), one,
+             gemm_args(h, "moe_gemm_rows_mn_f32", dict(
+                 offsets=offs, num_experts=one, amat=xf, lda=d, bmat=wrf, ldb=E, dim_m=T,
+                 dim_n=E, dim_k=d, cout=lf, ldc=E)), LAUNCH_SMEM_BYTES)
+    scores = h.alloc(e.mul(T, E), "f32")
+    h.launch("moe_router_scores", h.ceil(T, THREADS), one, one,
+             [(lf, F32V), (scores, F32V), (T, IDX), (E, IDX), ("%scoring", "i32")])
+    nb = h.dim("%bias", F32V, 0)
+    h.launch("moe_router_select", h.ceil(T, THREADS), one, one,
+             [(scores, F32V), ("%bias", F32V), (nb, IDX), (T, IDX), (E, IDX), (k, IDX),
+              ("%num_groups", IDX), ("%topk_groups", IDX), ("%renormalize", "i1"),
+              ("%scaling", "f32"), (wf, F32V), (ef, I32V)])
+    h.dealloc(scores, "f32")
+    h.dealloc(offs, "i32")
+    h.dealloc(poffs, "i32")
+    return h.text()
+
+
+def host_dispatch():
+    h = Host("dispatch", [("experts", M2["i32"]), ("token_ids", I32V), ("offsets", I32V),
+                          ("rows", M2["i32"])])
+    e = h.e
+    one = h.c(1)
+    T = h.dim("%experts", M2["i32"], 0)
+    k = h.dim("%experts", M2["i32"], 1)
+    Tk = e.mul(T, k)
+    E = e.sub(h.dim("%offsets", I32V, 0), one)
+    R = h.dim("%token_ids", I32V, 0)
+    ef, rf = h.flat("%experts", M2["i32"]), h.flat("%rows", M2["i32"])
+    nchunks = h.ceil(Tk, DISPATCH_CHUNK)
+    rank = h.alloc(Tk, "i32")
+    cnt = h.alloc(e.mul(h.grid(nchunks), E), "i32")
+    h.launch("moe_dispatch_rank", nchunks, one, one,
+             [(ef, I32V), (Tk, IDX), (E, IDX), (rank, I32V), (cnt, I32V)])
+    h.launch("moe_dispatch_scan", one, one, one,
+             [(cnt, I32V), (nchunks, IDX), (E, IDX), ("%offsets", I32V)])
+    h.launch("moe_dispatch_place", h.ceil(e.op(f"arith.maxui {Tk}, {R} : index"), THREADS), one, one,
+             [(ef, I32V), (rank, I32V), (cnt, I32V), ("%offsets", I32V), (Tk, IDX), (k, IDX),
+              (E, IDX), (R, IDX), ("%token_ids", I32V), (rf, I32V)])
+    h.dealloc(rank, "i32")
+    h.dealloc(cnt, "i32")
+    return h.text()
+
+
+def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
+    """up (gather or rows) + SwiGLU, then down; A lives only between the two."""
+    e = h.e
+    one = h.c(1)
+    a = h.alloc(e.mul(M, n), "bf16")
+    values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=wguf, ldb=e.mul(n, h.c(2)),
+                  dim_m=M, dim_n=n, dim_k=d, hout=hf, aout=a)
+    if ids:
+        values["ids"] = ids
+    h.launch(up_kernel, e.add(h.ceil(M, BM), E), e.div(n, h.c(64)), one,
+             gemm_args(h, up_kernel, values), LAUNCH_SMEM_BYTES)
+    h.launch("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
+             gemm_args(h, "moe_gemm_rows_mn_bf16", dict(
+                 offsets=offs, num_experts=E, amat=a, lda=n, bmat=wdf, ldb=d, dim_m=M,
+                 dim_n=d, dim_k=n, cout=yf, ldc=d)), LAUNCH_SMEM_BYTES)
+    h.dealloc(a, "bf16")
+
+
+def host_expert_ffn():
+    h = Host("expert_ffn", [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V),
+                            ("wgu", M3), ("wd", M3), ("act", "i32"), ("y", M2["bf16"]),
+                            ("h", M2["bf16"])])
+    e = h.e
+    d = h.dim("%x", M2["bf16"], 1)
+    R = h.dim("%token_ids", I32V, 0)
+    E = h.dim("%wd", M3, 0)
+    n = h.dim("%wd", M3, 1)
+    ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
+                h.flat("%wd", M3), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]), R, d, n,
+                "moe_gemm_up_gather")
+    return h.text()
+
+
+def host_shared_expert():
+    h = Host("shared_expert", [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]),
+                               ("act", "i32"), ("y", M2["bf16"]), ("h", M2["bf16"])])
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    m = h.dim("%wd", M2["bf16"], 0)
+    offs, poffs = single_offsets(h, T)
+    ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
+                h.flat("%wd", M2["bf16"]), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]),
+                T, d, m, "moe_gemm_up_rows")
+    h.dealloc(offs, "i32")
+    h.dealloc(poffs, "i32")
+    return h.text()
+
+
+def host_combine():
+    h = Host("combine", [("y", M2["bf16"]), ("weights", M2["f32"]), ("rows", M2["i32"]),
+                         ("out", M2["bf16"])])
+    one = h.c(1)
+    T = h.dim("%weights", M2["f32"], 0)
+    k = h.dim("%weights", M2["f32"], 1)
+    d = h.dim("%y", M2["bf16"], 1)
+    h.launch("moe_gather_sum", T, one, one,
+             [(h.flat("%y", M2["bf16"]), BF16V), (h.flat("%rows", M2["i32"]), I32V),
+              (h.flat("%weights", M2["f32"]), F32V), (h.c(1, "i1"), "i1"), (T, IDX), (k, IDX),
+              (d, IDX), (h.flat("%out", M2["bf16"]), BF16V)])
+    return h.text()
+
+
+def ffn_backward(h, x, dout, ids, offs, poffs, E, wguf, wdf, hf, wrow, M, d, n, ldt, dxe,
+                 dwguf, dwdf, dspart, nt, experts):
+    """dA (+ dSwiGLU, dS), dX_e, dW_down, dW_gate_up of one grouped FFN."""
+    e = h.e
+    one = h.c(1)
+    two_n = e.mul(n, h.c(2))
+    dh = h.alloc(e.mul(M, two_n), "bf16")
+    dht = h.alloc(e.mul(two_n, ldt), "bf16")
+    wat = h.alloc(e.mul(n, ldt), "bf16")
+    kernel = "moe_gemm_dact_gather" if experts else "moe_gemm_dact_rows"
+    values = dict(offsets=offs, num_experts=E, amat=dout, lda=d, bmat=wdf, ldb=d, dim_m=M,
+                  dim_n=n, dim_k=d, hsaved=hf, poffsets=poffs, ldt=ldt, dh=dh, dht=dht, wat=wat)
+    if experts:
+        values.update(ids=ids, wrow=wrow, dspart=dspart, num_ntiles=nt)
+    h.launch(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN), one, gemm_args(h, kernel, values),
+             LAUNCH_SMEM_BYTES)
+    h.launch("moe_gemm_rows_k_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
+             gemm_args(h, "moe_gemm_rows_k_bf16", dict(
+                 offsets=offs, num_experts=E, amat=dh, lda=two_n, bmat=wguf, ldb=two_n,
+                 dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)), LAUNCH_SMEM_BYTES)
+    wk = "moe_gemm_wgrad_gather" if experts else "moe_gemm_wgrad_rows"
+    values = dict(offsets=offs, poffsets=poffs, num_experts=E, amat=wat, lda=ldt, bmat=dout,
+                  ldb=d, dim_m=n, dim_n=d, dim_k=h.c(0), cout=dwdf, ldc=d)
+    if experts:
+        values["bids"] = ids
+    h.launch(wk, h.ceil(n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values), LAUNCH_SMEM_BYTES)
+    wk = wk + "_t"
+    values.update(amat=dht, bmat=x, dim_m=two_n, cout=dwguf, ldc=two_n)
+    h.launch(wk, h.ceil(two_n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values), LAUNCH_SMEM_BYTES)
+    h.dealloc(dh, "bf16")
+    h.dealloc(dht, "bf16")
+    h.dealloc(wat, "bf16")
+
+
+def round8(h, v):
+    e = h.e
+    return e.mul(h.ceil(v, 8), h.c(8))
+
+
+def host_expert_combine_grad():
+    h = Host("expert_combine_grad", [
+        ("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V), ("rows", M2["i32"]),
+        ("weights", M2["f32"]), ("wgu", M3), ("wd", M3), ("h", M2["bf16"]), ("dout", M2["bf16"]),
+        ("act", "i32"), ("dx", M2["bf16"]), ("d_weights", M2["f32"]), ("d_wgu", M3), ("d_wd", M3)])
+    e = h.e
+    one = h.c(1)
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    k = h.dim("%rows", M2["i32"], 1)
+    Tk = e.mul(T, k)
+    R = h.dim("%token_ids", I32V, 0)
+    E = h.dim("%wd", M3, 0)
+    n = h.dim("%wd", M3, 1)
+    rowsf, wf = h.flat("%rows", M2["i32"]), h.flat("%weights", M2["f32"])
+    wrow = h.alloc(h.grid(R), "f32")
+    h.launch("moe_scatter_weights", h.ceil(Tk, THREADS), one, one,
+             [(wf, F32V), (rowsf, I32V), (Tk, IDX), (wrow, F32V)])
+    poffs = h.alloc(e.add(E, one), "i32")
+    h.launch("moe_padded_offsets", one, one, one, [("%offsets", I32V), (E, IDX), (poffs, I32V)])
+    ldt = e.add(round8(h, R), e.mul(E, h.c(8)))
+    nt = h.ceil(n, BN)
+    dspart = h.alloc(h.grid(e.mul(R, nt)), "f32")
+    dxe = h.alloc(e.mul(R, d), "bf16")
+    ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dout", M2["bf16"]), "%token_ids",
+                 "%offsets", poffs, E, h.flat("%wgu", M3), h.flat("%wd", M3),
+                 h.flat("%h", M2["bf16"]), wrow, R, d, n, ldt, dxe, h.flat("%d_wgu", M3),
+                 h.flat("%d_wd", M3), dspart, nt, True)
+    h.launch("moe_dweights", h.ceil(Tk, THREADS), one, one,
+             [(dspart, F32V), (rowsf, I32V), (Tk, IDX), (nt, IDX),
+              (h.flat("%d_weights", M2["f32"]), F32V)])
+    h.launch("moe_gather_sum", T, one, one,
+             [(dxe, BF16V), (rowsf, I32V), (wrow, F32V), (h.c(0, "i1"), "i1"), (T, IDX),
+              (k, IDX), (d, IDX), (h.flat("%dx", M2["bf16"]), BF16V)])
+    for buf, ty in ((dxe, "bf16"), (dspart, "f32"), (poffs, "i32"), (wrow, "f32")):
+        h.dealloc(buf, ty)
+    return h.text()
+
+
+def host_shared_expert_grad():
+    h = Host("shared_expert_grad", [
+        ("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]), ("h", M2["bf16"]),
+        ("dy", M2["bf16"]), ("act", "i32"), ("dx", M2["bf16"]), ("d_wgu", M2["bf16"]),
+        ("d_wd", M2["bf16"])])
+    e = h.e
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    m = h.dim("%wd", M2["bf16"], 0)
+    offs, poffs = single_offsets(h, T)
+    ldt = e.add(round8(h, T), h.c(8))
+    ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dy", M2["bf16"]), None, offs, poffs,
+                 h.c(1), h.flat("%wgu", M2["bf16"]), h.flat("%wd", M2["bf16"]),
+                 h.flat("%h", M2["bf16"]), None, T, d, m, ldt, h.flat("%dx", M2["bf16"]),
+                 h.flat("%d_wgu", M2["bf16"]), h.flat("%d_wd", M2["bf16"]), None, None, False)
+    h.dealloc(offs, "i32")
+    h.dealloc(poffs, "i32")
+    return h.text()
+
+
+def host_router_grad():
+    h = Host("router_grad", [
+        ("x", M2["bf16"]), ("wr", M2["bf16"]), ("logits", M2["f32"]), ("experts", M2["i32"]),
+        ("d_weights", M2["f32"]), ("d_logits", M2["f32"]), ("scoring", "i32"),
+        ("renormalize", "i1"), ("scaling", "f32"), ("dx", M2["bf16"]), ("d_wr", M2["bf16"])])
+    e = h.e
+    one = h.c(1)
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    E = h.dim("%wr", M2["bf16"], 1)
+    k = h.dim("%experts", M2["i32"], 1)
+    ldt = e.add(round8(h, T), h.c(8))
+    dl = h.alloc(h.grid(e.mul(T, E)), "bf16")
+    dlt = h.alloc(e.mul(E, ldt), "bf16")
+    has = e.cmp("ugt", h.dim("%d_logits", M2["f32"], 0), h.c(0))
+    h.launch("moe_router_grad_logits", h.ceil(T, THREADS), one, one,
+             [(h.flat("%logits", M2["f32"]), F32V), (h.flat("%experts", M2["i32"]), I32V),
+              (h.flat("%d_weights", M2["f32"]), F32V), (h.flat("%d_logits", M2["f32"]), F32V),
+              (has, "i1"), (T, IDX), (E, IDX), (k, IDX), ("%scoring", "i32"),
+              ("%renormalize", "i1"), ("%scaling", "f32"), (dl, BF16V), (dlt, BF16V),
+              (ldt, IDX)])
+    offs, poffs = single_offsets(h, T)
+    xf = h.flat("%x", M2["bf16"])
+    wrf = h.flat("%wr", M2["bf16"])
+    h.launch("moe_gemm_rows_k_bf16", e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
+             gemm_args(h, "moe_gemm_rows_k_bf16", dict(
+                 offsets=offs, num_experts=one, amat=dl, lda=E, bmat=wrf, ldb=E, dim_m=T,
+                 dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)), LAUNCH_SMEM_BYTES)
+    h.launch("moe_gemm_wgrad_rows_t", h.ceil(E, BM), h.ceil(d, BN), one,
+             gemm_args(h, "moe_gemm_wgrad_rows_t", dict(
+                 offsets=offs, poffsets=poffs, num_experts=one, amat=dlt, lda=ldt, bmat=xf,
+                 ldb=d, dim_m=E, dim_n=d, dim_k=h.c(0), cout=h.flat("%d_wr", M2["bf16"]),
+                 ldc=E)), LAUNCH_SMEM_BYTES)
+    for buf, ty in ((dl, "bf16"), (dlt, "bf16"), (offs, "i32"), (poffs, "i32")):
+        h.dealloc(buf, ty)
+    return h.text()
+
+
+def host_add():
+    h = Host("add", [("a", BF16V), ("b", BF16V), ("out", BF16V)])
+    one = h.c(1)
+    N = h.dim("%a", BF16V, 0)
+    h.launch("moe_add", h.ceil(N, THREADS), one, one,
+             [("%a", BF16V), ("%b", BF16V), ("%out", BF16V), (N, IDX)])
+    return h.text()
+
+
+def main():
+    out = ["// GENERATED by gen_gpu_library.py; do not edit. The sm_90a kernels and host functions",
+           "// of the GPU path (docs/gpu-path.md).",
+           "module attributes {gpu.container_module} {",
+           "  gpu.module @moe_kernels {"]
+    for g in GEMMS:
+        out.append(gen_gemm(g))
+    out += SIMPLE
+    out.append(DEVICE_FUNCS)
+    out.append("  }")
+    for fn in (host_router, host_dispatch, host_expert_ffn, host_combine, host_shared_expert,
+               host_expert_combine_grad, host_shared_expert_grad, host_router_grad, host_add):
+        out.append(fn())
+    out.append("}")
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

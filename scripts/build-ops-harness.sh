@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds gpu-inputs/ops/ops.o (needs LLVM/MLIR 22 and ptxas): the GPU library with a
+# C-interface wrapper per host function, for scripts/gpu-ops-check.sh on a GPU machine.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=/usr/lib/llvm-22/bin
+dir="$root/gpu-inputs/ops"
+mkdir -p "$dir"
+export PATH="$PATH:/usr/local/cuda/bin"
+python3 "$root/test/GPU/gen_ops_harness.py" "$root/lib/Conversion/MoEToGPU/MoEGPULibrary.mlir" >"$dir/ops.mlir"
+"$bin/mlir-opt" "$dir/ops.mlir" --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=bin opt-level=3" -o "$dir/ops.llvm.mlir"
+"$bin/mlir-translate" --mlir-to-llvmir "$dir/ops.llvm.mlir" -o "$dir/ops.ll"
+"$bin/llc" -O2 -filetype=obj -relocation-model=pic "$dir/ops.ll" -o "$dir/ops.o"
+rm -f "$dir/ops.llvm.mlir" "$dir/ops.ll"
+ls -la "$dir"

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Op-level checks of the GPU library on an H200 (CUDA 13, CMake, ninja, torch; no LLVM).
+#   Here (LLVM 22 machine):  bash scripts/build-ops-harness.sh      -> gpu-inputs/ops/ops.o
+#   GPU machine:             bash scripts/gpu-ops-check.sh [--quick] [--sanitize]
+# Builds runtime/ standalone, links gpu-inputs/ops/ops.o with libmoe_runtime into ops.so,
+# runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
+# --sanitize the quick checks under compute-sanitizer memcheck and racecheck.
+# Logs to $OUT (default /tmp/moe-gpu-out).
+set -u -o pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-/tmp/moe-gpu-out}
+build=${MOE_RUNTIME_BUILD_DIR:-/tmp/moe-runtime-build}
+mkdir -p "$out"
+export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
+export PYTHONUNBUFFERED=1
+quick=""
+sanitize=0
+for arg in "$@"; do
+  case "$arg" in
+  --quick) quick=--quick ;;
+  --sanitize) sanitize=1 ;;
+  *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+log="$out/ops.log"
+{
+  echo "date: $(date -u +%FT%TZ) commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
+} >"$log"
+if [ ! -f "$build/lib/libmoe_runtime.so" ]; then
+  cmake -G Ninja -S "${MOE_RUNTIME_SRC:-$root/runtime}" -B "$build" -DCMAKE_BUILD_TYPE=Release >>"$log" 2>&1 &&
+    ninja -C "$build" moe_runtime >>"$log" 2>&1 || { echo "FAIL runtime build" | tee -a "$log"; exit 1; }
+fi
+so="$build/ops.so"
+g++ -shared -o "$so" "$root/gpu-inputs/ops/ops.o" -L"$build/lib" -lmoe_runtime \
+  -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link ops.so" | tee -a "$log"; exit 1; }
+status=0
+timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$out/ops.json" \
+  2>&1 | tee -a "$log" || status=1
+if [ "$sanitize" = 1 ]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool (quick: small shapes)" | tee -a "$log"
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 "$root/test/GPU/ops_check.py" --lib "$so" --quick --only ffn-small \
+      >"$out/sanitize-$tool.log" 2>&1
+    rc=$?
+    tail -3 "$out/sanitize-$tool.log" | tee -a "$log"
+    [ $rc -eq 0 ] || { echo "FAIL $tool rc=$rc" | tee -a "$log"; status=1; }
+  done
+fi
+exit $status

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Writes ops_harness.mlir: the GPU library plus one C-interface wrapper per host function,
+so bench-free op checks (ops_check.py) can call each host function from PyTorch.
+
+    python3 test/GPU/gen_ops_harness.py lib/Conversion/MoEToGPU/MoEGPULibrary.mlir > ops.mlir
+
+Scalars cross the C interface as i64 (flags, enums) or f32, and are converted inside.
+"""
+import sys
+
+B2, F2, I2 = "memref<?x?xbf16>", "memref<?x?xf32>", "memref<?x?xi32>"
+B3 = "memref<?x?x?xbf16>"
+I1, F1, BF1 = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
+
+# name: [(arg, type)] in host-function order; "i32"/"i1" scalars become i64 at the boundary.
+OPS = {
+    "router": [("x", B2), ("wr", B2), ("bias", F1), ("scoring", "i32"), ("renormalize", "i1"),
+               ("num_groups", "index"), ("topk_groups", "index"), ("scaling", "f32"),
+               ("weights", F2), ("experts", I2), ("logits", F2)],
+    "dispatch": [("experts", I2), ("token_ids", I1), ("offsets", I1), ("rows", I2)],
+    "expert_ffn": [("x", B2), ("token_ids", I1), ("offsets", I1), ("wgu", B3), ("wd", B3),
+                   ("act", "i32"), ("y", B2), ("h", B2)],
+    "combine": [("y", B2), ("weights", F2), ("rows", I2), ("out", B2)],
+    "shared_expert": [("x", B2), ("wgu", B2), ("wd", B2), ("act", "i32"), ("y", B2), ("h", B2)],
+    "expert_combine_grad": [("x", B2), ("token_ids", I1), ("offsets", I1), ("rows", I2),
+                            ("weights", F2), ("wgu", B3), ("wd", B3), ("h", B2), ("dout", B2),
+                            ("act", "i32"), ("dx", B2), ("d_weights", F2), ("d_wgu", B3),
+                            ("d_wd", B3)],
+    "shared_expert_grad": [("x", B2), ("wgu", B2), ("wd", B2), ("h", B2), ("dy", B2),
+                           ("act", "i32"), ("dx", B2), ("d_wgu", B2), ("d_wd", B2)],
+    "router_grad": [("x", B2), ("wr", B2), ("logits", F2), ("experts", I2), ("d_weights", F2),
+                    ("d_logits", F2), ("scoring", "i32"), ("renormalize", "i1"),
+                    ("scaling", "f32"), ("dx", B2), ("d_wr", B2)],
+    "add": [("a", BF1), ("b", BF1), ("out", BF1)],
+}
+
+
+def wrapper(name, args):
+    params, conv, call_args, call_types = [], [], [], []
+    for a, t in args:
+        if t in ("i32", "i1"):
+            params.append(f"%{a}_i64: i64")
+            if t == "i32":
+                conv.append(f"    %{a} = arith.trunci %{a}_i64 : i64 to i32")
+            else:
+                conv.append(f"    %{a} = arith.cmpi ne, %{a}_i64, %zero : i64")
+        else:
+            params.append(f"%{a}: {t}")
+        call_args.append(f"%{a}")
+        call_types.append(t)
+    lines = [f"  func.func @op_{name}({', '.join(params)}) attributes {{llvm.emit_c_interface}} {{",
+             "    %zero = arith.constant 0 : i64"] + conv + [
+        "    %t0 = gpu.wait async",
+        f"    %t1 = func.call @__moe_gpu_{name}(%t0, {', '.join(call_args)}) : "
+        f"(!gpu.async.token, {', '.join(call_types)}) -> !gpu.async.token",
+        "    gpu.wait [%t1]",
+        "    return",
+        "  }"]
+    return "\n".join(lines)
+
+
+def main():
+    lib = open(sys.argv[1]).read().rstrip()
+    assert lib.endswith("}")
+    body = lib[:-1]
+    wrappers = "\n".join(wrapper(n, a) for n, a in OPS.items())
+    sys.stdout.write(body + wrappers + "\n}\n")
+
+
+if __name__ == "__main__":
+    main()

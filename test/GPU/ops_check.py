@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Checks every host function of the GPU library (docs/gpu-path.md section 1) on the GPU
+against an fp32 PyTorch reference, op by op, on random data.
+
+    python3 test/GPU/ops_check.py --lib build/ops.so [--quick] [--json out.json]
+
+The library is ops_harness.mlir (gen_ops_harness.py) lowered by moe-opt/mlir-opt, translated
+to an object and linked with libmoe_runtime into a shared library. Tolerances: BENCH.md
+(relative Frobenius error 1e-2 for forward outputs, 2e-2 for gradients; NaN never passes).
+"""
+import argparse
+import ctypes
+import json
+import sys
+
+import torch
+
+DEV = "cuda"
+RESULTS = []
+
+
+class Desc(ctypes.Structure):
+    pass
+
+
+def desc_type(rank):
+    class D(ctypes.Structure):
+        _fields_ = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
+                    ("offset", ctypes.c_int64), ("sizes", ctypes.c_int64 * rank),
+                    ("strides", ctypes.c_int64 * rank)]
+    return D
+
+
+_DESCS = {r: desc_type(r) for r in (1, 2, 3)}
+
+
+def desc(t):
+    assert t.is_contiguous() and t.device.type == "cuda"
+    d = _DESCS[t.dim()]()
+    d.allocated = d.aligned = t.data_ptr()
+    d.offset = 0
+    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+        d.sizes[i] = s
+        d.strides[i] = st
+    return ctypes.pointer(d)
+
+
+class Lib:
+    def __init__(self, path):
+        self.so = ctypes.CDLL(path)
+        self.so.moeGetLastStatus.restype = ctypes.c_int
+        self.so.moeGetLastErrorMessage.restype = ctypes.c_char_p
+
+    def call(self, name, *args):
+        conv = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                conv.append(desc(a))
+            elif isinstance(a, float):
+                conv.append(ctypes.c_float(a))
+            else:
+                conv.append(ctypes.c_int64(int(a)))
+        self.so.moeClearLastError()
+        getattr(self.so, "_mlir_ciface_op_" + name)(*conv)
+        torch.cuda.synchronize()
+        status = self.so.moeGetLastStatus()
+        if status:
+            raise RuntimeError(f"{name}: status {status}: {self.so.moeGetLastErrorMessage()}")
+
+
+def rel(ours, ref):
+    ours, ref = ours.float(), ref.float()
+    if torch.isnan(ours).any():
+        return float("nan")
+    den = ref.norm().item()
+    num = (ours - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+def check(name, value, tol):
+    ok = value == value and value <= tol
+    RESULTS.append({"check": name, "value": value, "tol": tol, "ok": ok})
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {value:.3e} (tol {tol:.0e})", flush=True)
+    return ok
+
+
+def check_exact(name, ours, ref):
+    ok = torch.equal(ours.cpu(), ref.cpu())
+    bad = int((ours.cpu() != ref.cpu()).sum()) if ours.shape == ref.shape else -1
+    RESULTS.append({"check": name, "mismatches": bad, "ok": ok})
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {bad} mismatches", flush=True)
+    return ok
+
+
+def bf(*shape, std=1.0):
+    return (torch.randn(*shape, device=DEV) * std).to(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- references
+
+def ref_scores(logits, scoring):
+    return torch.softmax(logits, -1) if scoring == 0 else torch.sigmoid(logits)
+
+
+def ref_select(c, k, G, TG):
+    T, E = c.shape
+    if G > 1:
+        size = E // G
+        grp = c.view(T, G, size)
+        gs = grp.topk(min(2, size), dim=-1).values.sum(-1)
+        keep = torch.zeros(T, G, dtype=torch.bool, device=c.device)
+        keep.scatter_(1, gs.topk(TG, dim=-1).indices, True)
+        c = c.masked_fill(~keep.repeat_interleave(size, 1), float("-inf"))
+    return c.topk(k, dim=-1).indices.to(torch.int32)
+
+
+def ref_dispatch(experts, E):
+    flat = experts.flatten().long()
+    order = torch.sort(flat, stable=True).indices
+    k = experts.shape[1]
+    token_ids = (order // k).to(torch.int32)
+    counts = torch.bincount(flat, minlength=E)
+    offsets = torch.zeros(E + 1, dtype=torch.int32, device=experts.device)
+    offsets[1:] = torch.cumsum(counts, 0).to(torch.int32)
+    rows = torch.empty_like(flat, dtype=torch.int32)
+    rows[order] = torch.arange(flat.numel(), dtype=torch.int32, device=experts.device)
+    return token_ids, offsets, rows.view_as(experts)
+
+
+def ref_ffn(x, token_ids, offsets, wgu, wd):
+    """fp32 grouped SwiGLU FFN on the queues: returns y [R,d], h [R,2n]."""
+    R = token_ids.numel()
+    n = wd.shape[1]
+    y = torch.zeros(R, x.shape[1], device=x.device)
+    h = torch.zeros(R, 2 * n, device=x.device)
+    for e in range(wgu.shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        if hi == lo:
+            continue
+        xe = x[token_ids[lo:hi].long()]
+        he = xe @ wgu[e]
+        a = torch.nn.functional.silu(he[:, :n]) * he[:, n:]
+        h[lo:hi] = he
+        y[lo:hi] = a @ wd[e]
+    return y, h
+
+
+# --------------------------------------------------------------------------- checks
+
+def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=False):
+    tag = f"router T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
+    x, wr = bf(T, d), bf(d, E, std=0.02)
+    b = (torch.rand(E, device=DEV) * 0.1) if bias else torch.empty(0, device=DEV)
+    w = torch.empty(T, k, device=DEV)
+    ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lg = torch.empty(T, E, device=DEV)
+    lib.call("router", x, wr, b, scoring, int(renorm), G, TG, float(scaling), w, ex, lg)
+    ref_lg = x.float() @ wr.float()
+    ok = check(f"{tag} logits", rel(lg, ref_lg), 1e-2)
+    s = ref_scores(lg, scoring)  # our logits, so selection ties cannot differ
+    c = s + (b if bias else 0)
+    ref_ex = ref_select(c, k, G, TG)
+    ok &= check_exact(f"{tag} experts", torch.sort(ex, 1).values, torch.sort(ref_ex, 1).values)
+    u = torch.gather(s, 1, ex.long())
+    if renorm:
+        u = u / u.sum(1, keepdim=True)
+    ok &= check(f"{tag} weights", rel(w, u * scaling), 1e-5)
+    return ok
+
+
+def run_dispatch(lib, T, k, E, mode):
+    tag = f"dispatch T={T} k={k} E={E} {mode}"
+    if mode == "random":
+        ex = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    elif mode == "skewed":  # experts E/2.. get nothing
+        ex = torch.stack([torch.randperm(max(k, E // 2), device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    else:  # all-to-one: every token's first pick is expert 0
+        ex = torch.stack([torch.cat([torch.zeros(1, dtype=torch.long, device=DEV),
+                                     1 + torch.randperm(E - 1, device=DEV)[:k - 1]])
+                          for _ in range(T)]).to(torch.int32)
+    R = T * k
+    tid = torch.empty(R, dtype=torch.int32, device=DEV)
+    off = torch.empty(E + 1, dtype=torch.int32, device=DEV)
+    rows = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lib.call("dispatch", ex, tid, off, rows)
+    rt, ro, rr = ref_dispatch(ex, E)
+    ok = check_exact(f"{tag} offsets", off, ro)
+    ok &= check_exact(f"{tag} token_ids", tid, rt)
+    ok &= check_exact(f"{tag} rows", rows, rr)
+    return ok, ex, tid, off, rows
+
+
+def run_ffn(lib, T, d, n, E, k, mode, grads=True):
+    tag = f"experts T={T} d={d} n={n} E={E} k={k} {mode}"
+    ok, ex, tid, off, rows = run_dispatch(lib, T, k, E, mode)
+    R = T * k
+    x = bf(T, d)
+    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(R, 2 * n, dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)
+    ry, rh = ref_ffn(x.float(), tid, off, wgu.float(), wd.float())
+    ok &= check(f"{tag} h", rel(h, rh), 1e-2)
+    ok &= check(f"{tag} y", rel(y, ry), 1e-2)
+    w = torch.rand(T, k, device=DEV)
+    out = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    lib.call("combine", y, w, rows, out)
+    rout = (ry[rows.long()] * w[..., None]).sum(1)
+    ok &= check(f"{tag} combine", rel(out, rout), 1e-2)
+    # determinism
+    out2 = torch.empty_like(out)
+    lib.call("combine", y, w, rows, out2)
+    ok &= check_exact(f"{tag} combine bitwise", out2.view(torch.int16), out.view(torch.int16))
+    if not grads:
+        return ok
+    dout = bf(T, d)
+    dx = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    dw = torch.empty(T, k, device=DEV)
+    dwgu = torch.empty_like(wgu)
+    dwd = torch.empty_like(wd)
+    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx, dw, dwgu, dwd)
+    # fp32 autograd reference on the same queues and weights
+    xr = x.float().requires_grad_()
+    wgur = wgu.float().requires_grad_()
+    wdr = wd.float().requires_grad_()
+    wr_ = w.clone().requires_grad_()
+    yy = []
+    for e in range(E):
+        lo, hi = int(off[e]), int(off[e + 1])
+        he = xr[tid[lo:hi].long()] @ wgur[e]
+        a = torch.nn.functional.silu(he[:, :n]) * he[:, n:]
+        yy.append(a @ wdr[e])
+    yall = torch.cat(yy)
+    o = (yall[rows.long()] * wr_[..., None]).sum(1)
+    (o * dout.float()).sum().backward()
+    ok &= check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
+    ok &= check(f"{tag} d_weights", rel(dw, wr_.grad), 2e-2)
+    ok &= check(f"{tag} d_w_gate_up", rel(dwgu, wgur.grad), 2e-2)
+    ok &= check(f"{tag} d_w_down", rel(dwd, wdr.grad), 2e-2)
+    dx2 = torch.empty_like(dx)
+    dwgu2 = torch.empty_like(dwgu)
+    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx2, dw, dwgu2, dwd)
+    ok &= check_exact(f"{tag} backward bitwise", torch.cat([dx2.flatten(), dwgu2.flatten()]).view(torch.int16),
+                      torch.cat([dx.flatten(), dwgu.flatten()]).view(torch.int16))
+    return ok
+
+
+def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling):
+    tag = f"router_grad T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
+    x, wr = bf(T, d), bf(d, E, std=0.02)
+    logits = x.float() @ wr.float()
+    ex = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    dw = torch.randn(T, k, device=DEV)
+    dl_in = torch.randn(T, E, device=DEV) * 0.1
+    dx = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    dwr = torch.empty(d, E, dtype=torch.bfloat16, device=DEV)
+    lib.call("router_grad", x, wr, logits, ex, dw, dl_in, scoring, int(renorm), float(scaling), dx, dwr)
+    xr = x.float().requires_grad_()
+    wrr = wr.float().requires_grad_()
+    lg = xr @ wrr
+    s = ref_scores(lg, scoring)
+    u = torch.gather(s, 1, ex.long())
+    if renorm:
+        u = u / u.sum(1, keepdim=True)
+    ((u * scaling * dw).sum() + (lg * dl_in).sum()).backward()
+    ok = check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
+    ok &= check(f"{tag} d_w_router", rel(dwr, wrr.grad), 2e-2)
+    return ok
+
+
+def run_shared(lib, T, d, m):
+    tag = f"shared T={T} d={d} m={m}"
+    x = bf(T, d)
+    wgu, wd = bf(d, 2 * m, std=0.02), bf(m, d, std=0.02)
+    y = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(T, 2 * m, dtype=torch.bfloat16, device=DEV)
+    lib.call("shared_expert", x, wgu, wd, 0, y, h)
+    xr = x.float().requires_grad_()
+    wgur, wdr = wgu.float().requires_grad_(), wd.float().requires_grad_()
+    hr = xr @ wgur
+    yr = (torch.nn.functional.silu(hr[:, :m]) * hr[:, m:]) @ wdr
+    ok = check(f"{tag} h", rel(h, hr.detach()), 1e-2)
+    ok &= check(f"{tag} y", rel(y, yr.detach()), 1e-2)
+    dy = bf(T, d)
+    (yr * dy.float()).sum().backward()
+    dx = torch.empty_like(x)
+    dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
+    lib.call("shared_expert_grad", x, wgu, wd, h, dy, 0, dx, dwgu, dwd)
+    ok &= check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
+    ok &= check(f"{tag} d_w_gate_up", rel(dwgu, wgur.grad), 2e-2)
+    ok &= check(f"{tag} d_w_down", rel(dwd, wdr.grad), 2e-2)
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    lib = Lib(args.lib)
+    steps = [
+        ("add", lambda: check("add", rel(*add_case(lib)), 1e-2)),
+        ("dispatch", lambda: run_dispatch(lib, 37, 2, 5, "random")[0]),
+        ("ffn-small", lambda: run_ffn(lib, 37, 128, 128, 4, 2, "random")),
+        ("ffn-tail", lambda: run_ffn(lib, 37, 256, 192, 5, 2, "skewed")),
+        ("ffn-one", lambda: run_ffn(lib, 1, 128, 64, 4, 2, "random")),
+        ("router", lambda: run_router(lib, 37, 128, 8, 2, 0, True)),
+        ("router-groups", lambda: run_router(lib, 37, 256, 16, 4, 1, True, 4, 2, 2.5, True)),
+        ("router-grad", lambda: run_router_grad(lib, 37, 128, 8, 2, 0, True, 1.0)),
+        ("router-grad-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5)),
+        ("shared", lambda: run_shared(lib, 37, 256, 128)),
+    ]
+    if not args.quick:
+        steps += [
+            ("ffn-all-to-one", lambda: run_ffn(lib, 1000, 1536, 704, 8, 2, "all-to-one")),
+            ("ffn-odd", lambda: run_ffn(lib, 1000, 1536, 704, 8, 2, "random")),
+            ("router-big", lambda: run_router(lib, 1000, 1536, 64, 8, 0, False)),
+            ("shared-big", lambda: run_shared(lib, 1000, 1536, 704)),
+        ]
+    failed = 0
+    for name, fn in steps:
+        if args.only and args.only not in name:
+            continue
+        try:
+            if not fn():
+                failed += 1
+        except Exception as exc:  # keep going: one broken op must not hide the others
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}", flush=True)
+            RESULTS.append({"check": name, "error": str(exc), "ok": False})
+    n_ok = sum(1 for r in RESULTS if r["ok"])
+    print(f"{n_ok} passed, {len(RESULTS) - n_ok} failed")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(RESULTS, f, indent=1)
+    return 1 if failed or n_ok != len(RESULTS) else 0
+
+
+def add_case(lib):
+    a, b = bf(4096), bf(4096)
+    out = torch.empty_like(a)
+    lib.call("add", a, b, out)
+    return out, a.float() + b.float()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""bench/bench.py as a dry run on bench/emulate.py's stand-in (CPU): the table, the JSON, and
+skipping a configuration whose files are missing. Skipped without torch (CI has none)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import bench  # noqa: E402
+import emulate  # noqa: E402
+from moe_mlir.config import LayerConfig  # noqa: E402
+
+
+def test_dry_run(tmp_path, capsys):
+    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+                        str(tmp_path / "mixtral-8x7b"))
+    rc = bench.main(["--emulate", "--device", "cpu", "--layers-dir", str(tmp_path),
+                     "--ceiling-size", "64", "--iters", "5", "--warmup", "1", "--no-hf",
+                     "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "SKIP olmoe-1b-7b" in out and "1 passed, 0 failed" in out
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    mixtral = report["configs"][0]
+    assert mixtral["ours"]["check"]["ok"]
+    assert len(mixtral["ours"]["times_ms"]) == 5
+    assert mixtral["floor_saved_bytes"] == 2 * 64 * 64 + 4 * 64 * 2 * 32 + 12 * 64 * 2
+    assert mixtral["useful_flops"] == 18.0 * 64 * 2 * 64 * 32 + 6.0 * 64 * 64 * 8
+
+
+def test_iters_below_five_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--iters", "3"])

@@ -60,4 +60,114 @@ def ConvertMoEToLinalg : Pass<"convert-moe-to-linalg", "::mlir::ModuleOp"> {
   ];
 }
 
+def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
+  let summary = "lower the training forward and backward to calls of GPU host functions on device memrefs";
+  let description = [{
+    The sm_90a path (docs/gpu-path.md section 1). Runs after
+    `moe-decompose` and `moe-generate-backward`. Every function on tensors
+    becomes a host function on device memrefs (identity layout, the same
+    static shapes): tensor arguments become memref arguments and results
+    become trailing out-parameters. Every moe op becomes a `func.call` of a
+    `__moe_gpu_*` host function of the embedded library
+    `lib/Conversion/MoEToGPU/MoEGPULibrary.mlir` (memrefs cast to dynamic
+    sizes; routing and activation config as i32/i1/index/f32 scalars), and
+    `arith.addf` on bf16 tensors becomes `__moe_gpu_add` on flattened
+    memrefs. One `!gpu.async.token` is threaded through the calls, from a
+    `gpu.wait async` at entry to a `gpu.wait` before the return.
+
+    Values that are returned are written straight into their
+    out-parameter; a value returned twice, or a returned argument, is
+    copied with `gpu.memcpy async`. Other values are `gpu.alloc async`
+    before their producer and `gpu.dealloc async` after their last use. A
+    missing router bias or logits gradient is a size-0 view of another f32
+    operand of the call.
+
+    `@f_forward` (`moe.num_saved`) drops the saved values that are its own
+    arguments: backward takes the input again, and `moe.saved` on the
+    backward argument names the forward parameter. `@f` itself is dropped
+    when `@f_forward` exists (it computes the same results without the
+    saved set); a function without a training pair is converted as it is.
+
+    Each converted function records, for moe-compile's C entry points and
+    manifest, `moe.gpu.entry` (forward, backward or plain),
+    `moe.gpu.layer_name` (`f`), `moe.gpu.params` (name, role, dtype and
+    shape of every parameter), `moe.gpu.workspace_bytes` (the peak of the
+    bytes it holds in `gpu.alloc`s at once; temporaries of the library
+    functions are not counted) and, on the forward, `moe.gpu.layer` (the
+    layer configuration and which argument is which input).
+
+    The host functions the module calls, the functions they call and the
+    library's `gpu.module`s are copied into the module (existing symbols
+    are kept), and the module gets `gpu.container_module`.
+
+    ```mlir
+    %out = moe.combine %y, %w, %rows
+        : tensor<128x64xbf16>, tensor<64x2xf32>, tensor<64x2xi32> -> tensor<64x64xbf16>
+    return %out : tensor<64x64xbf16>
+    ```
+
+    becomes (inside a function that takes `%out_buf` as its out-parameter)
+
+    ```mlir
+    %t0 = gpu.wait async
+    %0 = memref.cast %y : memref<128x64xbf16> to memref<?x?xbf16>
+    %1 = memref.cast %w : memref<64x2xf32> to memref<?x?xf32>
+    %2 = memref.cast %rows : memref<64x2xi32> to memref<?x?xi32>
+    %3 = memref.cast %out_buf : memref<64x64xbf16> to memref<?x?xbf16>
+    %t1 = call @__moe_gpu_combine(%t0, %0, %1, %2, %3) : (...) -> !gpu.async.token
+    gpu.wait [%t1]
+    return
+    ```
+
+    Rejected with an error at the op, as this version cannot run them:
+    data other than bf16, dynamic shapes, activations other than swiglu, a
+    dispatch capacity factor, `moe.aux_loss(_grad)`, the unfused
+    `moe.combine_grad`/`moe.expert_ffn_grad`, offload/prefetch/checkpoint,
+    an undecomposed `moe.layer`, any other op on tensors, and `d`, `n` or
+    the shared expert's `m` not a multiple of 64.
+  }];
+  let dependentDialects = [
+    "::mlir::affine::AffineDialect",
+    "::mlir::arith::ArithDialect",
+    "::mlir::cf::ControlFlowDialect",
+    "::mlir::func::FuncDialect",
+    "::mlir::gpu::GPUDialect",
+    "::mlir::index::IndexDialect",
+    "::mlir::LLVM::LLVMDialect",
+    "::mlir::math::MathDialect",
+    "::mlir::memref::MemRefDialect",
+    "::mlir::nvgpu::NVGPUDialect",
+    "::mlir::NVVM::NVVMDialect",
+    "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect"
+  ];
+}
+
+def MoEAlignDynamicSharedMemory
+    : Pass<"moe-align-dynamic-shared-memory", "::mlir::gpu::GPUModuleOp"> {
+  let summary = "make the dynamic shared memory of lowered kernels one external, aligned array";
+  let description = [{
+    Runs on a `gpu.module` after `convert-gpu-to-nvvm` (CODEGEN.md P6).
+    `gpu.dynamic_shared_memory` lowers to an internal zero-size global
+    `@__dynamic_shmem__N` in address space 3 aligned to 16, which becomes
+    `.shared .align 16 .b8 __dynamic_shmem__0;` in PTX. 128B-swizzled TMA
+    and wgmma tiles need 1024-byte alignment, so the global becomes external
+    with the given alignment: `.extern .shared .align 1024 .b8
+    __dynamic_shmem__0[];`.
+
+    ```mlir
+    llvm.mlir.global internal @__dynamic_shmem__0()
+        {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
+    // becomes
+    llvm.mlir.global external @__dynamic_shmem__0()
+        {addr_space = 3 : i32, alignment = 1024 : i64} : !llvm.array<0 x i8>
+    ```
+  }];
+  let options = [
+    Option<"alignment", "alignment", "uint64_t", /*default=*/"1024",
+           "alignment in bytes of the dynamic shared memory">
+  ];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect"];
+}
+
 #endif // MOE_CONVERSION_PASSES_TD

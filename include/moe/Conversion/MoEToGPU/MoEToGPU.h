@@ -1,0 +1,35 @@
+//===- MoEToGPU.h - moe to GPU host functions (sm_90a path) -*- C++ -*-===//
+//
+// The attributes convert-moe-to-gpu leaves on the functions it converts,
+// which moe-compile reads to write the C entry points and the manifest.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CONVERSION_MOETOGPU_MOETOGPU_H
+#define MOE_CONVERSION_MOETOGPU_MOETOGPU_H
+
+#include "llvm/ADT/StringRef.h"
+
+namespace mlir::moe {
+
+/// "forward" (`@f_forward`), "backward" (`@f_backward`) or "plain" (a
+/// function without a training pair).
+constexpr llvm::StringLiteral kGPUEntryAttr = "moe.gpu.entry";
+/// The name of the layer function `@f`, the prefix of the C entry points.
+constexpr llvm::StringLiteral kGPULayerNameAttr = "moe.gpu.layer_name";
+/// One dictionary per parameter, in order: `name`, `role` (input, output,
+/// saved, cotangent, gradient), `dtype` (bf16, f32, i32), `shape`, and
+/// `forward_param` (saved backward parameters) or `of` (cotangents and
+/// gradients).
+constexpr llvm::StringLiteral kGPUParamsAttr = "moe.gpu.params";
+/// The peak bytes of the function's own gpu.allocs live at once (i64).
+constexpr llvm::StringLiteral kGPUWorkspaceBytesAttr =
+    "moe.gpu.workspace_bytes";
+/// On the forward: the layer configuration (T, d, n, E, k, activation,
+/// scoring, renormalize, num_groups, topk_groups, scaling_factor, has_bias,
+/// shared_n) and `inputs`, the argument holding each layer input.
+constexpr llvm::StringLiteral kGPULayerAttr = "moe.gpu.layer";
+
+} // namespace mlir::moe
+
+#endif // MOE_CONVERSION_MOETOGPU_MOETOGPU_H

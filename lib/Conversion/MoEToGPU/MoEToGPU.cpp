@@ -1,0 +1,836 @@
+//===- MoEToGPU.cpp - moe to GPU host functions (sm_90a path) -*- C++ -*-===//
+//
+// Functions on tensors become host functions on device memrefs whose moe ops
+// are calls of the host functions of the embedded library MoEGPULibrary.mlir
+// (docs/gpu-path.md section 1). Buffers are planned here: results go straight
+// into out-parameters, everything else is a gpu.alloc freed after its last
+// use, and one async token orders every call.
+//
+//===----------------------------------------------------------------------===//
+
+#include "moe/Conversion/MoEToGPU/MoEToGPU.h"
+#include "moe/Conversion/Passes.h"
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoE/IR/MoETypes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Parser/Parser.h"
+
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_CONVERTMOETOGPU
+#include "moe/Conversion/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+
+/// The text of MoEGPULibrary.mlir, embedded at build time.
+constexpr llvm::StringLiteral kGPULibrary =
+#include "MoEGPULibrary.inc"
+    ;
+
+constexpr llvm::StringLiteral kHostPrefix = "__moe_gpu_";
+/// The kernels tile d, n and m by 64.
+constexpr int64_t kTile = 64;
+
+//===----------------------------------------------------------------------===//
+// What this version runs
+//===----------------------------------------------------------------------===//
+
+bool isTensor(Type type) { return isa<TensorType, HostTensorType>(type); }
+
+bool hasTensors(Operation *op) {
+  return llvm::any_of(op->getOperandTypes(), isTensor) ||
+         llvm::any_of(op->getResultTypes(), isTensor);
+}
+
+/// The operands and results of `op` that hold bf16 data (activations and
+/// weights, as opposed to f32 routing values and i32 indices).
+SmallVector<Value> getDataValues(Operation *op) {
+  SmallVector<Value> values;
+  auto add = [&](auto range) { llvm::append_range(values, range); };
+  if (auto router = dyn_cast<RouterOp>(op))
+    add(ValueRange{router.getX(), router.getRouterWeight()});
+  else if (auto experts = dyn_cast<ExpertFFNOp>(op))
+    add(ValueRange{experts.getX(), experts.getWGateUp(), experts.getWDown(),
+                   experts.getY(), experts.getH()});
+  else if (auto shared = dyn_cast<SharedExpertOp>(op))
+    add(ValueRange{shared.getX(), shared.getWGateUp(), shared.getWDown(),
+                   shared.getY(), shared.getH()});
+  else if (auto combine = dyn_cast<CombineOp>(op))
+    add(ValueRange{combine.getY(), combine.getOut()});
+  else if (auto grad = dyn_cast<ExpertCombineGradOp>(op))
+    add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
+                   grad.getDout(), grad.getDx(), grad.getDWGateUp(),
+                   grad.getDWDown()});
+  else if (auto grad = dyn_cast<SharedExpertGradOp>(op))
+    add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
+                   grad.getDy(), grad.getDx(), grad.getDWGateUp(),
+                   grad.getDWDown()});
+  else if (auto grad = dyn_cast<RouterGradOp>(op))
+    add(ValueRange{grad.getX(), grad.getRouterWeight(), grad.getDx(),
+                   grad.getDRouterWeight()});
+  else if (isa<arith::AddFOp>(op)) {
+    add(op->getOperands());
+    add(op->getResults());
+  }
+  return values;
+}
+
+/// The sizes the kernels tile by 64, with their names: d, n, m.
+SmallVector<std::pair<StringRef, int64_t>> getTiledSizes(Operation *op) {
+  auto dim = [](Value value, unsigned i) {
+    return cast<ShapedType>(value.getType()).getDimSize(i);
+  };
+  SmallVector<std::pair<StringRef, int64_t>> sizes;
+  if (auto router = dyn_cast<RouterOp>(op))
+    sizes.push_back({"d", dim(router.getX(), 1)});
+  else if (auto grad = dyn_cast<RouterGradOp>(op))
+    sizes.push_back({"d", dim(grad.getX(), 1)});
+  else if (auto combine = dyn_cast<CombineOp>(op))
+    sizes.push_back({"d", dim(combine.getOut(), 1)});
+  else if (auto experts = dyn_cast<ExpertFFNOp>(op))
+    sizes.append(
+        {{"d", dim(experts.getX(), 1)}, {"n", dim(experts.getWDown(), 1)}});
+  else if (auto grad = dyn_cast<ExpertCombineGradOp>(op))
+    sizes.append({{"d", dim(grad.getX(), 1)}, {"n", dim(grad.getWDown(), 1)}});
+  else if (auto shared = dyn_cast<SharedExpertOp>(op))
+    sizes.append(
+        {{"d", dim(shared.getX(), 1)}, {"m", dim(shared.getWDown(), 0)}});
+  else if (auto grad = dyn_cast<SharedExpertGradOp>(op))
+    sizes.append({{"d", dim(grad.getX(), 1)}, {"m", dim(grad.getWDown(), 0)}});
+  return sizes;
+}
+
+std::optional<Activation> getActivation(Operation *op) {
+  if (auto attr = op->getAttrOfType<ActivationAttr>("activation"))
+    return attr.getValue();
+  return std::nullopt;
+}
+
+/// Emits an error at `op` if this version cannot run it on the GPU.
+LogicalResult checkSupported(Operation *op) {
+  if (isa<func::ReturnOp>(op) || !hasTensors(op))
+    return success();
+  if (isa<LayerOp>(op))
+    return op->emitError("moe.layer must be decomposed (moe-decompose) "
+                         "before convert-moe-to-gpu");
+  if (isa<AuxLossOp, AuxLossGradOp>(op))
+    return op->emitError() << op->getName()
+                           << " is not supported on the GPU path yet";
+  if (isa<CombineGradOp, ExpertFFNGradOp>(op))
+    return op->emitError()
+           << op->getName()
+           << " is not supported on the GPU path: only the fused "
+              "moe.expert_combine_grad is (moe.combine must read the expert "
+              "outputs directly)";
+  if (isa<OffloadOp, PrefetchOp, CheckpointOp>(op))
+    return op->emitError() << op->getName()
+                           << " is not supported on the GPU path yet";
+  bool isAdd = isa<arith::AddFOp>(op);
+  if (!isAdd &&
+      !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp, CombineOp,
+           ExpertCombineGradOp, SharedExpertGradOp, RouterGradOp>(op))
+    return op->emitError() << "'" << op->getName()
+                           << "' on tensors is not supported on the GPU path";
+  for (Type type :
+       llvm::concat<Type>(op->getOperandTypes(), op->getResultTypes())) {
+    auto tensor = dyn_cast<RankedTensorType>(type);
+    if (!tensor || !tensor.hasStaticShape())
+      return op->emitError("the GPU path needs static shapes, got ") << type;
+  }
+  for (Value value : getDataValues(op))
+    if (!cast<ShapedType>(value.getType()).getElementType().isBF16())
+      return op->emitError("the GPU path runs bf16 data only, got ")
+             << value.getType();
+  if (isAdd && cast<ShapedType>(op->getResult(0).getType()).getRank() == 0)
+    return op->emitError("the GPU path adds tensors of rank 1 or more");
+  if (std::optional<Activation> activation = getActivation(op);
+      activation && *activation != Activation::swiglu)
+    return op->emitError("the GPU path runs the swiglu activation only, got ")
+           << stringifyActivation(*activation);
+  if (auto dispatch = dyn_cast<DispatchOp>(op);
+      dispatch && dispatch.getCapacityFactor())
+    return op->emitError("the GPU path is dropless: a capacity factor is not "
+                         "supported");
+  for (auto [name, size] : getTiledSizes(op))
+    if (size % kTile != 0)
+      return op->emitError()
+             << "the GPU kernels need " << name << " to be a multiple of "
+             << kTile << ", got " << size;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters and their names
+//===----------------------------------------------------------------------===//
+
+StringRef dtypeName(Type type) {
+  if (type.isBF16())
+    return "bf16";
+  if (type.isF32())
+    return "f32";
+  if (type.isInteger(32))
+    return "i32";
+  return "other";
+}
+
+MemRefType getBufferType(Type type) {
+  auto tensor = cast<RankedTensorType>(type);
+  return MemRefType::get(tensor.getShape(), tensor.getElementType());
+}
+
+/// One parameter of a converted function.
+struct Param {
+  std::string name;
+  StringRef role;
+  /// "forward_param" or "of", and its value; empty when neither applies.
+  StringRef relation;
+  std::string related;
+  MemRefType type;
+
+  DictionaryAttr getAttr(MLIRContext *context) const {
+    Builder b(context);
+    SmallVector<NamedAttribute> entries = {
+        b.getNamedAttr("name", b.getStringAttr(name)),
+        b.getNamedAttr("role", b.getStringAttr(role)),
+        b.getNamedAttr("dtype",
+                       b.getStringAttr(dtypeName(type.getElementType()))),
+        b.getNamedAttr("shape", b.getDenseI64ArrayAttr(type.getShape()))};
+    if (!relation.empty())
+      entries.push_back(b.getNamedAttr(relation, b.getStringAttr(related)));
+    return b.getDictionaryAttr(entries);
+  }
+};
+
+enum class EntryKind { Forward, Backward, Plain };
+
+StringRef entryName(EntryKind kind) {
+  switch (kind) {
+  case EntryKind::Forward:
+    return "forward";
+  case EntryKind::Backward:
+    return "backward";
+  case EntryKind::Plain:
+    return "plain";
+  }
+  llvm_unreachable("unknown entry kind");
+}
+
+bool isFloatTensor(Type type) {
+  auto tensor = dyn_cast<TensorType>(type);
+  return tensor && isa<FloatType>(tensor.getElementType());
+}
+
+/// A function to convert and what its parameters are.
+struct FunctionPlan {
+  func::FuncOp func;
+  EntryKind kind = EntryKind::Plain;
+  std::string layerName;
+  SmallVector<Param> inputs;
+  /// One per result of `func`; std::nullopt for a dropped result (a saved
+  /// forward argument).
+  SmallVector<std::optional<Param>> outputs;
+};
+
+/// The `moe.saved` names of `backward`'s saved arguments, in order: the
+/// names of the forward's saved results.
+SmallVector<std::string> getSavedNames(func::FuncOp backward) {
+  SmallVector<std::string> names;
+  if (!backward)
+    return names;
+  for (unsigned i = 0, e = backward.getNumArguments(); i < e; ++i)
+    if (auto name = backward.getArgAttrOfType<StringAttr>(i, "moe.saved"))
+      names.push_back(name.str());
+  return names;
+}
+
+std::string indexed(StringRef prefix, unsigned index) {
+  return (prefix + Twine(index)).str();
+}
+
+FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
+  FunctionPlan plan;
+  plan.func = func;
+  StringRef name = func.getSymName();
+  FunctionType type = func.getFunctionType();
+  for (Type input :
+       llvm::concat<const Type>(type.getInputs(), type.getResults())) {
+    auto tensor = dyn_cast<RankedTensorType>(input);
+    if (!tensor || !tensor.hasStaticShape())
+      return func.emitError("the GPU path needs functions on statically "
+                            "shaped tensors, got ")
+             << input;
+  }
+
+  auto numSaved = func->getAttrOfType<IntegerAttr>("moe.num_saved");
+  auto gradientArgs =
+      func->getAttrOfType<DenseI64ArrayAttr>("moe.gradient_args");
+  if (numSaved && name.ends_with("_forward")) {
+    plan.kind = EntryKind::Forward;
+    plan.layerName = name.drop_back(strlen("_forward")).str();
+  } else if (gradientArgs && name.ends_with("_backward")) {
+    plan.kind = EntryKind::Backward;
+    plan.layerName = name.drop_back(strlen("_backward")).str();
+  } else {
+    plan.layerName = name.str();
+  }
+
+  auto returnOp = cast<func::ReturnOp>(func.front().getTerminator());
+  switch (plan.kind) {
+  case EntryKind::Forward: {
+    int64_t saved = numSaved.getInt();
+    int64_t original = static_cast<int64_t>(type.getNumResults()) - saved;
+    if (saved < 0 || original < 0)
+      return func.emitError("moe.num_saved exceeds the number of results");
+    SmallVector<std::string> savedNames = getSavedNames(
+        symbols.lookup<func::FuncOp>(plan.layerName + "_backward"));
+    for (auto [i, input] : llvm::enumerate(type.getInputs()))
+      plan.inputs.push_back(
+          {indexed("arg", i), "input", "", "", getBufferType(input)});
+    for (auto [i, result] : llvm::enumerate(type.getResults())) {
+      int64_t index = static_cast<int64_t>(i);
+      MemRefType bufferType = getBufferType(result);
+      if (index < original) {
+        plan.outputs.push_back(
+            Param{indexed("result", i), "output", "", "", bufferType});
+        continue;
+      }
+      // Backward takes a saved input again as the input itself.
+      if (isa<BlockArgument>(returnOp.getOperand(i))) {
+        plan.outputs.push_back(std::nullopt);
+        continue;
+      }
+      int64_t s = index - original;
+      std::string savedName = s < static_cast<int64_t>(savedNames.size())
+                                  ? savedNames[s]
+                                  : indexed("saved", static_cast<unsigned>(s));
+      plan.outputs.push_back(Param{savedName, "saved", "", "", bufferType});
+    }
+    break;
+  }
+  case EntryKind::Backward: {
+    // Cotangent j is the gradient of the j-th float result of @f.
+    SmallVector<unsigned> floatResults;
+    if (auto forward =
+            symbols.lookup<func::FuncOp>(plan.layerName + "_forward")) {
+      FunctionType forwardType = forward.getFunctionType();
+      int64_t saved = 0;
+      if (auto attr = forward->getAttrOfType<IntegerAttr>("moe.num_saved"))
+        saved = attr.getInt();
+      int64_t original =
+          static_cast<int64_t>(forwardType.getNumResults()) - saved;
+      for (int64_t i = 0; i < original; ++i)
+        if (isFloatTensor(forwardType.getResult(i)))
+          floatResults.push_back(static_cast<unsigned>(i));
+    }
+    unsigned cotangent = 0;
+    for (auto [i, input] : llvm::enumerate(type.getInputs())) {
+      MemRefType bufferType = getBufferType(input);
+      if (auto saved = func.getArgAttrOfType<StringAttr>(i, "moe.saved")) {
+        plan.inputs.push_back(
+            {saved.str(), "saved", "forward_param", saved.str(), bufferType});
+        continue;
+      }
+      unsigned of =
+          cotangent < floatResults.size() ? floatResults[cotangent] : cotangent;
+      ++cotangent;
+      plan.inputs.push_back({indexed("d_result", of), "cotangent", "of",
+                             indexed("result", of), bufferType});
+    }
+    ArrayRef<int64_t> args = gradientArgs.asArrayRef();
+    if (args.size() != type.getNumResults())
+      return func.emitError("moe.gradient_args must name one argument per "
+                            "result");
+    for (auto [i, result] : llvm::enumerate(type.getResults())) {
+      unsigned arg = static_cast<unsigned>(args[i]);
+      plan.outputs.push_back(Param{indexed("d_arg", arg), "gradient", "of",
+                                   indexed("arg", arg), getBufferType(result)});
+    }
+    break;
+  }
+  case EntryKind::Plain:
+    for (auto [i, input] : llvm::enumerate(type.getInputs()))
+      plan.inputs.push_back(
+          {indexed("arg", i), "input", "", "", getBufferType(input)});
+    for (auto [i, result] : llvm::enumerate(type.getResults()))
+      plan.outputs.push_back(
+          Param{indexed("result", i), "output", "", "", getBufferType(result)});
+    break;
+  }
+  return plan;
+}
+
+/// The layer configuration of a forward function, from its router, expert
+/// FFN and shared expert, for the manifest.
+DictionaryAttr getLayerAttr(func::FuncOp func) {
+  Builder b(func.getContext());
+  SmallVector<NamedAttribute> entries;
+  SmallVector<NamedAttribute> inputs;
+  auto addInput = [&](StringRef key, Value value) {
+    if (auto arg = dyn_cast_or_null<BlockArgument>(value))
+      inputs.push_back(b.getNamedAttr(
+          key, b.getStringAttr(indexed("arg", arg.getArgNumber()))));
+  };
+  auto dim = [](Value value, unsigned i) {
+    return cast<ShapedType>(value.getType()).getDimSize(i);
+  };
+  auto addInt = [&](StringRef key, int64_t value) {
+    entries.push_back(b.getNamedAttr(key, b.getI64IntegerAttr(value)));
+  };
+  RouterOp router;
+  ExpertFFNOp experts;
+  SharedExpertOp shared;
+  func.walk([&](Operation *op) {
+    if (auto r = dyn_cast<RouterOp>(op); r && !router)
+      router = r;
+    if (auto e = dyn_cast<ExpertFFNOp>(op); e && !experts)
+      experts = e;
+    if (auto s = dyn_cast<SharedExpertOp>(op); s && !shared)
+      shared = s;
+  });
+  if (router) {
+    RoutingAttr routing = router.getRouting();
+    addInt("T", dim(router.getX(), 0));
+    addInt("d", dim(router.getX(), 1));
+    addInt("E", dim(router.getRouterWeight(), 1));
+    addInt("k", static_cast<int64_t>(routing.getTopK()));
+    entries.push_back(b.getNamedAttr(
+        "scoring",
+        b.getStringAttr(stringifyScoringFunc(routing.getScoring()))));
+    entries.push_back(
+        b.getNamedAttr("renormalize", b.getBoolAttr(routing.getRenormalize())));
+    addInt("num_groups", routing.getNumGroups());
+    addInt("topk_groups", routing.getTopkGroups());
+    entries.push_back(b.getNamedAttr(
+        "scaling_factor", b.getF64FloatAttr(routing.getScalingFactorValue())));
+    entries.push_back(
+        b.getNamedAttr("has_bias", b.getBoolAttr(router.getBias() != nullptr)));
+    addInput("x", router.getX());
+    addInput("w_router", router.getRouterWeight());
+    addInput("bias", router.getBias());
+  }
+  if (experts) {
+    addInt("n", dim(experts.getWDown(), 1));
+    entries.push_back(b.getNamedAttr(
+        "activation",
+        b.getStringAttr(stringifyActivation(experts.getActivation()))));
+    addInput("w_gate_up", experts.getWGateUp());
+    addInput("w_down", experts.getWDown());
+  }
+  addInt("shared_n", shared ? dim(shared.getWDown(), 0) : 0);
+  if (shared) {
+    addInput("shared_w_gate_up", shared.getWGateUp());
+    addInput("shared_w_down", shared.getWDown());
+  }
+  entries.push_back(b.getNamedAttr("inputs", b.getDictionaryAttr(inputs)));
+  return b.getDictionaryAttr(entries);
+}
+
+//===----------------------------------------------------------------------===//
+// Building the host function
+//===----------------------------------------------------------------------===//
+
+class HostFunctionBuilder {
+public:
+  HostFunctionBuilder(OpBuilder &b, Location loc) : b(b), loc(loc) {}
+
+  Value token;
+  int64_t liveBytes = 0;
+  int64_t peakBytes = 0;
+
+  /// `buffer` with every size dynamic, as the library takes it.
+  Value dynamic(Value buffer) {
+    auto type = cast<MemRefType>(buffer.getType());
+    SmallVector<int64_t> shape(type.getRank(), ShapedType::kDynamic);
+    return memref::CastOp::create(
+        b, loc, MemRefType::get(shape, type.getElementType()), buffer);
+  }
+
+  /// A 1-D dynamic view of all of `buffer`.
+  Value flat(Value buffer) {
+    auto type = cast<MemRefType>(buffer.getType());
+    if (type.getRank() > 1) {
+      ReassociationIndices all =
+          llvm::to_vector(llvm::seq<int64_t>(0, type.getRank()));
+      buffer = memref::CollapseShapeOp::create(
+          b, loc, buffer, ArrayRef<ReassociationIndices>{all});
+    }
+    return dynamic(buffer);
+  }
+
+  /// A size-0 dynamic view of rank `rank` of the f32 `buffer`: the library's
+  /// "absent" for an optional operand.
+  Value empty(Value buffer, int64_t rank) {
+    SmallVector<int64_t> sizes(rank, 0);
+    SmallVector<int64_t> strides(rank, 0);
+    strides.back() = 1;
+    auto type = MemRefType::get(
+        sizes, cast<MemRefType>(buffer.getType()).getElementType());
+    Value view =
+        memref::ReinterpretCastOp::create(b, loc, type, buffer,
+                                          /*offset=*/0, sizes, strides);
+    return dynamic(view);
+  }
+
+  static int64_t getBytes(MemRefType type) {
+    return type.getNumElements() * static_cast<int64_t>(llvm::divideCeil(
+                                       type.getElementTypeBitWidth(), 8));
+  }
+
+  Value alloc(MemRefType type) {
+    auto op =
+        gpu::AllocOp::create(b, loc, type, token.getType(), ValueRange{token},
+                             ValueRange{}, ValueRange{}, /*hostShared=*/false);
+    token = op.getAsyncToken();
+    liveBytes += getBytes(type);
+    peakBytes = std::max(peakBytes, liveBytes);
+    return op.getMemref();
+  }
+
+  void dealloc(Value buffer) {
+    token = gpu::DeallocOp::create(b, loc, token.getType(), ValueRange{token},
+                                   buffer)
+                .getAsyncToken();
+    liveBytes -= getBytes(cast<MemRefType>(buffer.getType()));
+  }
+
+  void copy(Value dst, Value src) {
+    token = gpu::MemcpyOp::create(b, loc, token.getType(), ValueRange{token},
+                                  dst, src)
+                .getAsyncToken();
+  }
+
+  void call(StringRef callee, ValueRange operands) {
+    SmallVector<Value> args = {token};
+    llvm::append_range(args, operands);
+    auto op =
+        func::CallOp::create(b, loc, callee, TypeRange{token.getType()}, args);
+    token = op.getResult(0);
+  }
+
+  Value i1(bool value) {
+    return arith::ConstantIntOp::create(b, loc, b.getI1Type(), value);
+  }
+  Value i32(int64_t value) {
+    return arith::ConstantIntOp::create(b, loc, b.getI32Type(), value);
+  }
+  Value index(int64_t value) {
+    return arith::ConstantIndexOp::create(b, loc, value);
+  }
+  Value f32(double value) {
+    return arith::ConstantFloatOp::create(b, loc, b.getF32Type(),
+                                          APFloat(static_cast<float>(value)));
+  }
+
+  OpBuilder &b;
+  Location loc;
+};
+
+/// Emits the library call of `op`: its tensor operands, then scalar config,
+/// then its results, as the contract of docs/gpu-path.md lists them.
+void emitCall(Operation *op, HostFunctionBuilder &h,
+              llvm::function_ref<Value(Value)> bufferOf) {
+  SmallVector<Value> args;
+  auto operands = [&]() {
+    for (Value operand : op->getOperands())
+      args.push_back(h.dynamic(bufferOf(operand)));
+  };
+  auto results = [&]() {
+    for (Value result : op->getResults())
+      args.push_back(h.dynamic(bufferOf(result)));
+  };
+  auto activation = [&]() {
+    args.push_back(h.i32(static_cast<int32_t>(*getActivation(op))));
+  };
+  auto scoring = [&](RoutingAttr routing) {
+    return h.i32(static_cast<int32_t>(routing.getScoring()));
+  };
+
+  if (auto router = dyn_cast<RouterOp>(op)) {
+    RoutingAttr routing = router.getRouting();
+    operands();
+    if (!router.getBias())
+      args.push_back(h.empty(bufferOf(router.getWeights()), 1));
+    args.append({scoring(routing), h.i1(routing.getRenormalize()),
+                 h.index(routing.getNumGroups()),
+                 h.index(routing.getTopkGroups()),
+                 h.f32(routing.getScalingFactorValue())});
+    results();
+    h.call("__moe_gpu_router", args);
+  } else if (auto grad = dyn_cast<RouterGradOp>(op)) {
+    RoutingAttr routing = grad.getRouting();
+    operands();
+    if (!grad.getDLogits())
+      args.push_back(h.empty(bufferOf(grad.getLogits()), 2));
+    args.append({scoring(routing), h.i1(routing.getRenormalize()),
+                 h.f32(routing.getScalingFactorValue())});
+    results();
+    h.call("__moe_gpu_router_grad", args);
+  } else if (isa<DispatchOp>(op)) {
+    operands();
+    results();
+    h.call("__moe_gpu_dispatch", args);
+  } else if (isa<CombineOp>(op)) {
+    operands();
+    results();
+    h.call("__moe_gpu_combine", args);
+  } else if (isa<arith::AddFOp>(op)) {
+    for (Value value : llvm::concat<Value>(op->getOperands(), op->getResults()))
+      args.push_back(h.flat(bufferOf(value)));
+    h.call("__moe_gpu_add", args);
+  } else {
+    StringRef callee =
+        TypeSwitch<Operation *, StringRef>(op)
+            .Case([](ExpertFFNOp) { return "__moe_gpu_expert_ffn"; })
+            .Case([](SharedExpertOp) { return "__moe_gpu_shared_expert"; })
+            .Case([](ExpertCombineGradOp) {
+              return "__moe_gpu_expert_combine_grad";
+            })
+            .Case([](SharedExpertGradOp) {
+              return "__moe_gpu_shared_expert_grad";
+            });
+    operands();
+    activation();
+    results();
+    h.call(callee, args);
+  }
+}
+
+/// Replaces `plan.func` with a host function on device memrefs.
+void convertFunction(FunctionPlan &plan) {
+  func::FuncOp func = plan.func;
+  MLIRContext *context = func.getContext();
+  Block &body = func.front();
+  auto returnOp = cast<func::ReturnOp>(body.getTerminator());
+
+  SmallVector<Param> params(plan.inputs);
+  SmallVector<int> outParamOf; // result -> parameter index, or -1
+  for (const std::optional<Param> &output : plan.outputs) {
+    outParamOf.push_back(output ? static_cast<int>(params.size()) : -1);
+    if (output)
+      params.push_back(*output);
+  }
+  SmallVector<Type> paramTypes = llvm::map_to_vector(
+      params, [](const Param &param) -> Type { return param.type; });
+
+  OpBuilder b(func);
+  auto host = func::FuncOp::create(b, func.getLoc(), func.getSymName(),
+                                   FunctionType::get(context, paramTypes, {}));
+  host.setVisibility(func.getVisibility());
+  Block *entry = host.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  HostFunctionBuilder h(b, func.getLoc());
+  auto tokenType = gpu::AsyncTokenType::get(context);
+  h.token = gpu::WaitOp::create(b, func.getLoc(), tokenType, ValueRange{})
+                .getAsyncToken();
+
+  // Where each tensor lives: arguments in their parameters, returned values
+  // in (the first of) their out-parameters.
+  DenseMap<Value, Value> buffers;
+  for (BlockArgument arg : body.getArguments())
+    buffers[arg] = entry->getArgument(arg.getArgNumber());
+  SmallVector<std::pair<Value, Value>> copies; // (out-parameter, value)
+  for (auto [i, value] : llvm::enumerate(returnOp.getOperands())) {
+    if (outParamOf[i] < 0)
+      continue;
+    Value param = entry->getArgument(outParamOf[i]);
+    if (isa<BlockArgument>(value) || buffers.count(value))
+      copies.push_back({param, value});
+    else
+      buffers[value] = param;
+  }
+
+  // Temporaries are freed after the last op that reads them.
+  DenseMap<Operation *, SmallVector<Value>> freeAfter;
+  for (Operation &op : body.without_terminator())
+    for (Value result : op.getResults()) {
+      if (buffers.count(result) || !isTensor(result.getType()))
+        continue;
+      Operation *last = &op;
+      for (Operation *user : result.getUsers())
+        if (last->isBeforeInBlock(user))
+          last = user;
+      freeAfter[last].push_back(result);
+    }
+
+  IRMapping scalars;
+  for (Operation &op : body.without_terminator()) {
+    h.loc = op.getLoc();
+    if (!hasTensors(&op)) {
+      b.clone(op, scalars);
+      continue;
+    }
+    for (Value result : op.getResults())
+      if (!buffers.count(result))
+        buffers[result] = h.alloc(getBufferType(result.getType()));
+    emitCall(&op, h, [&](Value value) { return buffers.lookup(value); });
+    for (Value value : freeAfter.lookup(&op))
+      h.dealloc(buffers.lookup(value));
+  }
+  h.loc = returnOp.getLoc();
+  for (auto [param, value] : copies)
+    h.copy(param, buffers.lookup(value));
+  gpu::WaitOp::create(b, h.loc, Type(), ValueRange{h.token});
+  func::ReturnOp::create(b, h.loc);
+
+  Builder attrs(context);
+  host->setAttr(kGPUEntryAttr, attrs.getStringAttr(entryName(plan.kind)));
+  host->setAttr(kGPULayerNameAttr, attrs.getStringAttr(plan.layerName));
+  host->setAttr(kGPUParamsAttr,
+                attrs.getArrayAttr(llvm::map_to_vector(
+                    params, [&](const Param &param) -> Attribute {
+                      return param.getAttr(context);
+                    })));
+  host->setAttr(kGPUWorkspaceBytesAttr, attrs.getI64IntegerAttr(h.peakBytes));
+  if (plan.kind != EntryKind::Backward)
+    host->setAttr(kGPULayerAttr, getLayerAttr(func));
+  func.erase();
+}
+
+//===----------------------------------------------------------------------===//
+// The library
+//===----------------------------------------------------------------------===//
+
+/// Copies the host functions `module` calls, every symbol of the library they
+/// reference (transitively) and the library's gpu.modules into `module`.
+/// Symbols the module already has are kept, but a host function must have the
+/// type its calls expect.
+LogicalResult addLibrary(ModuleOp module) {
+  SymbolTable symbols(module);
+  SmallVector<StringAttr> worklist;
+  WalkResult walk = module.walk([&](func::CallOp call) {
+    StringAttr callee = call.getCalleeAttr().getAttr();
+    if (!callee.getValue().starts_with(kHostPrefix))
+      return WalkResult::advance();
+    Operation *existing = symbols.lookup(callee);
+    if (!existing) {
+      worklist.push_back(callee);
+      return WalkResult::advance();
+    }
+    auto function = dyn_cast<func::FuncOp>(existing);
+    if (function && function.getFunctionType() == call.getCalleeType())
+      return WalkResult::advance();
+    existing->emitError() << "@" << callee.getValue()
+                          << " exists, but the GPU path calls it as a "
+                             "function of type "
+                          << call.getCalleeType();
+    return WalkResult::interrupt();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+  if (worklist.empty())
+    return success();
+
+  ParserConfig config(module.getContext());
+  OwningOpRef<ModuleOp> library =
+      parseSourceString<ModuleOp>(kGPULibrary, config, "MoEGPULibrary.mlir");
+  if (!library)
+    return module.emitError("cannot parse the embedded GPU library");
+  SymbolTable librarySymbols(*library);
+
+  // The kernels, whether or not a copied function launches them yet.
+  for (auto kernels : library->getOps<gpu::GPUModuleOp>())
+    worklist.push_back(kernels.getSymNameAttr());
+  while (!worklist.empty()) {
+    StringAttr name = worklist.pop_back_val();
+    if (symbols.lookup(name))
+      continue;
+    Operation *symbol = librarySymbols.lookup(name);
+    if (!symbol)
+      return module.emitError("the GPU library has no symbol '")
+             << name.getValue() << "'";
+    Operation *copy = symbol->clone();
+    if (auto function = dyn_cast<func::FuncOp>(copy))
+      function.setPrivate();
+    symbols.insert(copy);
+    if (std::optional<SymbolTable::UseRange> uses =
+            SymbolTable::getSymbolUses(copy))
+      for (const SymbolTable::SymbolUse &use : *uses)
+        worklist.push_back(use.getSymbolRef().getRootReference());
+  }
+  return success();
+}
+
+struct ConvertMoEToGPUPass
+    : public mlir::moe::impl::ConvertMoEToGPUBase<ConvertMoEToGPUPass> {
+  /// The pipeline inlines the host functions.
+  void getDependentDialects(DialectRegistry &registry) const override {
+    ConvertMoEToGPUBase::getDependentDialects(registry);
+    func::registerInlinerExtension(registry);
+  }
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SymbolTable symbols(module);
+
+    SmallVector<func::FuncOp> functions;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      if (func.isExternal())
+        continue;
+      FunctionType type = func.getFunctionType();
+      bool onTensors = llvm::any_of(type.getInputs(), isTensor) ||
+                       llvm::any_of(type.getResults(), isTensor);
+      bool anyOp = false;
+      func.walk([&](Operation *op) {
+        anyOp |= hasTensors(op) && !isa<func::ReturnOp>(op);
+      });
+      if (onTensors || anyOp)
+        functions.push_back(func);
+    }
+
+    bool failedAny = false;
+    for (func::FuncOp func : functions) {
+      if (!func.getBody().hasOneBlock()) {
+        func.emitError("the GPU path converts single-block functions only");
+        failedAny = true;
+        continue;
+      }
+      // The regions of a rejected op (moe.checkpoint) need no more errors.
+      func.walk<WalkOrder::PreOrder>([&](Operation *op) {
+        if (succeeded(checkSupported(op)))
+          return WalkResult::advance();
+        failedAny = true;
+        return WalkResult::skip();
+      });
+    }
+    if (failedAny)
+      return signalPassFailure();
+
+    // @f computes what @f_forward computes, less the saved set.
+    std::vector<FunctionPlan> plans;
+    for (func::FuncOp func : functions) {
+      auto forward =
+          symbols.lookup<func::FuncOp>((func.getSymName() + "_forward").str());
+      if (forward && forward->hasAttr("moe.num_saved") &&
+          SymbolTable::symbolKnownUseEmpty(func, module)) {
+        symbols.erase(func);
+        continue;
+      }
+      FailureOr<FunctionPlan> plan = planFunction(func, symbols);
+      if (failed(plan))
+        return signalPassFailure();
+      plans.push_back(std::move(*plan));
+    }
+    for (FunctionPlan &plan : plans)
+      convertFunction(plan);
+
+    if (failed(addLibrary(module)))
+      return signalPassFailure();
+    module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                    UnitAttr::get(module.getContext()));
+  }
+};
+
+} // namespace

@@ -1,0 +1,189 @@
+// What convert-moe-to-gpu cannot run on the GPU yet: an error at the op,
+// and the pass fails.
+// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu --verify-diagnostics
+
+func.func @f32_data(%x: tensor<37x64xf32>, %wr: tensor<64x4xf32>)
+    -> (tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>) {
+  // expected-error @+1 {{the GPU path runs bf16 data only, got 'tensor<37x64xf32>'}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x64xf32>, tensor<64x4xf32> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+  return %w, %e, %l : tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+}
+
+// -----
+
+func.func @gelu(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
+                %wgu: tensor<4x64x64xbf16>, %wd: tensor<4x64x64xbf16>)
+    -> (tensor<74x64xbf16>, tensor<74x64xbf16>) {
+  // expected-error @+1 {{the GPU path runs the swiglu activation only, got gelu}}
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd {activation = #moe.activation<gelu>}
+      : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x64xbf16>,
+        tensor<4x64x64xbf16> -> tensor<74x64xbf16>, tensor<74x64xbf16>
+  return %y, %h : tensor<74x64xbf16>, tensor<74x64xbf16>
+}
+
+// -----
+
+func.func @capacity(%e: tensor<37x2xi32>) -> (tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>) {
+  // expected-error @+1 {{the GPU path is dropless: a capacity factor is not supported}}
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 4 : i64, capacity_factor = 1.25 : f64}
+      : tensor<37x2xi32> -> tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
+  return %ids, %offsets, %rows : tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
+}
+
+// -----
+
+func.func @aux_loss(%l: tensor<37x4xf32>, %e: tensor<37x2xi32>) -> (tensor<f32>, tensor<f32>) {
+  // expected-error @+1 {{moe.aux_loss is not supported on the GPU path yet}}
+  %lb, %z = moe.aux_loss %l, %e {scoring = #moe.scoring<softmax>}
+      : tensor<37x4xf32>, tensor<37x2xi32> -> tensor<f32>, tensor<f32>
+  return %lb, %z : tensor<f32>, tensor<f32>
+}
+
+// -----
+
+func.func @aux_loss_grad(%l: tensor<37x4xf32>, %e: tensor<37x2xi32>, %dlb: tensor<f32>,
+                         %dz: tensor<f32>) -> tensor<37x4xf32> {
+  // expected-error @+1 {{moe.aux_loss_grad is not supported on the GPU path yet}}
+  %dl = moe.aux_loss_grad %l, %e, %dlb, %dz {scoring = #moe.scoring<softmax>}
+      : tensor<37x4xf32>, tensor<37x2xi32>, tensor<f32>, tensor<f32> -> tensor<37x4xf32>
+  return %dl : tensor<37x4xf32>
+}
+
+// -----
+
+func.func @combine_grad(%dout: tensor<37x64xbf16>, %w: tensor<37x2xf32>, %rows: tensor<37x2xi32>,
+                        %y: tensor<74x64xbf16>) -> (tensor<74x64xbf16>, tensor<37x2xf32>) {
+  // expected-error @+1 {{moe.combine_grad is not supported on the GPU path: only the fused moe.expert_combine_grad is}}
+  %dy, %dw = moe.combine_grad %dout, %w, %rows, %y
+      : tensor<37x64xbf16>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x64xbf16>
+      -> tensor<74x64xbf16>, tensor<37x2xf32>
+  return %dy, %dw : tensor<74x64xbf16>, tensor<37x2xf32>
+}
+
+// -----
+
+func.func @expert_ffn_grad(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
+                           %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
+                           %h: tensor<74x128xbf16>, %dy: tensor<74x64xbf16>)
+    -> (tensor<37x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>) {
+  // expected-error @+1 {{moe.expert_ffn_grad is not supported on the GPU path: only the fused moe.expert_combine_grad is}}
+  %dx, %dwgu, %dwd = moe.expert_ffn_grad %x, %ids, %offsets, %wgu, %wd, %h, %dy
+      {activation = #moe.activation<swiglu>}
+      : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x128xbf16>,
+        tensor<4x64x64xbf16>, tensor<74x128xbf16>, tensor<74x64xbf16>
+      -> tensor<37x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>
+  return %dx, %dwgu, %dwd : tensor<37x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>
+}
+
+// -----
+
+func.func @offload(%h: tensor<74x128xbf16>) -> tensor<74x128xbf16> {
+  // expected-error @+1 {{moe.offload is not supported on the GPU path yet}}
+  %host = moe.offload %h : tensor<74x128xbf16> -> !moe.host_tensor<74x128xbf16>
+  // expected-error @+1 {{moe.prefetch is not supported on the GPU path yet}}
+  %back = moe.prefetch %host : !moe.host_tensor<74x128xbf16> -> tensor<74x128xbf16>
+  return %back : tensor<74x128xbf16>
+}
+
+// -----
+
+func.func @checkpoint(%e: tensor<37x2xi32>) -> tensor<5xi32> {
+  // expected-error @+1 {{moe.checkpoint is not supported on the GPU path yet}}
+  %r = moe.checkpoint (%e) : (tensor<37x2xi32>) -> (tensor<5xi32>) {
+  ^bb0(%a: tensor<37x2xi32>):
+    %ids, %offsets, %rows = moe.dispatch %a {num_experts = 4 : i64}
+        : tensor<37x2xi32> -> tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
+    moe.yield %offsets : tensor<5xi32>
+  }
+  return %r : tensor<5xi32>
+}
+
+// -----
+
+func.func @layer(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
+                 %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>)
+    -> tensor<37x64xbf16> {
+  // expected-error @+1 {{moe.layer must be decomposed (moe-decompose) before convert-moe-to-gpu}}
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x128xbf16>,
+        tensor<4x64x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
+  return %out : tensor<37x64xbf16>
+}
+
+// -----
+
+func.func @other_op(%a: tensor<4x64xbf16>, %b: tensor<4x64xbf16>) -> tensor<4x64xbf16> {
+  // expected-error @+1 {{'arith.mulf' on tensors is not supported on the GPU path}}
+  %0 = arith.mulf %a, %b : tensor<4x64xbf16>
+  return %0 : tensor<4x64xbf16>
+}
+
+// -----
+
+func.func @add_f32(%a: tensor<4x64xf32>, %b: tensor<4x64xf32>) -> tensor<4x64xf32> {
+  // expected-error @+1 {{the GPU path runs bf16 data only, got 'tensor<4x64xf32>'}}
+  %0 = arith.addf %a, %b : tensor<4x64xf32>
+  return %0 : tensor<4x64xf32>
+}
+
+// -----
+
+func.func @d_not_tiled(%x: tensor<37x48xbf16>, %wr: tensor<48x4xbf16>)
+    -> (tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>) {
+  // expected-error @+1 {{the GPU kernels need d to be a multiple of 64, got 48}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xbf16>, tensor<48x4xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+  return %w, %e, %l : tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+}
+
+// -----
+
+func.func @n_not_tiled(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
+                       %wgu: tensor<4x64x80xbf16>, %wd: tensor<4x40x64xbf16>)
+    -> (tensor<74x64xbf16>, tensor<74x80xbf16>) {
+  // expected-error @+1 {{the GPU kernels need n to be a multiple of 64, got 40}}
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x80xbf16>,
+        tensor<4x40x64xbf16> -> tensor<74x64xbf16>, tensor<74x80xbf16>
+  return %y, %h : tensor<74x64xbf16>, tensor<74x80xbf16>
+}
+
+// -----
+
+func.func @m_not_tiled(%x: tensor<37x64xbf16>, %wgu: tensor<64x192xbf16>, %wd: tensor<96x64xbf16>)
+    -> (tensor<37x64xbf16>, tensor<37x192xbf16>) {
+  // expected-error @+1 {{the GPU kernels need m to be a multiple of 64, got 96}}
+  %y, %h = moe.shared_expert %x, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<37x64xbf16>, tensor<64x192xbf16>, tensor<96x64xbf16>
+      -> tensor<37x64xbf16>, tensor<37x192xbf16>
+  return %y, %h : tensor<37x64xbf16>, tensor<37x192xbf16>
+}
+
+// -----
+
+func.func @dynamic(%e: tensor<?x2xi32>) -> (tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>) {
+  // expected-error @+1 {{the GPU path needs static shapes, got 'tensor<?x2xi32>'}}
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 4 : i64}
+      : tensor<?x2xi32> -> tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>
+  return %ids, %offsets, %rows : tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>
+}
+
+// -----
+
+// expected-error @+1 {{the GPU path needs functions on statically shaped tensors, got 'i32'}}
+func.func @scalar_argument(%a: tensor<4x64xbf16>, %n: i32) -> tensor<4x64xbf16> {
+  %0 = arith.addf %a, %a : tensor<4x64xbf16>
+  return %0 : tensor<4x64xbf16>
+}
+
+// -----
+
+func.func @wrong_library_type(%a: tensor<4x64xbf16>) -> tensor<4x64xbf16> {
+  %0 = arith.addf %a, %a : tensor<4x64xbf16>
+  return %0 : tensor<4x64xbf16>
+}
+// expected-error @+1 {{@__moe_gpu_add exists, but the GPU path calls it as a function of type '(!gpu.async.token, memref<?xbf16>, memref<?xbf16>, memref<?xbf16>) -> !gpu.async.token'}}
+func.func private @__moe_gpu_add(%a: memref<?xbf16>)

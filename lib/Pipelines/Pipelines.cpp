@@ -6,6 +6,7 @@
 
 #include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
 #include "mlir/Conversion/ConvertToLLVM/ToLLVMPass.h"
+#include "mlir/Conversion/GPUCommon/GPUCommonPass.h"
 #include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
 #include "mlir/Conversion/MathToLibm/MathToLibm.h"
 #include "mlir/Conversion/NVGPUToNVVM/NVGPUToNVVM.h"
@@ -23,15 +24,126 @@
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/Program.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 
-void mlir::moe::buildMoETrainingPipeline(
-    OpPassManager &pm, const MoETrainingPipelineOptions &options) {
-  (void)options; // Read by the planning and GPU stages once they exist.
+std::string mlir::moe::findPtxas() {
+  if (llvm::ErrorOr<std::string> path = llvm::sys::findProgramByName("ptxas"))
+    return *path;
+  SmallVector<std::string> roots;
+  if (std::optional<std::string> root = llvm::sys::Process::GetEnv("CUDA_ROOT"))
+    roots.push_back(*root);
+  roots.push_back("/usr/local/cuda");
+  for (const std::string &root : roots) {
+    SmallString<128> path(root);
+    llvm::sys::path::append(path, "bin", "ptxas");
+    if (llvm::sys::fs::can_execute(path))
+      return std::string(path);
+  }
+  return "";
+}
+
+namespace {
+
+/// The kernel half of the NVVM lowering (CODEGEN.md section 3): attach the
+/// target, nvgpu and gpu to NVVM, then 1024-aligned dynamic shared memory
+/// (CODEGEN.md P6). Bare pointers need kernels on statically shaped memrefs.
+void addKernelLowering(OpPassManager &pm, StringRef chip, StringRef features,
+                       unsigned optLevel, bool barePointers) {
+  GpuNVVMAttachTargetOptions target;
+  target.chip = chip.str();
+  target.features = features.str();
+  target.optLevel = optLevel;
+  pm.addPass(createGpuNVVMAttachTarget(target));
+  pm.addPass(createConvertNVGPUToNVVMPass());
+  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
+  kernels.addPass(createSCFToControlFlowPass());
+  kernels.addPass(createConvertNVVMToLLVMPass());
+  kernels.addPass(memref::createExpandStridedMetadataPass());
+  kernels.addPass(createLowerAffinePass());
+  ConvertGpuOpsToNVVMOpsOptions toNVVM;
+  toNVVM.useBarePtrCallConv = barePointers;
+  kernels.addPass(createConvertGpuOpsToNVVMOps(toNVVM));
+  kernels.addPass(createMoEAlignDynamicSharedMemory());
+  kernels.addPass(createCanonicalizerPass());
+  kernels.addPass(createCSEPass());
+  kernels.addPass(createReconcileUnrealizedCastsPass());
+}
+
+/// The PTX ISA version sm_90a needs (CODEGEN.md P2: lower versions abort).
+constexpr llvm::StringLiteral kSM90aFeatures = "+ptx80";
+
+} // namespace
+
+LogicalResult
+mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
+                                    const MoETrainingPipelineOptions &options,
+                                    std::string *error) {
+  auto fail = [&](const Twine &message) {
+    if (error)
+      *error = message.str();
+    return failure();
+  };
   pm.addPass(createMoEDecompose());
   pm.addPass(createCanonicalizerPass());
+  if (options.chip.empty()) {
+    pm.addPass(createCSEPass());
+    return success();
+  }
+
+  // Checked here because gpu-module-to-binary reports a bad format or a
+  // missing ptxas late, and format=offload not at all (CODEGEN.md P3).
+  StringRef format = options.format;
+  if (format != "bin" && format != "isa" && format != "fatbin")
+    return fail("moe-training-pipeline: unknown format '" + format +
+                "' (expected bin, isa or fatbin)");
+  if (options.optLevel > 3)
+    return fail("moe-training-pipeline: opt-level must be 0 to 3, got " +
+                Twine(static_cast<unsigned>(options.optLevel)));
+  GpuModuleToBinaryPassOptions binary;
+  binary.compilationTarget = format.str();
+  if (format != "isa") {
+    std::string ptxas = findPtxas();
+    if (ptxas.empty())
+      return fail("moe-training-pipeline: format=" + format +
+                  " needs ptxas from the CUDA toolkit, which is not in PATH, "
+                  "$CUDA_ROOT/bin or /usr/local/cuda/bin; install it, set "
+                  "CUDA_ROOT, or use format=isa (PTX, JIT-compiled at load)");
+    // <toolkit>/bin/ptxas: gpu-module-to-binary also finds libdevice there.
+    binary.toolkitPath =
+        llvm::sys::path::parent_path(llvm::sys::path::parent_path(ptxas)).str();
+  }
+
+  pm.addPass(createMoEGenerateBackward());
+  pm.addPass(createConvertMoEToGPU());
+  pm.addPass(createInlinerPass());
+  pm.addPass(createSymbolDCEPass());
+  pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
+
+  // The library's kernels take dynamically sized memrefs, which bare
+  // pointers cannot carry: kernels get the default memref-descriptor
+  // convention, on both sides of the launch.
+  addKernelLowering(pm, options.chip, kSM90aFeatures, options.optLevel,
+                    /*barePointers=*/false);
+
+  // The host: what the inlined library functions hold (memref views, affine
+  // maps, scf loops) to the LLVM dialect, launches and allocations to mgpu*
+  // calls.
+  pm.addPass(memref::createExpandStridedMetadataPass());
+  pm.addPass(createLowerAffinePass());
+  pm.addPass(createSCFToControlFlowPass());
+  pm.addPass(createGpuToLLVMConversionPass());
+  pm.addPass(createConvertToLLVMPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+  pm.addPass(createGpuModuleToBinaryPass(binary));
+  pm.addPass(createCanonicalizerPass());
+  return success();
 }
 
 void mlir::moe::buildMoELowerToCPUPipeline(OpPassManager &pm) {
@@ -70,34 +182,34 @@ void mlir::moe::buildMoELowerToCPUPipeline(OpPassManager &pm) {
 
 void mlir::moe::buildMoELowerToNVVMPipeline(
     OpPassManager &pm, const MoELowerToNVVMPipelineOptions &options) {
-  GpuNVVMAttachTargetOptions target;
-  target.chip = options.chip;
-  target.features = options.features;
-  target.optLevel = options.optLevel;
-  pm.addPass(createGpuNVVMAttachTarget(target));
-  pm.addPass(createConvertNVGPUToNVVMPass());
-  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
-  kernels.addPass(createSCFToControlFlowPass());
-  kernels.addPass(createConvertNVVMToLLVMPass());
-  kernels.addPass(memref::createExpandStridedMetadataPass());
-  kernels.addPass(createLowerAffinePass());
-  ConvertGpuOpsToNVVMOpsOptions toNVVM;
-  toNVVM.useBarePtrCallConv = true;
-  kernels.addPass(createConvertGpuOpsToNVVMOps(toNVVM));
-  kernels.addPass(createCanonicalizerPass());
-  kernels.addPass(createCSEPass());
-  kernels.addPass(createReconcileUnrealizedCastsPass());
+  addKernelLowering(pm, options.chip, options.features, options.optLevel,
+                    /*barePointers=*/true);
   GpuModuleToBinaryPassOptions binary;
   binary.compilationTarget = options.format;
   pm.addPass(createGpuModuleToBinaryPass(binary));
 }
 
 void mlir::moe::registerMoEPipelines() {
-  PassPipelineRegistration<MoETrainingPipelineOptions>(
+  // Registered by hand so that an option that cannot work here (a missing
+  // ptxas) is an error when the pipeline is parsed.
+  registerPassPipeline(
       "moe-training-pipeline",
-      "Compile a forward moe layer for training (decomposition today; "
-      "backward, activation planning and sm_90a kernels follow)",
-      buildMoETrainingPipeline);
+      "Compile a forward moe layer for training: with chip=sm_90a, forward "
+      "and backward host code in the LLVM dialect with embedded kernels; "
+      "without chip, decomposition only",
+      [](OpPassManager &pm, StringRef text,
+         function_ref<LogicalResult(const Twine &)> errorHandler) {
+        MoETrainingPipelineOptions options;
+        if (failed(options.parseFromString(text)))
+          return failure();
+        std::string error;
+        if (failed(buildMoETrainingPipeline(pm, options, &error)))
+          return errorHandler(error);
+        return success();
+      },
+      [](function_ref<void(const detail::PassOptions &)> handler) {
+        handler(MoETrainingPipelineOptions());
+      });
   PassPipelineRegistration<MoELowerToNVVMPipelineOptions>(
       "moe-lower-to-nvvm-pipeline",
       "Lower gpu.modules of nvgpu/nvvm kernels to PTX or cubin for sm_90a",

@@ -3,7 +3,9 @@
 // RUN: moe-opt %moe_src_root/examples/olmoe-1b-7b.mlir --moe-decompose | FileCheck %s --check-prefix=OLMOE
 // RUN: moe-opt %moe_src_root/examples/qwen3-30b-a3b.mlir --moe-decompose | FileCheck %s --check-prefix=QWEN
 // RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-decompose | FileCheck %s --check-prefix=DEEPSEEK
-// RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-training-pipeline="chip=sm_90a" | FileCheck %s --check-prefix=DEEPSEEK
+// RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-training-pipeline | FileCheck %s --check-prefix=DEEPSEEK
+// RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-training-pipeline="chip=sm_90a format=isa" | FileCheck %s --check-prefix=DEEPSEEK-GPU
+// RUN: moe-opt %moe_src_root/examples/mixtral-8x7b.mlir --moe-training-pipeline="chip=sm_90a format=isa" | FileCheck %s --check-prefix=MIXTRAL-GPU
 // RUN: moe-opt %moe_src_root/examples/mixtral-8x7b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=MIXTRAL-BWD
 // RUN: moe-opt %moe_src_root/examples/olmoe-1b-7b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=BWD
 // RUN: moe-opt %moe_src_root/examples/qwen3-30b-a3b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=BWD
@@ -27,6 +29,14 @@
 // DEEPSEEK: moe.combine
 // DEEPSEEK: moe.shared_expert {{.*}} -> tensor<8192x7168xbf16>, tensor<8192x4096xbf16>
 // DEEPSEEK: arith.addf
+
+// DEEPSEEK-GPU: llvm.func @deepseek_v3_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 256 : i64, T = 8192 : i64, activation = "swiglu", d = 7168 : i64, has_bias = true
+// DEEPSEEK-GPU-SAME: shared_n = 2048 : i64
+// DEEPSEEK-GPU: llvm.func @deepseek_v3_backward(
+// DEEPSEEK-GPU: gpu.binary @moe_kernels
+// MIXTRAL-GPU: llvm.func @mixtral_8x7b_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 8 : i64, T = 16384 : i64, activation = "swiglu", d = 4096 : i64
+// MIXTRAL-GPU: llvm.func @mixtral_8x7b_backward(
+// MIXTRAL-GPU: gpu.binary @moe_kernels
 
 // The saved set of the Mixtral layer: x and the weights, the router's
 // weights, experts and logits, the queues and H [32768, 28672]; never y.

@@ -1,7 +1,8 @@
-// The registered pipeline, its passes, and its option checks.
+// The registered pipeline without chip (decomposition only), its passes, and
+// its option checks. With chip=sm_90a: moe-training-pipeline-gpu.mlir.
 // RUN: moe-opt %s --moe-training-pipeline | FileCheck %s
-// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a memory-budget=4GiB offload=auto" | FileCheck %s
-// RUN: moe-opt %s --pass-pipeline='builtin.module(moe-training-pipeline{chip=sm_90a memory-budget=1.5GB})' | FileCheck %s
+// RUN: moe-opt %s --moe-training-pipeline="memory-budget=4GiB offload=auto" | FileCheck %s
+// RUN: moe-opt %s --pass-pipeline='builtin.module(moe-training-pipeline{chip= memory-budget=1.5GB})' | FileCheck %s
 // RUN: moe-opt %s --moe-training-pipeline --dump-pass-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=DUMP
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_80" 2>&1 | FileCheck %s --check-prefix=CHIP
 // RUN: not moe-opt %s --moe-training-pipeline="memory-budget=4GiX" 2>&1 | FileCheck %s --check-prefix=BUDGET

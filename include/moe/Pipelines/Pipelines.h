@@ -13,11 +13,29 @@ namespace mlir::moe {
 /// Where saved activations may go besides device memory.
 enum class OffloadMode { Never, Auto, Always };
 
+/// A target chip option that may be left empty (no GPU code generation);
+/// otherwise it must be a chip ChipOptionParser accepts.
+class OptionalChipOptionParser : public ChipOptionParser {
+public:
+  using ChipOptionParser::ChipOptionParser;
+
+  bool parse(llvm::cl::Option &option, llvm::StringRef argName,
+             llvm::StringRef arg, std::string &value) {
+    if (arg.empty()) {
+      value.clear();
+      return false;
+    }
+    return ChipOptionParser::parse(option, argName, arg, value);
+  }
+};
+
 struct MoETrainingPipelineOptions
     : public PassPipelineOptions<MoETrainingPipelineOptions> {
-  PassOptions::Option<std::string, ChipOptionParser> chip{
-      *this, "chip", llvm::cl::desc("GPU architecture to generate for"),
-      llvm::cl::init("sm_90a")};
+  PassOptions::Option<std::string, OptionalChipOptionParser> chip{
+      *this, "chip",
+      llvm::cl::desc("GPU architecture to generate for (sm_90a); empty: "
+                     "decompose only"),
+      llvm::cl::init("")};
   PassOptions::Option<std::string, MemorySizeOptionParser> memoryBudget{
       *this, "memory-budget",
       llvm::cl::desc("Activation memory the layer may keep for backward, e.g. "
@@ -33,13 +51,36 @@ struct MoETrainingPipelineOptions
                      "offload when it is the fastest plan under the budget"),
           clEnumValN(OffloadMode::Always, "always",
                      "offload every saved activation that can be"))};
+  PassOptions::Option<std::string> format{
+      *this, "format",
+      llvm::cl::desc("Kernel binary with chip set: bin (cubin, needs ptxas), "
+                     "isa (PTX, JIT-compiled at load) or fatbin (needs ptxas "
+                     "and fatbinary)"),
+      llvm::cl::init("bin")};
+  PassOptions::Option<unsigned> optLevel{
+      *this, "opt-level",
+      llvm::cl::desc("LLVM optimisation level of the kernels (0-3)"),
+      llvm::cl::init(3)};
 };
 
-/// The whole compiler: a forward `moe` layer in, training kernels out. Today
-/// it decomposes layers; the options are validated and reserved for the
-/// backward, planning and GPU stages.
-void buildMoETrainingPipeline(OpPassManager &pm,
-                              const MoETrainingPipelineOptions &options);
+/// The whole compiler: a forward `moe` layer in, training code out. Without
+/// `chip` it decomposes layers only. With `chip=sm_90a` it generates the
+/// training forward and backward (moe-generate-backward), lowers them to host
+/// functions calling the GPU library (convert-moe-to-gpu), inlines them,
+/// compiles the kernels (as buildMoELowerToNVVMPipeline, plus 1024-aligned
+/// dynamic shared memory) and lowers the host code to the LLVM dialect with
+/// gpu-to-llvm (bare pointers for kernels), so that mlir-translate gives LLVM
+/// IR calling the mgpu* runtime. Fails with a message in `error` when the
+/// options cannot work here (bad format, ptxas missing for bin/fatbin); the
+/// memory-budget and offload options are reserved for activation planning.
+LogicalResult
+buildMoETrainingPipeline(OpPassManager &pm,
+                         const MoETrainingPipelineOptions &options,
+                         std::string *error = nullptr);
+
+/// The ptxas that gpu-module-to-binary will use: from PATH, then
+/// $CUDA_ROOT/bin, then /usr/local/cuda/bin; empty when none is found.
+std::string findPtxas();
 
 /// The CPU reference path (docs/cpu-path.md): convert-moe-to-linalg, then
 /// bufferization with identity layouts at function boundaries, results as

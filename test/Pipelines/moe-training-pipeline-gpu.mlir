@@ -1,0 +1,85 @@
+// moe-training-pipeline with chip=sm_90a: forward and backward host code in
+// the LLVM dialect calling the mgpu* runtime, with the kernels embedded as a
+// gpu.binary (docs/gpu-path.md). Checks structure only: nothing runs here.
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" --dump-pass-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=DUMP
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" | FileCheck %s
+// RUN: moe-opt %s --pass-pipeline='builtin.module(moe-training-pipeline{chip=sm_90a format=isa opt-level=2})' | FileCheck %s
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" | mlir-translate --mlir-to-llvmir | FileCheck %s --check-prefix=LLVM
+// RUN: %if ptxas %{ moe-opt %s --moe-training-pipeline="chip=sm_90a" | mlir-translate --mlir-to-llvmir | FileCheck %s --check-prefix=CUBIN %}
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=offload" 2>&1 | FileCheck %s --check-prefix=FORMAT
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a opt-level=4" 2>&1 | FileCheck %s --check-prefix=OPT
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90" 2>&1 | FileCheck %s --check-prefix=CHIP
+
+// DUMP: builtin.module(
+// DUMP-NEXT: moe-decompose,
+// DUMP-NEXT: canonicalize{
+// DUMP-NEXT: moe-generate-backward,
+// DUMP-NEXT: convert-moe-to-gpu,
+// DUMP-NEXT: inline{
+// DUMP-NEXT: symbol-dce,
+// DUMP-NEXT: canonicalize{
+// DUMP-NEXT: cse,
+// DUMP-NEXT: nvvm-attach-target{O=3 chip=sm_90a {{.*}}features=+ptx80
+// DUMP-NEXT: convert-nvgpu-to-nvvm,
+// DUMP-NEXT: gpu.module(
+// DUMP: convert-gpu-to-nvvm{{.*}}use-bare-ptr-memref-call-conv=false}
+// DUMP-NEXT: moe-align-dynamic-shared-memory{alignment=1024}
+// DUMP: ),
+// DUMP-NEXT: expand-strided-metadata,
+// DUMP-NEXT: lower-affine,
+// DUMP-NEXT: convert-scf-to-cf{
+// DUMP-NEXT: gpu-to-llvm{{.*}}use-bare-pointers-for-kernels=false}
+// DUMP-NEXT: convert-to-llvm{
+// DUMP-NEXT: reconcile-unrealized-casts,
+// DUMP-NEXT: gpu-module-to-binary{format=isa
+// DUMP-NEXT: canonicalize{
+// DUMP-NEXT: )
+
+// FORMAT: moe-training-pipeline: unknown format 'offload' (expected bin, isa or fatbin)
+// OPT: moe-training-pipeline: opt-level must be 0 to 3, got 4
+// CHIP: unsupported chip 'sm_90': the kernels use wgmma and setmaxnreg, which need sm_90a
+
+// The host functions were inlined; only the two entry functions and the
+// runtime declarations are left, with the parameter metadata moe-compile
+// reads. The original @layer is dropped.
+// CHECK-NOT: func.func
+// CHECK-NOT: @__moe_gpu_
+// CHECK-NOT: llvm.func @layer(
+// CHECK-LABEL: llvm.func @layer_forward(
+// CHECK-SAME: moe.gpu.entry = "forward"
+// CHECK-SAME: moe.gpu.layer_name = "layer"
+// CHECK-SAME: moe.gpu.workspace_bytes = 9472 : i64
+// CHECK: llvm.call @mgpuStreamCreate()
+// CHECK: llvm.call @mgpuMemAlloc(
+// CHECK: llvm.call @mgpuMemFree(
+// CHECK: llvm.call @mgpuStreamSynchronize(
+// CHECK: llvm.call @mgpuStreamDestroy(
+// CHECK-LABEL: llvm.func @layer_backward(
+// CHECK-SAME: moe.gpu.entry = "backward"
+// CHECK-NOT: __moe_gpu_
+// CHECK: gpu.binary @moe_kernels {{ *}}[#gpu.object<#nvvm.target<{{.*}}chip = "sm_90a", features = "+ptx80">, {{.*}}assembly = "
+// The dynamic shared memory is one external 1024-aligned array (CODEGEN P6).
+// CHECK-SAME: .extern .shared .align 1024 .b8 __dynamic_shmem__0[]
+
+// PTX is JIT-compiled when the module loads, in a global constructor.
+// LLVM-DAG: define void @layer_forward(ptr
+// LLVM-DAG: define void @layer_backward(ptr
+// LLVM-DAG: @llvm.global_ctors = appending global {{.*}} @moe_kernels_load
+// LLVM-DAG: call ptr @mgpuModuleLoadJIT(ptr @moe_kernels_binary, i32 3)
+// LLVM-DAG: call void @mgpuLaunchKernel(ptr
+// LLVM-DAG: declare void @mgpuLaunchKernel(ptr, i64, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i64)
+
+// format=bin (the default): a cubin from ptxas, loaded with its size.
+// CUBIN-DAG: call ptr @mgpuModuleLoad(ptr @moe_kernels_binary, i64 {{[0-9]+}})
+// CUBIN-DAG: call void @mgpuLaunchKernel(ptr
+
+func.func @layer(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
+                 %wgu: tensor<4x64x256xbf16>, %wd: tensor<4x128x64xbf16>)
+    -> (tensor<37x64xbf16>, tensor<37x4xf32>) {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>,
+       routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x256xbf16>,
+        tensor<4x128x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
+  return %out, %logits : tensor<37x64xbf16>, tensor<37x4xf32>
+}

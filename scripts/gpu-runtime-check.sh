@@ -22,35 +22,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-/tmp/moe-gpu-out}
 build=${MOE_RUNTIME_BUILD_DIR:-/tmp/moe-runtime-build}
 mkdir -p "$out"
-summary="$out/summary.txt"
-: >"$summary"
-
-# nvcc and compute-sanitizer live in the toolkit's bin/.
-for dir in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
-  [ -d "$dir" ] && PATH="$PATH:$dir"
-done
-export PATH
-
-passed=0
-failed=0
-note() { echo "$*" | tee -a "$summary"; }
-pass() { passed=$((passed + 1)); note "PASS $*"; }
-fail() { failed=$((failed + 1)); note "FAIL $*"; }
-finish() {
-  note "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
-  nvidia-smi 2>&1 || echo "nvidia-smi not available"
-  nvcc --version 2>&1 || echo "nvcc not on PATH"
-  cmake --version 2>&1 | head -1
-  ninja --version 2>&1
-  command -v compute-sanitizer || echo "compute-sanitizer not on PATH"
-} >"$out/environment.txt" 2>&1
+# shellcheck source=gpu-common.sh
+. "$root/scripts/gpu-common.sh"
+gpu_path_setup
+gpu_summary_init "$out/summary.txt"
+gpu_environment "$out/environment.txt"
 
 if cmake -G Ninja -S "$root/runtime" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   >"$out/configure.log" 2>&1; then

@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Runs the compiled layers on the GPU machine (CUDA 13, CMake, ninja, torch, transformers; no
+# LLVM). gpu-inputs/ comes from scripts/build-gpu-inputs.sh on the LLVM machine (carry it).
+# Steps, each with a time limit, the whole within --deadline seconds (default 530):
+#   build     runtime/ standalone (libmoe_runtime.so), then each gpu-inputs/layers/NAME.o
+#             linked with it into NAME.so (g++ -shared, rpath to the runtime);
+#   example   examples/cpp built against the "example" layer and run;
+#   check     bench/check_layer.py on the small and odd layers, with the routing variants;
+#   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward;
+#   bench     bench/bench.py on the four BENCH.md configurations.
+# Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
+# environment first), summary.txt (one line per step, "N passed, M failed" last),
+# check_layer.json, bench.json.
+#
+#   bash scripts/gpu-layer-check.sh [--only STEP[,STEP...]] [--quick] [--deadline SECONDS]
+# --quick: random routing only on small-t37, sigmoid-groups-shared and tiny; memcheck only;
+# bench with 1 warm-up and 5 steps.
+# Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (python3),
+# MOE_GPU_INPUTS (default gpu-inputs).
+
+set -u -o pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-/tmp/moe-gpu-out}
+work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}
+inputs=${MOE_GPU_INPUTS:-$root/gpu-inputs}
+python=${PYTHON:-python3}
+only="build,example,check,sanitize,bench"
+quick=0
+deadline=530
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --only) only=${2:?--only needs steps}; shift 2 ;;
+  --only=*) only=${1#--only=}; shift ;;
+  --quick) quick=1; shift ;;
+  --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
+  --deadline=*) deadline=${1#--deadline=}; shift ;;
+  -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+  *) echo "gpu-layer-check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+for step in ${only//,/ }; do
+  case "$step" in
+  build | example | check | sanitize | bench) ;;
+  *) echo "gpu-layer-check.sh: unknown step '$step' (build, example, check, sanitize, bench)" >&2
+    exit 2 ;;
+  esac
+done
+wants() { [[ ",$only," == *",$1,"* ]]; }
+
+mkdir -p "$out" "$work"
+# shellcheck source=gpu-common.sh
+. "$root/scripts/gpu-common.sh"
+gpu_path_setup
+export PYTHONUNBUFFERED=1
+gpu_summary_init "$out/summary.txt"
+log="$out/gpu-layer-check.log"
+gpu_environment "$log"
+{
+  echo "python: $($python --version 2>&1)"
+  $python -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+  $python -c 'import transformers; print("transformers", transformers.__version__)' 2>&1
+  echo "options: only=$only quick=$quick deadline=$deadline"
+  echo "inputs: $inputs"
+  cat "$inputs/INPUTS.txt" 2>/dev/null || ls -l "$inputs/layers" 2>&1
+} >>"$log" 2>&1
+
+start=$(date +%s)
+# Seconds left before the deadline, minus a margin for the summary.
+left() { echo $((deadline - ($(date +%s) - start) - 10)); }
+# run LIMIT TITLE CMD...: the command's output into the log under a header, at most LIMIT
+# seconds (less when the deadline is nearer); returns its status (124: out of time, 125: not
+# started for lack of time).
+run() {
+  local limit=$1 title=$2
+  shift 2
+  local remaining
+  remaining=$(left)
+  [ "$remaining" -lt "$limit" ] && limit=$remaining
+  {
+    echo
+    echo "===== $title ($(date -u +%H:%M:%S), limit ${limit} s)"
+    echo "\$ $*"
+  } >>"$log"
+  if [ "$limit" -lt 15 ]; then
+    echo "not started: only ${limit} s left before the deadline" >>"$log"
+    return 125
+  fi
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "----- exit $rc after $(($(date +%s) - t0)) s" >>"$log"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(time limit of ${limit} s reached)" >>"$log"
+  return $rc
+}
+# The log from line $1 on (a step's own output: `mark=$(lines)` before it).
+lines() { wc -l <"$log"; }
+since() { tail -n +"$(($1 + 1))" "$log"; }
+# The step's "N passed, M failed" line, if it printed one.
+tally() { since "$1" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
+why() { # a short reason for a status from run
+  case "$1" in
+  124 | 137) echo "out of time" ;;
+  125) echo "not started: deadline" ;;
+  *) echo "exit $1" ;;
+  esac
+}
+
+layers_dir=$inputs/layers
+small_layers=(small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny)
+bench_layers=(mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3)
+lib=$work/runtime/lib
+
+# ---------------------------------------------------------------- build
+built_runtime=0
+if wants build || wants example || wants check || wants sanitize || wants bench; then
+  if [ ! -d "$layers_dir" ]; then
+    fail "no $layers_dir: run scripts/build-gpu-inputs.sh on the LLVM machine and carry gpu-inputs"
+    finish
+  fi
+  # A child shell: timeout runs commands, not functions.
+  run 240 "build runtime/ standalone" bash -c "root='$root'; . '$root/scripts/gpu-common.sh';
+    gpu_build_runtime '$work/runtime' /dev/stdout -DMOE_RUNTIME_BUILD_SMOKE=OFF -- moe_runtime"
+  rc=$?
+  if [ $rc -eq 0 ] && [ -f "$lib/libmoe_runtime.so" ]; then
+    built_runtime=1
+    pass "libmoe_runtime.so built ($lib)"
+  else
+    fail "runtime build: $(why $rc) (log: gpu-layer-check.log)"
+    finish
+  fi
+  linked=()
+  for o in "$layers_dir"/*.o; do
+    [ -e "$o" ] || continue
+    name=$(basename "$o" .o)
+    # -z defs: a symbol the runtime lacks fails here, not at dlopen.
+    mark=$(lines)
+    if run 60 "link $name.so" g++ -shared -o "$layers_dir/$name.so" "$o" -L"$lib" \
+      -lmoe_runtime -Wl,-rpath,"$lib" -Wl,-z,defs; then
+      linked+=("$name")
+    else
+      if since "$mark" | grep -q "recompile with -fPIC"; then
+        fail "link $name.so: $name.o is not position-independent (moe-compile must emit PIC)"
+      else
+        fail "link $name.so (log: gpu-layer-check.log)"
+      fi
+    fi
+  done
+  note "linked ${#linked[@]} layer(s): ${linked[*]:-none}"
+fi
+
+have() { [ -f "$layers_dir/$1.so" ] && [ -f "$layers_dir/$1.json" ]; }
+
+# ---------------------------------------------------------------- example
+if wants example; then
+  if [ -f "$layers_dir/example.o" ] && [ -f "$layers_dir/example.h" ]; then
+    ex=$work/example
+    if run 120 "configure + build examples/cpp" bash -c "cmake -G Ninja -S '$root/examples/cpp' \
+        -B '$ex' -DCMAKE_BUILD_TYPE=Release -DMOE_LAYER='$layers_dir/example' \
+        -DMOE_RUNTIME_DIR='$work/runtime' && ninja -C '$ex'"; then
+      mark=$(lines)
+      run 60 "run the C++ example" "$ex/moe_layer_example"
+      rc=$?
+      if [ $rc -eq 0 ]; then
+        pass "C++ example: $(tally "$mark")"
+      else
+        first=$(since "$mark" | grep -E '^FAIL' | head -1)
+        fail "C++ example: ${first:-$(why $rc)}; $(tally "$mark") (log: gpu-layer-check.log)"
+      fi
+    else
+      fail "C++ example build (log: gpu-layer-check.log)"
+    fi
+  else
+    fail "C++ example: no $layers_dir/example.o/.h"
+  fi
+fi
+
+# ---------------------------------------------------------------- check
+if wants check; then
+  args=()
+  if [ $quick -eq 1 ]; then
+    names=(small-t37 sigmoid-groups-shared tiny)
+    routings=(--routing random)
+  else
+    names=("${small_layers[@]}")
+    routings=(--routing all)
+  fi
+  for name in "${names[@]}"; do
+    if have "$name"; then
+      args+=(--layer "$layers_dir/$name")
+    else
+      fail "check $name: $name.so or $name.json missing"
+    fi
+  done
+  if [ ${#args[@]} -gt 0 ]; then
+    mark=$(lines)
+    run 240 "check_layer.py" "$python" "$root/bench/check_layer.py" "${args[@]}" \
+      "${routings[@]}" --out "$out"
+    rc=$?
+    line=$(tally "$mark")
+    if [ $rc -eq 0 ]; then
+      pass "check_layer.py: $line"
+    else
+      fail "check_layer.py: ${line:-$(why $rc)} (table in gpu-layer-check.log, check_layer.json)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- sanitize
+if wants sanitize; then
+  tools=(memcheck racecheck)
+  [ $quick -eq 1 ] && tools=(memcheck)
+  if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    fail "compute-sanitizer not on PATH"
+  elif ! have tiny; then
+    fail "sanitize: tiny.so or tiny.json missing"
+  else
+    for tool in "${tools[@]}"; do
+      # The tiny layer (T=37) keeps it to minutes; our forward + backward only (--ours-only),
+      # so that torch's own kernels are few. API errors are our runtime's business (statuses).
+      mark=$(lines)
+      run 150 "compute-sanitizer $tool" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        --report-api-errors no --target-processes all \
+        "$python" "$root/bench/check_layer.py" --layer "$layers_dir/tiny" --ours-only \
+        --no-hf --out "$work/sanitize-$tool" --json-name "sanitize-$tool.json"
+      rc=$?
+      summary_line=$(since "$mark" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tail -1)
+      if [ $rc -eq 0 ]; then
+        pass "compute-sanitizer $tool on tiny: ${summary_line:-no summary line}"
+      else
+        fail "compute-sanitizer $tool on tiny: ${summary_line:-$(why $rc)}"
+      fi
+    done
+  fi
+fi
+
+# ---------------------------------------------------------------- bench
+if wants bench; then
+  args=()
+  for name in "${bench_layers[@]}"; do
+    args+=(--layer "$layers_dir/$name")
+    have "$name" || note "bench: $name.so missing, bench.py will skip it"
+  done
+  remaining=$(left)
+  bench_opts=(--deadline $((remaining > 60 ? remaining - 45 : 15)))
+  [ $quick -eq 1 ] && bench_opts+=(--warmup 1 --iters 5)
+  mark=$(lines)
+  run 420 "bench.py" "$python" "$root/bench/bench.py" "${args[@]}" "${bench_opts[@]}" \
+    --out "$out"
+  rc=$?
+  line=$(tally "$mark")
+  if [ $rc -eq 0 ]; then
+    pass "bench.py: $line (table in gpu-layer-check.log, bench.json)"
+  else
+    fail "bench.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
+  fi
+fi
+
+note "elapsed $(($(date +%s) - start)) s; log: $log"
+finish

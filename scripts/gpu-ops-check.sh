@@ -15,10 +15,12 @@ export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
 export PYTHONUNBUFFERED=1
 quick=""
 sanitize=0
+bench=""
 for arg in "$@"; do
   case "$arg" in
   --quick) quick=--quick ;;
   --sanitize) sanitize=1 ;;
+  --bench=*) bench="${arg#--bench=}" ;;
   *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -35,6 +37,11 @@ so="$build/ops.so"
 g++ -shared -o "$so" "$root/gpu-inputs/ops/ops.o" -L"$build/lib" -lmoe_runtime \
   -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link ops.so" | tee -a "$log"; exit 1; }
 status=0
+if [ -n "$bench" ]; then
+  timeout 500 python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" ${MOE_PROFILE:+--profile} \
+    --json "$out/bench.json" 2>&1 | tee -a "$log"
+  exit $?
+fi
 timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then

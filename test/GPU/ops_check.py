@@ -16,6 +16,7 @@ import sys
 import torch
 
 DEV = "cuda"
+PROFILE = False
 RESULTS = []
 
 
@@ -292,13 +293,84 @@ def run_shared(lib, T, d, m):
     return ok
 
 
+CONFIGS = {  # BENCH.md: T, d, n, E, k, scoring, renormalize, groups, topk_groups, scaling
+    "mixtral-8x7b": (16384, 4096, 14336, 8, 2, 0, True, 1, 1, 1.0),
+    "olmoe-1b-7b": (16384, 2048, 1024, 64, 8, 0, False, 1, 1, 1.0),
+    "qwen3-30b-a3b": (16384, 2048, 768, 128, 8, 0, True, 1, 1, 1.0),
+    "deepseek-v3": (8192, 7168, 2048, 256, 8, 1, True, 8, 4, 2.5),
+}
+
+
+def bench(lib, name, reps=5):
+    """Times the op sequence of one forward + backward step; per-op medians in ms."""
+    T, d, n, E, k, scoring, renorm, G, TG, scaling = CONFIGS[name]
+    R = T * k
+    x, wr = bf(T, d), bf(d, E, std=0.02)
+    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    bias = torch.rand(E, device=DEV) * 0.1 if scoring == 1 else torch.empty(0, device=DEV)
+    w = torch.empty(T, k, device=DEV)
+    ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lg = torch.empty(T, E, device=DEV)
+    tid = torch.empty(R, dtype=torch.int32, device=DEV)
+    off = torch.empty(E + 1, dtype=torch.int32, device=DEV)
+    rows = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(R, 2 * n, dtype=torch.bfloat16, device=DEV)
+    out = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    dout = bf(T, d)
+    dx, dxr, dxs = (torch.empty(T, d, dtype=torch.bfloat16, device=DEV) for _ in range(3))
+    dw = torch.empty(T, k, device=DEV)
+    dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
+    dwr = torch.empty_like(wr)
+    empty2 = torch.empty(0, 0, device=DEV)
+    ops = [
+        ("router", lambda: lib.call("router", x, wr, bias, scoring, int(renorm), G, TG, float(scaling), w, ex, lg)),
+        ("dispatch", lambda: lib.call("dispatch", ex, tid, off, rows)),
+        ("expert_ffn", lambda: lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)),
+        ("combine", lambda: lib.call("combine", y, w, rows, out)),
+        ("expert_combine_grad", lambda: lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dxs, dw, dwgu, dwd)),
+        ("router_grad", lambda: lib.call("router_grad", x, wr, lg, ex, dw, empty2, scoring, int(renorm), float(scaling), dxr, dwr)),
+        ("add", lambda: lib.call("add", dxs.view(-1), dxr.view(-1), dx.view(-1))),
+    ]
+    times = {name_: [] for name_, _ in ops}
+    for rep in range(reps + 1):
+        for op_name, fn in ops:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            if rep:
+                times[op_name].append(start.elapsed_time(end))
+    if PROFILE:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _, fn in ops:
+                fn()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+    med = {k_: sorted(v)[len(v) // 2] for k_, v in times.items()}
+    total = sum(med.values())
+    flops = 18 * T * k * d * n + 6 * T * d * E
+    counts = torch.bincount(ex.flatten().long(), minlength=E)
+    print(f"BENCH {name}: {total:.2f} ms fwd+bwd ops, {flops / total / 1e9:.0f} TFLOP/s; "
+          + ", ".join(f"{k_} {v:.2f}" for k_, v in med.items())
+          + f"; tokens/expert min {int(counts.min())} max {int(counts.max())}", flush=True)
+    RESULTS.append({"check": f"bench {name}", "ms": med, "total_ms": total,
+                    "tflops": flops / total / 1e9, "ok": True})
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--json")
+    ap.add_argument("--bench", default="", help="comma-separated BENCH.md configs to time")
+    ap.add_argument("--profile", action="store_true", help="with --bench: per-kernel CUDA times")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     torch.manual_seed(0)
     lib = Lib(args.lib)
     steps = [
@@ -320,6 +392,8 @@ def main():
             ("router-big", lambda: run_router(lib, 1000, 1536, 64, 8, 0, False)),
             ("shared-big", lambda: run_shared(lib, 1000, 1536, 704)),
         ]
+    if args.bench:
+        steps = [(f"bench-{b}", (lambda b=b: bench(lib, b))) for b in args.bench.split(",")]
     failed = 0
     for name, fn in steps:
         if args.only and args.only not in name:

@@ -16,12 +16,13 @@ import sys
 # m64n128k16 wgmma accumulators; A and B stream through a 4-stage cp.async
 # ring in shared memory, 128B-swizzled (CODEGEN.md sections 2-5).
 # ---------------------------------------------------------------------------
-BM, BN, BK, STAGES, THREADS = 128, 128, 64, 4, 128
+BM, BN, BK, STAGES, THREADS = 128, 128, 64, 3, 128
 A_TILE_BYTES = BM * BK * 2  # 16 KiB
 B_TILE_BYTES = BK * BN * 2  # 16 KiB
 STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
-SMEM_BYTES = STAGES * STAGE_BYTES  # 128 KiB ring
-LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024  # + room to align the ring to 1 KiB
+SMEM_BYTES = STAGES * STAGE_BYTES  # 96 KiB ring: two CTAs fit on an SM
+# + 1 KiB to align the ring, + 2 KiB for the dS row partials of the dact epilogue
+LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024 + 2048
 # wgmma descriptors (CODEGEN.md section 2): 128B swizzle (bit 62), SBO = 1024 B
 # (8 rows of 128 B), LBO = 16 KiB for K-major tiles (unused with swizzle, the
 # value nvgpu emits) and 8 KiB for MN-major tiles (the distance between the two
@@ -306,8 +307,28 @@ def gen_gemm(g):
 
     zero8 = c(0)
 
-    def issue_stage(kt, slot, enabled):
+    def load_b_rows(kt):
+        """Source rows of the gathered B tile kt: loaded a stage early so their
+        latency hides behind the wgmma of the current stage."""
+        if g.b != "rows_mn":
+            return None
+        k0 = e.mul(kt, c(BK))
+        srcs = []
+        for i in range(8):
+            kr = e.add(k0, e.add(mrow, c(8 * i)))
+            kok = e.cmp("ult", kr, kcount)
+            krs = e.select(kok, kr, c(0))
+            if g.gather_b:
+                src = e.load_i32_as_index(A["bids"], e.add(elo, krs))
+            else:
+                src = e.add(elo, krs)
+            srcs.append((src, kok))
+        return srcs
+
+    def issue_stage(kt, slot, enabled, b_srcs=None):
         """cp.async copies of k-tile kt into ring slot `slot` (both index values)."""
+        if b_srcs is None:
+            b_srcs = load_b_rows(kt)
         k0 = e.mul(kt, c(BK))
         a_sbase = e.mul(slot, c(STAGE_BYTES // 2))
         b_sbase = e.add(a_sbase, c(A_TILE_BYTES // 2))
@@ -340,12 +361,7 @@ def gen_gemm(g):
             for i in range(8):
                 kr = e.add(k0, e.add(mrow, c(8 * i)))
                 if g.b == "rows_mn":
-                    kok = e.cmp("ult", kr, kcount)
-                    krs = e.select(kok, kr, c(0))
-                    if g.gather_b:
-                        src = e.load_i32_as_index(A["bids"], e.add(elo, krs))
-                    else:
-                        src = e.add(elo, krs)
+                    src, kok = b_srcs[i]
                     ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
                     gidx = e.add(e.mul(src, A["ldb"]), bcol_s)
                 else:
@@ -374,6 +390,8 @@ def gen_gemm(g):
     e.emit(f"%kloop:2 = scf.for %kt = {c(0)} to {numk} step {c(1)} iter_args(%a0 = {acc0}, %a1 = {acc1}) -> ({ACC}, {ACC}) {{")
     outer = e.indent
     e.indent = outer + "  "
+    nk = e.add("%kt", c(STAGES - 1))
+    next_b_srcs = load_b_rows(nk)
     e.emit(f"nvvm.cp.async.wait.group {STAGES - 2}")
     e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
     e.emit("gpu.barrier")
@@ -404,9 +422,8 @@ def gen_gemm(g):
     e.emit("nvvm.wgmma.commit.group.sync.aligned")
     e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
     e.emit("gpu.barrier")
-    nk = e.add("%kt", c(STAGES - 1))
     en = e.cmp("ult", nk, numk)
-    issue_stage(nk, e.rem(nk, c(STAGES)), en)
+    issue_stage(nk, e.rem(nk, c(STAGES)), en, next_b_srcs)
     e.emit(f"scf.yield {accs[0]}, {accs[1]} : {ACC}, {ACC}")
     e.indent = outer
     e.emit("}")
@@ -425,17 +442,27 @@ def gen_gemm(g):
     qrow = e.add(e.mul(warp, c(16)), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
     finals = ["%kloop#0", "%kloop#1"]
+    def stage_index(lr, lc):
+        # rows of 128 f32 with the column XOR-ed by row % 32: row-wise and
+        # column-wise walks over the tile are both free of bank conflicts
+        return e.add(e.mul(lr, c(BN)), e.xor(lc, e.rem(lr, c(32))))
+
     for h in range(2):
         for v in range(64):
             j, i, cc = v // 4, (v // 2) % 2, v % 2
             val = e.op(f"llvm.extractvalue {finals[h]}[{v}] : {ACC}", "f")
             row = e.add(qrow, c(h * 64 + 8 * i))
-            idx = e.add(e.mul(row, c(BN)), e.add(qcol, c(8 * j + cc)))
+            idx = stage_index(row, e.add(qcol, c(8 * j + cc)))
             e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
     e.emit("gpu.barrier")
 
     def bf16(x):
         return e.op(f"arith.truncf {x} : f32 to bf16")
+
+    def shuffle_xor(x, mask):
+        name = e.fresh("sh")
+        e.emit(f"{name}, {name}ok = gpu.shuffle xor {x}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
+        return name
 
     def if_begin(cond):
         e.emit(f"scf.if {cond} {{")
@@ -458,7 +485,7 @@ def gen_gemm(g):
         return sgm, e.fmul(g32, sgm)
 
     def staged(lr, lc):
-        return e.op(f"memref.load {stage}[{e.add(e.mul(lr, c(BN)), lc)}] : {SF}")
+        return e.op(f"memref.load {stage}[{stage_index(lr, lc)}] : {SF}")
 
     if g.epi in ("store_bf16", "store_f32", "store_bf16_w", "store_T_bf16_w"):
         transposed = g.epi == "store_T_bf16_w"
@@ -509,18 +536,31 @@ def gen_gemm(g):
         if_end()
     elif g.epi == "dswiglu":
         # acc = dA (unscaled) for columns n0 + [0,128) of n; w = wrow[r] (1 without
-        # routing weights). Writes dH [R,2n] and, for the weight gradients, dH^T and
-        # (w a)^T at column poff[e] + (r - off[e]); with dS, acc * a goes back to
-        # shared memory and one thread per row sums it in column order.
+        # routing weights). Pass 1 walks rows (coalesced dH stores) and parks dg|du
+        # (bf16x2, in the accumulator's slot) and w*a in shared memory; pass 2
+        # walks columns, so the transposed dH^T and (w a)^T rows are written
+        # contiguously at column poff[e] + (r - off[e]). With dS, each warp sums
+        # its 32 products acc*a of a row and one thread per row adds the 4 warp
+        # sums in order.
         half = A["dim_n"]
         two_half = e.mul(half, c(2))
         ldt = A["ldt"]
         poff = e.load_i32_as_index(A["poffsets"], expert)
+        # dg and du of an element share the 4 bytes of its accumulator slot
+        stage_b = e.op(f"memref.view {smem}[{pad}][{c(2 * BM * BN)}] : {SMEM} to {SBF16}", "stb")
+        wa_off = e.add(pad, c(BM * BN * 4))
+        stage_wa = e.op(f"memref.view {smem}[{wa_off}][{c(BM * BN)}] : {SMEM} to {SBF16}", "stw")
+        ds_off = e.add(pad, c(SMEM_BYTES))
+        stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM * 4)}] : {SMEM} to {SF}", "std")
+
+        def valid(lr, lc):
+            r, col = e.add(m0, lr), e.add(n0, lc)
+            ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
+            return r, col, ok
+
         it = loop_begin(BM * BN, "ep")
         lr, lc = e.div(it, c(BN)), e.rem(it, c(BN))
-        r = e.add(m0, lr)
-        col = e.add(n0, lc)
-        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
+        r, col, ok = valid(lr, lc)
         e.emit(f"%dsv = scf.if {ok} -> (f32) {{")
         e.indent += "  "
         acc = staged(lr, lc)
@@ -541,12 +581,13 @@ def gen_gemm(g):
         dg = bf16(e.fmul(e.fmul(da, u32), dsilu))
         du = bf16(e.fmul(da, silu))
         wa = bf16(e.fmul(w, a))
-        pcol = e.add(poff, e.sub(r, elo))
         e.emit(f"memref.store {dg}, {A['dh']}[{e.add(hrow, col)}] : memref<?xbf16>")
         e.emit(f"memref.store {du}, {A['dh']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
-        e.emit(f"memref.store {dg}, {A['dht']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
-        e.emit(f"memref.store {du}, {A['dht']}[{e.add(e.mul(e.add(half, col), ldt), pcol)}] : memref<?xbf16>")
-        e.emit(f"memref.store {wa}, {A['wat']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
+        sidx = stage_index(lr, lc)
+        bidx = e.mul(sidx, c(2))
+        e.emit(f"memref.store {dg}, {stage_b}[{bidx}] : {SBF16}")
+        e.emit(f"memref.store {du}, {stage_b}[{e.add(bidx, c(1))}] : {SBF16}")
+        e.emit(f"memref.store {wa}, {stage_wa}[{sidx}] : {SBF16}")
         prod = e.fmul(acc, a)
         e.emit(f"scf.yield {prod} : f32")
         e.indent = e.indent[:-2]
@@ -554,18 +595,38 @@ def gen_gemm(g):
         e.emit(f"  scf.yield {c(0.0, 'f32')} : f32")
         e.emit("}")
         if g.has_ds:
-            e.emit(f"memref.store %dsv, {stage}[{e.add(e.mul(lr, c(BN)), lc)}] : {SF}")
+            # the 32 lanes of a warp hold 32 columns of row lr
+            part = "%dsv"
+            for mask in (16, 8, 4, 2, 1):
+                part = e.fadd(part, shuffle_xor(part, mask))
+            if_begin(e.cmp("eq", lane, c(0)))
+            e.emit(f"memref.store {part}, {stage_ds}[{e.add(e.mul(lr, c(4)), warp)}] : {SF}")
+            if_end()
+        if_end()
+        e.emit("gpu.barrier")
+        it = loop_begin(BM * BN, "ep2")
+        lr, lc = e.rem(it, c(BM)), e.div(it, c(BM))
+        r, col, ok = valid(lr, lc)
+        if_begin(ok)
+        sidx = stage_index(lr, lc)
+        bidx = e.mul(sidx, c(2))
+        dg = e.op(f"memref.load {stage_b}[{bidx}] : {SBF16}")
+        du = e.op(f"memref.load {stage_b}[{e.add(bidx, c(1))}] : {SBF16}")
+        wa = e.op(f"memref.load {stage_wa}[{sidx}] : {SBF16}")
+        pcol = e.add(poff, e.sub(r, elo))
+        e.emit(f"memref.store {dg}, {A['dht']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
+        e.emit(f"memref.store {du}, {A['dht']}[{e.add(e.mul(e.add(half, col), ldt), pcol)}] : memref<?xbf16>")
+        e.emit(f"memref.store {wa}, {A['wat']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
+        if_end()
         if_end()
         if g.has_ds:
-            e.emit("gpu.barrier")
             r = e.add(m0, tid)
             if_begin(e.cmp("ult", r, m_end))
-            e.emit(f"%dsum = scf.for %dc = {c(0)} to {c(BN)} step {c(1)} iter_args(%dacc = {c(0.0, 'f32')}) -> (f32) {{")
-            v = e.op(f"memref.load {stage}[{e.add(e.mul(tid, c(BN)), '%dc')}] : {SF}")
-            s2 = e.fadd("%dacc", v)
-            e.emit(f"  scf.yield {s2} : f32")
-            e.emit("}")
-            e.emit(f"memref.store %dsum, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), by)}] : memref<?xf32>")
+            total = c(0.0, "f32")
+            for wv in range(4):
+                p_ = e.op(f"memref.load {stage_ds}[{e.add(e.mul(tid, c(4)), c(wv))}] : {SF}")
+                total = e.fadd(total, p_)
+            e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), by)}] : memref<?xf32>")
             if_end()
     else:
         raise ValueError(g.epi)

@@ -12,7 +12,8 @@ NAME.o linked with libmoe_runtime into NAME.so is what `CompiledLayer` loads:
 Every tensor is checked before the call (type, dtype, shape, contiguity, CUDA device,
 16-byte alignment); outputs, saved tensors and gradients are allocated here with torch. The
 call is enqueued on `torch.cuda.current_stream()` and returns without waiting, as torch
-kernels do. A non-zero status raises RuntimeError with the runtime's message.
+kernels do (torch's default stream is passed as CU_STREAM_LEGACY, so the call stays ordered
+with torch's work there). A non-zero status raises RuntimeError with the runtime's message.
 
 Only the manifest parsing and the argument checks need no GPU; torch is imported lazily so
 that this module imports without it.
@@ -38,6 +39,7 @@ DTYPES: Dict[str, Tuple[str, int]] = {
 }
 ROLES = ("input", "output", "saved", "cotangent", "gradient")
 ALIGNMENT = 16  # bytes; docs/gpu-path.md §2
+CU_STREAM_LEGACY = 0x1  # cuda.h: the legacy default stream as a stream handle
 
 # moeStatus names, for messages when the library cannot name a status itself.
 _STATUS_NAMES = [
@@ -459,7 +461,10 @@ class CompiledLayer:
             set_device = self._fns.get("moeSetDevice")
             if set_device is not None and device is not None:
                 set_device(device)
-            stream = torch.cuda.current_stream(device).cuda_stream
+            # torch's default stream is the legacy one (handle 0). A null stream would make the
+            # entry point use a non-blocking stream of the runtime, unordered with torch's work
+            # on the legacy stream; CU_STREAM_LEGACY names that stream explicitly.
+            stream = torch.cuda.current_stream(device).cuda_stream or CU_STREAM_LEGACY
         ptrs = [ctypes.c_void_p(tensors[p.name].data_ptr() or None) for p in ep.params]
         status = fn(ctypes.c_void_p(stream or None), *ptrs)
         if status != 0:

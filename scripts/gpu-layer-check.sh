@@ -6,8 +6,9 @@
 #             linked with it into NAME.so (g++ -shared, rpath to the runtime);
 #   example   examples/cpp built against the "example" layer and run;
 #   check     bench/check_layer.py on the small and odd layers, with the routing variants;
-#   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward;
-#   bench     bench/bench.py on the four BENCH.md configurations.
+#   bench     bench/bench.py on the four BENCH.md configurations;
+#   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
+#             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
 # environment first), summary.txt (one line per step, "N passed, M failed" last),
 # check_layer.json, bench.json.
@@ -208,6 +209,33 @@ if wants check; then
   fi
 fi
 
+# ---------------------------------------------------------------- bench
+if wants bench; then
+  args=()
+  for name in "${bench_layers[@]}"; do
+    args+=(--layer "$layers_dir/$name")
+    have "$name" || note "bench: $name.so missing, bench.py will skip it"
+  done
+  remaining=$(left)
+  # Leave the sanitizers about 3 minutes when they are to run.
+  reserve=45
+  wants sanitize && reserve=$((quick == 1 ? 120 : 200))
+  bench_limit=$((remaining - reserve > 150 ? remaining - reserve : 150))
+  # bench.py starts no configuration after --deadline; one takes up to about 100 s.
+  bench_opts=(--deadline $((bench_limit - 100)))
+  [ $quick -eq 1 ] && bench_opts+=(--warmup 1 --iters 5)
+  mark=$(lines)
+  run "$bench_limit" "bench.py" "$python" "$root/bench/bench.py" "${args[@]}" "${bench_opts[@]}" \
+    --out "$out"
+  rc=$?
+  line=$(tally "$mark")
+  if [ $rc -eq 0 ]; then
+    pass "bench.py: $line (table in gpu-layer-check.log, bench.json)"
+  else
+    fail "bench.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
+  fi
+fi
+
 # ---------------------------------------------------------------- sanitize
 if wants sanitize; then
   tools=(memcheck racecheck)
@@ -233,28 +261,6 @@ if wants sanitize; then
         fail "compute-sanitizer $tool on tiny: ${summary_line:-$(why $rc)}"
       fi
     done
-  fi
-fi
-
-# ---------------------------------------------------------------- bench
-if wants bench; then
-  args=()
-  for name in "${bench_layers[@]}"; do
-    args+=(--layer "$layers_dir/$name")
-    have "$name" || note "bench: $name.so missing, bench.py will skip it"
-  done
-  remaining=$(left)
-  bench_opts=(--deadline $((remaining > 60 ? remaining - 45 : 15)))
-  [ $quick -eq 1 ] && bench_opts+=(--warmup 1 --iters 5)
-  mark=$(lines)
-  run 420 "bench.py" "$python" "$root/bench/bench.py" "${args[@]}" "${bench_opts[@]}" \
-    --out "$out"
-  rc=$?
-  line=$(tally "$mark")
-  if [ $rc -eq 0 ]; then
-    pass "bench.py: $line (table in gpu-layer-check.log, bench.json)"
-  else
-    fail "bench.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
   fi
 fi
 

@@ -26,10 +26,10 @@ namespace {
 // The caller's stream of a generated call (moeSetLaunchStream).
 thread_local void *tlsLaunchStream = nullptr;
 
-// Pointers from cuMemAllocAsync, which mgpuMemFree returns with
-// cuMemFreeAsync; everything else goes back through cuMemFree.
-struct AsyncAllocations {
+struct MgpuState {
   std::mutex mutex;
+  // Pointers from cuMemAllocAsync, which mgpuMemFree returns with
+  // cuMemFreeAsync; everything else goes back through cuMemFree.
   std::unordered_set<uintptr_t> pointers;
   // The last mgpuModuleLoad failure: modules load in a global constructor,
   // long before a null module reaches mgpuModuleGetFunction.
@@ -38,8 +38,8 @@ struct AsyncAllocations {
 };
 
 // Never destroyed: generated destructors may still call in at exit.
-AsyncAllocations &mgpuState() {
-  static AsyncAllocations *state = new AsyncAllocations;
+MgpuState &mgpuState() {
+  static MgpuState *state = new MgpuState;
   return *state;
 }
 
@@ -89,18 +89,12 @@ void launch(const char *what, void *function, const int64_t grid[3],
         what);
 }
 
-} // namespace
-
-extern "C" {} // extern "C"
-
-namespace {
-
 // Only failures are kept: another layer's module loading fine says nothing
 // about the one that did not.
 void rememberModuleLoad(moeStatus status) {
   if (status == MOE_SUCCESS)
     return;
-  AsyncAllocations &state = mgpuState();
+  MgpuState &state = mgpuState();
   std::lock_guard<std::mutex> lock(state.mutex);
   state.moduleLoadStatus = status;
   state.moduleLoadMessage = moeGetLastErrorMessage();
@@ -137,7 +131,7 @@ void *mgpuModuleGetFunction(void *module, const char *name) {
     return nullptr;
   if (!module) {
     // Say why the module is missing rather than only that it is.
-    AsyncAllocations &state = mgpuState();
+    MgpuState &state = mgpuState();
     std::unique_lock<std::mutex> lock(state.mutex);
     if (state.moduleLoadStatus != MOE_SUCCESS) {
       moeStatus status = state.moduleLoadStatus;
@@ -261,7 +255,7 @@ void *mgpuMemAlloc(uint64_t sizeBytes, void *stream, bool hostShared) {
       check(failCuda(result, "cuMemAllocAsync", detail), "mgpuMemAlloc");
       return nullptr;
     }
-    AsyncAllocations &state = mgpuState();
+    MgpuState &state = mgpuState();
     std::lock_guard<std::mutex> lock(state.mutex);
     state.pointers.insert(static_cast<uintptr_t>(ptr));
     return reinterpret_cast<void *>(ptr);
@@ -284,7 +278,7 @@ void mgpuMemFree(void *ptr, void *stream) {
   KeepFirstFailure keep;
   bool async = false;
   {
-    AsyncAllocations &state = mgpuState();
+    MgpuState &state = mgpuState();
     std::lock_guard<std::mutex> lock(state.mutex);
     async = state.pointers.erase(reinterpret_cast<uintptr_t>(ptr)) != 0;
   }
@@ -347,7 +341,7 @@ void *moeGetLaunchStream(void) { return tlsLaunchStream; }
 } // extern "C"
 
 void moe::runtime::resetMgpuForTesting() {
-  AsyncAllocations &state = mgpuState();
+  MgpuState &state = mgpuState();
   std::lock_guard<std::mutex> lock(state.mutex);
   state.pointers.clear();
   state.moduleLoadStatus = MOE_SUCCESS;

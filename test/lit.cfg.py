@@ -46,6 +46,7 @@ tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
 tools = [
     ToolSubst("moe-opt", extra_args=moe_opt_extra, unresolved="fatal"),
     ToolSubst("moe-reduce", unresolved="fatal"),
+    ToolSubst("moe-compile", unresolved="fatal"),
     "mlir-opt",
     "mlir-runner",
     "mlir-translate",

@@ -733,6 +733,9 @@ LogicalResult addLibrary(ModuleOp module) {
   if (worklist.empty())
     return success();
 
+  if (StringRef(kGPULibrary).trim().empty())
+    return module.emitError("the embedded GPU library is empty: rebuild after "
+                            "MoEGPULibrary.mlir is written in full");
   ParserConfig config(module.getContext());
   OwningOpRef<ModuleOp> library =
       parseSourceString<ModuleOp>(kGPULibrary, config, "MoEGPULibrary.mlir");

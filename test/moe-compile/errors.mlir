@@ -1,0 +1,68 @@
+// moe-compile refuses bad input with a message and a non-zero exit, never a
+// crash (`not` fails on a crash), and writes nothing.
+// RUN: rm -rf %t && split-file %s %t
+// RUN: not moe-compile %t/missing.mlir -o %t/out/missing 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: not moe-compile %t/invalid.mlir -o %t/out/invalid 2>&1 | FileCheck %s --check-prefix=INVALID
+// RUN: not moe-compile %t/gelu.mlir -o %t/out/gelu --format=isa 2>&1 | FileCheck %s --check-prefix=GELU
+// RUN: not moe-compile %t/nolayer.mlir -o %t/out/nolayer --format=isa 2>&1 | FileCheck %s --check-prefix=NOLAYER
+// RUN: not moe-compile %t/two.mlir -o %t/out/two --format=isa 2>&1 | FileCheck %s --check-prefix=TWO
+// RUN: not moe-compile %t/gelu.mlir -o %t/out/x --emit=obj,pdf 2>&1 | FileCheck %s --check-prefix=EMIT
+// RUN: not moe-compile %t/gelu.mlir -o %t/out/x --format=offload 2>&1 | FileCheck %s --check-prefix=FORMAT
+// RUN: not moe-compile %t/gelu.mlir -o %t/out/x --opt-level=7 2>&1 | FileCheck %s --check-prefix=OPT
+// RUN: not test -e %t/out
+
+// MISSING: moe-compile: error: cannot read '{{.*}}missing.mlir': {{.*}}
+// INVALID: invalid.mlir:2:8: error: custom op 'moe.frobnicate' is unknown
+// INVALID: moe-compile: error: cannot parse '{{.*}}invalid.mlir'
+// GELU: gelu.mlir:{{[0-9]+}}:{{[0-9]+}}: error: the GPU path runs the swiglu activation only, got gelu
+// GELU: moe-compile: error: compiling '{{.*}}gelu.mlir' failed
+// NOLAYER: moe-compile: error: '{{.*}}nolayer.mlir' has no moe layer function to compile
+// TWO: moe-compile: error: '{{.*}}two.mlir' has more than one layer (@a, @b); moe-compile compiles one per file
+// EMIT: moe-compile: error: unknown --emit kind 'pdf' (expected obj, header, manifest, llvm or mlir)
+// FORMAT: moe-compile: error: unknown --format 'offload' (expected bin, isa or fatbin)
+// OPT: moe-compile: error: --opt-level must be 0 to 3, got 7
+
+//--- invalid.mlir
+func.func @f(%x: tensor<4x64xbf16>) -> tensor<4x64xbf16> {
+  %0 = moe.frobnicate %x : tensor<4x64xbf16>
+  return %0 : tensor<4x64xbf16>
+}
+
+//--- gelu.mlir
+func.func @gelu(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
+                %wgu: tensor<4x64x64xbf16>, %wd: tensor<4x64x64xbf16>)
+    -> tensor<37x64xbf16> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<gelu>,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x64xbf16>,
+        tensor<4x64x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
+  return %out : tensor<37x64xbf16>
+}
+
+//--- nolayer.mlir
+func.func @f(%a: i32) -> i32 {
+  return %a : i32
+}
+
+//--- two.mlir
+func.func @a(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
+             %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>)
+    -> tensor<37x64xbf16> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x128xbf16>,
+        tensor<4x64x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
+  return %out : tensor<37x64xbf16>
+}
+func.func @b(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
+             %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>)
+    -> tensor<37x64xbf16> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x128xbf16>,
+        tensor<4x64x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
+  return %out : tensor<37x64xbf16>
+}

@@ -1,0 +1,742 @@
+//===- moe-compile.cpp - A moe layer to a linkable object ----*- C++ -*-===//
+//
+// moe-compile layer.mlir -o DIR/NAME runs moe-training-pipeline{chip=sm_90a}
+// in process, adds C entry points around the forward and backward host
+// functions, and writes NAME.o (x86-64, PIC, kernels embedded), NAME.h and
+// NAME.json, the manifest python/moe_mlir/gpu.py reads (docs/gpu-path.md
+// section 2).
+//
+//===----------------------------------------------------------------------===//
+
+#include "moe/Conversion/MoEToGPU/MoEToGPU.h"
+#include "moe/InitAll.h"
+#include "moe/Pipelines/Pipelines.h"
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/ExecutionEngine/OptUtils.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Export.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/IR/LLVMContext.h"
+#include "llvm/IR/LegacyPassManager.h"
+#include "llvm/IR/Module.h"
+#include "llvm/MC/TargetRegistry.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Target/TargetMachine.h"
+#include "llvm/Target/TargetOptions.h"
+#include "llvm/TargetParser/Triple.h"
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+extern "C" {
+void LLVMInitializeX86TargetInfo();
+void LLVMInitializeX86Target();
+void LLVMInitializeX86TargetMC();
+void LLVMInitializeX86AsmPrinter();
+}
+
+using namespace mlir;
+namespace cl = llvm::cl;
+
+#ifndef MOE_MLIR_VERSION
+#define MOE_MLIR_VERSION "dev"
+#endif
+
+namespace {
+
+cl::opt<std::string> inputFilename(cl::Positional, cl::desc("<layer.mlir>"),
+                                   cl::Required);
+cl::opt<std::string>
+    outputPrefix("o",
+                 cl::desc("Output prefix DIR/NAME: writes NAME.o, NAME.h, "
+                          "NAME.json, ..."),
+                 cl::value_desc("prefix"), cl::Required);
+cl::opt<std::string>
+    format("format",
+           cl::desc("Kernel binary: bin (cubin, needs ptxas), isa (PTX, "
+                    "JIT-compiled when the object loads) or fatbin"),
+           cl::init("bin"));
+cl::opt<unsigned> optLevel("opt-level",
+                           cl::desc("Optimisation level of the kernels (0-3)"),
+                           cl::init(3));
+cl::list<std::string>
+    emit("emit",
+         cl::desc("What to write: obj (NAME.o), header (NAME.h), manifest "
+                  "(NAME.json), llvm (NAME.ll), mlir (NAME.mlir, the LLVM "
+                  "dialect); default obj,header,manifest"),
+         cl::CommaSeparated);
+
+constexpr llvm::StringLiteral kChip = "sm_90a";
+constexpr llvm::StringLiteral kHostTriple = "x86_64-unknown-linux-gnu";
+/// Device pointers must be 16-byte aligned (vector loads, TMA).
+constexpr int64_t kPointerAlignment = 16;
+/// moeStatus codes (runtime/include/moe/Runtime/Runtime.h).
+constexpr int32_t kInvalidArgument = 3;
+constexpr int32_t kMisaligned = 4;
+
+int fail(const llvm::Twine &message) {
+  llvm::errs() << "moe-compile: error: " << message << "\n";
+  return 1;
+}
+
+/// LLVM reports some errors (a PTX version the chip does not take, CODEGEN.md
+/// P2) by aborting; say what happened and exit instead.
+void onFatalError(void *, const char *reason, bool) {
+  llvm::errs() << "moe-compile: error: LLVM: " << reason << "\n";
+  llvm::errs().flush();
+  std::_Exit(1);
+}
+
+//===----------------------------------------------------------------------===//
+// What the conversion recorded
+//===----------------------------------------------------------------------===//
+
+struct Param {
+  std::string name;
+  std::string role;
+  std::string dtype;
+  SmallVector<int64_t> shape;
+  std::string forwardParam;
+  std::string of;
+};
+
+struct Entry {
+  LLVM::LLVMFuncOp impl;
+  std::string kind;
+  std::string layerName;
+  SmallVector<Param> params;
+  int64_t workspaceBytes = 0;
+  DictionaryAttr layer;
+};
+
+std::string getString(DictionaryAttr dict, StringRef key) {
+  if (auto value = dict.getAs<StringAttr>(key))
+    return value.str();
+  return "";
+}
+
+FailureOr<Entry> readEntry(LLVM::LLVMFuncOp func) {
+  Entry entry;
+  entry.impl = func;
+  entry.kind = func->getAttrOfType<StringAttr>(moe::kGPUEntryAttr).str();
+  auto layerName = func->getAttrOfType<StringAttr>(moe::kGPULayerNameAttr);
+  auto params = func->getAttrOfType<ArrayAttr>(moe::kGPUParamsAttr);
+  auto workspace =
+      func->getAttrOfType<IntegerAttr>(moe::kGPUWorkspaceBytesAttr);
+  if (!layerName || !params || !workspace)
+    return func.emitError("the host function lacks the moe.gpu.* attributes "
+                          "of convert-moe-to-gpu");
+  entry.layerName = layerName.str();
+  entry.workspaceBytes = workspace.getInt();
+  entry.layer = func->getAttrOfType<DictionaryAttr>(moe::kGPULayerAttr);
+  for (Attribute attr : params) {
+    auto dict = dyn_cast<DictionaryAttr>(attr);
+    auto shape = dict ? dict.getAs<DenseI64ArrayAttr>("shape") : nullptr;
+    if (!shape)
+      return func.emitError("malformed moe.gpu.params entry ") << attr;
+    entry.params.push_back(
+        {getString(dict, "name"), getString(dict, "role"),
+         getString(dict, "dtype"), llvm::to_vector(shape.asArrayRef()),
+         getString(dict, "forward_param"), getString(dict, "of")});
+  }
+  return entry;
+}
+
+/// `name` as a C identifier: other characters become '_'.
+std::string sanitize(StringRef name) {
+  std::string result;
+  for (char c : name)
+    result += llvm::isAlnum(c) || c == '_' ? c : '_';
+  if (result.empty() || llvm::isDigit(result.front()))
+    result.insert(result.begin(), '_');
+  return result;
+}
+
+std::string describe(const Param &param) {
+  std::string text = param.role;
+  if (!param.forwardParam.empty() && param.forwardParam != param.name)
+    text += " (forward " + param.forwardParam + ")";
+  if (!param.of.empty())
+    text += " of " + param.of;
+  text += ", " + param.dtype + " [";
+  text += llvm::join(
+      llvm::map_range(param.shape, [](int64_t d) { return std::to_string(d); }),
+      ", ");
+  return text + "]";
+}
+
+//===----------------------------------------------------------------------===//
+// The C entry points, as LLVM dialect functions
+//===----------------------------------------------------------------------===//
+
+class EntryPointBuilder {
+public:
+  explicit EntryPointBuilder(ModuleOp module)
+      : module(module), b(module.getContext()), loc(module.getLoc()) {
+    b.setInsertionPointToEnd(module.getBody());
+    ptrType = LLVM::LLVMPointerType::get(module.getContext());
+    i32 = b.getI32Type();
+    i64 = b.getI64Type();
+    voidType = LLVM::LLVMVoidType::get(module.getContext());
+  }
+
+  /// `int <cName>_<kind>(void *stream, void *params...)` calling the host
+  /// function `entry.impl` on memref descriptors of the static shapes.
+  LogicalResult build(const Entry &entry, StringRef symbol) {
+    LLVM::LLVMFuncOp impl = entry.impl;
+    int64_t expected = 0;
+    for (const Param &param : entry.params)
+      expected += 3 + 2 * static_cast<int64_t>(param.shape.size());
+    if (impl.getNumArguments() != expected)
+      return impl.emitError("expected a host function with ")
+             << expected << " arguments (expanded memref descriptors)";
+
+    SmallVector<Type> argTypes(entry.params.size() + 1, ptrType);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToEnd(module.getBody());
+    auto func = LLVM::LLVMFuncOp::create(
+        b, loc, symbol, LLVM::LLVMFunctionType::get(i32, argTypes));
+    Block *entryBlock = func.addEntryBlock(b);
+    Region &body = func.getBody();
+    Block *run = new Block();
+    body.push_back(run);
+    Block *refuse = new Block();
+    body.push_back(refuse);
+    refuse->addArgument(i32, loc);
+    refuse->addArgument(ptrType, loc);
+
+    // Null and alignment checks, each a branch to `refuse` with its message.
+    b.setInsertionPointToStart(entryBlock);
+    call("moeClearLastError", voidType, {});
+    Block *current = entryBlock;
+    for (auto [i, param] : llvm::enumerate(entry.params)) {
+      Value pointer = entryBlock->getArgument(i + 1);
+      std::string what = (symbol + ": parameter " + Twine(i + 1) + " '" +
+                          param.name + "' (" + describe(param) + ")")
+                             .str();
+      b.setInsertionPointToEnd(current);
+      Value null = LLVM::ZeroOp::create(b, loc, ptrType);
+      Value isNull =
+          LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::eq, pointer, null);
+      current = check(current, isNull, kInvalidArgument,
+                      what + " is a null pointer", run);
+      Value address = LLVM::PtrToIntOp::create(b, loc, i64, pointer);
+      Value mask = constant(i64, kPointerAlignment - 1);
+      Value low = LLVM::AndOp::create(b, loc, address, mask);
+      Value misaligned = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::ne,
+                                              low, constant(i64, 0));
+      current = check(current, misaligned, kMisaligned,
+                      what + " is not " + std::to_string(kPointerAlignment) +
+                          "-byte aligned",
+                      run);
+    }
+    b.setInsertionPointToEnd(current);
+    LLVM::BrOp::create(b, loc, ValueRange{}, run);
+
+    // Borrow the caller's stream, call the host function on descriptors of
+    // the static shapes (allocated = aligned pointer, offset 0, row-major
+    // strides), give the stream back and report the runtime's status.
+    b.setInsertionPointToStart(run);
+    Value stream = entryBlock->getArgument(0);
+    call("moeSetLaunchStream", i32, {stream});
+    SmallVector<Value> args;
+    for (auto [i, param] : llvm::enumerate(entry.params)) {
+      Value pointer = entryBlock->getArgument(i + 1);
+      args.append({pointer, pointer, constant(i64, 0)});
+      for (int64_t size : param.shape)
+        args.push_back(constant(i64, size));
+      int64_t stride = 1;
+      SmallVector<Value> strides;
+      for (int64_t size : llvm::reverse(param.shape)) {
+        strides.push_back(constant(i64, stride));
+        stride *= size;
+      }
+      llvm::append_range(args, llvm::reverse(strides));
+    }
+    LLVM::CallOp::create(b, loc, impl, args);
+    call("moeSetLaunchStream", i32, {LLVM::ZeroOp::create(b, loc, ptrType)});
+    Value status = call("moeGetLastStatus", i32, {});
+    LLVM::ReturnOp::create(b, loc, status);
+
+    b.setInsertionPointToStart(refuse);
+    Value code = call("moeSetErrorMessage", i32,
+                      {refuse->getArgument(0), refuse->getArgument(1)});
+    LLVM::ReturnOp::create(b, loc, code);
+    return success();
+  }
+
+  /// `size_t <symbol>(void)` returning `bytes`.
+  void buildConstant(StringRef symbol, int64_t bytes) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToEnd(module.getBody());
+    auto func = LLVM::LLVMFuncOp::create(b, loc, symbol,
+                                         LLVM::LLVMFunctionType::get(i64, {}));
+    b.setInsertionPointToStart(func.addEntryBlock(b));
+    LLVM::ReturnOp::create(b, loc, constant(i64, bytes));
+  }
+
+private:
+  Value constant(Type type, int64_t value) {
+    return LLVM::ConstantOp::create(b, loc, type,
+                                    b.getIntegerAttr(type, value));
+  }
+
+  /// Calls the runtime function `name`, declaring it on first use.
+  Value call(StringRef name, Type result, ValueRange args) {
+    auto callee = module.lookupSymbol<LLVM::LLVMFuncOp>(name);
+    if (!callee) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(module.getBody());
+      callee = LLVM::LLVMFuncOp::create(
+          b, loc, name,
+          LLVM::LLVMFunctionType::get(result,
+                                      llvm::to_vector(args.getTypes())));
+    }
+    auto op = LLVM::CallOp::create(b, loc, callee, args);
+    return op.getNumResults() ? op.getResult() : Value();
+  }
+
+  /// A private constant C string; returns its address.
+  Value string(StringRef text) {
+    std::string name = "__moe_message_" + std::to_string(messages++);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(module.getBody());
+      std::string data = text.str();
+      data.push_back('\0');
+      auto type = LLVM::LLVMArrayType::get(b.getI8Type(), data.size());
+      LLVM::GlobalOp::create(b, loc, type, /*isConstant=*/true,
+                             LLVM::Linkage::Private, name,
+                             b.getStringAttr(data));
+    }
+    return LLVM::AddressOfOp::create(b, loc, ptrType, name);
+  }
+
+  /// Ends `current` with a branch to `refuse(code, message)` if `condition`
+  /// holds; returns the block that continues otherwise.
+  Block *check(Block *current, Value condition, int32_t code,
+               const std::string &message, Block *before) {
+    b.setInsertionPointToEnd(current);
+    Value codeValue = constant(i32, code);
+    Value messageValue = string(message);
+    Block *next = b.createBlock(before);
+    Block *refuse = &current->getParent()->back();
+    b.setInsertionPointToEnd(current);
+    LLVM::CondBrOp::create(b, loc, condition, refuse,
+                           ValueRange{codeValue, messageValue}, next,
+                           ValueRange{});
+    b.setInsertionPointToStart(next);
+    return next;
+  }
+
+  ModuleOp module;
+  OpBuilder b;
+  Location loc;
+  Type ptrType, i32, i64, voidType;
+  unsigned messages = 0;
+};
+
+//===----------------------------------------------------------------------===//
+// Header and manifest
+//===----------------------------------------------------------------------===//
+
+std::string layerSummary(DictionaryAttr layer) {
+  if (!layer)
+    return "";
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  auto integer = [&](StringRef key) -> int64_t {
+    if (auto value = layer.getAs<IntegerAttr>(key))
+      return value.getInt();
+    return 0;
+  };
+  auto boolean = [&](StringRef key) {
+    auto value = layer.getAs<BoolAttr>(key);
+    return value && value.getValue();
+  };
+  double scaling = 1.0;
+  if (auto value = layer.getAs<FloatAttr>("scaling_factor"))
+    scaling = value.getValueAsDouble();
+  os << " *   T = " << integer("T") << " tokens, d = " << integer("d")
+     << ", n = " << integer("n") << ", E = " << integer("E")
+     << " experts, top k = " << integer("k") << "\n"
+     << " *   activation " << getString(layer, "activation") << ", scoring "
+     << getString(layer, "scoring")
+     << ", renormalize = " << (boolean("renormalize") ? "true" : "false")
+     << ", groups " << integer("topk_groups") << " of " << integer("num_groups")
+     << ", scaling " << llvm::format("%g", scaling) << "\n"
+     << " *   selection bias: " << (boolean("has_bias") ? "yes" : "no")
+     << ", shared expert width: " << integer("shared_n") << "\n";
+  if (auto inputs = layer.getAs<DictionaryAttr>("inputs")) {
+    os << " *   inputs:";
+    for (StringRef key : {"x", "w_router", "bias", "w_gate_up", "w_down",
+                          "shared_w_gate_up", "shared_w_down"})
+      if (auto arg = inputs.getAs<StringAttr>(key))
+        os << " " << key << " = " << arg.getValue() << ";";
+    os << "\n";
+  }
+  return text;
+}
+
+std::string makeHeader(StringRef cName, ArrayRef<Entry> entries,
+                       DictionaryAttr layer, StringRef input,
+                       StringRef fileName) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  std::string guard = StringRef(sanitize(fileName)).upper();
+  os << "/* " << fileName << ": generated by moe-compile (moe-mlir "
+     << MOE_MLIR_VERSION << ") from " << llvm::sys::path::filename(input)
+     << "; do not edit.\n"
+     << " *\n"
+     << " * MoE layer @" << cName << " for " << kChip << ":\n"
+     << layerSummary(layer) << " *\n"
+     << " * Every tensor is a device pointer (a CUdeviceptr cast to void *),\n"
+     << " * row-major, 16-byte aligned, of the element type and shape given.\n"
+     << " * stream is a CUstream: the call enqueues its work there and "
+        "returns\n"
+     << " * without waiting; NULL runs it on a stream of the runtime and "
+        "waits.\n"
+     << " * Returns 0, or a moeStatus code; moeGetLastErrorMessage() then "
+        "says\n"
+     << " * what failed (a null or misaligned pointer is refused before any\n"
+     << " * work). Link the object with libmoe_runtime.\n"
+     << " */\n"
+     << "#ifndef " << guard << "\n#define " << guard << "\n\n"
+     << "#include <stddef.h>\n\n"
+     << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
+  for (const Entry &entry : entries) {
+    os << "\n/* " << entry.kind << ": ";
+    if (entry.kind == "forward")
+      os << "inputs, results, then the tensors backward needs that are not "
+            "inputs. */\n";
+    else
+      os << "the saved tensors (a saved input is the forward's input "
+            "again), the gradients of the results, then the gradients of "
+            "the inputs. */\n";
+    os << "int " << cName << "_" << entry.kind << "(void *stream";
+    for (const Param &param : entry.params)
+      os << ",\n    void *" << sanitize(param.name) << " /* " << describe(param)
+         << " */";
+    os << ");\n"
+       << "/* Device memory the " << entry.kind
+       << " call holds at once in temporaries, in bytes. */\n"
+       << "size_t " << cName << "_" << entry.kind
+       << "_workspace_bytes(void);\n";
+  }
+  os << "\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* " << guard << " */\n";
+  return text;
+}
+
+void writeLayer(llvm::json::OStream &j, DictionaryAttr layer) {
+  auto integer = [&](StringRef key) -> int64_t {
+    if (auto value = layer ? layer.getAs<IntegerAttr>(key) : nullptr)
+      return value.getInt();
+    return 0;
+  };
+  auto boolean = [&](StringRef key) {
+    auto value = layer ? layer.getAs<BoolAttr>(key) : nullptr;
+    return value && value.getValue();
+  };
+  j.objectBegin();
+  for (StringRef key : {"T", "d", "n", "E", "k"})
+    j.attribute(key, integer(key));
+  j.attribute("activation", layer ? getString(layer, "activation") : "");
+  j.attribute("scoring", layer ? getString(layer, "scoring") : "");
+  j.attribute("renormalize", boolean("renormalize"));
+  j.attribute("num_groups", integer("num_groups"));
+  j.attribute("topk_groups", integer("topk_groups"));
+  double scaling = 1.0;
+  if (auto value = layer ? layer.getAs<FloatAttr>("scaling_factor") : nullptr)
+    scaling = value.getValueAsDouble();
+  j.attribute("scaling_factor", scaling);
+  j.attribute("has_bias", boolean("has_bias"));
+  j.attribute("shared_n", integer("shared_n"));
+  j.attributeObject("inputs", [&] {
+    auto inputs = layer ? layer.getAs<DictionaryAttr>("inputs") : nullptr;
+    if (!inputs)
+      return;
+    for (StringRef key : {"x", "w_router", "bias", "w_gate_up", "w_down",
+                          "shared_w_gate_up", "shared_w_down"})
+      if (auto arg = inputs.getAs<StringAttr>(key))
+        j.attribute(key, arg.getValue());
+  });
+  j.objectEnd();
+}
+
+std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
+                         DictionaryAttr layer) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  llvm::json::OStream j(os, 2);
+  j.objectBegin();
+  j.attribute("name", cName);
+  j.attribute("chip", kChip);
+  j.attribute("compiler", "moe-mlir " MOE_MLIR_VERSION);
+  j.attributeBegin("layer");
+  writeLayer(j, layer);
+  j.attributeEnd();
+  j.attributeObject("entry_points", [&] {
+    for (const Entry &entry : entries)
+      j.attributeObject(entry.kind, [&] {
+        j.attribute("symbol", (cName + "_" + entry.kind).str());
+        j.attribute("workspace_symbol",
+                    (cName + "_" + entry.kind + "_workspace_bytes").str());
+        j.attribute("workspace_bytes", entry.workspaceBytes);
+        j.attributeArray("params", [&] {
+          for (const Param &param : entry.params)
+            j.object([&] {
+              j.attribute("name", param.name);
+              j.attribute("c_name", sanitize(param.name));
+              j.attribute("role", param.role);
+              if (!param.forwardParam.empty())
+                j.attribute("forward_param", param.forwardParam);
+              if (!param.of.empty())
+                j.attribute("of", param.of);
+              j.attribute("dtype", param.dtype);
+              j.attributeArray("shape", [&] {
+                for (int64_t size : param.shape)
+                  j.value(size);
+              });
+            });
+        });
+      });
+  });
+  j.objectEnd();
+  os << "\n";
+  return text;
+}
+
+//===----------------------------------------------------------------------===//
+// Driver
+//===----------------------------------------------------------------------===//
+
+LogicalResult writeFile(StringRef path, StringRef contents) {
+  std::string error;
+  std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(path, &error);
+  if (!file) {
+    fail("cannot write '" + path + "': " + error);
+    return failure();
+  }
+  file->os() << contents;
+  file->keep();
+  return success();
+}
+
+LogicalResult writeObject(llvm::Module &llvmModule, StringRef path) {
+  LLVMInitializeX86TargetInfo();
+  LLVMInitializeX86Target();
+  LLVMInitializeX86TargetMC();
+  LLVMInitializeX86AsmPrinter();
+  llvm::Triple triple(kHostTriple);
+  std::string error;
+  const llvm::Target *target =
+      llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!target) {
+    fail("no x86-64 target in this LLVM: " + error);
+    return failure();
+  }
+  std::unique_ptr<llvm::TargetMachine> machine(target->createTargetMachine(
+      triple, "x86-64", "", llvm::TargetOptions(), llvm::Reloc::PIC_));
+  llvmModule.setDataLayout(machine->createDataLayout());
+  llvmModule.setTargetTriple(triple);
+  if (llvm::Error err =
+          makeOptimizingTransformer(2, 0, machine.get())(&llvmModule)) {
+    fail("optimising the host code: " + llvm::toString(std::move(err)));
+    return failure();
+  }
+  std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(path, &error);
+  if (!file) {
+    fail("cannot write '" + path + "': " + error);
+    return failure();
+  }
+  llvm::legacy::PassManager codegen;
+  if (machine->addPassesToEmitFile(codegen, file->os(), nullptr,
+                                   llvm::CodeGenFileType::ObjectFile)) {
+    fail("the x86-64 target cannot emit an object file");
+    return failure();
+  }
+  codegen.run(llvmModule);
+  file->keep();
+  return success();
+}
+
+int compile() {
+  llvm::StringSet<> kinds;
+  for (const std::string &kind : emit) {
+    if (kind != "obj" && kind != "header" && kind != "manifest" &&
+        kind != "llvm" && kind != "mlir")
+      return fail("unknown --emit kind '" + kind +
+                  "' (expected obj, header, manifest, llvm or mlir)");
+    kinds.insert(kind);
+  }
+  if (kinds.empty())
+    for (StringRef kind : {"obj", "header", "manifest"})
+      kinds.insert(kind);
+  if (format != "bin" && format != "isa" && format != "fatbin")
+    return fail("unknown --format '" + format +
+                "' (expected bin, isa or fatbin)");
+  if (optLevel > 3)
+    return fail("--opt-level must be 0 to 3, got " + Twine(optLevel));
+  StringRef prefix = outputPrefix;
+  if (llvm::sys::path::filename(prefix).empty())
+    return fail("-o needs DIR/NAME, got '" + prefix + "'");
+
+  DialectRegistry registry;
+  moe::registerAllMoEToolDialects(registry);
+  registry.insert<vector::VectorDialect>();
+  // How gpu.binary is embedded in the host module (#gpu.select_object); the
+  // translation crashes without it.
+  gpu::registerOffloadingLLVMTranslationInterfaceExternalModels(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+
+  std::string error;
+  std::unique_ptr<llvm::MemoryBuffer> input =
+      openInputFile(inputFilename, &error);
+  if (!input)
+    return fail("cannot read '" + inputFilename + "': " + error);
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
+  SourceMgrDiagnosticHandler printer(sourceMgr, &context);
+  // Errors are counted as well as printed: some passes report an error and
+  // still succeed (CODEGEN.md P3).
+  unsigned errors = 0;
+  ScopedDiagnosticHandler counter(&context, [&](Diagnostic &diagnostic) {
+    if (diagnostic.getSeverity() == DiagnosticSeverity::Error)
+      ++errors;
+    return failure();
+  });
+
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  if (!module || errors)
+    return fail("cannot parse '" + inputFilename + "'");
+
+  moe::MoETrainingPipelineOptions options;
+  options.chip = kChip.str();
+  options.format = format;
+  options.optLevel = optLevel;
+  PassManager pm(&context);
+  if (failed(moe::buildMoETrainingPipeline(pm, options, &error)))
+    return fail(error);
+  if (failed(pm.run(*module)) || errors)
+    return fail("compiling '" + inputFilename + "' failed");
+
+  // The forward and backward host functions, as the conversion left them,
+  // forward first.
+  std::vector<Entry> entries;
+  for (StringRef wanted : {"forward", "backward"})
+    for (auto func : module->getOps<LLVM::LLVMFuncOp>()) {
+      auto kind = func->getAttrOfType<StringAttr>(moe::kGPUEntryAttr);
+      if (!kind || kind.getValue() != wanted)
+        continue;
+      FailureOr<Entry> entry = readEntry(func);
+      if (failed(entry))
+        return fail("unexpected compiler output");
+      entries.push_back(std::move(*entry));
+    }
+  if (entries.empty() || entries.front().kind != "forward")
+    return fail("'" + inputFilename +
+                "' has no moe layer function to compile (a func.func of moe "
+                "ops on tensors)");
+  const Entry *forward = &entries.front();
+  for (const Entry &entry : entries)
+    if (entry.layerName != forward->layerName)
+      return fail("'" + inputFilename + "' has more than one layer (@" +
+                  forward->layerName + ", @" + entry.layerName +
+                  "); moe-compile compiles one per file");
+  std::string cName = sanitize(forward->layerName);
+  DictionaryAttr layer = forward->layer;
+
+  // The host functions become internal; the C entry points take their names.
+  EntryPointBuilder builder(*module);
+  for (Entry &entry : entries) {
+    std::string symbol = cName + "_" + entry.kind;
+    std::string implName = "__moe_host_" + symbol;
+    if (failed(SymbolTable::replaceAllSymbolUses(
+            entry.impl, StringAttr::get(&context, implName), *module)))
+      return fail("cannot rename @" + entry.impl.getSymName());
+    entry.impl.setSymName(implName);
+    entry.impl.setLinkage(LLVM::Linkage::Internal);
+    for (StringRef attr :
+         {moe::kGPUEntryAttr, moe::kGPULayerNameAttr, moe::kGPUParamsAttr,
+          moe::kGPUWorkspaceBytesAttr, moe::kGPULayerAttr})
+      entry.impl->removeAttr(attr);
+    if (module->lookupSymbol(symbol))
+      return fail("the symbol " + symbol + " exists already");
+    if (failed(builder.build(entry, symbol)))
+      return fail("unexpected compiler output");
+    builder.buildConstant(symbol + "_workspace_bytes", entry.workspaceBytes);
+  }
+  if (failed(verify(*module)) || errors)
+    return fail("the generated entry points do not verify");
+
+  std::string base = prefix.str();
+  if (kinds.contains("header") &&
+      failed(writeFile(base + ".h",
+                       makeHeader(cName, entries, layer, inputFilename,
+                                  llvm::sys::path::filename(base + ".h")))))
+    return 1;
+  if (kinds.contains("manifest") &&
+      failed(writeFile(base + ".json", makeManifest(cName, entries, layer))))
+    return 1;
+  if (kinds.contains("mlir")) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    module->print(os);
+    if (failed(writeFile(base + ".mlir", text)))
+      return 1;
+  }
+  if (!kinds.contains("llvm") && !kinds.contains("obj"))
+    return 0;
+
+  llvm::LLVMContext llvmContext;
+  std::unique_ptr<llvm::Module> llvmModule =
+      translateModuleToLLVMIR(*module, llvmContext, cName);
+  if (!llvmModule || errors)
+    return fail("translating to LLVM IR failed");
+  if (kinds.contains("llvm")) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    llvmModule->print(os, nullptr);
+    if (failed(writeFile(base + ".ll", text)))
+      return 1;
+  }
+  if (kinds.contains("obj") && failed(writeObject(*llvmModule, base + ".o")))
+    return 1;
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  llvm::install_fatal_error_handler(onFatalError);
+  moe::registerAllMoEPasses();
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "moe-compile: a moe layer to NAME.o (x86-64 host code, sm_90a kernels "
+      "embedded), NAME.h and NAME.json\n");
+  return compile();
+}

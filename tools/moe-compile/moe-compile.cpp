@@ -599,6 +599,11 @@ int compile() {
                 "' (expected bin, isa or fatbin)");
   if (optLevel > 3)
     return fail("--opt-level must be 0 to 3, got " + Twine(optLevel));
+  if (format != "isa" && moe::findPtxas().empty())
+    return fail("--format=" + format +
+                " needs ptxas from the CUDA toolkit, which is not in PATH, "
+                "$CUDA_ROOT/bin or /usr/local/cuda/bin; install it, set "
+                "CUDA_ROOT, or use --format=isa (PTX, JIT-compiled at load)");
   StringRef prefix = outputPrefix;
   if (llvm::sys::path::filename(prefix).empty())
     return fail("-o needs DIR/NAME, got '" + prefix + "'");

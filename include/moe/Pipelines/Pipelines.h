@@ -70,16 +70,17 @@ struct MoETrainingPipelineOptions
 /// compiles the kernels (as buildMoELowerToNVVMPipeline, plus 1024-aligned
 /// dynamic shared memory) and lowers the host code to the LLVM dialect with
 /// gpu-to-llvm (bare pointers for kernels), so that mlir-translate gives LLVM
-/// IR calling the mgpu* runtime. Fails with a message in `error` when the
-/// options cannot work here (bad format, ptxas missing for bin/fatbin); the
-/// memory-budget and offload options are reserved for activation planning.
+/// IR calling the mgpu* runtime. Fails with a message in `error` for an
+/// unknown format or opt-level; the memory-budget and offload options are
+/// reserved for activation planning.
 LogicalResult
 buildMoETrainingPipeline(OpPassManager &pm,
                          const MoETrainingPipelineOptions &options,
                          std::string *error = nullptr);
 
-/// The ptxas that gpu-module-to-binary will use: from PATH, then
-/// $CUDA_ROOT/bin, then /usr/local/cuda/bin; empty when none is found.
+/// The ptxas moe-training-pipeline gives gpu-module-to-binary (as its
+/// toolkit): from PATH, then $CUDA_ROOT/bin, then /usr/local/cuda/bin; empty
+/// when none is found.
 std::string findPtxas();
 
 /// The CPU reference path (docs/cpu-path.md): convert-moe-to-linalg, then

@@ -12,25 +12,28 @@ A ctest checks that the committed MoEGPULibrary.mlir is this script's output.
 import sys
 
 # ---------------------------------------------------------------------------
-# GEMM tiling: one warpgroup (128 threads) computes a 128x128 tile of C as two
-# m64n128k16 wgmma accumulators; A and B stream through a 4-stage cp.async
-# ring in shared memory, 128B-swizzled (CODEGEN.md sections 2-5).
+# GEMM tiling: two warpgroups (256 threads) compute a 128x256 tile of C, each
+# 64 rows with one m64n256k16 wgmma accumulator; A and B stream through a
+# 4-stage cp.async ring in shared memory, 128B-swizzled (CODEGEN.md sections
+# 2-5). All 256 threads copy; both warpgroups read the whole B tile.
 # ---------------------------------------------------------------------------
-BM, BN, BK, STAGES, THREADS = 128, 128, 64, 3, 128
+BM, BN, BK, STAGES, THREADS = 128, 256, 64, 4, 128
+GEMM_THREADS = 256
 A_TILE_BYTES = BM * BK * 2  # 16 KiB
 B_TILE_BYTES = BK * BN * 2  # 16 KiB
 STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
-SMEM_BYTES = STAGES * STAGE_BYTES  # 96 KiB ring: two CTAs fit on an SM
-# + 1 KiB to align the ring, + 2 KiB for the dS row partials of the dact epilogue
-LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024 + 2048
+SMEM_BYTES = STAGES * STAGE_BYTES  # 192 KiB ring
+# + 1 KiB to align the ring, + 1 KiB for the dS row sums of the dact epilogue
+LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024 + 1024
 # wgmma descriptors (CODEGEN.md section 2): 128B swizzle (bit 62), SBO = 1024 B
 # (8 rows of 128 B), LBO = 16 KiB for K-major tiles (unused with swizzle, the
 # value nvgpu emits) and 8 KiB for MN-major tiles (the distance between the two
 # 64-column boxes).
+GROUP_M = 16  # M-tiles per raster group
 DESC_KMAJOR = 0x4000004004000000
 DESC_MNMAJOR = 0x4000004002000000
 
-ACC = "!llvm.struct<(" + ", ".join(["f32"] * 64) + ")>"
+ACC = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 2)) + ")>"
 WG = "#gpu.address_space<workgroup>"
 SMEM = f"memref<?xi8, {WG}>"
 SBF16 = f"memref<?xbf16, {WG}>"
@@ -186,10 +189,24 @@ def gen_gemm(g):
     A = {n: f"%{n}" for n, _ in sig}
     c = e.const
     tid = e.op("gpu.thread_id x", "tid")
-    bx = e.op("gpu.block_id x", "bx")
-    by = e.op("gpu.block_id y", "by")
+    # Grouped raster: the x index runs over GROUP_M M-tiles by all N-tiles, N
+    # fastest inside a group, so the CTAs on the GPU at one time share their A
+    # rows (and nearly their B columns) in L2; M-fastest order re-read the
+    # activations from DRAM once per N-tile.
+    flat = e.op("gpu.block_id x", "bid")
+    gridx = e.op("gpu.grid_dim x", "gdim")
+    bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
+    ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
+    mtiles = e.div(gridx, ntiles)
+    span = e.mul(ntiles, c(GROUP_M))
+    first_m = e.mul(e.div(flat, span), c(GROUP_M))
+    gsize = e.minu(c(GROUP_M), e.sub(mtiles, first_m))
+    inner = e.rem(flat, span)
+    bx = e.add(first_m, e.rem(inner, gsize))
+    by = e.div(inner, gsize)
     warp = e.div(tid, c(32))
     lane = e.rem(tid, c(32))
+    wg = e.div(tid, c(128))
 
     # ---- tile schedule -----------------------------------------------------
     body_indent = "      "
@@ -220,7 +237,7 @@ def gen_gemm(g):
         ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
         m0 = e.add(elo, e.mul(e.sub(bx, "%sched#2"), c(BM)))
         m_end = ehi
-        n0 = e.mul(by, c(64 if g.b == "w_mn_swiglu" else BN))
+        n0 = e.mul(by, c(bn_eff))
         numk = e.div(e.add(A["dim_k"], c(BK - 1)), c(BK))
         kbase = kcount = None
     else:
@@ -250,28 +267,28 @@ def gen_gemm(g):
     sbase = e.op(f"arith.index_cast {sbase_idx} : index to i64")
 
     # ---- per-thread copy assignments ----------------------------------------
-    # K-major tile (A, or B w_k): 128 rows x 8 chunks of 16 B; thread t copies
-    # chunk t%8 of rows t/8 + 16 i. The 128B swizzle puts chunk c of row r at
-    # c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
+    # K-major tile (A: 128 rows, B w_k: 256 rows) x 8 chunks of 16 B; thread t
+    # copies chunk t%8 of rows t/8 + 32 i. The 128B swizzle puts chunk c of row
+    # r at c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
     kchunk = e.rem(tid, c(8))
     krow = e.div(tid, c(8))
     kswz = e.xor(kchunk, e.rem(krow, c(8)))
     # element offset in a tile: row*64 + swizzled chunk*8
     k_soff = e.add(e.mul(krow, c(64)), e.mul(kswz, c(8)))
-    # MN-major tile (B w_mn / rows_mn): 64 K-rows x 2 boxes x 8 chunks; thread t
-    # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + 8 i.
-    mchunk = e.rem(tid, c(16))
+    # MN-major tile (B w_mn / rows_mn): 64 K-rows x 4 boxes of 64 columns x 8
+    # chunks; thread t copies chunk t%32 (box (t%32)/8) of K-rows t/32 + 8 i.
+    mchunk = e.rem(tid, c(32))
     mbox = e.div(mchunk, c(8))
     mcc = e.rem(mchunk, c(8))
-    mrow = e.div(tid, c(16))
+    mrow = e.div(tid, c(32))
     mswz = e.xor(mcc, e.rem(mrow, c(8)))
     m_soff = e.add(e.add(e.mul(mbox, c(4096)), e.mul(mrow, c(64))), e.mul(mswz, c(8)))
 
     # A rows for this thread (loop invariant): global row index and validity.
     a_src_rows = []
     if g.a in ("gather", "rows"):
-        for i in range(8):
-            r = e.add(m0, e.add(krow, c(16 * i)))
+        for i in range(BM // 32):
+            r = e.add(m0, e.add(krow, c(32 * i)))
             ok = e.cmp("ult", r, m_end)
             rs = e.select(ok, r, c(0))
             if g.a == "gather":
@@ -280,16 +297,16 @@ def gen_gemm(g):
                 src = rs
             a_src_rows.append((src, ok))
     else:  # kT: tile rows are m rows of the [M, ldt] matrix
-        for i in range(8):
-            r = e.add(m0, e.add(krow, c(16 * i)))
+        for i in range(BM // 32):
+            r = e.add(m0, e.add(krow, c(32 * i)))
             ok = e.cmp("ult", r, m_end)
             rs = e.select(ok, r, c(0))
             a_src_rows.append((rs, ok))
     # B rows (w_k) or columns (w_mn) for this thread.
     b_rows = []
     if g.b == "w_k":
-        for i in range(8):
-            nrow = e.add(n0, e.add(krow, c(16 * i)))
+        for i in range(BN // 32):
+            nrow = e.add(n0, e.add(krow, c(32 * i)))
             ok = e.cmp("ult", nrow, A["dim_n"])
             b_rows.append((e.select(ok, nrow, c(0)), ok))
     if g.b in ("w_mn", "rows_mn"):
@@ -297,9 +314,12 @@ def gen_gemm(g):
         bcol_ok = e.cmp("ult", bcol, A["dim_n"])
         bcol_s = e.select(bcol_ok, bcol, c(0))
     if g.b == "w_mn_swiglu":
-        # box 0: gate columns n0 + [0,64); box 1: up columns h + n0 + [0,64)
+        # boxes 0-1: gate columns n0 + [0,128); boxes 2-3: the up columns
+        # h + n0 + [0,128) of the same outputs
         half = A["dim_n"]
-        bcol = e.add(e.add(n0, e.mul(mbox, half)), e.mul(mcc, c(8)))
+        colh = e.add(n0, e.add(e.mul(e.rem(mbox, c(2)), c(64)), e.mul(mcc, c(8))))
+        bcol_ok = e.cmp("ult", colh, half)
+        bcol = e.add(e.mul(e.div(mbox, c(2)), half), e.select(bcol_ok, colh, c(0)))
     if g.b in ("w_mn", "w_mn_swiglu", "w_k"):
         # expert weight base: e * K * N (N = 2h for the SwiGLU tile)
         nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
@@ -345,7 +365,7 @@ def gen_gemm(g):
         for i, (src, ok) in enumerate(a_src_rows):
             n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid, zero8)
             gidx = e.add(e.mul(src, A["lda"]), kcol_s)
-            sidx = e.add(e.add(a_sbase, k_soff), c(i * 16 * 64))
+            sidx = e.add(e.add(a_sbase, k_soff), c(i * 32 * 64))
             e.op(f"nvgpu.device_async_copy {A['amat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
         # B
         if g.b == "w_k":
@@ -355,7 +375,7 @@ def gen_gemm(g):
             for i, (nrow, ok) in enumerate(b_rows):
                 n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid_b, zero8)
                 gidx = e.add(e.add(wbase, e.mul(nrow, A["ldb"])), kcol_b)
-                sidx = e.add(e.add(b_sbase, k_soff), c(i * 16 * 64))
+                sidx = e.add(e.add(b_sbase, k_soff), c(i * 32 * 64))
                 e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
         else:
             for i in range(8):
@@ -371,7 +391,7 @@ def gen_gemm(g):
                         ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
                         gidx = e.add(e.add(wbase, e.mul(krs, A["ldb"])), bcol_s)
                     else:
-                        ok = kok
+                        ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
                         gidx = e.add(e.add(wbase, e.mul(krs, A["ldb"])), bcol)
                 n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), c(8), zero8)
                 sidx = e.add(e.add(b_sbase, m_soff), c(i * 8 * 64))
@@ -384,10 +404,9 @@ def gen_gemm(g):
         issue_stage(c(s), c(s), en)
 
     acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
-    acc1 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
     b_layout = "col" if g.b == "w_k" else "row"
     b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
-    e.emit(f"%kloop:2 = scf.for %kt = {c(0)} to {numk} step {c(1)} iter_args(%a0 = {acc0}, %a1 = {acc1}) -> ({ACC}, {ACC}) {{")
+    e.emit(f"%kloop:1 = scf.for %kt = {c(0)} to {numk} step {c(1)} iter_args(%a0 = {acc0}) -> ({ACC}) {{")
     outer = e.indent
     e.indent = outer + "  "
     nk = e.add("%kt", c(STAGES - 1))
@@ -397,8 +416,11 @@ def gen_gemm(g):
     e.emit("gpu.barrier")
     slot = e.rem("%kt", c(STAGES))
     slot64 = e.op(f"arith.index_cast {slot} : index to i64")
-    a_addr = e.add(sbase, e.mul(slot64, c(STAGE_BYTES, "i64"), "i64"), "i64")
-    b_addr = e.add(a_addr, c(A_TILE_BYTES, "i64"), "i64")
+    stage_addr = e.add(sbase, e.mul(slot64, c(STAGE_BYTES, "i64"), "i64"), "i64")
+    b_addr = e.add(stage_addr, c(A_TILE_BYTES, "i64"), "i64")
+    # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile
+    wg64 = e.op(f"arith.index_cast {wg} : index to i64")
+    a_addr = e.add(stage_addr, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64")
 
     def desc(addr, const):
         mask = c(0x3FFFF, "i64")
@@ -408,23 +430,20 @@ def gen_gemm(g):
         return e.op(f"arith.ori {field}, {c(const, 'i64')} : i64")
 
     e.emit("nvvm.wgmma.fence.aligned")
-    accs = ["%a0", "%a1"]
-    for h in range(2):
-        cur = accs[h]
-        for kk in range(4):
-            da = desc(e.add(a_addr, c(h * 8192 + kk * 32, "i64"), "i64"), DESC_KMAJOR)
-            boff = kk * 32 if g.b == "w_k" else kk * 2048
-            db = desc(e.add(b_addr, c(boff, "i64"), "i64"), b_desc_const)
-            cur = e.op(
-                f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = 128, k = 16>, "
-                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
-        accs[h] = cur
+    cur = "%a0"
+    for kk in range(4):
+        da = desc(e.add(a_addr, c(kk * 32, "i64"), "i64"), DESC_KMAJOR)
+        boff = kk * 32 if g.b == "w_k" else kk * 2048
+        db = desc(e.add(b_addr, c(boff, "i64"), "i64"), b_desc_const)
+        cur = e.op(
+            f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = {BN}, k = 16>, "
+            f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
     e.emit("nvvm.wgmma.commit.group.sync.aligned")
     e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
     e.emit("gpu.barrier")
     en = e.cmp("ult", nk, numk)
     issue_stage(nk, e.rem(nk, c(STAGES)), en, next_b_srcs)
-    e.emit(f"scf.yield {accs[0]}, {accs[1]} : {ACC}, {ACC}")
+    e.emit(f"scf.yield {cur} : {ACC}")
     e.indent = outer
     e.emit("}")
     e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
@@ -434,26 +453,24 @@ def gen_gemm(g):
     # The accumulators go through shared memory (the ring is free now) so the
     # epilogue runs as a loop over the tile in an order that makes the global
     # stores coalesced, with few live registers.
-    # Accumulator value v of half h sits at row h*64 + 16*warp + lane/4 + 8*((v/2)%2)
-    # and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
+    # Accumulator value v of warpgroup wg sits at row 64*wg + 16*(warp%4) +
+    # lane/4 + 8*((v/2)%2) and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
     e.emit("gpu.barrier")
     stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BN)}] : {SMEM} to memref<?xf32, {WG}>", "st")
     SF = f"memref<?xf32, {WG}>"
-    qrow = e.add(e.mul(warp, c(16)), e.div(lane, c(4)))
+    qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
-    finals = ["%kloop#0", "%kloop#1"]
     def stage_index(lr, lc):
         # rows of 128 f32 with the column XOR-ed by row % 32: row-wise and
         # column-wise walks over the tile are both free of bank conflicts
         return e.add(e.mul(lr, c(BN)), e.xor(lc, e.rem(lr, c(32))))
 
-    for h in range(2):
-        for v in range(64):
-            j, i, cc = v // 4, (v // 2) % 2, v % 2
-            val = e.op(f"llvm.extractvalue {finals[h]}[{v}] : {ACC}", "f")
-            row = e.add(qrow, c(h * 64 + 8 * i))
-            idx = stage_index(row, e.add(qcol, c(8 * j + cc)))
-            e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
+    for v in range(BN // 2):
+        j, i, cc = v // 4, (v // 2) % 2, v % 2
+        val = e.op(f"llvm.extractvalue %kloop#0[{v}] : {ACC}", "f")
+        row = e.add(qrow, c(8 * i))
+        idx = stage_index(row, e.add(qcol, c(8 * j + cc)))
+        e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
     e.emit("gpu.barrier")
 
     def bf16(x):
@@ -473,7 +490,7 @@ def gen_gemm(g):
         e.emit("}")
 
     def loop_begin(count, name):
-        e.emit(f"scf.for %{name} = {tid} to {c(count)} step {c(THREADS)} {{")
+        e.emit(f"scf.for %{name} = {tid} to {c(count)} step {c(GEMM_THREADS)} {{")
         e.indent += "  "
         return f"%{name}"
 
@@ -487,61 +504,84 @@ def gen_gemm(g):
     def staged(lr, lc):
         return e.op(f"memref.load {stage}[{stage_index(lr, lc)}] : {SF}")
 
+    # Every epilogue walks groups of 8 consecutive elements (16-byte global
+    # accesses): along a row, or along a column for the transposed outputs.
+    V = 8
+
+    def vec_bf16(vals):
+        return e.op(f"vector.from_elements {', '.join(bf16(v) for v in vals)} : vector<{V}xbf16>")
+
+    def vstore(vec, mem, idx, ty):
+        e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>")
+
+    def vload_bf16(mem, idx):
+        v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
+        return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                for u in range(V)]
+
     if g.epi in ("store_bf16", "store_f32", "store_bf16_w", "store_T_bf16_w"):
         transposed = g.epi == "store_T_bf16_w"
-        it = loop_begin(BM * BN, "ep")
-        if transposed:  # consecutive threads take consecutive rows (stores along m)
-            lr, lc = e.rem(it, c(BM)), e.div(it, c(BM))
+        it = loop_begin(BM * BN // V, "ep")
+        if transposed:  # a thread takes 8 consecutive rows of one column
+            lr, lc = e.mul(e.rem(it, c(BM // V)), c(V)), e.div(it, c(BM // V))
+            vals = [staged(e.add(lr, c(u)), lc) for u in range(V)]
         else:
-            lr, lc = e.div(it, c(BN)), e.rem(it, c(BN))
+            lr, lc = e.div(it, c(BN // V)), e.mul(e.rem(it, c(BN // V)), c(V))
+            vals = [staged(lr, e.add(lc, c(u))) for u in range(V)]
         r = e.add(m0, lr)
         col = e.add(n0, lc)
+        # M, N and the varlen ends are multiples of 8 here, so a group is all in or out
         ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, A['dim_n'])} : i1")
         if_begin(ok)
-        v = staged(lr, lc)
         if g.epi == "store_f32":
-            e.emit(f"memref.store {v}, {A['cout']}[{e.add(e.mul(r, A['ldc']), col)}] : memref<?xf32>")
+            vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xf32>")
+            vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col), "f32")
         elif g.epi == "store_bf16":
-            e.emit(f"memref.store {bf16(v)}, {A['cout']}[{e.add(e.mul(r, A['ldc']), col)}] : memref<?xbf16>")
+            vstore(vec_bf16(vals), A["cout"], e.add(e.mul(r, A["ldc"]), col), "bf16")
         else:
             obase = e.mul(e.mul(expert, A["dim_m"]), A["dim_n"])
             if transposed:
                 idx = e.add(obase, e.add(e.mul(col, A["ldc"]), r))
             else:
                 idx = e.add(obase, e.add(e.mul(r, A["ldc"]), col))
-            e.emit(f"memref.store {bf16(v)}, {A['cout']}[{idx}] : memref<?xbf16>")
+            vstore(vec_bf16(vals), A["cout"], idx, "bf16")
         if_end()
         if_end()
     elif g.epi == "swiglu":
-        # tile columns [0,64) are gate g, [64,128) up u of the same 64 outputs
+        # tile columns [0,128) are gate g, [128,256) up u of the same 128 outputs
         half = A["dim_n"]
         two_half = e.mul(half, c(2))
-        it = loop_begin(BM * 64, "ep")
-        lr, lc = e.div(it, c(64)), e.rem(it, c(64))
+        hw = BN // 2
+        it = loop_begin(BM * hw // V, "ep")
+        lr, lc = e.div(it, c(hw // V)), e.mul(e.rem(it, c(hw // V)), c(V))
         r = e.add(m0, lr)
         col = e.add(n0, lc)
-        if_begin(e.cmp("ult", r, m_end))
-        gb = bf16(staged(lr, lc))
-        ub = bf16(staged(lr, e.add(lc, c(64))))
+        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
+        if_begin(ok)
+        gbs = [bf16(staged(lr, e.add(lc, c(u)))) for u in range(V)]
+        ubs = [bf16(staged(lr, e.add(lc, c(hw + u)))) for u in range(V)]
         hrow = e.mul(r, two_half)
-        e.emit(f"memref.store {gb}, {A['hout']}[{e.add(hrow, col)}] : memref<?xbf16>")
-        e.emit(f"memref.store {ub}, {A['hout']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
+        gv = e.op(f"vector.from_elements {', '.join(gbs)} : vector<{V}xbf16>")
+        uv = e.op(f"vector.from_elements {', '.join(ubs)} : vector<{V}xbf16>")
+        vstore(gv, A["hout"], e.add(hrow, col), "bf16")
+        vstore(uv, A["hout"], e.add(hrow, e.add(half, col)), "bf16")
         # a = silu(g) * u from the bf16-rounded h, as backward sees it
-        g32 = e.op(f"arith.extf {gb} : bf16 to f32")
-        u32 = e.op(f"arith.extf {ub} : bf16 to f32")
-        _, silu = silu_parts(g32)
-        av = bf16(e.fmul(silu, u32))
-        e.emit(f"memref.store {av}, {A['aout']}[{e.add(e.mul(r, half), col)}] : memref<?xbf16>")
+        avals = []
+        for u in range(V):
+            g32 = e.op(f"arith.extf {gbs[u]} : bf16 to f32")
+            u32 = e.op(f"arith.extf {ubs[u]} : bf16 to f32")
+            _, silu = silu_parts(g32)
+            avals.append(e.fmul(silu, u32))
+        vstore(vec_bf16(avals), A["aout"], e.add(e.mul(r, half), col), "bf16")
         if_end()
         if_end()
     elif g.epi == "dswiglu":
-        # acc = dA (unscaled) for columns n0 + [0,128) of n; w = wrow[r] (1 without
-        # routing weights). Pass 1 walks rows (coalesced dH stores) and parks dg|du
-        # (bf16x2, in the accumulator's slot) and w*a in shared memory; pass 2
-        # walks columns, so the transposed dH^T and (w a)^T rows are written
-        # contiguously at column poff[e] + (r - off[e]). With dS, each warp sums
-        # its 32 products acc*a of a row and one thread per row adds the 4 warp
-        # sums in order.
+        # acc = dA (unscaled) for columns n0 + [0,256) of n; w = wrow[r] (1 without
+        # routing weights). Pass 1 walks rows (a warp per row, 8 columns a lane:
+        # coalesced H loads and dH stores) and parks dg, du and w*a in shared
+        # memory; pass 2 walks columns, 8 rows a thread, so the transposed dH^T and
+        # (w a)^T rows are written contiguously at column poff[e] + (r - off[e]).
+        # With dS, each warp sums its row's products acc*a in a fixed order.
         half = A["dim_n"]
         two_half = e.mul(half, c(2))
         ldt = A["ldt"]
@@ -551,81 +591,86 @@ def gen_gemm(g):
         wa_off = e.add(pad, c(BM * BN * 4))
         stage_wa = e.op(f"memref.view {smem}[{wa_off}][{c(BM * BN)}] : {SMEM} to {SBF16}", "stw")
         ds_off = e.add(pad, c(SMEM_BYTES))
-        stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM * 4)}] : {SMEM} to {SF}", "std")
+        stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
 
-        def valid(lr, lc):
-            r, col = e.add(m0, lr), e.add(n0, lc)
-            ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
-            return r, col, ok
-
-        it = loop_begin(BM * BN, "ep")
-        lr, lc = e.div(it, c(BN)), e.rem(it, c(BN))
-        r, col, ok = valid(lr, lc)
+        it = loop_begin(BM * BN // V, "ep")
+        lr, lc = e.div(it, c(BN // V)), e.mul(e.rem(it, c(BN // V)), c(V))
+        r = e.add(m0, lr)
+        col = e.add(n0, lc)
+        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
         e.emit(f"%dsv = scf.if {ok} -> (f32) {{")
         e.indent += "  "
-        acc = staged(lr, lc)
         if g.has_w:
             w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>")
         else:
             w = c(1.0, "f32")
         hrow = e.mul(r, two_half)
-        gb = e.op(f"memref.load {A['hsaved']}[{e.add(hrow, col)}] : memref<?xbf16>")
-        ub = e.op(f"memref.load {A['hsaved']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
-        g32 = e.op(f"arith.extf {gb} : bf16 to f32")
-        u32 = e.op(f"arith.extf {ub} : bf16 to f32")
-        sgm, silu = silu_parts(g32)
-        a = e.fmul(silu, u32)
-        da = e.fmul(acc, w)
-        # d silu / dg = s (1 + g (1 - s))
-        dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(g32, e.fsub(c(1.0, "f32"), sgm))))
-        dg = bf16(e.fmul(e.fmul(da, u32), dsilu))
-        du = bf16(e.fmul(da, silu))
-        wa = bf16(e.fmul(w, a))
-        e.emit(f"memref.store {dg}, {A['dh']}[{e.add(hrow, col)}] : memref<?xbf16>")
-        e.emit(f"memref.store {du}, {A['dh']}[{e.add(hrow, e.add(half, col))}] : memref<?xbf16>")
-        sidx = stage_index(lr, lc)
-        bidx = e.mul(sidx, c(2))
-        e.emit(f"memref.store {dg}, {stage_b}[{bidx}] : {SBF16}")
-        e.emit(f"memref.store {du}, {stage_b}[{e.add(bidx, c(1))}] : {SBF16}")
-        e.emit(f"memref.store {wa}, {stage_wa}[{sidx}] : {SBF16}")
-        prod = e.fmul(acc, a)
-        e.emit(f"scf.yield {prod} : f32")
+        gs = vload_bf16(A["hsaved"], e.add(hrow, col))
+        us = vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col)))
+        dgs, dus, was = [], [], []
+        part = c(0.0, "f32")
+        for u in range(V):
+            acc = staged(lr, e.add(lc, c(u)))
+            sgm, silu = silu_parts(gs[u])
+            a = e.fmul(silu, us[u])
+            da = e.fmul(acc, w)
+            # d silu / dg = s (1 + g (1 - s))
+            dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
+            dgs.append(bf16(e.fmul(e.fmul(da, us[u]), dsilu)))
+            dus.append(bf16(e.fmul(da, silu)))
+            was.append(bf16(e.fmul(w, a)))
+            part = e.fadd(part, e.fmul(acc, a))
+        dgv = e.op(f"vector.from_elements {', '.join(dgs)} : vector<{V}xbf16>")
+        duv = e.op(f"vector.from_elements {', '.join(dus)} : vector<{V}xbf16>")
+        vstore(dgv, A["dh"], e.add(hrow, col), "bf16")
+        vstore(duv, A["dh"], e.add(hrow, e.add(half, col)), "bf16")
+        for u in range(V):
+            sidx = stage_index(lr, e.add(lc, c(u)))
+            bidx = e.mul(sidx, c(2))
+            e.emit(f"memref.store {dgs[u]}, {stage_b}[{bidx}] : {SBF16}")
+            e.emit(f"memref.store {dus[u]}, {stage_b}[{e.add(bidx, c(1))}] : {SBF16}")
+            e.emit(f"memref.store {was[u]}, {stage_wa}[{sidx}] : {SBF16}")
+        e.emit(f"scf.yield {part} : f32")
         e.indent = e.indent[:-2]
         e.emit("} else {")
         e.emit(f"  scf.yield {c(0.0, 'f32')} : f32")
         e.emit("}")
         if g.has_ds:
-            # the 32 lanes of a warp hold 32 columns of row lr
+            # a warp holds one row, 8 columns per lane
             part = "%dsv"
             for mask in (16, 8, 4, 2, 1):
                 part = e.fadd(part, shuffle_xor(part, mask))
             if_begin(e.cmp("eq", lane, c(0)))
-            e.emit(f"memref.store {part}, {stage_ds}[{e.add(e.mul(lr, c(4)), warp)}] : {SF}")
+            e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
             if_end()
         if_end()
         e.emit("gpu.barrier")
-        it = loop_begin(BM * BN, "ep2")
-        lr, lc = e.rem(it, c(BM)), e.div(it, c(BM))
-        r, col, ok = valid(lr, lc)
+        it = loop_begin(BM * BN // V, "ep2")
+        lr, lc = e.mul(e.rem(it, c(BM // V)), c(V)), e.div(it, c(BM // V))
+        r = e.add(m0, lr)
+        col = e.add(n0, lc)
+        # a group of 8 rows starting before the expert's end stays inside its
+        # columns of the transposed buffers (each expert has a multiple of 8)
+        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
         if_begin(ok)
-        sidx = stage_index(lr, lc)
-        bidx = e.mul(sidx, c(2))
-        dg = e.op(f"memref.load {stage_b}[{bidx}] : {SBF16}")
-        du = e.op(f"memref.load {stage_b}[{e.add(bidx, c(1))}] : {SBF16}")
-        wa = e.op(f"memref.load {stage_wa}[{sidx}] : {SBF16}")
+        dgs, dus, was = [], [], []
+        for u in range(V):
+            sidx = stage_index(e.add(lr, c(u)), lc)
+            bidx = e.mul(sidx, c(2))
+            dgs.append(e.op(f"memref.load {stage_b}[{bidx}] : {SBF16}"))
+            dus.append(e.op(f"memref.load {stage_b}[{e.add(bidx, c(1))}] : {SBF16}"))
+            was.append(e.op(f"memref.load {stage_wa}[{sidx}] : {SBF16}"))
         pcol = e.add(poff, e.sub(r, elo))
-        e.emit(f"memref.store {dg}, {A['dht']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
-        e.emit(f"memref.store {du}, {A['dht']}[{e.add(e.mul(e.add(half, col), ldt), pcol)}] : memref<?xbf16>")
-        e.emit(f"memref.store {wa}, {A['wat']}[{e.add(e.mul(col, ldt), pcol)}] : memref<?xbf16>")
+        for vals, mem, row in ((dgs, A["dht"], col), (dus, A["dht"], e.add(half, col)),
+                               (was, A["wat"], col)):
+            vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xbf16>")
+            vstore(vec, mem, e.add(e.mul(row, ldt), pcol), "bf16")
         if_end()
         if_end()
         if g.has_ds:
             r = e.add(m0, tid)
-            if_begin(e.cmp("ult", r, m_end))
-            total = c(0.0, "f32")
-            for wv in range(4):
-                p_ = e.op(f"memref.load {stage_ds}[{e.add(e.mul(tid, c(4)), c(wv))}] : {SF}")
-                total = e.fadd(total, p_)
+            if_begin(e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', r, m_end)} : i1"))
+            total = e.op(f"memref.load {stage_ds}[{tid}] : {SF}")
             e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), by)}] : memref<?xf32>")
             if_end()
     else:
@@ -636,7 +681,7 @@ def gen_gemm(g):
     e.emit("gpu.return")
     args = ", ".join(f"%{n}: {t}" for n, t in sig)
     head = (f"    gpu.func @{g.name}({args}) kernel attributes "
-            f"{{known_block_size = array<i32: {THREADS}, 1, 1>}} {{")
+            f"{{known_block_size = array<i32: {GEMM_THREADS}, 1, 1>}} {{")
     return "\n".join([head] + e.const_lines + e.lines + ["    }"])
 
 
@@ -1393,10 +1438,15 @@ class Host:
     def dealloc(self, buf, elt):
         self.tok = self.e.op(f"gpu.dealloc async [{self.tok}] {buf} : memref<?x{elt}>", "t")
 
-    def launch(self, kernel, gx, gy, gz, args, smem=0):
+    def launch_gemm(self, kernel, mtiles, ntiles, gz, args):
+        """GEMM kernels take one x index per (M-tile, N-tile) and raster it themselves."""
+        self.launch(kernel, self.e.mul(self.grid(mtiles), ntiles), self.c(1), gz, args,
+                    LAUNCH_SMEM_BYTES, GEMM_THREADS)
+
+    def launch(self, kernel, gx, gy, gz, args, smem=0, threads=THREADS):
         e = self.e
         one = self.c(1)
-        threads = self.c(THREADS)
+        threads = self.c(threads)
         arglist = ", ".join(f"{v} : {t}" for v, t in args)
         sm = f" dynamic_shared_memory_size {self.c(smem, 'i32')}" if smem else ""
         self.tok = e.op(
@@ -1447,10 +1497,10 @@ def host_router():
     wf, ef = h.flat("%weights", M2["f32"]), h.flat("%experts", M2["i32"])
     offs, poffs = single_offsets(h, T)
     one = h.c(1)
-    h.launch("moe_gemm_rows_mn_f32", e.add(h.ceil(T, BM), one), h.ceil(E, BN), one,
+    h.launch_gemm("moe_gemm_rows_mn_f32", e.add(h.ceil(T, BM), one), h.ceil(E, BN), one,
              gemm_args(h, "moe_gemm_rows_mn_f32", dict(
                  offsets=offs, num_experts=one, amat=xf, lda=d, bmat=wrf, ldb=E, dim_m=T,
-                 dim_n=E, dim_k=d, cout=lf, ldc=E)), LAUNCH_SMEM_BYTES)
+                 dim_n=E, dim_k=d, cout=lf, ldc=E)))
     scores = h.alloc(e.mul(T, E), "f32")
     h.launch("moe_router_scores", h.ceil(T, THREADS), one, one,
              [(lf, F32V), (scores, F32V), (T, IDX), (E, IDX), ("%scoring", "i32")])
@@ -1500,12 +1550,12 @@ def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
                   dim_m=M, dim_n=n, dim_k=d, hout=hf, aout=a)
     if ids:
         values["ids"] = ids
-    h.launch(up_kernel, e.add(h.ceil(M, BM), E), e.div(n, h.c(64)), one,
-             gemm_args(h, up_kernel, values), LAUNCH_SMEM_BYTES)
-    h.launch("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
+    h.launch_gemm(up_kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
+             gemm_args(h, up_kernel, values))
+    h.launch_gemm("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_mn_bf16", dict(
                  offsets=offs, num_experts=E, amat=a, lda=n, bmat=wdf, ldb=d, dim_m=M,
-                 dim_n=d, dim_k=n, cout=yf, ldc=d)), LAUNCH_SMEM_BYTES)
+                 dim_n=d, dim_k=n, cout=yf, ldc=d)))
     h.dealloc(a, "bf16")
 
 
@@ -1567,21 +1617,20 @@ def ffn_backward(h, x, dout, ids, offs, poffs, E, wguf, wdf, hf, wrow, M, d, n, 
                   dim_n=n, dim_k=d, hsaved=hf, poffsets=poffs, ldt=ldt, dh=dh, dht=dht, wat=wat)
     if experts:
         values.update(ids=ids, wrow=wrow, dspart=dspart, num_ntiles=nt)
-    h.launch(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN), one, gemm_args(h, kernel, values),
-             LAUNCH_SMEM_BYTES)
-    h.launch("moe_gemm_rows_k_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
+    h.launch_gemm(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN), one, gemm_args(h, kernel, values))
+    h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_k_bf16", dict(
                  offsets=offs, num_experts=E, amat=dh, lda=two_n, bmat=wguf, ldb=two_n,
-                 dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)), LAUNCH_SMEM_BYTES)
+                 dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)))
     wk = "moe_gemm_wgrad_gather" if experts else "moe_gemm_wgrad_rows"
     values = dict(offsets=offs, poffsets=poffs, num_experts=E, amat=wat, lda=ldt, bmat=dout,
                   ldb=d, dim_m=n, dim_n=d, dim_k=h.c(0), cout=dwdf, ldc=d)
     if experts:
         values["bids"] = ids
-    h.launch(wk, h.ceil(n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values), LAUNCH_SMEM_BYTES)
+    h.launch_gemm(wk, h.ceil(n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
     wk = wk + "_t"
     values.update(amat=dht, bmat=x, dim_m=two_n, cout=dwguf, ldc=two_n)
-    h.launch(wk, h.ceil(two_n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values), LAUNCH_SMEM_BYTES)
+    h.launch_gemm(wk, h.ceil(two_n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
     h.dealloc(dh, "bf16")
     h.dealloc(dht, "bf16")
     h.dealloc(wat, "bf16")
@@ -1675,15 +1724,15 @@ def host_router_grad():
     offs, poffs = single_offsets(h, T)
     xf = h.flat("%x", M2["bf16"])
     wrf = h.flat("%wr", M2["bf16"])
-    h.launch("moe_gemm_rows_k_bf16", e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
+    h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_k_bf16", dict(
                  offsets=offs, num_experts=one, amat=dl, lda=E, bmat=wrf, ldb=E, dim_m=T,
-                 dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)), LAUNCH_SMEM_BYTES)
-    h.launch("moe_gemm_wgrad_rows_t", h.ceil(E, BM), h.ceil(d, BN), one,
+                 dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
+    h.launch_gemm("moe_gemm_wgrad_rows_t", h.ceil(E, BM), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_wgrad_rows_t", dict(
                  offsets=offs, poffsets=poffs, num_experts=one, amat=dlt, lda=ldt, bmat=xf,
                  ldb=d, dim_m=E, dim_n=d, dim_k=h.c(0), cout=h.flat("%d_wr", M2["bf16"]),
-                 ldc=E)), LAUNCH_SMEM_BYTES)
+                 ldc=E)))
     for buf, ty in ((dl, "bf16"), (dlt, "bf16"), (offs, "i32"), (poffs, "i32")):
         h.dealloc(buf, ty)
     return h.text()

@@ -2,7 +2,8 @@
 """Writes ops_harness.mlir: the GPU library plus one C-interface wrapper per host function,
 so bench-free op checks (ops_check.py) can call each host function from PyTorch.
 
-    python3 test/GPU/gen_ops_harness.py lib/Conversion/MoEToGPU/MoEGPULibrary.mlir > ops.mlir
+    python3 lib/Conversion/MoEToGPU/gen_gpu_library.py -o library.mlir
+    python3 test/GPU/gen_ops_harness.py library.mlir > ops.mlir
 
 Scalars cross the C interface as i64 (flags, enums) or f32, and are converted inside.
 """

@@ -382,6 +382,11 @@ def main():
         ("router", lambda: run_router(lib, 37, 128, 8, 2, 0, True)),
         ("router-groups", lambda: run_router(lib, 37, 256, 16, 4, 1, True, 4, 2, 2.5, True)),
         ("router-grad", lambda: run_router_grad(lib, 37, 128, 8, 2, 0, True, 1.0)),
+        # expert counts that are not a multiple of 8 (padded inside the host functions)
+        ("router-e4", lambda: run_router(lib, 37, 128, 4, 2, 0, True)),
+        ("router-e12", lambda: run_router(lib, 37, 192, 12, 3, 1, False, 1, 1, 1.0, True)),
+        ("router-grad-e4", lambda: run_router_grad(lib, 37, 128, 4, 2, 0, True, 1.0)),
+        ("router-grad-e12", lambda: run_router_grad(lib, 37, 192, 12, 3, 1, False, 2.5)),
         ("router-grad-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5)),
         ("shared", lambda: run_shared(lib, 37, 256, 128)),
     ]

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Generates MoEGPULibrary.mlir: the sm_90a kernels and host functions of the GPU path.
 
-    python3 lib/Conversion/MoEToGPU/gen_gpu_library.py > lib/Conversion/MoEToGPU/MoEGPULibrary.mlir
+    python3 lib/Conversion/MoEToGPU/gen_gpu_library.py -o build/.../MoEGPULibrary.mlir
+
+The build runs it (lib/Conversion/MoEToGPU/CMakeLists.txt) and embeds the output in the
+compiler; the output is written to a temporary file and renamed, so a build never embeds a
+half-written library.
 
 The GEMM kernels are unrolled (the wgmma accumulators are LLVM structs of 64 f32 and every
 k-step and copy is spelled out), which is why they are generated rather than written by hand.
 docs/gpu-path.md describes the kernels; the host-function contract is its table in section 1.
-A ctest checks that the committed MoEGPULibrary.mlir is this script's output.
 """
 
+import os
 import sys
 
 # ---------------------------------------------------------------------------
@@ -1234,7 +1238,7 @@ SIMPLE.append(kernel(
     "moe_router_grad_logits",
     "%logits: memref<?xf32>, %experts: memref<?xi32>, %dw: memref<?xf32>, %dlin: memref<?xf32>, "
     "%has_dlin: i1, %T: index, %E: index, %k: index, %scoring: i32, %renorm: i1, %scaling: f32, "
-    "%dl: memref<?xbf16>, %dlt: memref<?xbf16>, %ldt: index",
+    "%dl: memref<?xbf16>, %ldl: index, %dlt: memref<?xbf16>, %ldt: index",
     GID + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %z = arith.constant 0 : i32
@@ -1343,12 +1347,41 @@ SIMPLE.append(kernel(
             scf.yield %g : f32
           }
           %gb = arith.truncf %g2 : f32 to bf16
-          memref.store %gb, %dl[%li] : memref<?xbf16>
+          %dli0 = arith.muli %gid, %ldl : index
+          %dli = arith.addi %dli0, %e : index
+          memref.store %gb, %dl[%dli] : memref<?xbf16>
           %ti0 = arith.muli %e, %ldt : index
           %ti = arith.addi %ti0, %gid : index
           memref.store %gb, %dlt[%ti] : memref<?xbf16>
         }
       }
+"""))
+
+# dst[r, c] = src[r, c] for c < ncopy, else 0 (c < cdst): pads the expert dimension of
+# the router's [*, E] matrices to a multiple of 8 columns (16-byte rows for cp.async
+# and vector stores) and takes the padding off again.
+for _ty in ("bf16", "f32"):
+    SIMPLE.append(kernel(
+        f"moe_repack_{_ty}",
+        f"%src: memref<?x{_ty}>, %dst: memref<?x{_ty}>, %R: index, %csrc: index, %cdst: index, "
+        "%ncopy: index",
+        GID + f"""      %zero = arith.constant 0.0 : {_ty}
+      %total = arith.muli %R, %cdst : index
+      %in = arith.cmpi ult, %gid, %total : index
+      scf.if %in {{
+        %r = arith.divui %gid, %cdst : index
+        %col = arith.remui %gid, %cdst : index
+        %keep = arith.cmpi ult, %col, %ncopy : index
+        %v = scf.if %keep -> ({_ty}) {{
+          %si0 = arith.muli %r, %csrc : index
+          %si = arith.addi %si0, %col : index
+          %x = memref.load %src[%si] : memref<?x{_ty}>
+          scf.yield %x : {_ty}
+        }} else {{
+          scf.yield %zero : {_ty}
+        }}
+        memref.store %v, %dst[%gid] : memref<?x{_ty}>
+      }}
 """))
 
 # out = a + b, bf16 with an f32 add (gradient accumulation across uses).
@@ -1475,6 +1508,20 @@ def gemm_args(h, kernel, values):
     return out
 
 
+def repack(h, src, dst, rows, csrc, cdst, ncopy, ty):
+    one = h.c(1)
+    h.launch(f"moe_repack_{ty}", h.ceil(h.e.mul(rows, cdst), THREADS), one, one,
+             [(src, f"memref<?x{ty}>"), (dst, f"memref<?x{ty}>"), (rows, IDX), (csrc, IDX),
+              (cdst, IDX), (ncopy, IDX)])
+
+
+def padded_copy(h, src, rows, cols, cols8, ty):
+    """[rows, cols] -> a new [rows, cols8] buffer, zero in the padding columns."""
+    dst = h.alloc(h.e.mul(rows, cols8), ty)
+    repack(h, src, dst, rows, cols, cols8, cols, ty)
+    return dst
+
+
 def single_offsets(h, T):
     offs = h.alloc(h.c(2), "i32")
     poffs = h.alloc(h.c(2), "i32")
@@ -1497,10 +1544,16 @@ def host_router():
     wf, ef = h.flat("%weights", M2["f32"]), h.flat("%experts", M2["i32"])
     offs, poffs = single_offsets(h, T)
     one = h.c(1)
-    h.launch_gemm("moe_gemm_rows_mn_f32", e.add(h.ceil(T, BM), one), h.ceil(E, BN), one,
+    E8 = round8(h, E)
+    wrp = padded_copy(h, wrf, d, E, E8, "bf16")
+    lp = h.alloc(h.grid(e.mul(T, E8)), "f32")
+    h.launch_gemm("moe_gemm_rows_mn_f32", e.add(h.ceil(T, BM), one), h.ceil(E8, BN), one,
              gemm_args(h, "moe_gemm_rows_mn_f32", dict(
-                 offsets=offs, num_experts=one, amat=xf, lda=d, bmat=wrf, ldb=E, dim_m=T,
-                 dim_n=E, dim_k=d, cout=lf, ldc=E)))
+                 offsets=offs, num_experts=one, amat=xf, lda=d, bmat=wrp, ldb=E8, dim_m=T,
+                 dim_n=E8, dim_k=d, cout=lp, ldc=E8)))
+    repack(h, lp, lf, T, E8, E, E, "f32")
+    h.dealloc(lp, "f32")
+    h.dealloc(wrp, "bf16")
     scores = h.alloc(e.mul(T, E), "f32")
     h.launch("moe_router_scores", h.ceil(T, THREADS), one, one,
              [(lf, F32V), (scores, F32V), (T, IDX), (E, IDX), ("%scoring", "i32")])
@@ -1712,28 +1765,31 @@ def host_router_grad():
     E = h.dim("%wr", M2["bf16"], 1)
     k = h.dim("%experts", M2["i32"], 1)
     ldt = e.add(round8(h, T), h.c(8))
-    dl = h.alloc(h.grid(e.mul(T, E)), "bf16")
+    E8 = round8(h, E)
+    dl = h.alloc(h.grid(e.mul(T, E8)), "bf16")
     dlt = h.alloc(e.mul(E, ldt), "bf16")
     has = e.cmp("ugt", h.dim("%d_logits", M2["f32"], 0), h.c(0))
     h.launch("moe_router_grad_logits", h.ceil(T, THREADS), one, one,
              [(h.flat("%logits", M2["f32"]), F32V), (h.flat("%experts", M2["i32"]), I32V),
               (h.flat("%d_weights", M2["f32"]), F32V), (h.flat("%d_logits", M2["f32"]), F32V),
               (has, "i1"), (T, IDX), (E, IDX), (k, IDX), ("%scoring", "i32"),
-              ("%renormalize", "i1"), ("%scaling", "f32"), (dl, BF16V), (dlt, BF16V),
+              ("%renormalize", "i1"), ("%scaling", "f32"), (dl, BF16V), (E8, IDX), (dlt, BF16V),
               (ldt, IDX)])
     offs, poffs = single_offsets(h, T)
     xf = h.flat("%x", M2["bf16"])
-    wrf = h.flat("%wr", M2["bf16"])
+    wrp = padded_copy(h, h.flat("%wr", M2["bf16"]), d, E, E8, "bf16")
     h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_k_bf16", dict(
-                 offsets=offs, num_experts=one, amat=dl, lda=E, bmat=wrf, ldb=E, dim_m=T,
+                 offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=wrp, ldb=E8, dim_m=T,
                  dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
+    dwrp = h.alloc(e.mul(d, E8), "bf16")
     h.launch_gemm("moe_gemm_wgrad_rows_t", h.ceil(E, BM), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_wgrad_rows_t", dict(
                  offsets=offs, poffsets=poffs, num_experts=one, amat=dlt, lda=ldt, bmat=xf,
-                 ldb=d, dim_m=E, dim_n=d, dim_k=h.c(0), cout=h.flat("%d_wr", M2["bf16"]),
-                 ldc=E)))
-    for buf, ty in ((dl, "bf16"), (dlt, "bf16"), (offs, "i32"), (poffs, "i32")):
+                 ldb=d, dim_m=E, dim_n=d, dim_k=h.c(0), cout=dwrp, ldc=E8)))
+    repack(h, dwrp, h.flat("%d_wr", M2["bf16"]), d, E8, E, E, "bf16")
+    for buf, ty in ((dl, "bf16"), (dlt, "bf16"), (offs, "i32"), (poffs, "i32"), (wrp, "bf16"),
+                    (dwrp, "bf16")):
         h.dealloc(buf, ty)
     return h.text()
 
@@ -1761,7 +1817,14 @@ def main():
                host_expert_combine_grad, host_shared_expert_grad, host_router_grad, host_add):
         out.append(fn())
     out.append("}")
-    sys.stdout.write("\n".join(out) + "\n")
+    text = "\n".join(out) + "\n"
+    if len(sys.argv) == 3 and sys.argv[1] == "-o":
+        tmp = sys.argv[2] + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, sys.argv[2])
+    else:
+        sys.stdout.write(text)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MOE_BUILD_DIR:-$root/build}
 
 "$root/scripts/install-deps.sh"
+# The ptxas gate on every generated kernel needs a ptxas; without a CUDA
+# toolkit, take the one NVIDIA publishes on PyPI (scripts/fetch-ptxas.py).
+if ! command -v ptxas >/dev/null && [ ! -x /usr/local/cuda/bin/ptxas ]; then
+  ptxas=$(python3 "$root/scripts/fetch-ptxas.py") ||
+    { echo "test.sh: could not fetch ptxas" >&2; exit 1; }
+  export PATH="$(dirname "$ptxas"):$PATH"
+fi
 "$root/scripts/build.sh"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)"

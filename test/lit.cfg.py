@@ -55,6 +55,8 @@ llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 config.available_features.add("noasserts")
 config.substitutions.append(("%PYTHON", config.python_executable))
+# ptxas from PATH (scripts/test.sh puts scripts/fetch-ptxas.py's there on
+# machines without CUDA), else the toolkit's.
 ptxas = shutil.which("ptxas") or (
     "/usr/local/cuda/bin/ptxas"
     if os.path.exists("/usr/local/cuda/bin/ptxas") else None)

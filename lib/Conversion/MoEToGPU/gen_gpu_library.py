@@ -500,7 +500,7 @@ def gen_gemm(g):
 
     def silu_parts(g32):
         ng = e.op(f"arith.negf {g32} : f32")
-        ex = e.op(f"math.exp {ng} : f32")
+        ex = e.op(f"func.call @__moe_gpu_exp({ng}) : (f32) -> f32")
         den = e.fadd(ex, c(1.0, "f32"))
         sgm = e.op(f"arith.divf {c(1.0, 'f32')}, {den} : f32")
         return sgm, e.fmul(g32, sgm)
@@ -749,7 +749,7 @@ SIMPLE.append(kernel(
             %i = arith.addi %base, %e : index
             %l = memref.load %logits[%i] : memref<?xf32>
             %d = arith.subf %l, %mx : f32
-            %x = math.exp %d : f32
+            %x = func.call @__moe_gpu_exp(%d) : (f32) -> f32
             %s2 = arith.addf %s, %x : f32
             scf.yield %s2 : f32
           }
@@ -757,7 +757,7 @@ SIMPLE.append(kernel(
             %i = arith.addi %base, %e : index
             %l = memref.load %logits[%i] : memref<?xf32>
             %d = arith.subf %l, %mx : f32
-            %x = math.exp %d : f32
+            %x = func.call @__moe_gpu_exp(%d) : (f32) -> f32
             %p = arith.divf %x, %sum : f32
             memref.store %p, %scores[%i] : memref<?xf32>
           }
@@ -766,7 +766,7 @@ SIMPLE.append(kernel(
             %i = arith.addi %base, %e : index
             %l = memref.load %logits[%i] : memref<?xf32>
             %nl = arith.negf %l : f32
-            %x = math.exp %nl : f32
+            %x = func.call @__moe_gpu_exp(%nl) : (f32) -> f32
             %den = arith.addf %x, %one : f32
             %p = arith.divf %one, %den : f32
             memref.store %p, %scores[%i] : memref<?xf32>
@@ -1260,7 +1260,7 @@ SIMPLE.append(kernel(
           %i = arith.addi %base, %e : index
           %l = memref.load %logits[%i] : memref<?xf32>
           %d = arith.subf %l, %mx : f32
-          %x = math.exp %d : f32
+          %x = func.call @__moe_gpu_exp(%d) : (f32) -> f32
           %s2 = arith.addf %s, %x : f32
           scf.yield %s2 : f32
         }
@@ -1400,16 +1400,24 @@ SIMPLE.append(kernel(
       }
 """))
 
-DEVICE_FUNCS = """    func.func private @__moe_gpu_score(%l: f32, %mx: f32, %sum: f32, %soft: i1) -> f32 {
+DEVICE_FUNCS = """    // exp(x) = 2^(x log2 e) on the SFU (ex2.approx, ~2 ulp): no libdevice, so the PTX
+    // of every format is self-contained.
+    func.func private @__moe_gpu_exp(%x: f32) -> f32 {
+      %log2e = arith.constant 1.44269504 : f32
+      %y = arith.mulf %x, %log2e : f32
+      %r = nvvm.inline_ptx "ex2.approx.ftz.f32 $0, $1;" ro(%y : f32) -> f32
+      return %r : f32
+    }
+    func.func private @__moe_gpu_score(%l: f32, %mx: f32, %sum: f32, %soft: i1) -> f32 {
       %one = arith.constant 1.0 : f32
       %r = scf.if %soft -> (f32) {
         %d = arith.subf %l, %mx : f32
-        %x = math.exp %d : f32
+        %x = func.call @__moe_gpu_exp(%d) : (f32) -> f32
         %p = arith.divf %x, %sum : f32
         scf.yield %p : f32
       } else {
         %nl = arith.negf %l : f32
-        %x = math.exp %nl : f32
+        %x = func.call @__moe_gpu_exp(%nl) : (f32) -> f32
         %den = arith.addf %x, %one : f32
         %p = arith.divf %one, %den : f32
         scf.yield %p : f32

@@ -1,0 +1,115 @@
+// The sm_90a path lowers a layer to PTX that holds every kernel of the GPU library
+// (docs/gpu-path.md): each grouped GEMM copies its tiles with cp.async into the
+// 1024-aligned dynamic buffer and multiplies with m64n256k16 wgmma on two warpgroups.
+// RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
+// RUN: FileCheck %s --input-file=%t.moe_kernels.ptx
+
+// CHECK: .target sm_90a
+// CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
+// CHECK-LABEL: .entry moe_gemm_up_gather(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_up_rows(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_rows_mn_bf16(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_rows_mn_f32(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_rows_k_bf16(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_dact_gather(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_dact_rows(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_wgrad_gather(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_wgrad_gather_t(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_wgrad_rows(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_gemm_wgrad_rows_t(
+// CHECK: .maxntid 256, 1, 1
+// CHECK: cp.async.cg.shared.global
+// CHECK: wgmma.fence.sync.aligned
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK-LABEL: .entry moe_router_scores(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_router_select(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_dispatch_rank(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_dispatch_scan(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_dispatch_place(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_gather_sum(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_scatter_weights(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_padded_offsets(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_single_offsets(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_dweights(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_router_grad_logits(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_repack_bf16(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_repack_f32(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_add(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-NOT: .entry

@@ -1,0 +1,37 @@
+// ptxas accepts every kernel of the GPU library for sm_90a with no spill, no local
+// stack and none of the warnings that serialise wgmma (C7515, C7520, C7508);
+// check_ptxas.py fails the test on any of them.
+// REQUIRES: ptxas
+// RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
+// RUN: %ptxas -arch=sm_90a -v %t.moe_kernels.ptx -o %t.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.txt
+// RUN: FileCheck %s < %t.txt
+// RUN: FileCheck %s --check-prefix=COUNT < %t.txt
+
+// CHECK-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_up_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_rows_mn_bf16' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_rows_mn_f32' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_rows_k_bf16' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_dact_gather' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_dact_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_gather' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_gather_t' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_rows_t' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_router_scores' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_router_select' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_dispatch_rank' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_dispatch_scan' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_dispatch_place' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gather_sum' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_scatter_weights' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_padded_offsets' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_single_offsets' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_dweights' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_router_grad_logits' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_repack_bf16' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_repack_f32' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_add' for 'sm_90a'
+// COUNT-COUNT-25: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-NOT: bytes stack frame

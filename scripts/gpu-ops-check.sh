@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Op-level checks of the GPU library on an H200 (CUDA 13, CMake, ninja, torch; no LLVM).
 #   Here (LLVM 22 machine):  bash scripts/build-ops-harness.sh      -> gpu-inputs/ops/ops.o
-#   GPU machine:             bash scripts/gpu-ops-check.sh [--quick] [--sanitize]
+#   GPU machine:             bash scripts/gpu-ops-check.sh [--quick] [--sanitize] [--bench=CONFIGS]
 # Builds runtime/ standalone, links gpu-inputs/ops/ops.o with libmoe_runtime into ops.so,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
-# --sanitize the quick checks under compute-sanitizer memcheck and racecheck.
+# --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck;
+# --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel).
 # Logs to $OUT (default /tmp/moe-gpu-out).
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,10 +46,11 @@ fi
 timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool (quick: small shapes)" | tee -a "$log"
-    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      python3 "$root/test/GPU/ops_check.py" --lib "$so" --quick --only ffn-small \
+  # every op at the small shapes of --quick (all 25 kernels run)
+  for tool in memcheck racecheck synccheck; do
+    echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
+    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 "$root/test/GPU/ops_check.py" --lib "$so" --quick \
       >"$out/sanitize-$tool.log" 2>&1
     rc=$?
     tail -3 "$out/sanitize-$tool.log" | tee -a "$log"

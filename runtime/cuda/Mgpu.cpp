@@ -189,8 +189,20 @@ void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 void *mgpuStreamCreate(void) {
   if (tlsLaunchStream)
     return tlsLaunchStream;
-  moeStream stream = nullptr;
-  check(moeStreamCreate(&stream), "mgpuStreamCreate");
+  // A call given no stream runs on one of its own and waits for it; a
+  // blocking stream also waits for the caller's work on the legacy default
+  // stream (inputs still being written there), which a non-blocking one
+  // would race with.
+  const DriverApi *api;
+  if (moeStatus status = getContext(api)) {
+    check(status, "mgpuStreamCreate");
+    return nullptr;
+  }
+  CUstream stream = nullptr;
+  if (CUresult result = api->cuStreamCreate(&stream, CU_STREAM_DEFAULT)) {
+    check(failCuda(result, "cuStreamCreate"), "mgpuStreamCreate");
+    return nullptr;
+  }
   return stream;
 }
 

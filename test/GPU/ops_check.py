@@ -61,6 +61,9 @@ class Lib:
                 conv.append(ctypes.c_float(a))
             else:
                 conv.append(ctypes.c_int64(int(a)))
+        # the wrappers run on a stream of the runtime: the inputs torch is still
+        # writing must be done first
+        torch.cuda.synchronize()
         self.so.moeClearLastError()
         getattr(self.so, "_mlir_ciface_op_" + name)(*conv)
         torch.cuda.synchronize()

@@ -101,7 +101,8 @@ TEST_F(RuntimeGeneratedCall, NullLaunchStreamCreatesWaitsDestroys) {
   void *stream = mgpuStreamCreate();
   ASSERT_NE(stream, nullptr);
   EXPECT_EQ(fake->streamCreateCalls, 1);
-  EXPECT_EQ(fake->lastStreamFlags, unsigned(CU_STREAM_NON_BLOCKING));
+  EXPECT_EQ(fake->lastStreamFlags, unsigned(CU_STREAM_DEFAULT))
+      << "a blocking stream waits for the legacy default stream";
   mgpuStreamSynchronize(stream);
   mgpuStreamDestroy(stream);
   EXPECT_EQ(fake->streamSynchronizeCalls, 1);

@@ -162,7 +162,8 @@ TEST_F(RuntimeMgpuFake, EndToEnd) {
 
   void *stream = mgpuStreamCreate();
   ASSERT_NE(stream, nullptr);
-  EXPECT_EQ(fake->lastStreamFlags, unsigned(CU_STREAM_NON_BLOCKING));
+  EXPECT_EQ(fake->lastStreamFlags, unsigned(CU_STREAM_DEFAULT))
+      << "a blocking stream waits for the legacy default stream";
 
   std::vector<uint32_t> host(256);
   for (size_t i = 0; i < host.size(); ++i)

@@ -2,11 +2,14 @@
 //
 // Parses each input as MLIR with the moe, func, arith and tensor dialects and
 // swallows the diagnostics. When the input parses and verifies, it is also
-// printed, and moe-decompose, moe-generate-backward, convert-moe-to-linalg and
-// the rest of moe-lower-to-cpu-pipeline run on it. A pass that fails with a
-// diagnostic is fine; a crash, a leak, a hang, or one of our passes succeeding
-// with IR that does not verify is a bug (the last one aborts). Modelled on
-// upstream mlir/tools/mlir-parser-fuzzer/text/mlir-text-parser-fuzzer.cpp.
+// printed, and moe-decompose, moe-generate-backward, convert-moe-to-gpu (the
+// GPU path's conversion of the layer; the kernel lowering after it does not
+// depend on the input and costs 1.6 s, so it is left out),
+// convert-moe-to-linalg and the rest of moe-lower-to-cpu-pipeline run on it. A
+// pass that fails with a diagnostic is fine; a crash, a leak, a hang, or one of
+// our passes succeeding with IR that does not verify is a bug (the last one
+// aborts). Modelled on upstream
+// mlir/tools/mlir-parser-fuzzer/text/mlir-text-parser-fuzzer.cpp.
 //
 // Built with -DMOE_ENABLE_FUZZER=ON; scripts/fuzz.sh runs it.
 //
@@ -50,6 +53,7 @@ const DialectRegistry &passRegistry() {
   static const DialectRegistry *registry = [] {
     auto *r = new DialectRegistry();
     moe::registerMoECPUPathDialects(*r);
+    moe::registerMoEGPUPathDialects(*r);
     return r;
   }();
   return *registry;
@@ -112,8 +116,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     input = *decomposed;
   OwningOpRef<ModuleOp> differentiated =
       runOurPass(input, moe::createMoEGenerateBackward());
-  if (differentiated)
+  if (differentiated) {
     input = *differentiated;
+    // The GPU path's conversion: diagnostics for what it cannot run, or host
+    // functions that verify.
+    runOurPass(input, moe::createConvertMoEToGPU());
+  }
   // convert-moe-to-linalg decomposes what is left of moe.layer itself.
   OwningOpRef<ModuleOp> converted =
       runOurPass(input, moe::createConvertMoEToLinalg());

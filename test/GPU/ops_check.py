@@ -249,6 +249,72 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     return ok
 
 
+def run_router_hostile(lib, scoring):
+    """NaN and inf in x: logits, experts and weights follow docs/cpu-path.md's rules, checked
+    against the NumPy reference (python/moe_mlir/reference.py) on our own logits."""
+    import os
+    import numpy as np
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    from moe_mlir import reference as ref
+    T, d, E, k = 37, 128, 8, 2
+    tag = f"router hostile {'softmax' if scoring == 0 else 'sigmoid'}"
+    x, wr = bf(T, d), bf(d, E, std=0.02)
+    x[0, 5] = float("nan")
+    x[1, 7] = float("inf")
+    x[2, :] = float("-inf")
+    x[3, 0] = float("inf")
+    x[3, 1] = float("-inf")  # inf - inf in the dot products
+    w = torch.empty(T, k, device=DEV)
+    ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lg = torch.empty(T, E, device=DEV)
+    lib.call("router", x, wr, torch.empty(0, device=DEV), scoring, 1, 1, 1, 1.0, w, ex, lg)
+    ref_lg = x.float() @ wr.float()
+    ok = check_exact(f"{tag} logits NaN pattern", torch.isnan(lg), torch.isnan(ref_lg))
+    finite = torch.isfinite(ref_lg)
+    ok &= check(f"{tag} finite logits", rel(lg[finite], ref_lg[finite]), 1e-2)
+    s = ref.scores(lg.cpu().numpy().astype(np.float32), "softmax" if scoring == 0 else "sigmoid")
+    ref_ex = ref.select_experts(s, k)
+    ok &= check_exact(f"{tag} experts", ex.cpu(), torch.from_numpy(ref_ex))
+    u = np.take_along_axis(s, ref_ex.astype(np.intp), axis=1)
+    tot = u.sum(1, keepdims=True)
+    ref_w = np.where(tot != 0, u / np.where(tot != 0, tot, 1), u)
+    same = np.isclose(w.cpu().numpy(), ref_w, rtol=1e-5, atol=0, equal_nan=True)
+    RESULTS.append({"check": f"{tag} weights", "mismatches": int((~same).sum()), "ok": bool(same.all())})
+    print(f"{'PASS' if same.all() else 'FAIL'} {tag} weights (NaN where the reference has NaN): "
+          f"{int((~same).sum())} mismatches", flush=True)
+    return ok and bool(same.all())
+
+
+def run_empty(lib):
+    """T = 0: every op runs on empty tensors without an error and without touching memory."""
+    d, n, E, k = 128, 128, 4, 2
+    x = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
+    wr, wgu, wd = bf(d, E, std=0.02), bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    w = torch.empty(0, k, device=DEV)
+    ex = torch.empty(0, k, dtype=torch.int32, device=DEV)
+    lg = torch.empty(0, E, device=DEV)
+    lib.call("router", x, wr, torch.empty(0, device=DEV), 0, 1, 1, 1, 1.0, w, ex, lg)
+    tid = torch.empty(0, dtype=torch.int32, device=DEV)
+    off = torch.full((E + 1,), -7, dtype=torch.int32, device=DEV)
+    rows = torch.empty(0, k, dtype=torch.int32, device=DEV)
+    lib.call("dispatch", ex, tid, off, rows)
+    y = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(0, 2 * n, dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)
+    out = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
+    lib.call("combine", y, w, rows, out)
+    dx = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
+    dw = torch.empty(0, k, device=DEV)
+    dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
+    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, out, 0, dx, dw, dwgu, dwd)
+    dxr, dwr = torch.empty(0, d, dtype=torch.bfloat16, device=DEV), torch.empty_like(wr)
+    lib.call("router_grad", x, wr, lg, ex, dw, torch.empty(0, 0, device=DEV), 0, 1, 1.0, dxr, dwr)
+    ok = check_exact("T=0 offsets all zero", off, torch.zeros(E + 1, dtype=torch.int32, device=DEV))
+    ok &= check("T=0 weight gradients are zero", float(dwgu.float().abs().sum() + dwd.float().abs().sum()
+                                                      + dwr.float().abs().sum()), 0.0)
+    return ok
+
+
 def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling):
     tag = f"router_grad T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
     x, wr = bf(T, d), bf(d, E, std=0.02)
@@ -392,6 +458,11 @@ def main():
         ("router-grad-e12", lambda: run_router_grad(lib, 37, 192, 12, 3, 1, False, 2.5)),
         ("router-grad-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5)),
         ("shared", lambda: run_shared(lib, 37, 256, 128)),
+        # hostile routing (issue 8): NaN/inf logits, k = E, T = 0
+        ("hostile-softmax", lambda: run_router_hostile(lib, 0)),
+        ("hostile-sigmoid", lambda: run_router_hostile(lib, 1)),
+        ("ffn-k-eq-e", lambda: run_ffn(lib, 37, 128, 128, 4, 4, "random")),
+        ("empty-t0", lambda: run_empty(lib)),
     ]
     if not args.quick:
         steps += [

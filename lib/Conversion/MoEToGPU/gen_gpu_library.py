@@ -343,7 +343,17 @@ def gen_gemm(g):
             kok = e.cmp("ult", kr, kcount)
             krs = e.select(kok, kr, c(0))
             if g.gather_b:
-                src = e.load_i32_as_index(A["bids"], e.add(elo, krs))
+                # only rows of the expert: past its end (an empty last expert,
+                # T = 0) there is no token id to read
+                src = e.fresh("bsrc")
+                e.emit(f"{src} = scf.if {kok} -> (index) {{")
+                e.indent += "  "
+                v = e.load_i32_as_index(A["bids"], e.add(elo, krs))
+                e.emit(f"scf.yield {v} : index")
+                e.indent = e.indent[:-2]
+                e.emit("} else {")
+                e.emit(f"  scf.yield {c(0)} : index")
+                e.emit("}")
             else:
                 src = e.add(elo, krs)
             srcs.append((src, kok))

@@ -119,6 +119,13 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
 
   pm.addPass(createMoEGenerateBackward());
   pm.addPass(createConvertMoEToGPU());
+  addMoEGPULowering(pm, options.chip, options.optLevel, binary);
+  return success();
+}
+
+void mlir::moe::addMoEGPULowering(OpPassManager &pm, StringRef chip,
+                                  unsigned optLevel,
+                                  const GpuModuleToBinaryPassOptions &binary) {
   pm.addPass(createInlinerPass());
   pm.addPass(createSymbolDCEPass());
   pm.addPass(createCanonicalizerPass());
@@ -127,7 +134,7 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   // The library's kernels take dynamically sized memrefs, which bare
   // pointers cannot carry: kernels get the default memref-descriptor
   // convention, on both sides of the launch.
-  addKernelLowering(pm, options.chip, kSM90aFeatures, options.optLevel,
+  addKernelLowering(pm, chip, kSM90aFeatures, optLevel,
                     /*barePointers=*/false);
 
   // The host: what the inlined library functions hold (memref views, affine
@@ -141,7 +148,6 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   pm.addPass(createReconcileUnrealizedCastsPass());
   pm.addPass(createGpuModuleToBinaryPass(binary));
   pm.addPass(createCanonicalizerPass());
-  return success();
 }
 
 void mlir::moe::buildMoELowerToCPUPipeline(OpPassManager &pm) {

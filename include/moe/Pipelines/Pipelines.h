@@ -5,6 +5,7 @@
 
 #include "moe/Support/OptionParsers.h"
 
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassOptions.h"
 
@@ -77,6 +78,13 @@ LogicalResult
 buildMoETrainingPipeline(OpPassManager &pm,
                          const MoETrainingPipelineOptions &options,
                          std::string *error = nullptr);
+
+/// The part of moe-training-pipeline{chip=...} after convert-moe-to-gpu:
+/// inlining of the library's host functions, the kernels to `binary`'s format
+/// for `chip`, the host code to the LLVM dialect (mgpu* calls).
+void addMoEGPULowering(OpPassManager &pm, llvm::StringRef chip,
+                       unsigned optLevel,
+                       const GpuModuleToBinaryPassOptions &binary);
 
 /// The ptxas moe-training-pipeline gives gpu-module-to-binary (as its
 /// toolkit): from PATH, then $CUDA_ROOT/bin, then /usr/local/cuda/bin; empty

@@ -20,10 +20,6 @@ PROFILE = False
 RESULTS = []
 
 
-class Desc(ctypes.Structure):
-    pass
-
-
 def desc_type(rank):
     class D(ctypes.Structure):
         _fields_ = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),

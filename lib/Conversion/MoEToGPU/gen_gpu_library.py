@@ -111,9 +111,6 @@ class Emitter:
     def maxs(self, a, b, ty="index"):
         return self.op(f"arith.maxsi {a}, {b} : {ty}")
 
-    def mins(self, a, b, ty="index"):
-        return self.op(f"arith.minsi {a}, {b} : {ty}")
-
     def load_i32_as_index(self, mem, idx):
         v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32>")
         return self.op(f"arith.index_cast {v} : i32 to index")

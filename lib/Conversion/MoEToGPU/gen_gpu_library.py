@@ -7,7 +7,7 @@ The build runs it (lib/Conversion/MoEToGPU/CMakeLists.txt) and embeds the output
 compiler; the output is written to a temporary file and renamed, so a build never embeds a
 half-written library.
 
-The GEMM kernels are unrolled (the wgmma accumulators are LLVM structs of 64 f32 and every
+The GEMM kernels are unrolled (the wgmma accumulators are LLVM structs of 128 f32 and every
 k-step and copy is spelled out), which is why they are generated rather than written by hand.
 docs/gpu-path.md describes the kernels; the host-function contract is its table in section 1.
 """
@@ -24,18 +24,18 @@ import sys
 BM, BN, BK, STAGES, THREADS = 128, 256, 64, 4, 128
 GEMM_THREADS = 256
 A_TILE_BYTES = BM * BK * 2  # 16 KiB
-B_TILE_BYTES = BK * BN * 2  # 16 KiB
+B_TILE_BYTES = BK * BN * 2  # 32 KiB
 STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
 SMEM_BYTES = STAGES * STAGE_BYTES  # 192 KiB ring
 # + 1 KiB to align the ring, + 1 KiB for the dS row sums of the dact epilogue
 LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024 + 1024
 # wgmma descriptors (CODEGEN.md section 2): 128B swizzle (bit 62), SBO = 1024 B
 # (8 rows of 128 B), LBO = 16 KiB for K-major tiles (unused with swizzle, the
-# value nvgpu emits) and 8 KiB for MN-major tiles (the distance between the two
+# value nvgpu emits) and 8 KiB for MN-major tiles (the distance between two
 # 64-column boxes).
-GROUP_M = 16  # M-tiles per raster group
 DESC_KMAJOR = 0x4000004004000000
 DESC_MNMAJOR = 0x4000004002000000
+GROUP_M = 16  # M-tiles per raster group
 
 ACC = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 2)) + ")>"
 WG = "#gpu.address_space<workgroup>"

@@ -117,6 +117,16 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
           llvm::sys::path::parent_path(llvm::sys::path::parent_path(ptxas))
               .str();
 
+  StringRef policy = options.policy;
+  if (policy != "keep" && policy != "recompute" && policy != "auto")
+    return fail("moe-training-pipeline: unknown policy '" + policy +
+                "' (expected keep, recompute or auto)");
+  // Silent unless the user asked for a plan: a remark then shows its bytes.
+  MoEPlanActivationsOptions plan;
+  plan.memoryBudget = options.memoryBudget;
+  plan.policy = policy.str();
+  plan.report = !options.memoryBudget.empty() || policy != "auto";
+  pm.addNestedPass<func::FuncOp>(createMoEPlanActivations(plan));
   pm.addPass(createMoEGenerateBackward());
   pm.addPass(createConvertMoEToGPU());
   addMoEGPULowering(pm, options.chip, options.optLevel, binary);

@@ -8,11 +8,23 @@
 // RUN: %if ptxas %{ moe-opt %s --moe-training-pipeline="chip=sm_90a" | mlir-translate --mlir-to-llvmir | FileCheck %s --check-prefix=CUBIN %}
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=offload" 2>&1 | FileCheck %s --check-prefix=FORMAT
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a opt-level=4" 2>&1 | FileCheck %s --check-prefix=OPT
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=recompute" --dump-pass-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=PLAN
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=fast" 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90" 2>&1 | FileCheck %s --check-prefix=CHIP
+
+// moe-plan-activations runs before moe-generate-backward; convert-moe-to-gpu
+// does not take the checkpoint region of a recompute plan yet.
+// PLAN: moe-plan-activations{gpu-tflops=7.800000e+02 memory-budget= policy=recompute report=true}
+// PLAN: remark: activation plan 'recompute' (policy recompute): keep saves 44420 B
+// PLAN: error: moe.checkpoint is not supported on the GPU path yet
+// POLICY: error: moe-training-pipeline: unknown policy 'fast' (expected keep, recompute or auto)
 
 // DUMP: builtin.module(
 // DUMP-NEXT: moe-decompose,
 // DUMP-NEXT: canonicalize{
+// DUMP-NEXT: func.func(
+// DUMP-NEXT: moe-plan-activations{gpu-tflops=7.800000e+02 memory-budget= policy=auto report=false}
+// DUMP-NEXT: ),
 // DUMP-NEXT: moe-generate-backward,
 // DUMP-NEXT: convert-moe-to-gpu,
 // DUMP-NEXT: inline{

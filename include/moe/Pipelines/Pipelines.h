@@ -42,6 +42,12 @@ struct MoETrainingPipelineOptions
       llvm::cl::desc("Activation memory the layer may keep for backward, e.g. "
                      "4GiB (empty: no limit)"),
       llvm::cl::init("")};
+  PassOptions::Option<std::string> policy{
+      *this, "policy",
+      llvm::cl::desc("With chip set, what moe-plan-activations does with the "
+                     "expert pre-activations: keep, recompute or auto (the "
+                     "fastest plan under memory-budget)"),
+      llvm::cl::init("auto")};
   PassOptions::Option<OffloadMode> offload{
       *this, "offload",
       llvm::cl::desc("Whether saved activations may move to host memory"),
@@ -72,8 +78,9 @@ struct MoETrainingPipelineOptions
 /// dynamic shared memory) and lowers the host code to the LLVM dialect with
 /// gpu-to-llvm (bare pointers for kernels), so that mlir-translate gives LLVM
 /// IR calling the mgpu* runtime. Fails with a message in `error` for an
-/// unknown format or opt-level; the memory-budget and offload options are
-/// reserved for activation planning.
+/// unknown format, opt-level or policy. With chip, moe-plan-activations
+/// (memory-budget, policy) runs before moe-generate-backward; the offload
+/// option is reserved for offload planning (not implemented yet).
 LogicalResult
 buildMoETrainingPipeline(OpPassManager &pm,
                          const MoETrainingPipelineOptions &options,

@@ -85,4 +85,60 @@ def MoEGenerateBackward : Pass<"moe-generate-backward", "::mlir::ModuleOp"> {
                            "::mlir::tensor::TensorDialect"];
 }
 
+def MoEPlanActivations : Pass<"moe-plan-activations", "::mlir::func::FuncOp"> {
+  let summary = "decide, under a memory budget, which expert activations are kept or recomputed";
+  let description = [{
+    Runs on the forward function of a layer after `moe-decompose` and before
+    `moe-generate-backward`. Every `moe.expert_ffn` and `moe.shared_expert`
+    outside a `moe.checkpoint` is a candidate: its pre-activations `h` are
+    either kept (saved for backward) or recomputed, in which case the op is
+    wrapped in a `moe.checkpoint` region (attribute `moe.plan = "recompute"`)
+    and `moe-generate-backward` re-runs it in backward from its inputs.
+
+    The cost model counts the activations backward keeps, the weights aside:
+    x, the router's weights, experts and logits, the dispatch queues and the
+    `h` of every kept op (static shapes, element sizes of their types); and
+    the extra FLOPs of a recomputation, `2 * rows * d * width(h)` (`4 R d n`
+    for SwiGLU), turned into time at `gpu-tflops`.
+
+    - `policy=keep`: keep every `h`; `recompute`: recompute every one;
+      `auto`: without a budget keep, with one recompute the fewest FLOPs
+      that bring the saved bytes under it (largest `h` first).
+    - `memory-budget` (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB): the plan must
+      fit, or the pass fails with an error on the function naming the
+      smallest budget that can be met and what each plan needs. A budget needs
+      static shapes.
+    - `policy=offload` is not implemented yet and is an error.
+
+    The function gets `moe.activation_plan` ("keep", "recompute" or
+    "partial") and, with static shapes, `moe.saved_bytes`; with `report`
+    (the default) a remark gives the bytes of each plan:
+
+    ```
+    remark: activation plan 'partial' (policy auto, memory-budget 700 B
+        (6.52e-07 GiB)): keep saves 852 B (7.93e-07 GiB), recompute saves
+        340 B (3.17e-07 GiB) and adds 8192 FLOPs (1.05e-05 us at 780
+        TFLOP/s); planned 596 B (5.55e-07 GiB), 1 of 2 expert FFNs
+        recomputed, 4096 extra FLOPs
+    ```
+
+    The pass runs before backward exists so that its choice is an ordinary
+    `moe.checkpoint` (docs/memory.md). The GPU path does not take
+    checkpoint regions yet.
+  }];
+  let options = [
+    Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
+           "Activation bytes the layer may save for backward, e.g. 4GiB "
+           "(empty: no limit)">,
+    Option<"policy", "policy", "std::string", /*default=*/"\"auto\"",
+           "keep, recompute or auto (offload: not implemented yet)">,
+    Option<"gpuTflops", "gpu-tflops", "double", /*default=*/"780.0",
+           "GPU rate that turns recompute FLOPs into time (TFLOP/s; "
+           "BENCH.md's measured bf16 ceiling on the H200)">,
+    Option<"report", "report", "bool", /*default=*/"true",
+           "Emit a remark with the saved bytes of each plan">,
+  ];
+  let dependentDialects = ["::mlir::moe::MoEDialect"];
+}
+
 #endif // MOE_DIALECT_MOE_TRANSFORMS_PASSES_TD

@@ -8,15 +8,18 @@
 // RUN: %if ptxas %{ moe-opt %s --moe-training-pipeline="chip=sm_90a" | mlir-translate --mlir-to-llvmir | FileCheck %s --check-prefix=CUBIN %}
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=offload" 2>&1 | FileCheck %s --check-prefix=FORMAT
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a opt-level=4" 2>&1 | FileCheck %s --check-prefix=OPT
-// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=recompute" --dump-pass-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=PLAN
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=recompute" 2>&1 | FileCheck %s --check-prefix=PLAN
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=fast" 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90" 2>&1 | FileCheck %s --check-prefix=CHIP
 
-// moe-plan-activations runs before moe-generate-backward; convert-moe-to-gpu
-// does not take the checkpoint region of a recompute plan yet.
-// PLAN: moe-plan-activations{gpu-tflops=7.800000e+02 memory-budget= policy=recompute report=true}
+// moe-plan-activations runs before moe-generate-backward; with a recompute plan
+// convert-moe-to-gpu runs the checkpointed expert FFN in place in forward, and
+// backward launches the up-projection again instead of reading a saved H.
 // PLAN: remark: activation plan 'recompute' (policy recompute): keep saves 44420 B
-// PLAN: error: moe.checkpoint is not supported on the GPU path yet
+// PLAN: llvm.func @layer_forward(
+// PLAN: @moe_kernels::@moe_gemm_up_gather
+// PLAN: llvm.func @layer_backward(
+// PLAN: @moe_kernels::@moe_gemm_up_gather
 // POLICY: error: moe-training-pipeline: unknown policy 'fast' (expected keep, recompute or auto)
 
 // DUMP: builtin.module(

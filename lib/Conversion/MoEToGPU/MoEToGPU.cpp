@@ -12,6 +12,7 @@
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/Transforms/Checkpoint.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
@@ -135,7 +136,7 @@ LogicalResult checkSupported(Operation *op) {
            << " is not supported on the GPU path: only the fused "
               "moe.expert_combine_grad is (moe.combine must read the expert "
               "outputs directly)";
-  if (isa<OffloadOp, PrefetchOp, CheckpointOp>(op))
+  if (isa<OffloadOp, PrefetchOp>(op))
     return op->emitError() << op->getName()
                            << " is not supported on the GPU path yet";
   bool isAdd = isa<arith::AddFOp>(op);
@@ -776,6 +777,9 @@ struct ConvertMoEToGPUPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    // What a recompute plan (moe-plan-activations) left in the forward runs
+    // in place; backward already holds its recomputation.
+    inlineCheckpoints(module);
     SymbolTable symbols(module);
 
     SmallVector<func::FuncOp> functions;
@@ -800,7 +804,7 @@ struct ConvertMoEToGPUPass
         failedAny = true;
         continue;
       }
-      // The regions of a rejected op (moe.checkpoint) need no more errors.
+      // The regions of a rejected op need no more errors.
       func.walk<WalkOrder::PreOrder>([&](Operation *op) {
         if (succeeded(checkSupported(op)))
           return WalkResult::advance();

@@ -10,6 +10,7 @@
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/Transforms/Checkpoint.h"
 #include "moe/Dialect/MoE/Transforms/Decompose.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -381,20 +382,6 @@ LogicalResult decomposeLayers(ModuleOp module) {
   for (LayerOp layer : layers)
     failedAny |= failed(decomposeLayer(rewriter, layer));
   return failure(failedAny);
-}
-
-/// Replaces every moe.checkpoint with the ops of its region.
-void inlineCheckpoints(ModuleOp module) {
-  SmallVector<CheckpointOp> checkpoints;
-  module.walk([&](CheckpointOp op) { checkpoints.push_back(op); });
-  IRRewriter rewriter(module.getContext());
-  for (CheckpointOp op : checkpoints) {
-    rewriter.inlineBlockBefore(&op.getBody().front(), op, op.getInputs());
-    auto yield = cast<YieldOp>(op->getPrevNode());
-    SmallVector<Value> results(yield.getValues());
-    rewriter.replaceOp(op, results);
-    rewriter.eraseOp(yield);
-  }
 }
 
 /// Copies the kernels that `module` calls, and the helpers they call, from

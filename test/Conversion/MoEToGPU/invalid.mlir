@@ -88,19 +88,6 @@ func.func @offload(%h: tensor<74x128xbf16>) -> tensor<74x128xbf16> {
 
 // -----
 
-func.func @checkpoint(%e: tensor<37x2xi32>) -> tensor<5xi32> {
-  // expected-error @+1 {{moe.checkpoint is not supported on the GPU path yet}}
-  %r = moe.checkpoint (%e) : (tensor<37x2xi32>) -> (tensor<5xi32>) {
-  ^bb0(%a: tensor<37x2xi32>):
-    %ids, %offsets, %rows = moe.dispatch %a {num_experts = 4 : i64}
-        : tensor<37x2xi32> -> tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
-    moe.yield %offsets : tensor<5xi32>
-  }
-  return %r : tensor<5xi32>
-}
-
-// -----
-
 func.func @layer(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
                  %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>)
     -> tensor<37x64xbf16> {

@@ -117,6 +117,11 @@ const DriverApi *loadedDriver();
 /// on this thread if it is not yet.
 moeStatus getContext(const DriverApi *&api);
 
+/// getContext, then cuStreamCreate with `flags` (CU_STREAM_*); records a
+/// failure. moeStreamCreate makes non-blocking streams, the mgpu ABI blocking
+/// ones.
+moeStatus createStream(unsigned flags, CUstream *stream);
+
 /// After getContext: whether this thread's device takes stream-ordered
 /// allocations (the driver has cuMemAllocAsync and cuMemFreeAsync, and the
 /// device supports memory pools). The first call per device also raises the

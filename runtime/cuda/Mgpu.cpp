@@ -193,14 +193,9 @@ void *mgpuStreamCreate(void) {
   // blocking stream also waits for the caller's work on the legacy default
   // stream (inputs still being written there), which a non-blocking one
   // would race with.
-  const DriverApi *api;
-  if (moeStatus status = getContext(api)) {
-    check(status, "mgpuStreamCreate");
-    return nullptr;
-  }
   CUstream stream = nullptr;
-  if (CUresult result = api->cuStreamCreate(&stream, CU_STREAM_DEFAULT)) {
-    check(failCuda(result, "cuStreamCreate"), "mgpuStreamCreate");
+  if (moeStatus status = createStream(CU_STREAM_DEFAULT, &stream)) {
+    check(status, "mgpuStreamCreate");
     return nullptr;
   }
   return stream;

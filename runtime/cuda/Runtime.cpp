@@ -277,6 +277,15 @@ moeStatus loadImage(const void *image, size_t size, moeModule *module) {
   return loadModule(image, /*ptx=*/true, 4, module);
 }
 
+moeStatus createStream(unsigned flags, CUstream *stream) {
+  const DriverApi *api;
+  if (moeStatus status = getContext(api))
+    return status;
+  if (CUresult result = api->cuStreamCreate(stream, flags))
+    return failCuda(result, "cuStreamCreate");
+  return MOE_SUCCESS;
+}
+
 } // namespace moe::runtime
 
 extern "C" {
@@ -480,12 +489,9 @@ moeStatus moeLaunch(moeFunction function, const moeLaunchConfig *config,
 moeStatus moeStreamCreate(moeStream *stream) {
   if (!stream)
     return fail(MOE_ERROR_INVALID_ARGUMENT, "moeStreamCreate: null output");
-  const DriverApi *api;
-  if (moeStatus status = getContext(api))
-    return status;
   CUstream handle = nullptr;
-  if (CUresult result = api->cuStreamCreate(&handle, CU_STREAM_NON_BLOCKING))
-    return failCuda(result, "cuStreamCreate");
+  if (moeStatus status = createStream(CU_STREAM_NON_BLOCKING, &handle))
+    return status;
   *stream = reinterpret_cast<moeStream>(handle);
   return MOE_SUCCESS;
 }

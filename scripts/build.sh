@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Configures (once) and builds moe-mlir with clang-22, lld and Ninja.
+#   scripts/build.sh [CMAKE_ARG...]   # extra configure arguments; later ones
+#                                     # win (-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+# MOE_BUILD_DIR: the build folder (default build); MOE_BUILD_TARGET: what
+# ninja builds (default everything).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MOE_BUILD_DIR:-$root/build}
@@ -10,6 +14,7 @@ if [[ ! -f $build/build.ninja ]]; then
     -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
     -DLLVM_USE_LINKER=lld \
-    -DPython3_EXECUTABLE=/usr/bin/python3
+    -DPython3_EXECUTABLE=/usr/bin/python3 \
+    "$@"
 fi
-ninja -C "$build"
+ninja -C "$build" ${MOE_BUILD_TARGET:+"$MOE_BUILD_TARGET"}

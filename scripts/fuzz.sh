@@ -18,27 +18,10 @@ if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   exit 2
 fi
 
-"$root/scripts/install-deps.sh"
-# libFuzzer and the sanitizer runtimes of clang-22.
-if [[ ! -f $(clang++-22 -print-runtime-dir)/libclang_rt.fuzzer-$(uname -m).a ]]; then
-  sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo=sudo
-  echo "fuzz: installing libclang-rt-22-dev"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q \
-    --no-install-recommends libclang-rt-22-dev
-fi
-
-if [[ ! -f $build/build.ninja ]]; then
-  cmake -G Ninja -S "$root" -B "$build" \
-    -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
-    -DLLVM_USE_LINKER=lld \
-    -DPython3_EXECUTABLE=/usr/bin/python3 \
-    -DMOE_ENABLE_FUZZER=ON -DMOE_BUILD_TESTS=OFF
-fi
-ninja -C "$build" moe-parser-fuzzer
+# libFuzzer and the sanitizer runtimes of clang-22 come with libclang-rt-22-dev.
+"$root/scripts/install-deps.sh" libclang-rt-22-dev
+MOE_BUILD_DIR=$build MOE_BUILD_TARGET=moe-parser-fuzzer "$root/scripts/build.sh" \
+  -DMOE_ENABLE_FUZZER=ON -DMOE_BUILD_TESTS=OFF
 
 run=$build/fuzz-run
 rm -rf "$run"

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages moe-mlir builds and tests with, when missing.
+#   scripts/install-deps.sh [PACKAGE...]    # more packages (fuzz.sh and
+#                                           # sanitize.sh: libclang-rt-22-dev)
 set -euo pipefail
 
 packages=(
   cmake ninja-build git python3 python3-numpy python3-pytest
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   clang-22 lld-22 clang-format-22 libgtest-dev
+  "$@"
 )
 
 missing=()

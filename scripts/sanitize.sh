@@ -13,16 +13,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MOE_ASAN_BUILD_DIR:-$root/build-asan}
 
-"$root/scripts/install-deps.sh"
-# The sanitizer runtimes of clang-22.
-if [[ ! -f $(clang++-22 -print-runtime-dir)/libclang_rt.asan-$(uname -m).a ]]; then
-  sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo=sudo
-  echo "sanitize: installing libclang-rt-22-dev"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q \
-    --no-install-recommends libclang-rt-22-dev
-fi
+# The sanitizer runtimes of clang-22 come with libclang-rt-22-dev.
+"$root/scripts/install-deps.sh" libclang-rt-22-dev
 
 # - allow_user_poisoning=0: llvm::BumpPtrAllocator poisons and unpoisons its
 #   slabs in inline code; with only our code instrumented, an instrumented
@@ -35,18 +27,11 @@ fi
 export ASAN_OPTIONS=allow_user_poisoning=0:detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-if [[ ! -f $build/build.ninja ]]; then
-  # LLVM_USE_SANITIZER alone gives ASan only: LLVM_UBSAN_FLAGS is defined in
-  # LLVM's own top-level CMake, not in the installed HandleLLVMOptions.
-  cmake -G Ninja -S "$root" -B "$build" \
-    -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
-    -DLLVM_USE_LINKER=lld \
-    -DPython3_EXECUTABLE=/usr/bin/python3 \
-    -DLLVM_USE_SANITIZER="Address;Undefined" \
-    -DLLVM_UBSAN_FLAGS="-fsanitize=undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all"
-fi
-ninja -C "$build"
+# LLVM_USE_SANITIZER alone gives ASan only: LLVM_UBSAN_FLAGS is defined in
+# LLVM's own top-level CMake, not in the installed HandleLLVMOptions.
+MOE_BUILD_DIR=$build "$root/scripts/build.sh" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DLLVM_USE_SANITIZER="Address;Undefined" \
+  -DLLVM_UBSAN_FLAGS="-fsanitize=undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)"

@@ -331,13 +331,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     layers = opts.layer or [os.path.join(opts.layers_dir, n) for n in DEFAULT_LAYERS]
     layers = [l[:-3] if l.endswith(".so") else l for l in layers]
 
-    try:
-        import torch
-    except ImportError:
-        log("error: PyTorch is not installed")
-        return 2
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        log("error: torch sees no CUDA device")
+    from check_layer import import_torch
+    torch = import_torch(opts.device)
+    if torch is None:
         return 2
     from moe_mlir import torch_reference as TR
     device = torch.device(opts.device)

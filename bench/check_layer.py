@@ -57,6 +57,19 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def import_torch(device: str):
+    """torch, or None after saying why it cannot run on `device` (cuda or cpu)."""
+    try:
+        import torch
+    except ImportError:
+        log("error: PyTorch is not installed")
+        return None
+    if device == "cuda" and not torch.cuda.is_available():
+        log("error: torch sees no CUDA device")
+        return None
+    return torch
+
+
 def sync(torch, device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -498,13 +511,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "all" in routings:
         routings = list(ROUTINGS)
 
-    try:
-        import torch
-    except ImportError:
-        log("error: PyTorch is not installed")
-        return 2
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        log("error: torch sees no CUDA device")
+    torch = import_torch(opts.device)
+    if torch is None:
         return 2
     # The reference is fp32: no TF32 in its matmuls.
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1153,12 +1153,9 @@ SIMPLE.append(kernel(
       }
 """))
 
-# Column offsets of each expert in the transposed [*, ldt] buffers of backward:
-# every expert starts at a multiple of 8 columns (16 B) so cp.async can read it.
-SIMPLE.append(kernel(
-    "moe_padded_offsets",
-    "%offsets: memref<?xi32>, %E: index, %poffsets: memref<?xi32>",
-    """      %tid = gpu.thread_id x
+# Kernels whose work is one thread's: %first is thread 0 of block 0; %c7 and
+# %cm8 round counts up to a multiple of 8.
+FIRST_THREAD = """      %tid = gpu.thread_id x
       %bid = gpu.block_id x
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -1168,7 +1165,14 @@ SIMPLE.append(kernel(
       %t0 = arith.cmpi eq, %tid, %c0 : index
       %b0 = arith.cmpi eq, %bid, %c0 : index
       %first = arith.andi %t0, %b0 : i1
-      scf.if %first {
+"""
+
+# Column offsets of each expert in the transposed [*, ldt] buffers of backward:
+# every expert starts at a multiple of 8 columns (16 B) so cp.async can read it.
+SIMPLE.append(kernel(
+    "moe_padded_offsets",
+    "%offsets: memref<?xi32>, %E: index, %poffsets: memref<?xi32>",
+    FIRST_THREAD + """      scf.if %first {
         %end = scf.for %e = %c0 to %E step %c1 iter_args(%acc = %z) -> (i32) {
           memref.store %acc, %poffsets[%e] : memref<?xi32>
           %e1 = arith.addi %e, %c1 : index
@@ -1189,17 +1193,7 @@ SIMPLE.append(kernel(
 SIMPLE.append(kernel(
     "moe_single_offsets",
     "%offsets: memref<?xi32>, %poffsets: memref<?xi32>, %T: index",
-    """      %tid = gpu.thread_id x
-      %bid = gpu.block_id x
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c7 = arith.constant 7 : i32
-      %cm8 = arith.constant -8 : i32
-      %z = arith.constant 0 : i32
-      %t0 = arith.cmpi eq, %tid, %c0 : index
-      %b0 = arith.cmpi eq, %bid, %c0 : index
-      %first = arith.andi %t0, %b0 : i1
-      scf.if %first {
+    FIRST_THREAD + """      scf.if %first {
         %ti = arith.index_cast %T : index to i32
         %t7 = arith.addi %ti, %c7 : i32
         %t8 = arith.andi %t7, %cm8 : i32

@@ -11,9 +11,14 @@ to an object and linked with libmoe_runtime into a shared library. Tolerances: B
 import argparse
 import ctypes
 import json
+import os
 import sys
 
+import numpy as np
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from moe_mlir import reference as ref  # noqa: E402
 
 DEV = "cuda"
 PROFILE = False
@@ -57,8 +62,9 @@ class Lib:
                 conv.append(ctypes.c_float(a))
             else:
                 conv.append(ctypes.c_int64(int(a)))
-        # the wrappers run on a stream of the runtime: the inputs torch is still
-        # writing must be done first
+        # the wrappers run on a blocking stream of the runtime, which waits for
+        # torch's legacy default stream but not for a stream torch might be
+        # set to: the inputs must be written first
         torch.cuda.synchronize()
         self.so.moeClearLastError()
         getattr(self.so, "_mlir_ciface_op_" + name)(*conv)
@@ -248,10 +254,6 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
 def run_router_hostile(lib, scoring):
     """NaN and inf in x: logits, experts and weights follow docs/cpu-path.md's rules, checked
     against the NumPy reference (python/moe_mlir/reference.py) on our own logits."""
-    import os
-    import numpy as np
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-    from moe_mlir import reference as ref
     T, d, E, k = 37, 128, 8, 2
     tag = f"router hostile {'softmax' if scoring == 0 else 'sigmoid'}"
     x, wr = bf(T, d), bf(d, E, std=0.02)

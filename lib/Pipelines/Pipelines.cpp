@@ -125,6 +125,8 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   MoEPlanActivationsOptions plan;
   plan.memoryBudget = options.memoryBudget;
   plan.policy = policy.str();
+  // Offload plans come with moe-offload (not in this pipeline yet).
+  plan.autoOffload = false;
   plan.report = !options.memoryBudget.empty() || policy != "auto";
   pm.addNestedPass<func::FuncOp>(createMoEPlanActivations(plan));
   pm.addPass(createMoEGenerateBackward());

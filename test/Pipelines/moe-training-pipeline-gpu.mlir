@@ -26,7 +26,7 @@
 // DUMP-NEXT: moe-decompose,
 // DUMP-NEXT: canonicalize{
 // DUMP-NEXT: func.func(
-// DUMP-NEXT: moe-plan-activations{gpu-tflops=7.800000e+02 memory-budget= policy=auto report=false}
+// DUMP-NEXT: moe-plan-activations{auto-offload=false gpu-tflops=7.800000e+02 host-gbps=5.500000e+01 memory-budget= policy=auto report=false}
 // DUMP-NEXT: ),
 // DUMP-NEXT: moe-generate-backward,
 // DUMP-NEXT: convert-moe-to-gpu,

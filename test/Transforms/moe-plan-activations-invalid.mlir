@@ -1,17 +1,19 @@
 // RUN: not moe-opt %s -split-input-file --moe-plan-activations=memory-budget=100 2>&1 | FileCheck %s --check-prefix=BUDGET
 // RUN: not moe-opt %s -split-input-file --moe-plan-activations="policy=keep memory-budget=0.5KiB" 2>&1 | FileCheck %s --check-prefix=KEEP
-// RUN: not moe-opt %s -split-input-file --moe-plan-activations=policy=offload 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: not moe-opt %s -split-input-file --moe-plan-activations="policy=offload memory-budget=300" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: not moe-opt %s -split-input-file --moe-plan-activations=host-gbps=-1 2>&1 | FileCheck %s --check-prefix=GBPS
 // RUN: not moe-opt %s -split-input-file --moe-plan-activations=policy=fast 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-opt %s -split-input-file --moe-plan-activations=memory-budget=4GiX 2>&1 | FileCheck %s --check-prefix=UNIT
 // RUN: not moe-opt %s -split-input-file --moe-plan-activations=gpu-tflops=0 2>&1 | FileCheck %s --check-prefix=TFLOPS
 
 // Every plan saves at least 340 B (x and the routing metadata): a smaller
 // budget names it and what each plan needs.
-// BUDGET: moe-plan-activations-invalid.mlir:[[@LINE+5]]:1: error: memory-budget 100 B (9.31e-08 GiB) cannot be met with policy=auto: the smallest budget it can meet is 340 B (3.17e-07 GiB)
-// BUDGET: note: keep saves 852 B (7.93e-07 GiB), recompute saves 340 B (3.17e-07 GiB) and adds 8192 FLOPs (1.05e-05 us at 780 TFLOP/s)
-// KEEP: error: memory-budget 512 B (4.77e-07 GiB) cannot be met with policy=keep: the smallest budget it can meet is 852 B (7.93e-07 GiB) (policy=recompute or auto needs 340 B (3.17e-07 GiB))
-// OFFLOAD: error: moe-plan-activations: policy=offload is not implemented yet (use keep, recompute or auto)
-// POLICY: error: moe-plan-activations: unknown policy 'fast' (expected keep, recompute or auto)
+// BUDGET: moe-plan-activations-invalid.mlir:[[@LINE+6]]:1: error: memory-budget 100 B (9.31e-08 GiB) cannot be met with policy=auto: the smallest budget it can meet is 340 B (3.17e-07 GiB)
+// BUDGET: note: keep saves 852 B (7.93e-07 GiB), recompute saves 340 B (3.17e-07 GiB) and adds 8192 FLOPs (1.05e-05 us at 780 TFLOP/s), offload saves 340 B (3.17e-07 GiB) and adds 0.0186 us of copies compute does not hide (at 55 GB/s)
+// KEEP: error: memory-budget 512 B (4.77e-07 GiB) cannot be met with policy=keep: the smallest budget it can meet is 852 B (7.93e-07 GiB) (policy=recompute, offload or auto needs 340 B (3.17e-07 GiB))
+// OFFLOAD: moe-plan-activations-invalid.mlir:[[@LINE+3]]:1: error: memory-budget 300 B (2.79e-07 GiB) cannot be met with policy=offload: the smallest budget it can meet is 340 B (3.17e-07 GiB)
+// POLICY: error: moe-plan-activations: unknown policy 'fast' (expected keep, recompute, offload or auto)
+// GBPS: moe-plan-activations-invalid.mlir:[[@LINE+1]]:1: error: moe-plan-activations: host-gbps must be positive, got -1
 func.func @layer(%x: tensor<4x16xbf16>, %wr: tensor<16x4xbf16>,
                  %wgu: tensor<4x16x16xbf16>, %wd: tensor<4x8x16xbf16>,
                  %sgu: tensor<16x32xbf16>, %sd: tensor<16x16xbf16>)

@@ -1,11 +1,12 @@
-//===- MoEPlanActivations.cpp - Keep or recompute saved activations -*- C++
-//-*-===//
+//===- MoEPlanActivations.cpp - Keep, recompute or offload activations ---===//
 //
 // Decides, for the pre-activations `h` of every expert FFN and shared expert
-// of a forward function, whether backward keeps them (saved) or recomputes
-// them (the op wrapped in a moe.checkpoint region), under a memory budget.
-// The cost model counts the activation bytes backward saves and the FLOPs a
-// recomputation adds (docs/memory.md).
+// of a forward function, whether backward keeps them (saved on the device),
+// recomputes them (the op wrapped in a moe.checkpoint region) or finds them
+// offloaded to host memory (the op marked moe.plan = "offload" for
+// moe-offload), under a memory budget. The cost model counts the activation
+// bytes backward saves on the device, the FLOPs a recomputation adds and the
+// copy time an offload cannot hide behind compute (docs/memory.md).
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,6 +16,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/Support/Format.h"
 
@@ -48,6 +50,13 @@ std::string bytesText(uint64_t bytes) {
   return text;
 }
 
+/// "0.5", "-1", "1e+06".
+std::string formatDouble(double value) {
+  std::string text;
+  llvm::raw_string_ostream(text) << llvm::format("%g", value);
+  return text;
+}
+
 /// "argument #0" or "result #1 of 'moe.expert_ffn'".
 std::string valueText(Value value) {
   if (auto argument = dyn_cast<BlockArgument>(value))
@@ -58,14 +67,200 @@ std::string valueText(Value value) {
       .str();
 }
 
+/// What happens to the `h` of one candidate.
+enum class Choice { Keep, Recompute, Offload };
+
 /// An expert FFN or shared expert whose `h` backward would save.
 struct Candidate {
   Operation *op;
-  unsigned index; // program order, the last tie-break
+  unsigned index = 0; // program order, the last tie-break
   uint64_t hBytes = 0;
   double flops = 0; // of recomputing it: 2 * rows * d * width(h)
-  bool recompute = false;
+  // Compute on either side of the copies of an offloaded h (FLOPs): the
+  // forward ops after h's last forward use, and the backward ops that run
+  // before its first backward use (the gradients of those same ops).
+  double forwardAfter = 0;
+  double backwardBefore = 0;
+  Choice choice = Choice::Keep;
 };
+
+/// FLOPs of one forward op (GEMMs only; 0 with dynamic shapes).
+double forwardFlops(Operation *op) {
+  auto dims = [](Value value) -> SmallVector<double> {
+    auto type = dyn_cast<RankedTensorType>(value.getType());
+    if (!type || !type.hasStaticShape())
+      return {};
+    return llvm::map_to_vector(type.getShape(), [](int64_t size) {
+      return static_cast<double>(size);
+    });
+  };
+  // 2 * rows * d * width(h) for the up projection, 2 * rows * n * d down.
+  auto ffn = [&](Value x, Value h, Value wDown) -> double {
+    SmallVector<double> xs = dims(x), hs = dims(h), ws = dims(wDown);
+    if (xs.size() != 2 || hs.size() != 2 || ws.empty())
+      return 0;
+    double n = ws[ws.size() - 2];
+    return 2 * hs[0] * xs[1] * hs[1] + 2 * hs[0] * n * xs[1];
+  };
+  if (auto router = dyn_cast<RouterOp>(op)) {
+    SmallVector<double> xs = dims(router.getX()), ls = dims(router.getLogits());
+    return xs.size() == 2 && ls.size() == 2 ? 2 * xs[0] * xs[1] * ls[1] : 0;
+  }
+  if (auto experts = dyn_cast<ExpertFFNOp>(op))
+    return ffn(experts.getX(), experts.getH(), experts.getWDown());
+  if (auto shared = dyn_cast<SharedExpertOp>(op))
+    return ffn(shared.getX(), shared.getH(), shared.getWDown());
+  if (auto combine = dyn_cast<CombineOp>(op)) {
+    SmallVector<double> ws = dims(combine.getWeights()),
+                        os = dims(combine.getOut());
+    return ws.size() == 2 && os.size() == 2 ? 2 * ws[0] * ws[1] * os[1] : 0;
+  }
+  double nested = 0;
+  for (Region &region : op->getRegions())
+    region.walk([&](Operation *inner) { nested += forwardFlops(inner); });
+  return nested;
+}
+
+/// The rates that turn FLOPs and bytes into seconds.
+struct Rates {
+  double flopsPerSecond;
+  double bytesPerSecond; // host link, each direction
+};
+
+/// Seconds a plan adds to the step: the recomputations, and the copies of
+/// the offloaded tensors where compute does not hide them. Copies run one
+/// after the other on one copy stream. Forward: an offload starts after h's
+/// last forward use; what runs past the end of the forward compute is
+/// exposed. Backward: every prefetch starts with backward (after nothing),
+/// in the order of first use, and backward waits at a first use whose copy
+/// has not finished; the recomputations run before every backward op.
+double planSeconds(ArrayRef<Candidate> candidates, ArrayRef<Choice> choices,
+                   double forwardTotal, const Rates &rates) {
+  double recompute = 0;
+  SmallVector<const Candidate *> offloaded;
+  for (auto [candidate, choice] : llvm::zip_equal(candidates, choices)) {
+    if (choice == Choice::Recompute)
+      recompute += candidate.flops / rates.flopsPerSecond;
+    else if (choice == Choice::Offload)
+      offloaded.push_back(&candidate);
+  }
+  if (offloaded.empty())
+    return recompute;
+  // Forward: issue order is program order (least compute left first).
+  llvm::sort(offloaded, [](const Candidate *a, const Candidate *b) {
+    return std::make_pair(-a->forwardAfter, a->index) <
+           std::make_pair(-b->forwardAfter, b->index);
+  });
+  double forwardEnd = forwardTotal / rates.flopsPerSecond;
+  double stream = 0;
+  for (const Candidate *candidate : offloaded) {
+    double start = forwardEnd - candidate->forwardAfter / rates.flopsPerSecond;
+    stream = std::max(stream, start) +
+             static_cast<double>(candidate->hBytes) / rates.bytesPerSecond;
+  }
+  double exposed = std::max(0.0, stream - forwardEnd);
+  // Backward: needed first is the one with the least compute before it.
+  llvm::sort(offloaded, [](const Candidate *a, const Candidate *b) {
+    return std::make_pair(a->backwardBefore, a->index) <
+           std::make_pair(b->backwardBefore, b->index);
+  });
+  double stall = 0;
+  stream = 0;
+  for (const Candidate *candidate : offloaded) {
+    stream += static_cast<double>(candidate->hBytes) / rates.bytesPerSecond;
+    double needed =
+        recompute + candidate->backwardBefore / rates.flopsPerSecond + stall;
+    stall += std::max(0.0, stream - needed);
+  }
+  return recompute + exposed + stall;
+}
+
+/// Exhaustive search up to this many candidates (3^10 plans), greedy above.
+constexpr unsigned kMaxExhaustive = 10;
+
+/// The fastest plan whose device bytes fit `budget` (nullopt: no limit)
+/// among keep, recompute and, with `offload`, offload for each candidate.
+/// Ties go to fewer moved tensors, then recompute over offload (no host
+/// memory), then the earlier candidates moved (as before offload existed).
+/// `candidates` must fit when every h leaves the device.
+SmallVector<Choice> fastestPlan(ArrayRef<Candidate> candidates,
+                                uint64_t keepBytes,
+                                std::optional<uint64_t> budget, bool offload,
+                                double forwardTotal, const Rates &rates) {
+  unsigned count = candidates.size();
+  SmallVector<Choice> keep(count, Choice::Keep);
+  if (!budget || keepBytes <= *budget)
+    return keep;
+  auto bytesOf = [&](ArrayRef<Choice> choices) {
+    uint64_t bytes = keepBytes;
+    for (auto [candidate, choice] : llvm::zip_equal(candidates, choices))
+      if (choice != Choice::Keep)
+        bytes -= candidate.hBytes;
+    return bytes;
+  };
+  // (seconds, moved, offloaded, choices) ordered lexicographically.
+  auto key = [&](ArrayRef<Choice> choices) {
+    unsigned moved = 0, offloads = 0;
+    for (Choice choice : choices) {
+      moved += choice != Choice::Keep;
+      offloads += choice == Choice::Offload;
+    }
+    // Program order last: the earlier candidates move first.
+    SmallVector<unsigned> order = llvm::map_to_vector(choices, [](Choice c) {
+      return c == Choice::Keep ? 3u : static_cast<unsigned>(c);
+    });
+    return std::make_tuple(
+        planSeconds(candidates, choices, forwardTotal, rates), moved, offloads,
+        order);
+  };
+  unsigned options = offload ? 3 : 2;
+  if (count <= kMaxExhaustive) {
+    std::optional<decltype(key(keep))> best;
+    SmallVector<Choice> bestChoices;
+    SmallVector<Choice> choices(count, Choice::Keep);
+    uint64_t plans = 1;
+    for (unsigned i = 0; i < count; ++i)
+      plans *= options;
+    for (uint64_t code = 0; code < plans; ++code) {
+      uint64_t rest = code;
+      for (unsigned i = 0; i < count; ++i, rest /= options)
+        choices[i] = static_cast<Choice>(rest % options);
+      if (bytesOf(choices) > *budget)
+        continue;
+      auto candidateKey = key(choices);
+      if (!best || candidateKey < *best) {
+        best = std::move(candidateKey);
+        bestChoices = choices;
+      }
+    }
+    return bestChoices;
+  }
+  // Greedy: move the h whose move adds the fewest seconds per byte until the
+  // plan fits.
+  SmallVector<Choice> choices = keep;
+  while (bytesOf(choices) > *budget) {
+    double baseline = planSeconds(candidates, choices, forwardTotal, rates);
+    std::optional<std::tuple<double, unsigned, Choice>> best;
+    for (unsigned i = 0; i < count; ++i) {
+      if (choices[i] != Choice::Keep)
+        continue;
+      for (Choice choice : {Choice::Recompute, Choice::Offload}) {
+        if (choice == Choice::Offload && !offload)
+          continue;
+        choices[i] = choice;
+        double rate =
+            (planSeconds(candidates, choices, forwardTotal, rates) - baseline) /
+            static_cast<double>(std::max<uint64_t>(candidates[i].hBytes, 1));
+        choices[i] = Choice::Keep;
+        auto option = std::make_tuple(rate, i, choice);
+        if (!best || option < *best)
+          best = option;
+      }
+    }
+    choices[std::get<1>(*best)] = std::get<2>(*best);
+  }
+  return choices;
+}
 
 struct MoEPlanActivationsPass
     : public mlir::moe::impl::MoEPlanActivationsBase<MoEPlanActivationsPass> {
@@ -101,20 +296,20 @@ void MoEPlanActivationsPass::runOnOperation() {
     return;
 
   StringRef policyName = policy;
-  if (policyName == "offload") {
-    func.emitError("moe-plan-activations: policy=offload is not implemented "
-                   "yet (use keep, recompute or auto)");
-    return signalPassFailure();
-  }
   if (policyName != "keep" && policyName != "recompute" &&
-      policyName != "auto") {
+      policyName != "offload" && policyName != "auto") {
     func.emitError("moe-plan-activations: unknown policy '")
-        << policyName << "' (expected keep, recompute or auto)";
+        << policyName << "' (expected keep, recompute, offload or auto)";
     return signalPassFailure();
   }
   if (!(gpuTflops > 0.0)) {
     func.emitError("moe-plan-activations: gpu-tflops must be positive, got ")
-        << gpuTflops;
+        << formatDouble(gpuTflops);
+    return signalPassFailure();
+  }
+  if (!(hostGbps > 0.0)) {
+    func.emitError("moe-plan-activations: host-gbps must be positive, got ")
+        << formatDouble(hostGbps);
     return signalPassFailure();
   }
   std::optional<uint64_t> budget;
@@ -192,72 +387,89 @@ void MoEPlanActivationsPass::runOnOperation() {
     return signalPassFailure();
   }
 
+  // The compute an offload's copies can hide behind: the forward ops after
+  // h's last forward use, and their gradients, which backward runs before
+  // it first reads h (about twice their forward FLOPs: dx and dW).
+  double forwardTotal = 0;
+  for (Candidate &candidate : candidates) {
+    Block *block = candidate.op->getBlock();
+    Operation *last = candidate.op;
+    for (Operation *user : candidate.op->getResult(1).getUsers())
+      if (Operation *inBlock = block->findAncestorOpInBlock(*user))
+        if (last->isBeforeInBlock(inBlock) &&
+            !inBlock->hasTrait<OpTrait::IsTerminator>())
+          last = inBlock;
+    for (Operation *op = last->getNextNode(); op; op = op->getNextNode())
+      candidate.forwardAfter += forwardFlops(op);
+    candidate.backwardBefore = 2 * candidate.forwardAfter;
+  }
+  for (Operation &op : func.getBody().front())
+    forwardTotal += forwardFlops(&op);
+
   uint64_t keepBytes = commonBytes, recomputeBytes = commonBytes;
   double recomputeFlops = 0;
   for (const Candidate &candidate : candidates) {
     keepBytes += candidate.hBytes;
     recomputeFlops += candidate.flops;
   }
-  auto seconds = [&](double flops) { return flops / (gpuTflops * 1e12); };
+  Rates rates{gpuTflops * 1e12, hostGbps * 1e9};
+  auto every = [&](Choice choice) {
+    return SmallVector<Choice>(candidates.size(), choice);
+  };
+  double recomputeSeconds =
+      planSeconds(candidates, every(Choice::Recompute), forwardTotal, rates);
+  double offloadSeconds =
+      planSeconds(candidates, every(Choice::Offload), forwardTotal, rates);
 
   // Choose.
-  if (policyName == "recompute") {
-    for (Candidate &candidate : candidates)
-      candidate.recompute = true;
-  } else if (policyName == "auto" && budget && keepBytes > *budget) {
-    // Fewest extra seconds per byte first, then the largest h.
-    SmallVector<Candidate *> order;
-    for (Candidate &candidate : candidates)
-      order.push_back(&candidate);
-    llvm::sort(order, [](const Candidate *a, const Candidate *b) {
-      double rateA =
-          a->flops / static_cast<double>(std::max<uint64_t>(a->hBytes, 1));
-      double rateB =
-          b->flops / static_cast<double>(std::max<uint64_t>(b->hBytes, 1));
-      if (rateA != rateB)
-        return rateA < rateB;
-      if (a->hBytes != b->hBytes)
-        return a->hBytes > b->hBytes;
-      return a->index < b->index;
-    });
-    uint64_t bytes = keepBytes;
-    for (Candidate *candidate : order) {
-      if (bytes <= *budget)
-        break;
-      candidate->recompute = true;
-      bytes -= candidate->hBytes;
-    }
-  }
-  uint64_t plannedBytes = commonBytes;
+  SmallVector<Choice> choices;
+  if (policyName == "auto")
+    choices = fastestPlan(candidates, keepBytes, budget, autoOffload,
+                          forwardTotal, rates);
+  else
+    choices = every(policyName == "keep"        ? Choice::Keep
+                    : policyName == "recompute" ? Choice::Recompute
+                                                : Choice::Offload);
+  uint64_t plannedBytes = commonBytes, hostBytes = 0;
   double plannedFlops = 0;
-  unsigned numRecomputed = 0;
-  for (const Candidate &candidate : candidates) {
-    if (candidate.recompute) {
+  unsigned numRecomputed = 0, numOffloaded = 0;
+  for (auto [candidate, choice] : llvm::zip_equal(candidates, choices)) {
+    candidate.choice = choice;
+    if (choice == Choice::Recompute) {
       plannedFlops += candidate.flops;
       ++numRecomputed;
+    } else if (choice == Choice::Offload) {
+      hostBytes += candidate.hBytes;
+      ++numOffloaded;
     } else {
       plannedBytes += candidate.hBytes;
     }
   }
+  double plannedSeconds = planSeconds(candidates, choices, forwardTotal, rates);
 
+  auto us = [](double seconds) { return llvm::format("%.3g", seconds * 1e6); };
   auto describe = [&](llvm::raw_ostream &os) {
     os << "keep saves " << bytesText(keepBytes) << ", recompute saves "
        << bytesText(recomputeBytes) << " and adds "
        << llvm::format("%.4g", recomputeFlops) << " FLOPs ("
-       << llvm::format("%.3g", seconds(recomputeFlops) * 1e6) << " us at "
-       << llvm::format("%g", static_cast<double>(gpuTflops)) << " TFLOP/s)";
+       << us(recomputeSeconds) << " us at "
+       << llvm::format("%g", static_cast<double>(gpuTflops))
+       << " TFLOP/s), offload saves " << bytesText(recomputeBytes)
+       << " and adds " << us(offloadSeconds) << " us of copies compute does "
+       << "not hide (at " << llvm::format("%g", static_cast<double>(hostGbps))
+       << " GB/s)";
   };
   if (budget && plannedBytes > *budget) {
-    // keep or recompute asked for explicitly, or auto with every h
-    // recomputed: nothing this policy can do fits.
+    // keep, recompute or offload asked for explicitly, or auto with every h
+    // off the device: nothing this policy can do fits.
     uint64_t smallest = policyName == "keep" ? keepBytes : recomputeBytes;
     InFlightDiagnostic diag = emitError(func.getLoc());
     diag << "memory-budget " << bytesText(*budget)
          << " cannot be met with policy=" << policyName
          << ": the smallest budget it can meet is " << bytesText(smallest);
     if (policyName == "keep")
-      diag << " (policy=recompute or auto needs " << bytesText(recomputeBytes)
-           << ")";
+      diag << " (policy=recompute, offload or auto needs "
+           << bytesText(recomputeBytes) << ")";
     std::string plans;
     llvm::raw_string_ostream os(plans);
     describe(os);
@@ -265,18 +477,29 @@ void MoEPlanActivationsPass::runOnOperation() {
     return signalPassFailure();
   }
 
-  for (Candidate &candidate : candidates)
-    if (candidate.recompute)
-      wrapInCheckpoint(candidate.op);
-
   Builder builder(func.getContext());
-  StringRef planName = numRecomputed == 0                   ? "keep"
-                       : numRecomputed == candidates.size() ? "recompute"
-                                                            : "partial";
+  for (Candidate &candidate : candidates) {
+    if (candidate.choice == Choice::Recompute)
+      wrapInCheckpoint(candidate.op);
+    else if (candidate.choice == Choice::Offload)
+      candidate.op->setAttr("moe.plan", builder.getStringAttr("offload"));
+  }
+
+  StringRef planName = "partial";
+  if (numRecomputed == 0 && numOffloaded == 0)
+    planName = "keep";
+  else if (numRecomputed == candidates.size())
+    planName = "recompute";
+  else if (numOffloaded == candidates.size())
+    planName = "offload";
   func->setAttr("moe.activation_plan", builder.getStringAttr(planName));
-  if (!dynamic)
+  if (!dynamic) {
     func->setAttr("moe.saved_bytes", builder.getI64IntegerAttr(
                                          static_cast<int64_t>(plannedBytes)));
+    if (numOffloaded)
+      func->setAttr("moe.offloaded_bytes",
+                    builder.getI64IntegerAttr(static_cast<int64_t>(hostBytes)));
+  }
   if (!report)
     return;
   // On the location only: the note with the whole function is noise here.
@@ -286,17 +509,22 @@ void MoEPlanActivationsPass::runOnOperation() {
     remark << ", memory-budget " << bytesText(*budget);
   remark << "): ";
   if (dynamic) {
-    remark << numRecomputed << " of " << candidates.size()
-           << " expert FFNs recomputed; saved bytes unknown ("
-           << valueText(dynamic) << " has type " << dynamic.getType() << ")";
+    remark << numRecomputed << " recomputed, " << numOffloaded
+           << " offloaded of " << candidates.size()
+           << " expert FFNs; saved bytes unknown (" << valueText(dynamic)
+           << " has type " << dynamic.getType() << ")";
     return;
   }
   std::string plans;
   llvm::raw_string_ostream os(plans);
   describe(os);
-  os << "; planned " << bytesText(plannedBytes) << ", " << numRecomputed
-     << " of " << candidates.size() << " expert FFNs recomputed, "
-     << llvm::format("%.4g", plannedFlops) << " extra FLOPs";
+  os << "; planned " << bytesText(plannedBytes) << " on the device";
+  if (numOffloaded)
+    os << " and " << bytesText(hostBytes) << " on the host";
+  os << ", " << numRecomputed << " recomputed and " << numOffloaded
+     << " offloaded of " << candidates.size() << " expert FFNs, "
+     << llvm::format("%.4g", plannedFlops) << " extra FLOPs, "
+     << us(plannedSeconds) << " us added";
   remark << plans;
 }
 

@@ -86,55 +86,69 @@ def MoEGenerateBackward : Pass<"moe-generate-backward", "::mlir::ModuleOp"> {
 }
 
 def MoEPlanActivations : Pass<"moe-plan-activations", "::mlir::func::FuncOp"> {
-  let summary = "decide, under a memory budget, which expert activations are kept or recomputed";
+  let summary = "decide, under a memory budget, which expert activations are kept, recomputed or offloaded";
   let description = [{
     Runs on the forward function of a layer after `moe-decompose` and before
     `moe-generate-backward`. Every `moe.expert_ffn` and `moe.shared_expert`
     outside a `moe.checkpoint` is a candidate: its pre-activations `h` are
-    either kept (saved for backward) or recomputed, in which case the op is
-    wrapped in a `moe.checkpoint` region (attribute `moe.plan = "recompute"`)
-    and `moe-generate-backward` re-runs it in backward from its inputs.
+    either kept (saved for backward on the device), recomputed (the op is
+    wrapped in a `moe.checkpoint` region with `moe.plan = "recompute"`, and
+    `moe-generate-backward` re-runs it in backward from its inputs) or
+    offloaded (the op gets `moe.plan = "offload"`; after backward generation
+    `moe-offload` moves `h` to host memory and back).
 
-    The cost model counts the activations backward keeps, the weights aside:
-    x, the router's weights, experts and logits, the dispatch queues and the
-    `h` of every kept op (static shapes, element sizes of their types); and
-    the extra FLOPs of a recomputation, `2 * rows * d * width(h)` (`4 R d n`
-    for SwiGLU), turned into time at `gpu-tflops`.
+    The cost model counts the activations backward keeps on the device, the
+    weights aside: x, the router's weights, experts and logits, the dispatch
+    queues and the `h` of every kept op (static shapes, element sizes of
+    their types). A recomputation adds `2 * rows * d * width(h)` FLOPs
+    (`4 R d n` for SwiGLU) at `gpu-tflops`. An offload copies `h` to the
+    host and back at `host-gbps`, one copy after the other on one copy
+    stream; the device-to-host copy hides behind the forward compute after
+    h's last forward use, the host-to-device copy behind the backward compute
+    before its first backward use (the gradients of the same ops, twice their
+    forward GEMM FLOPs, plus the recomputations); what does not hide is time.
 
     - `policy=keep`: keep every `h`; `recompute`: recompute every one;
-      `auto`: without a budget keep, with one recompute the fewest FLOPs
-      that bring the saved bytes under it (largest `h` first).
+      `offload`: offload every one; `auto`: without a budget keep, with one
+      the fastest mix of keep, recompute and (with `auto-offload`) offload
+      per op that fits (exhaustive up to 10 candidates, greedy above).
     - `memory-budget` (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB): the plan must
       fit, or the pass fails with an error on the function naming the
       smallest budget that can be met and what each plan needs. A budget needs
       static shapes.
-    - `policy=offload` is not implemented yet and is an error.
 
-    The function gets `moe.activation_plan` ("keep", "recompute" or
-    "partial") and, with static shapes, `moe.saved_bytes`; with `report`
-    (the default) a remark gives the bytes of each plan:
+    The function gets `moe.activation_plan` ("keep", "recompute", "offload"
+    or "partial") and, with static shapes, `moe.saved_bytes` (device) and,
+    when something is offloaded, `moe.offloaded_bytes` (host); with `report`
+    (the default) a remark gives the bytes and time of each plan:
 
     ```
     remark: activation plan 'partial' (policy auto, memory-budget 700 B
         (6.52e-07 GiB)): keep saves 852 B (7.93e-07 GiB), recompute saves
         340 B (3.17e-07 GiB) and adds 8192 FLOPs (1.05e-05 us at 780
-        TFLOP/s); planned 596 B (5.55e-07 GiB), 1 of 2 expert FFNs
-        recomputed, 4096 extra FLOPs
+        TFLOP/s), offload saves 340 B (3.17e-07 GiB) and adds 0.0186 us of
+        copies compute does not hide (at 55 GB/s); planned 596 B (5.55e-07
+        GiB) on the device, 1 recomputed and 0 offloaded of 2 expert FFNs,
+        4096 extra FLOPs, 5.25e-06 us added
     ```
 
     The pass runs before backward exists so that its choice is an ordinary
-    `moe.checkpoint` (docs/memory.md). The GPU path does not take
-    checkpoint regions yet.
+    `moe.checkpoint` or an attribute (docs/memory.md).
   }];
   let options = [
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
-           "Activation bytes the layer may save for backward, e.g. 4GiB "
-           "(empty: no limit)">,
+           "Activation bytes the layer may keep on the device for backward, "
+           "e.g. 4GiB (empty: no limit)">,
     Option<"policy", "policy", "std::string", /*default=*/"\"auto\"",
-           "keep, recompute or auto (offload: not implemented yet)">,
+           "keep, recompute, offload or auto">,
+    Option<"autoOffload", "auto-offload", "bool", /*default=*/"true",
+           "Whether policy=auto may offload">,
     Option<"gpuTflops", "gpu-tflops", "double", /*default=*/"780.0",
            "GPU rate that turns recompute FLOPs into time (TFLOP/s; "
            "BENCH.md's measured bf16 ceiling on the H200)">,
+    Option<"hostGbps", "host-gbps", "double", /*default=*/"55.0",
+           "Host-link bandwidth of each copy direction (GB/s; measured on "
+           "the H200, PCIe 5.0 x16, pinned 1 GiB copies: 55.4 GB/s)">,
     Option<"report", "report", "bool", /*default=*/"true",
            "Emit a remark with the saved bytes of each plan">,
   ];

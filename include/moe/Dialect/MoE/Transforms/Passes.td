@@ -155,4 +155,48 @@ def MoEPlanActivations : Pass<"moe-plan-activations", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::mlir::moe::MoEDialect"];
 }
 
+def MoEOffload : Pass<"moe-offload", "::mlir::ModuleOp"> {
+  let summary = "move the saved tensors an activation plan offloads to host memory and back";
+  let description = [{
+    Runs after `moe-generate-backward`, on the pairs `@f_forward` /
+    `@f_backward` it makes: forward returns its saved tensors after its
+    results (`moe.num_saved` of them), backward takes them in the same order
+    as its first arguments. For every `moe.expert_ffn` and
+    `moe.shared_expert` of `@f_forward` that `moe-plan-activations` marked
+    `moe.plan = "offload"`, its `h`
+
+    - goes through `moe.offload` right after its last forward use, and the
+      training forward returns the `!moe.host_tensor`;
+    - is taken by `@f_backward` as that `!moe.host_tensor` (argument
+      attribute `moe.offloaded`) and brought back by `moe.prefetch`, which
+      every use then reads. With `prefetch=early` (the default) the
+      prefetches come first in backward, in the order of first use, so that
+      the copies overlap the backward compute before each first use, as the
+      cost model of `moe-plan-activations` assumes; with `prefetch=late`
+      each comes right before its first use (the least device memory,
+      nothing overlapped).
+
+    ```mlir
+    %y, %h = moe.expert_ffn ... {moe.plan = "offload"} ...
+    %host = moe.offload %h : tensor<8x16xbf16> -> !moe.host_tensor<8x16xbf16>
+    return %out, ..., %host : ..., !moe.host_tensor<8x16xbf16>
+    // @f_backward(..., %arg7: !moe.host_tensor<8x16xbf16> {moe.offloaded}, ...)
+    %h = moe.prefetch %arg7 : !moe.host_tensor<8x16xbf16> -> tensor<8x16xbf16>
+    ```
+
+    Errors: a mark on another op or inside a region, a mark in a function
+    that has no training pair (moe-generate-backward did not run) or in a
+    backward function, an `h` that backward does not save, a training
+    forward without its backward, saved types that differ between the two.
+    Running the pass twice changes nothing the second time.
+  }];
+  let options = [
+    Option<"prefetch", "prefetch", "std::string", /*default=*/"\"early\"",
+           "Where moe.prefetch goes in backward: early (first, in the order "
+           "of first use) or late (right before the first use)">,
+  ];
+  let dependentDialects = ["::mlir::func::FuncDialect",
+                           "::mlir::moe::MoEDialect"];
+}
+
 #endif // MOE_DIALECT_MOE_TRANSFORMS_PASSES_TD

@@ -17,6 +17,7 @@
 #include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
 #include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
 #include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
+#include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVM.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Arith/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/Bufferization/IR/Bufferization.h"
@@ -40,6 +41,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Tensor/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/UB/IR/UBOps.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Target/LLVM/NVVM/Target.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
@@ -86,7 +88,7 @@ inline void registerMoECPUPathDialects(DialectRegistry &registry) {
 /// holds once lowered.
 inline void registerMoEGPUPathDialects(DialectRegistry &registry) {
   registry.insert<gpu::GPUDialect, LLVM::LLVMDialect, nvgpu::NVGPUDialect,
-                  NVVM::NVVMDialect>();
+                  NVVM::NVVMDialect, vector::VectorDialect>();
   NVVM::registerNVVMTargetInterfaceExternalModels(registry);
   registerBuiltinDialectTranslation(registry);
   registerGPUDialectTranslation(registry);
@@ -94,6 +96,9 @@ inline void registerMoEGPUPathDialects(DialectRegistry &registry) {
   registerNVVMDialectTranslation(registry);
   registerConvertNVVMToLLVMInterface(registry);
   gpu::registerConvertGpuToLLVMInterface(registry);
+  // The kernels' vector loads and stores must lower inside convert-gpu-to-nvvm,
+  // which knows the GPU address spaces; the host's convert-to-llvm does not.
+  vector::registerConvertVectorToLLVMInterface(registry);
 }
 
 /// Everything the moe-mlir tools (moe-opt, moe-reduce) parse or produce.

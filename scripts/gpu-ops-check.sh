@@ -2,7 +2,9 @@
 # Op-level checks of the GPU library on an H200 (CUDA 13, CMake, ninja, torch; no LLVM).
 #   Here (LLVM 22 machine):  bash scripts/build-ops-harness.sh      -> gpu-inputs/ops/ops.o
 #   GPU machine:             bash scripts/gpu-ops-check.sh [--quick] [--sanitize] [--bench=CONFIGS]
-# Builds runtime/ standalone, links gpu-inputs/ops/ops.o with libmoe_runtime into ops.so,
+#                              [--ops=DIR]
+# Builds runtime/ standalone, links DIR/ops.o (default gpu-inputs/ops; another DIR holds a
+# variant of the library, built by build-ops-harness.sh DIR GENERATOR) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
 # --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck;
 # --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel).
@@ -17,25 +19,28 @@ export PYTHONUNBUFFERED=1
 quick=""
 sanitize=0
 bench=""
+ops="$root/gpu-inputs/ops"
 for arg in "$@"; do
   case "$arg" in
   --quick) quick=--quick ;;
   --sanitize) sanitize=1 ;;
   --bench=*) bench="${arg#--bench=}" ;;
+  --ops=*) ops="${arg#--ops=}" ;;
   *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done
 log="$out/ops.log"
 {
-  echo "date: $(date -u +%FT%TZ) commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+  echo "date: $(date -u +%FT%TZ) commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null) ops: $ops"
+  cat "$ops/VARIANT" 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
 } >"$log"
 if [ ! -f "$build/lib/libmoe_runtime.so" ]; then
   cmake -G Ninja -S "${MOE_RUNTIME_SRC:-$root/runtime}" -B "$build" -DCMAKE_BUILD_TYPE=Release >>"$log" 2>&1 &&
     ninja -C "$build" moe_runtime >>"$log" 2>&1 || { echo "FAIL runtime build" | tee -a "$log"; exit 1; }
 fi
-so="$build/ops.so"
-g++ -shared -o "$so" "$root/gpu-inputs/ops/ops.o" -L"$build/lib" -lmoe_runtime \
+so="$build/ops-$(basename "$ops").so"
+g++ -shared -o "$so" "$ops/ops.o" -L"$build/lib" -lmoe_runtime \
   -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link ops.so" | tee -a "$log"; exit 1; }
 status=0
 if [ -n "$bench" ]; then

@@ -567,6 +567,22 @@ class CpuModule:
         self.workdir = keep_dir
         self._lock = threading.Lock()
 
+    @classmethod
+    def load(cls, so_path: str, llvm_mlir_text: str) -> "CpuModule":
+        """A module compiled before (its `module.so`, kept with `keep_dir`, and the LLVM-dialect
+        text it was built from): loaded with ctypes, nothing compiled. The compile cache of
+        `moe_mlir.compile_cache` uses it."""
+        self = cls.__new__(cls)
+        self.llvm_mlir_text = llvm_mlir_text
+        self.ranks = _ciface_ranks(llvm_mlir_text)
+        try:
+            self.lib = ctypes.CDLL(os.path.abspath(so_path))
+        except OSError as exc:
+            raise CompileError("ctypes", [so_path], None, str(exc)) from exc
+        self.workdir = os.path.dirname(os.path.abspath(so_path))
+        self._lock = threading.Lock()
+        return self
+
     @property
     def functions(self) -> List[str]:
         return sorted(self.ranks)
@@ -744,15 +760,16 @@ class CompiledLayer:
     def __init__(self, config, name: str = "moe_layer", *,
                  pre_passes: Sequence[str] = LAYER_PRE_PASSES,
                  passes: Sequence[str] = CPU_PIPELINE, opt_tool: Optional[str] = None,
-                 source: Optional[str] = None):
+                 source: Optional[str] = None, module: Optional["CompiledModule"] = None):
         from .mlir_text import layer_mlir
 
         self.config = config
         self.name = name
         # `source` replaces the generated layer text (tests of the plumbing use it).
         self.source = layer_mlir(config, name) if source is None else source
-        self.module = compile_mlir(self.source, passes, pre_passes=pre_passes,
-                                   opt_tool=opt_tool)
+        # `module`: the layer compiled before (the compile cache passes it); nothing runs then.
+        self.module = module if module is not None else compile_mlir(
+            self.source, passes, pre_passes=pre_passes, opt_tool=opt_tool)
         self.arg_names = config.arg_names()
         self.has_backward = f"{name}_backward" in self.module.signatures
         if self.has_backward:

@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Training check of issue 7: small Mixtral-style and Qwen3-MoE-style models built from config
+(random init, no downloads), N AdamW steps with moe-mlir layers (`moe_mlir.hf.replace_moe_blocks`)
+against the same model with Hugging Face's `grouped_mm` experts; same init, same data.
+
+Prints the loss of every step for both, the largest |difference| (passes at --tol, 1e-2), tokens
+per second and peak memory of each; writes train_check.json and train_check.png (both loss
+curves) to --out.
+
+Sizes (--size full, the H200 run; every GEMM dimension a multiple of 64 as the GPU path needs):
+
+| model | hidden | expert FFN | experts | top-k | router | layers | heads (kv) | vocab | batch x seq |
+|---|---|---|---|---|---|---|---|---|---|
+| mixtral | 1024 | 1024 | 8 | 2 | softmax, renormalised | 4 | 16 (4), head 64 | 8192 | 4 x 1024 |
+| qwen3 | 1024 | 768 | 64 | 8 | softmax, renormalised | 4 | 16 (4), head 64 | 8192 | 4 x 1024 |
+
+bf16 parameters and activations on CUDA (the GPU path runs bf16 only), AdamW (lr 3e-4, weight
+decay 0.01). Data: token sequences of a fixed random bigram chain (80 % follow the chain, 20 %
+random), so that the loss falls; one fixed batch per step, the same for both runs.
+`--size tiny --device cpu` (f32, 3 steps) is what test/Python/test_hf_train_check.py runs.
+
+    python bench/train_check.py --device cuda --out $OUT          # needs MOE_MLIR_PREBUILT and
+                                                                  # MOE_RUNTIME_LIB (see
+                                                                  # scripts/gpu-torch-check.sh)
+Last line: "N passed, M failed" (one check per model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import struct
+import sys
+import time
+import zlib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import torch  # noqa: E402
+
+SIZES = {
+    "full": {
+        "mixtral": dict(vocab_size=8192, hidden_size=1024, intermediate_size=1024,
+                        num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=4,
+                        num_attention_heads=16, num_key_value_heads=4, head_dim=64),
+        "qwen3": dict(vocab_size=8192, hidden_size=1024, moe_intermediate_size=768,
+                      intermediate_size=2048, num_experts=64, num_experts_per_tok=8,
+                      norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=16,
+                      num_key_value_heads=4, head_dim=64),
+        "batch": 4, "seq": 1024,
+    },
+    "tiny": {
+        "mixtral": dict(vocab_size=128, hidden_size=64, intermediate_size=64,
+                        num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        "qwen3": dict(vocab_size=128, hidden_size=64, moe_intermediate_size=64,
+                      intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+                      norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16),
+        "batch": 2, "seq": 16,
+    },
+}
+
+
+def model_config(name: str, size: str):
+    """The transformers config of one model (max_position_embeddings covers the sequence)."""
+    from transformers import MixtralConfig, Qwen3MoeConfig  # noqa: PLC0415
+    kwargs = dict(SIZES[size][name])
+    kwargs["max_position_embeddings"] = max(SIZES[size]["seq"], 64)
+    kwargs.update(bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                  tie_word_embeddings=False)
+    cls = {"mixtral": MixtralConfig, "qwen3": Qwen3MoeConfig}[name]
+    return cls(**kwargs)
+
+
+def build_model(name: str, size: str, experts: str, seed: int, device, dtype):
+    """The causal LM, seeded; `experts` = "grouped_mm" (HF) or "moe_mlir" (blocks swapped)."""
+    from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM  # noqa: PLC0415
+    cfg = model_config(name, size)
+    cfg._experts_implementation = "grouped_mm"
+    cls = {"mixtral": MixtralForCausalLM, "qwen3": Qwen3MoeForCausalLM}[name]
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    model.to(device=device, dtype=dtype)
+    model.train()
+    if experts == "moe_mlir":
+        from moe_mlir import hf  # noqa: PLC0415
+        hf.replace_moe_blocks(model)
+    elif experts != "grouped_mm":
+        raise ValueError(f"experts must be grouped_mm or moe_mlir, got {experts!r}")
+    return model
+
+
+def make_batches(vocab: int, batch: int, seq: int, steps: int, seed: int):
+    """`steps` batches [batch, seq] of a fixed random bigram chain, on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    nxt = torch.randperm(vocab, generator=g)
+    out = []
+    for _ in range(steps):
+        ids = torch.empty(batch, seq, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, vocab, (batch,), generator=g)
+        follow = torch.rand(batch, seq, generator=g) < 0.8
+        rand = torch.randint(0, vocab, (batch, seq), generator=g)
+        for t in range(1, seq):
+            ids[:, t] = torch.where(follow[:, t], nxt[ids[:, t - 1]], rand[:, t])
+        out.append(ids)
+    return out
+
+
+def train(model, batches, lr: float, device, warmup: int):
+    """AdamW over the batches; per-step losses, tokens/s after `warmup` steps, peak bytes."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    losses, t0 = [], None
+    tokens = 0
+    for step, ids in enumerate(batches):
+        if step == warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        ids = ids.to(device)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.item()))
+        if t0 is not None:
+            tokens += ids.numel()
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0 if t0 is not None else float("nan")
+    result = {"losses": losses, "tokens_per_s": tokens / elapsed if tokens else float("nan"),
+              "timed_steps": len(batches) - warmup}
+    if cuda:
+        result["peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        result["peak_bytes_above_start"] = int(torch.cuda.max_memory_allocated() - base)
+    return result
+
+
+# --------------------------------------------------------------------------- PNG, no matplotlib
+
+def write_png(path: str, series, title: str = "", width: int = 900, height: int = 500) -> None:
+    """Loss curves as a PNG: matplotlib when it is installed, else a small rasteriser
+    (`series`: list of (label, [values], (r, g, b)))."""
+    try:
+        import matplotlib  # noqa: PLC0415
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+        fig, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
+        for label, values, color in series:
+            ax.plot(range(1, len(values) + 1), values, label=label,
+                    color=tuple(c / 255 for c in color), linewidth=1.2)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_title(title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        return
+    except ImportError:
+        pass
+    pix = bytearray(b"\xff" * (width * height * 3))
+    m = 40
+    values = [v for _, vs, _ in series for v in vs if math.isfinite(v)] or [0.0, 1.0]
+    lo, hi = min(values), max(values)
+    hi = hi if hi > lo else lo + 1.0
+    n = max(len(vs) for _, vs, _ in series)
+
+    def put(x, y, c):
+        if 0 <= x < width and 0 <= y < height:
+            i = (y * width + x) * 3
+            pix[i:i + 3] = bytes(c)
+
+    def line(x0, y0, x1, y1, c):
+        steps = max(abs(x1 - x0), abs(y1 - y0), 1)
+        for s in range(steps + 1):
+            x = round(x0 + (x1 - x0) * s / steps)
+            y = round(y0 + (y1 - y0) * s / steps)
+            for dx in (0, 1):
+                put(x + dx, y, c)
+
+    line(m, height - m, width - m, height - m, (0, 0, 0))
+    line(m, m, m, height - m, (0, 0, 0))
+    for _, vs, color in series:
+        pts = [(m + (width - 2 * m) * i / max(n - 1, 1),
+                height - m - (height - 2 * m) * (v - lo) / (hi - lo)) for i, v in enumerate(vs)]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            line(round(x0), round(y0), round(x1), round(y1), color)
+    raw = b"".join(b"\x00" + bytes(pix[y * width * 3:(y + 1) * width * 3]) for y in range(height))
+
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data +
+                struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n")
+        f.write(chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)))
+        f.write(chunk(b"IDAT", zlib.compress(raw, 9)))
+        f.write(chunk(b"IEND", b""))
+
+
+# --------------------------------------------------------------------------- layers
+
+# Layers that --layer-check runs on CUDA against moe_mlir.torch_reference (fp32), besides the
+# training models: a Mixtral-like one and a DeepSeek-V3-like one (sigmoid + bias, groups,
+# scaling, shared expert).
+CHECK_LAYERS = {
+    "softmax-t256": dict(tokens=256, hidden=256, ffn=128, experts=8, top_k=2, renormalize=True),
+    "deepseek-t200": dict(tokens=200, hidden=256, ffn=128, experts=16, top_k=4,
+                          scoring="sigmoid", renormalize=True, router_bias=True, num_groups=4,
+                          topk_groups=2, scaling_factor=2.5, shared_ffn=128),
+}
+
+
+def training_layer_configs(size: str):
+    """The LayerConfig (bf16, T = batch * seq) of every MoE block of the training models,
+    read from the models themselves (built on the meta device, no memory)."""
+    import dataclasses  # noqa: PLC0415
+    from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM  # noqa: PLC0415
+    from moe_mlir import hf  # noqa: PLC0415
+    tokens = SIZES[size]["batch"] * SIZES[size]["seq"]
+    configs = {}
+    for name, cls in (("mixtral", MixtralForCausalLM), ("qwen3", Qwen3MoeForCausalLM)):
+        with torch.device("meta"):
+            model = cls(model_config(name, size))
+        for _, module in model.named_modules():
+            if type(module).__name__ in hf.SUPPORTED_BLOCKS:
+                cfg = hf.config_from_hf_block(module)
+                configs[name] = dataclasses.replace(cfg, tokens=tokens, dtype="bf16")
+    return configs
+
+
+def prebuild(folder: str, size: str) -> int:
+    """Compiles, with moe-compile, the sm_90a cache entries the device run needs (the training
+    models' layers and CHECK_LAYERS) into `folder` (MOE_MLIR_CACHE layout)."""
+    import dataclasses  # noqa: PLC0415
+    from moe_mlir import compile_cache as cc  # noqa: PLC0415
+    from moe_mlir.config import LayerConfig  # noqa: PLC0415
+    os.environ["MOE_MLIR_CACHE"] = os.path.abspath(folder)
+    configs = dict(training_layer_configs(size))
+    for name, kw in CHECK_LAYERS.items():
+        configs[name] = LayerConfig(**kw, dtype="bf16")
+    failed = 0
+    for name, cfg in configs.items():
+        t0 = time.time()
+        try:
+            entry = cc.build_gpu_entry(cfg)
+            print(f"PASS {name}: {entry.path} ({time.time() - t0:.1f} s)")
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+    print(f"{len(configs) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def layer_check(device) -> int:
+    """CHECK_LAYERS through MoELayer (eager and torch.compile) against the fp32 torch reference
+    with the same routing: BENCH.md's tolerances (1e-2 output, 2e-2 gradients)."""
+    from moe_mlir import torch_reference as TR  # noqa: PLC0415
+    from moe_mlir.config import LayerConfig  # noqa: PLC0415
+    from moe_mlir.layer import MoELayer  # noqa: PLC0415
+    passed = failed = 0
+    for name, kw in CHECK_LAYERS.items():
+        cfg = LayerConfig(**kw)
+        torch.manual_seed(0)
+        layer = MoELayer(cfg).to(device=device, dtype=torch.bfloat16)
+        if cfg.router_bias:
+            layer.router_bias.normal_(0, 0.1)
+        x = torch.randn(cfg.tokens, cfg.hidden, device=device).to(torch.bfloat16)
+        d_out = torch.randn(cfg.tokens, cfg.hidden, device=device).to(torch.bfloat16)
+        for mode in ("eager", "compile"):
+            fn = layer if mode == "eager" else torch.compile(layer, fullgraph=True)
+            xx = x.clone().requires_grad_(True)
+            layer.zero_grad(set_to_none=True)
+            try:
+                out, logits = fn(xx, return_router_logits=True)
+                out.backward(d_out)
+                ours = {"out": out.float(), "x": xx.grad.float()}
+                ours.update({n: p.grad.float() for n, p in layer.named_parameters()})
+                inputs = {"x": x.float()}
+                inputs.update({n: p.detach().float() for n, p in layer.named_parameters()})
+                if cfg.router_bias:
+                    inputs["router_bias"] = layer.router_bias.float()
+                # Our routing decisions, from our logits (BENCH.md: the same routing for both).
+                c = TR.scores(logits.detach().float(), cfg.scoring)
+                if cfg.router_bias:
+                    c = c + inputs["router_bias"]
+                experts = TR.select_experts(c, cfg.top_k, cfg.num_groups, cfg.topk_groups)
+                ref, grads = TR.forward_backward(cfg, inputs, d_out.float(),
+                                                 torch.zeros_like(logits), experts=experts)
+                grads["out"] = ref.out
+                worst = {}
+                for key, val in ours.items():
+                    want = grads[key].to(val.device)
+                    worst[key] = float((val - want).norm() / want.norm().clamp_min(1e-30))
+                bad = [k for k, v in worst.items()
+                       if not math.isfinite(v) or v > (1e-2 if k == "out" else 2e-2)]
+                status = "FAIL" if bad else "PASS"
+                print(f"{status} layer {name} ({mode}): " +
+                      ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+            except Exception as e:  # noqa: BLE001
+                bad = [f"{type(e).__name__}: {e}"]
+                print(f"FAIL layer {name} ({mode}): {bad[0]}")
+            passed += not bad
+            failed += bool(bad)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- main
+
+def run_model(name, args, device, dtype):
+    size = SIZES[args.size]
+    vocab = size[name]["vocab_size"]
+    batches = make_batches(vocab, args.batch or size["batch"], args.seq or size["seq"],
+                           args.steps, args.seed + 1)
+    results = {}
+    for experts in ("grouped_mm", "moe_mlir"):
+        model = build_model(name, args.size, experts, args.seed, device, dtype)
+        results[experts] = train(model, batches, args.lr, device, min(args.warmup,
+                                                                      args.steps - 1))
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    a, b = results["grouped_mm"]["losses"], results["moe_mlir"]["losses"]
+    diffs = [abs(x - y) for x, y in zip(a, b)]
+    worst = max(diffs) if diffs else float("nan")
+    ok = bool(diffs) and all(math.isfinite(x) and math.isfinite(y) for x, y in zip(a, b)) \
+        and worst <= args.tol
+    return {"model": name, "config": SIZES[args.size][name],
+            "batch": args.batch or size["batch"], "seq": args.seq or size["seq"],
+            "results": results, "loss_diffs": diffs, "max_abs_diff": worst, "tol": args.tol,
+            "passed": ok}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="mixtral,qwen3")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--size", choices=sorted(SIZES), default="full")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=("bf16", "f32"), default=None,
+                   help="default: bf16 on CUDA, f32 on the CPU")
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--seq", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=3, help="steps not timed")
+    p.add_argument("--tol", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--prebuild", metavar="DIR",
+                   help="compile the sm_90a layers the device run needs into DIR and exit "
+                        "(the LLVM machine; scripts/build-torch-inputs.sh)")
+    p.add_argument("--layer-check", action="store_true",
+                   help="check MoELayer (eager and torch.compile) against the fp32 torch "
+                        "reference on --device and exit")
+    args = p.parse_args(argv)
+    if args.prebuild:
+        return prebuild(args.prebuild, args.size)
+    device = torch.device(args.device)
+    if args.layer_check:
+        return layer_check(device)
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[
+        args.dtype or ("bf16" if device.type == "cuda" else "f32")]
+    os.makedirs(args.out, exist_ok=True)
+    import transformers  # noqa: PLC0415
+    env = {"torch": torch.__version__, "transformers": transformers.__version__,
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "dtype": str(dtype), "steps": args.steps, "lr": args.lr, "size": args.size}
+    print("train_check:", json.dumps(env))
+    reports, passed, failed = [], 0, 0
+    for name in [m for m in args.models.split(",") if m]:
+        if name not in SIZES[args.size]:
+            print(f"unknown model {name!r} (known: mixtral, qwen3)")
+            return 2
+        try:
+            rep = run_model(name, args, device, dtype)
+        except Exception as e:  # report and go on with the next model
+            import traceback  # noqa: PLC0415
+            traceback.print_exc()
+            rep = {"model": name, "passed": False, "error": f"{type(e).__name__}: {e}"}
+        reports.append(rep)
+        passed += rep["passed"]
+        failed += not rep["passed"]
+        if "results" in rep:
+            a = rep["results"]["grouped_mm"]["losses"]
+            b = rep["results"]["moe_mlir"]["losses"]
+            print(f"\n{name}: step  hf_grouped_mm   moe_mlir    |diff|")
+            for i, (x, y) in enumerate(zip(a, b)):
+                print(f"{name}: {i + 1:4d}  {x:12.6f} {y:12.6f}  {abs(x - y):.2e}")
+    with open(os.path.join(args.out, "train_check.json"), "w") as f:
+        json.dump({"env": env, "models": reports}, f, indent=1)
+    series = []
+    colors = [((31, 119, 180), (255, 127, 14)), ((44, 160, 44), (214, 39, 40))]
+    for rep, (c1, c2) in zip([r for r in reports if "results" in r], colors * 4):
+        series.append((f"{rep['model']} HF grouped_mm", rep["results"]["grouped_mm"]["losses"],
+                       c1))
+        series.append((f"{rep['model']} moe_mlir", rep["results"]["moe_mlir"]["losses"], c2))
+    if series:
+        write_png(os.path.join(args.out, "train_check.png"), series,
+                  title=f"loss, {args.steps} AdamW steps ({env['device']}, {dtype})")
+    print("\nmodel    max|dloss|  tokens/s HF  tokens/s ours  ours/HF  peak GiB HF  peak GiB ours")
+    for rep in reports:
+        if "results" not in rep:
+            print(f"{rep['model']:8s} ERROR {rep['error']}")
+            continue
+        hf_r, ours = rep["results"]["grouped_mm"], rep["results"]["moe_mlir"]
+        gib = lambda r: (f"{r['peak_bytes'] / 2**30:11.3f}" if "peak_bytes" in r  # noqa: E731
+                         else "          -")
+        print(f"{rep['model']:8s} {rep['max_abs_diff']:.2e}  {hf_r['tokens_per_s']:11.0f}  "
+              f"{ours['tokens_per_s']:13.0f}  {ours['tokens_per_s'] / hf_r['tokens_per_s']:7.3f}"
+              f"  {gib(hf_r)}  {gib(ours)}  {'PASS' if rep['passed'] else 'FAIL'}")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

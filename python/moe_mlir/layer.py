@@ -1,0 +1,439 @@
+"""`MoELayer`: a moe-mlir layer as a `torch.nn.Module` (docs/python.md).
+
+    from moe_mlir import LayerConfig
+    from moe_mlir.layer import MoELayer
+
+    layer = MoELayer(LayerConfig(tokens=0, hidden=1024, ffn=1024, experts=8, top_k=2,
+                                 renormalize=True)).cuda().bfloat16()
+    y = layer(x)                      # x [..., hidden]; y has x's shape and dtype
+    y, logits = layer(x, return_router_logits=True)
+
+Forward and backward are the compiled kernels, reached through two `torch.library` custom ops,
+`moe_mlir::layer_forward` and `moe_mlir::layer_backward`, each with a fake (meta) implementation
+and joined by `register_autograd`, so autograd and `torch.compile` (fullgraph) see one opaque op.
+
+- CUDA tensors run the sm_90a layer of `moe-compile` (`moe_mlir.gpu.CompiledLayer`), bf16 only,
+  on torch's current stream: x and the weights are passed by pointer, outputs, saved tensors
+  and gradients are allocated by torch; no activation is copied (x only when it is not
+  contiguous or not 16-byte aligned).
+- CPU tensors run the CPU reference path (`moe_mlir.cpu`), in f32: bf16 inputs are computed in
+  f32 and the result rounded back to bf16 (the casts are ordinary autograd ops); the ctypes
+  runner copies its inputs (it is a reference path, not a fast one).
+
+Layers are compiled for a static token count T = x.numel() // hidden: each new T compiles (and
+caches on disk, `moe_mlir.compile_cache`) a new layer. Everything a layer cannot run is raised as
+TypeError/ValueError/NotImplementedError before any kernel or compiler runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import compile_cache as cc
+from .config import LayerConfig
+
+__all__ = ["MoELayer", "LayerSpec", "GPU_DTYPE", "check_gpu_config", "kernel_for"]
+
+GPU_DTYPE = torch.bfloat16
+CPU_DTYPE = torch.float32
+_ELEMENT = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_NP_TO_TORCH = {"float32": torch.float32, "int32": torch.int32, "float64": torch.float64,
+                "int64": torch.int64}
+_GPU_TO_TORCH = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32,
+                 "f16": torch.float16}
+# Layer arguments in LayerConfig.arg_specs order; the custom op takes all seven (None if absent).
+ARG_NAMES = ("x", "w_router", "router_bias", "w_gate_up", "w_down", "shared_gate_up",
+             "shared_down")
+
+
+def check_gpu_config(config: LayerConfig) -> None:
+    """Raises NotImplementedError naming what the sm_90a path does not run (docs/gpu-path.md)."""
+    problems = []
+    if config.activation != "swiglu":
+        problems.append(f"activation {config.activation!r} (supported: 'swiglu')")
+    if config.capacity_factor is not None:
+        problems.append(f"capacity_factor {config.capacity_factor} (supported: None, dropless)")
+    for name, value in (("hidden", config.hidden), ("ffn", config.ffn),
+                        ("shared_ffn", config.shared_ffn)):
+        if value % 64:
+            problems.append(f"{name} = {value} (supported: a multiple of 64)")
+    if problems:
+        raise NotImplementedError(
+            "the CUDA path of moe_mlir does not run this layer: " + "; ".join(problems) +
+            ". It runs bf16 SwiGLU layers without capacity dropping, hidden/ffn/shared_ffn "
+            "multiples of 64 (the CPU path runs the rest, in f32)")
+
+
+# --------------------------------------------------------------------------- specs and kernels
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """A layer without its token count: what the custom op's `spec` string names."""
+    config: LayerConfig  # tokens and dtype are ignored
+    options: cc.BuildOptions
+
+    def key(self) -> str:
+        base = dataclasses.asdict(self.config)
+        base.pop("tokens")
+        base.pop("dtype")
+        data = json.dumps({"config": base, "options": self.options.as_dict()}, sort_keys=True)
+        return "moe_" + hashlib.sha256(data.encode()).hexdigest()[:20]
+
+    def config_for(self, tokens: int, target: str) -> LayerConfig:
+        return dataclasses.replace(self.config, tokens=int(tokens),
+                                   dtype="f32" if target == "cpu" else "bf16")
+
+
+_SPECS: Dict[str, LayerSpec] = {}
+_KERNELS: Dict[Tuple[str, int, str], "_Kernel"] = {}
+_LOCK = threading.RLock()
+
+
+def register_spec(spec: LayerSpec) -> str:
+    key = spec.key()
+    with _LOCK:
+        _SPECS.setdefault(key, spec)
+    return key
+
+
+class _Kernel:
+    """One compiled layer: (spec, T, target). `out_specs`: (shape, dtype) of out, logits and
+    the saved tensors, in the order the forward op returns them."""
+
+    def __init__(self, spec: LayerSpec, tokens: int, target: str):
+        self.config = spec.config_for(tokens, target)
+        self.target = target
+        self.arg_names = self.config.arg_names()
+        self.grad_names = [n for n in self.arg_names if n != "router_bias"]
+        if target == "cpu":
+            self.cpu = cc.get_cpu_layer(self.config, spec.options)
+            sig = self.cpu.module.signatures[f"{self.cpu.name}_forward"]
+            self.out_specs = [(tuple(t.shape), _NP_TO_TORCH[t.dtype.name])
+                              for t in sig.results]
+            self.cpu_grad_names = list(self.cpu.gradient_names)
+        else:
+            from . import gpu  # noqa: PLC0415
+            check_gpu_config(self.config)
+            self.entry = cc.find_gpu_entry(self.config, spec.options)
+            self.manifest = gpu.Manifest.load(str(self.entry.path / f"{self.entry.name}.json"))
+            fwd = self.manifest.forward
+            outs = fwd.by_role("output")
+            saved = fwd.by_role("saved")
+            self.saved_params = [p.name for p in saved]
+            # The forward's inputs are the layer function's arguments, in order (arg0, ...).
+            inputs = [p.name for p in fwd.by_role("input")]
+            if len(inputs) != len(self.arg_names):
+                raise ValueError(f"{self.manifest.path}: {len(inputs)} inputs, expected "
+                                 f"{len(self.arg_names)} ({', '.join(self.arg_names)})")
+            self.param_of = dict(zip(self.arg_names, inputs))
+            self.arg_of = dict(zip(inputs, self.arg_names))
+            self.out_specs = [(p.shape, _GPU_TO_TORCH[p.dtype]) for p in [*outs, *saved]]
+            self._gpu = None
+
+    # ---------------------------------------------------------------- CUDA
+    def gpu_layer(self):
+        if self._gpu is None:
+            from . import gpu  # noqa: PLC0415
+            so, manifest = cc.link_gpu_layer(self.entry)
+            self._gpu = gpu.CompiledLayer(so, manifest)
+        return self._gpu
+
+    def forward(self, args: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+        if self.target == "cpu":
+            arrays = {n: args[n].detach().numpy() for n in self.arg_names}
+            out, logits, saved = self.cpu.forward(arrays)
+            return [torch.from_numpy(a) for a in (out, logits, *saved)]
+        layer = self.gpu_layer()
+        res = layer.forward({self.param_of[n]: args[n] for n in self.arg_names})
+        outs = [p.name for p in self.manifest.forward.by_role("output")]
+        return [res[n] for n in outs] + [res[n] for n in self.saved_params]
+
+    def backward(self, args: Dict[str, torch.Tensor], saved: Sequence[torch.Tensor],
+                 d_out: torch.Tensor, d_logits: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        if self.target == "cpu":
+            if d_logits is None:
+                d_logits = torch.zeros((self.config.tokens, self.config.experts),
+                                       dtype=torch.float32)
+            grads = self.cpu.backward([s.detach().numpy() for s in saved],
+                                      d_out.detach().contiguous().numpy(),
+                                      d_logits.detach().contiguous().numpy())
+            return [torch.from_numpy(grads[n]) if n in grads else torch.zeros_like(args[n])
+                    for n in self.grad_names]
+        layer = self.gpu_layer()
+        fwd = dict(zip(self.saved_params, saved))
+        for n in self.arg_names:
+            fwd[self.param_of[n]] = args[n]
+        cot = {"result0": _aligned(d_out)}
+        if d_logits is not None:
+            cot["result1"] = _aligned(d_logits)
+        grads = layer.backward(fwd, cot)
+        by_name = {self.arg_of.get(p.of or "", p.name): grads[p.name]
+                   for p in self.manifest.entry("backward").by_role("gradient")}
+        return [by_name[n] if n in by_name else torch.zeros_like(args[n])
+                for n in self.grad_names]
+
+
+def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
+    """The compiled layer of a registered spec for `tokens` tokens on `device` (compiled on
+    first use; the compile cache makes later processes fast)."""
+    if not isinstance(tokens, int):
+        try:
+            tokens = int(tokens)
+        except Exception:  # a SymInt without a hint
+            raise NotImplementedError(
+                "moe_mlir layers are compiled for a static token count; compile the model "
+                "with torch.compile(dynamic=False)") from None
+    target = {"cpu": "cpu", "cuda": "sm_90a"}.get(device.type)
+    if target is None:
+        raise ValueError(f"moe_mlir runs layers on CUDA (sm_90a, bf16) or the CPU (f32), "
+                         f"not on {device.type}")
+    with _LOCK:
+        spec = _SPECS.get(spec_key)
+        if spec is None:
+            raise KeyError(f"unknown moe_mlir layer spec {spec_key!r} (build the MoELayer in "
+                           f"this process first)")
+        k = (spec_key, tokens, target)
+        if k not in _KERNELS:
+            _KERNELS[k] = _Kernel(spec, tokens, target)
+        return _KERNELS[k]
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself when contiguous and 16-byte aligned (what the entry points need), else a copy."""
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        t = t.contiguous()
+        if t.data_ptr() % 16:
+            t = t.clone()
+    return t
+
+
+# --------------------------------------------------------------------------- custom ops
+
+def _args_dict(x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
+    values = (x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down)
+    return {n: v for n, v in zip(ARG_NAMES, values) if v is not None}
+
+
+@torch.library.custom_op("moe_mlir::layer_forward", mutates_args=())
+def layer_forward(spec: str, x: torch.Tensor, w_router: torch.Tensor,
+                  router_bias: Optional[torch.Tensor], w_gate_up: torch.Tensor,
+                  w_down: torch.Tensor, shared_gate_up: Optional[torch.Tensor],
+                  shared_down: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    """[out [T,d], router logits [T,E] f32, saved tensors...] of the compiled forward."""
+    args = _args_dict(x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down)
+    kernel = kernel_for(spec, x.shape[0], x.device)
+    if x.device.type == "cuda":
+        args["x"] = _aligned(x)
+    outs = kernel.forward(args)
+    # No output may alias an input (custom-op rule); the runners never return their inputs.
+    return outs
+
+
+@layer_forward.register_fake
+def _layer_forward_fake(spec, x, w_router, router_bias, w_gate_up, w_down, shared_gate_up,
+                        shared_down):
+    kernel = kernel_for(spec, x.shape[0], x.device)
+    return [x.new_empty(shape, dtype=dtype) for shape, dtype in kernel.out_specs]
+
+
+@torch.library.custom_op("moe_mlir::layer_backward", mutates_args=())
+def layer_backward(spec: str, inputs: List[torch.Tensor], saved: List[torch.Tensor],
+                   d_out: torch.Tensor, d_logits: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    """Gradients of the layer's inputs but the router bias, in argument order. `inputs`: the
+    present forward arguments in LayerConfig.arg_specs order; `saved`: what layer_forward
+    returned after out and logits."""
+    x = inputs[0]
+    kernel = kernel_for(spec, x.shape[0], x.device)
+    args = dict(zip(kernel.arg_names, inputs))
+    if x.device.type == "cuda":
+        args["x"] = _aligned(x)
+    return kernel.backward(args, saved, d_out, d_logits)
+
+
+@layer_backward.register_fake
+def _layer_backward_fake(spec, inputs, saved, d_out, d_logits):
+    kernel = kernel_for(spec, inputs[0].shape[0], inputs[0].device)
+    args = dict(zip(kernel.arg_names, inputs))
+    return [torch.empty_like(args[n]) for n in kernel.grad_names]
+
+
+def _setup_context(ctx, inputs, output):
+    spec, *args = inputs
+    present = [a for a in args if a is not None]
+    ctx.spec = spec
+    ctx.present = [a is not None for a in args]
+    ctx.n_inputs = len(present)
+    ctx.out_meta = (output[0].shape, output[0].dtype)
+    ctx.save_for_backward(*present, *output[2:])
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(*output[2:])
+
+
+def _backward(ctx, grads):
+    d_out, d_logits = grads[0], grads[1]
+    tensors = ctx.saved_tensors
+    inputs, saved = list(tensors[:ctx.n_inputs]), list(tensors[ctx.n_inputs:])
+    if d_out is None:
+        if d_logits is None:
+            return (None,) * 8
+        d_out = inputs[0].new_zeros(ctx.out_meta[0], dtype=ctx.out_meta[1])
+    d_out = d_out.contiguous()
+    if d_logits is not None:
+        d_logits = d_logits.contiguous()
+    g = layer_backward(ctx.spec, inputs, saved, d_out, d_logits)
+    names = [n for n, p in zip(ARG_NAMES, ctx.present) if p and n != "router_bias"]
+    by_name = dict(zip(names, g))
+    return (None, *[by_name.get(n) for n in ARG_NAMES])
+
+
+layer_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------- the module
+
+class MoELayer(nn.Module):
+    """A moe-mlir layer with its own parameters, in the compiler's layout (docs/dialect.md):
+    `w_router` [d, E], `w_gate_up` [E, d, 2n] (gate columns first, then up), `w_down`
+    [E, n, d], the buffer `router_bias` [E] (f32, no gradient: DeepSeek-V3's
+    e_score_correction_bias), `shared_gate_up` [d, 2m], `shared_down` [m, d].
+
+    `config.tokens` and `config.dtype` are ignored: T comes from the input, the element type
+    from the parameters (bf16 on CUDA; f32 or bf16 on the CPU). `memory_budget` / `policy`: the
+    activation plan (`moe-plan-activations`, docs/memory.md); CPU path only for now."""
+
+    def __init__(self, config: LayerConfig, *, memory_budget: Optional[str] = None,
+                 policy: str = "auto", init_std: float = 0.02,
+                 device=None, dtype: Optional[torch.dtype] = None, _params: bool = True):
+        super().__init__()
+        config = dataclasses.replace(config)
+        if config.tokens < 0:
+            config.tokens = 0
+        config.validate()
+        if policy not in ("auto", "keep", "recompute"):
+            raise ValueError(f"policy must be 'auto', 'keep' or 'recompute', got {policy!r}")
+        if memory_budget is not None and not isinstance(memory_budget, str):
+            memory_budget = f"{int(memory_budget)}B"
+        self.config = config
+        self.options = cc.BuildOptions(memory_budget=memory_budget, policy=policy)
+        self.spec_key = register_spec(LayerSpec(config, self.options))
+        if not _params:
+            return
+        c = config
+        factory = {"device": device, "dtype": dtype or torch.float32}
+        self.w_router = nn.Parameter(torch.empty(c.hidden, c.experts, **factory))
+        self.w_gate_up = nn.Parameter(torch.empty(c.experts, c.hidden, c.gate_up_width,
+                                                  **factory))
+        self.w_down = nn.Parameter(torch.empty(c.experts, c.ffn, c.hidden, **factory))
+        if c.router_bias:
+            self.register_buffer("router_bias", torch.zeros(c.experts, device=device,
+                                                            dtype=torch.float32))
+        else:
+            self.router_bias = None
+        if c.has_shared:
+            self.shared_gate_up = nn.Parameter(torch.empty(c.hidden, c.shared_gate_up_width,
+                                                           **factory))
+            self.shared_down = nn.Parameter(torch.empty(c.shared_ffn, c.hidden, **factory))
+        else:
+            self.shared_gate_up = self.shared_down = None
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_(0.0, init_std)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        extra = f", shared_ffn={c.shared_ffn}" if c.has_shared else ""
+        return (f"hidden={c.hidden}, ffn={c.ffn}, experts={c.experts}, top_k={c.top_k}, "
+                f"scoring={c.scoring}, renormalize={c.renormalize}{extra}")
+
+    # ---------------------------------------------------------------- inputs
+    def layer_weights(self) -> Dict[str, Optional[torch.Tensor]]:
+        """The layer's weights in the compiler's layout (subclasses transform theirs)."""
+        # .to(dtype) casts buffers too; the bias is f32 for the kernels whatever the module's.
+        bias = None if self.router_bias is None else self.router_bias.float()
+        return {"w_router": self.w_router, "router_bias": bias,
+                "w_gate_up": self.w_gate_up, "w_down": self.w_down,
+                "shared_gate_up": self.shared_gate_up, "shared_down": self.shared_down}
+
+    def _check(self, x: torch.Tensor, weights: Dict[str, Optional[torch.Tensor]]) -> None:
+        c = self.config
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MoELayer expects a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != c.hidden:
+            raise ValueError(f"MoELayer: input of shape {tuple(x.shape)}; expected [..., "
+                             f"{c.hidden}] (hidden = {c.hidden})")
+        if x.numel() == 0:
+            raise ValueError("MoELayer: the input holds no tokens; layers need T >= 1")
+        dev = x.device.type
+        if dev not in ("cuda", "cpu"):
+            raise ValueError(f"MoELayer: input on {x.device}; supported devices: cuda "
+                             f"(bf16, the sm_90a kernels) and cpu (f32 reference path)")
+        if dev == "cuda":
+            if x.dtype != GPU_DTYPE:
+                raise TypeError(f"MoELayer: input dtype {x.dtype} on CUDA; the CUDA path runs "
+                                f"torch.bfloat16 only (cast the model with .bfloat16())")
+            check_gpu_config(c)
+            if self.options.memory_budget is not None or self.options.policy != "auto":
+                raise NotImplementedError(
+                    "memory_budget/policy on CUDA: moe-compile has no option for "
+                    "moe-plan-activations yet (docs/memory.md); the CPU path applies it")
+        elif x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"MoELayer: input dtype {x.dtype} on the CPU; the CPU path runs "
+                            f"torch.float32 (and torch.bfloat16, computed in float32)")
+        shapes = {n: s for n, s, _ in c.arg_specs()}
+        for name, w in weights.items():
+            if w is None:
+                continue
+            if w.device != x.device:
+                raise ValueError(f"MoELayer: {name} is on {w.device} but the input is on "
+                                 f"{x.device}; move the layer with .to(device)")
+            if tuple(w.shape) != tuple(shapes[name]):
+                raise ValueError(f"MoELayer: {name} has shape {tuple(w.shape)}, expected "
+                                 f"{tuple(shapes[name])}")
+            want = torch.float32 if name == "router_bias" else x.dtype
+            if w.dtype != want:
+                raise TypeError(f"MoELayer: {name} is {w.dtype} but the input is {x.dtype}; "
+                                f"parameters and input must share a dtype (the router bias is "
+                                f"float32)")
+
+    def forward(self, hidden_states: torch.Tensor, return_router_logits: bool = False):
+        weights = self.layer_weights()
+        self._check(hidden_states, weights)
+        shape, dtype = hidden_states.shape, hidden_states.dtype
+        x = hidden_states.reshape(-1, self.config.hidden)
+        if x.device.type == "cpu" and dtype != CPU_DTYPE:
+            x = x.to(CPU_DTYPE)
+            weights = {n: (w if w is None or n == "router_bias" else w.to(CPU_DTYPE))
+                       for n, w in weights.items()}
+        outs = layer_forward(self.spec_key, x.contiguous(), weights["w_router"].contiguous(),
+                             weights["router_bias"], weights["w_gate_up"].contiguous(),
+                             weights["w_down"].contiguous(),
+                             _contig(weights["shared_gate_up"]), _contig(weights["shared_down"]))
+        out = outs[0].to(dtype).reshape(shape)
+        if return_router_logits:
+            return out, outs[1]
+        return out
+
+    def memory_plan(self, tokens: int, gpu_tflops: float = 780.0):
+        """The activation memory plan of this layer for `tokens` tokens in bf16 (the GPU
+        layer's types), as `moe-plan-activations` reports it: a `memory.ActivationPlan`
+        (`.report()` for text)."""
+        from .memory import plan_activations  # noqa: PLC0415
+        cfg = dataclasses.replace(self.config, tokens=int(tokens), dtype="bf16")
+        return plan_activations(cfg, self.options.memory_budget, self.options.policy,
+                                gpu_tflops)
+
+    def compile_for(self, tokens: int, device="cpu") -> None:
+        """Compiles (or loads from the cache) the layer for `tokens` tokens on `device` now,
+        rather than at the first forward."""
+        kernel_for(self.spec_key, int(tokens), torch.device(device))
+
+
+def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.contiguous()

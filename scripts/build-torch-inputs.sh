@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Prebuilds, here (the LLVM machine), the moe_mlir compile-cache entries that
+# scripts/gpu-torch-check.sh needs on the GPU machine (which has no LLVM): the sm_90a layers of
+# bench/train_check.py's two training models (T = batch x seq, read from the models) and its
+# --layer-check layers, compiled with build/bin/moe-compile into
+#   gpu-inputs/torch-cache/sm_90a/<config key>/<compiler key>/   (NAME.o NAME.h NAME.json meta.json)
+# (the MOE_MLIR_CACHE layout, docs/python.md). Needs torch and transformers (the CPU build is
+# enough) and ptxas (as scripts/build-gpu-inputs.sh). gpu-inputs/ must stay under 60 MiB.
+#
+#   bash scripts/build-torch-inputs.sh [--size full|tiny]
+# Environment: MOE_BUILD_DIR (default build), PYTHON (default /usr/bin/python3).
+# Last line: "N passed, M failed".
+set -u -o pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${MOE_BUILD_DIR:-$root/build}
+python=${PYTHON:-/usr/bin/python3}
+size=full
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --size) size=${2:?--size needs full or tiny}; shift 2 ;;
+  --size=*) size=${1#--size=}; shift ;;
+  -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+  *) echo "build-torch-inputs.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ ! -x "$build/bin/moe-compile" ]; then
+  echo "build-torch-inputs.sh: $build/bin/moe-compile not found: ninja -C $build moe-compile" >&2
+  exit 2
+fi
+if ! command -v ptxas >/dev/null && [ ! -x /usr/local/cuda/bin/ptxas ]; then
+  ptxas=$("$python" "$root/scripts/fetch-ptxas.py") || { echo "no ptxas" >&2; exit 2; }
+  export PATH="$(dirname "$ptxas"):$PATH"
+fi
+out=$root/gpu-inputs/torch-cache
+# Fresh: only the entries of this compiler travel (the device picks the newest per layer).
+rm -rf "$out"
+mkdir -p "$out"
+export MOE_COMPILE="$build/bin/moe-compile" MOE_BUILD_DIR="$build"
+"$python" "$root/bench/train_check.py" --prebuild "$out" --size "$size"
+rc=$?
+total_kib=$(du -sk "$root/gpu-inputs" | cut -f1)
+echo "gpu-inputs/: $((total_kib / 1024)) MiB of 60 MiB (torch-cache: $(du -sh "$out" | cut -f1))"
+if [ "$total_kib" -gt $((60 * 1024)) ]; then
+  echo "FAIL gpu-inputs/ is over 60 MiB"
+  exit 1
+fi
+exit $rc

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The PyTorch side of issue 7 on the GPU machine (CUDA 13, torch 2.11, transformers 5.17; no
+# LLVM). gpu-inputs/torch-cache comes from scripts/build-torch-inputs.sh on the LLVM machine
+# (carry gpu-inputs). Steps, each with a time limit:
+#   build   runtime/ standalone (libmoe_runtime.so), which moe_mlir links the prebuilt layers
+#           with (MOE_RUNTIME_LIB);
+#   layer   bench/train_check.py --layer-check: MoELayer on CUDA, eager and torch.compile
+#           (fullgraph), forward + backward against the fp32 torch reference (BENCH.md
+#           tolerances), a softmax layer and a DeepSeek-V3-like one (sigmoid + bias, groups,
+#           scaling, shared expert);
+#   train   bench/train_check.py: small Mixtral-style and Qwen3-MoE-style models from config,
+#           50 AdamW steps with moe_mlir layers against HF grouped_mm experts; losses step by
+#           step (max |diff| <= 1e-2), tokens/s, peak memory; train_check.json, train_check.png.
+# Output in $OUT (default /tmp/moe-torch-out): gpu-torch-check.log, summary.txt ("N passed,
+# M failed" last), train_check.json, train_check.png.
+#
+#   bash scripts/gpu-torch-check.sh [--only STEP[,STEP...]] [--steps N] [--deadline SECONDS]
+# Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-torch-build), PYTHON (python3),
+# MOE_GPU_INPUTS (default gpu-inputs).
+set -u -o pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-/tmp/moe-torch-out}
+work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-torch-build}
+inputs=${MOE_GPU_INPUTS:-$root/gpu-inputs}
+python=${PYTHON:-python3}
+only="build,layer,train"
+steps=50
+deadline=560
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --only) only=${2:?--only needs steps}; shift 2 ;;
+  --only=*) only=${1#--only=}; shift ;;
+  --steps) steps=${2:?--steps needs a number}; shift 2 ;;
+  --steps=*) steps=${1#--steps=}; shift ;;
+  --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
+  --deadline=*) deadline=${1#--deadline=}; shift ;;
+  -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+  *) echo "gpu-torch-check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ ",$only," == *",$1,"* ]]; }
+
+mkdir -p "$out" "$work"
+# shellcheck source=gpu-common.sh
+. "$root/scripts/gpu-common.sh"
+gpu_path_setup
+export PYTHONUNBUFFERED=1
+gpu_summary_init "$out/summary.txt"
+log="$out/gpu-torch-check.log"
+gpu_environment "$log"
+{
+  echo "python: $($python --version 2>&1)"
+  $python -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+  $python -c 'import transformers; print("transformers", transformers.__version__)' 2>&1
+  echo "options: only=$only steps=$steps deadline=$deadline"
+  find "$inputs/torch-cache" -name meta.json 2>&1
+} >>"$log" 2>&1
+
+start=$(date +%s)
+left() { echo $((deadline - ($(date +%s) - start) - 10)); }
+run() { # run LIMIT TITLE CMD...: output into the log, at most LIMIT seconds
+  local limit=$1 title=$2 remaining rc t0
+  shift 2
+  remaining=$(left)
+  [ "$remaining" -lt "$limit" ] && limit=$remaining
+  { echo; echo "===== $title ($(date -u +%H:%M:%S), limit ${limit} s)"; echo "\$ $*"; } >>"$log"
+  if [ "$limit" -lt 15 ]; then
+    echo "not started: only ${limit} s left" >>"$log"
+    return 125
+  fi
+  t0=$(date +%s)
+  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "----- exit $rc after $(($(date +%s) - t0)) s" >>"$log"
+  return $rc
+}
+lines() { wc -l <"$log"; }
+tally() { tail -n +"$(($1 + 1))" "$log" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
+
+if [ ! -d "$inputs/torch-cache/sm_90a" ]; then
+  fail "no $inputs/torch-cache/sm_90a: run scripts/build-torch-inputs.sh on the LLVM machine and carry gpu-inputs"
+  finish
+fi
+lib=$work/runtime/lib
+if wants build || [ ! -f "$lib/libmoe_runtime.so" ]; then
+  run 240 "build runtime/ standalone" bash -c "root='$root'; . '$root/scripts/gpu-common.sh';
+    gpu_build_runtime '$work/runtime' /dev/stdout -DMOE_RUNTIME_BUILD_SMOKE=OFF -- moe_runtime"
+  if [ -f "$lib/libmoe_runtime.so" ]; then
+    pass "libmoe_runtime.so built ($lib)"
+  else
+    fail "runtime build (log: gpu-torch-check.log)"
+    finish
+  fi
+fi
+export MOE_RUNTIME_LIB=$lib/libmoe_runtime.so
+export MOE_MLIR_PREBUILT=$inputs/torch-cache
+export MOE_MLIR_CACHE=$work/cache
+
+if wants layer; then
+  mark=$(lines)
+  run 200 "train_check.py --layer-check" "$python" "$root/bench/train_check.py" --layer-check \
+    --device cuda
+  rc=$?
+  if [ $rc -eq 0 ]; then pass "layer check: $(tally "$mark")"
+  else fail "layer check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+fi
+
+if wants train; then
+  mark=$(lines)
+  run 420 "train_check.py" "$python" "$root/bench/train_check.py" --device cuda \
+    --steps "$steps" --out "$out"
+  rc=$?
+  # The table (last lines) into the summary too.
+  tail -n +"$((mark + 1))" "$log" | grep -A4 '^model    max' | grep -v '^model' | \
+    grep -vE '^[0-9]+ passed' | sed 's/^/  /' | tee -a "$out/summary.txt"
+  if [ $rc -eq 0 ]; then pass "training check: $(tally "$mark")"
+  else fail "training check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+fi
+note "elapsed $(($(date +%s) - start)) s; log: $log"
+finish

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  cmake ninja-build git python3 python3-numpy python3-pytest python3-pip
+  cmake ninja-build git python3 python3-numpy python3-pytest python3-matplotlib python3-pip
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   clang-22 lld-22 clang-format-22 libgtest-dev
   "$@"

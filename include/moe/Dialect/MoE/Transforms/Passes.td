@@ -199,4 +199,57 @@ def MoEOffload : Pass<"moe-offload", "::mlir::ModuleOp"> {
                            "::mlir::moe::MoEDialect"];
 }
 
+def MoEPlanMemory : Pass<"moe-plan-memory", "::mlir::ModuleOp"> {
+  let summary = "one device arena with static offsets for a training step, and a memory report";
+  let description = [{
+    Plans device memory at the moe level, where every tensor value is one
+    buffer whose static type gives its size (the `moe` ops and the few
+    `arith`/`tensor` ops between them; bufferization on the CPU path comes
+    later and adds its own copies). A step is the training forward
+    `@f_forward` followed by `@f_backward` (the pair `moe-generate-backward`
+    makes), numbered op by op as one sequence; a function with moe ops that
+    belongs to no pair is a step of its own.
+
+    - A buffer lives from the op that defines it to its last use. A saved
+      tensor lives on into backward, to its last use there; a result lives
+      to the return. Arguments (x, weights, result gradients) belong to the
+      caller and are not in the arena.
+    - An offloaded tensor leaves the device at its `moe.offload`; its host
+      copy is listed apart, and `moe.prefetch` makes a new device buffer.
+    - Offsets: largest buffers first, each at the best-fitting gap (the
+      smallest that holds it) among the buffers live at the same time, at
+      multiples of `alignment`. The pass checks that no two buffers live at
+      the same op overlap.
+
+    Every op gets `moe.arena_offsets` (one offset per result, -1 for results
+    outside the arena) and the functions `moe.arena_size`. With
+    `memory-report` (`-` for stdout, or a file) it prints each op, each
+    buffer with its size, offset and `[first, last]` op, the peak (the most
+    bytes live at one op), the arena size and the saved-for-backward total:
+
+    ```
+    moe-plan-memory: forward @f_forward ops [0, 7], backward @f_backward ops [8, 14], alignment 256 B
+    op 0 moe.router
+    ...
+    buffer 0 moe.router.weights: 32 B at offset 512, live [0, 11], saved
+    host 9 moe.expert_ffn.h: 256 B, live [3, 7]
+    peak: 1224 B (1.14e-06 GiB) at op 3
+    arena: 1536 B (1.43e-06 GiB)
+    saved for backward: 212 B (1.97e-07 GiB) in 6 buffers, and 1920 B (1.79e-06 GiB) of saved arguments
+    offloaded to the host: 256 B (2.38e-07 GiB)
+    ```
+
+    `python/moe_mlir/memory_plot.py` turns the report into a PNG timeline.
+    Dynamic shapes are an error on the value.
+  }];
+  let options = [
+    Option<"alignment", "alignment", "int64_t", /*default=*/"256",
+           "Offsets are multiples of this many bytes (a power of two)">,
+    Option<"memoryReport", "memory-report", "std::string", /*default=*/"\"\"",
+           "Where to print the memory report: - for stdout, or a file "
+           "(empty: no report)">,
+  ];
+  let dependentDialects = ["::mlir::moe::MoEDialect"];
+}
+
 #endif // MOE_DIALECT_MOE_TRANSFORMS_PASSES_TD

@@ -1,0 +1,427 @@
+//===- MoEPlanMemory.cpp - One device arena with static offsets -*- C++ -*-===//
+//
+// Plans the device memory of a training step at the moe level, where every
+// tensor value is one buffer and the static types give its size: the
+// training forward and then the backward of a layer (the pair
+// moe-generate-backward makes), numbered op by op as one sequence. A saved
+// tensor lives from its definition in forward to its last use in backward;
+// an offloaded one leaves the device at its moe.offload and comes back as a
+// new buffer at its moe.prefetch. Offsets in one arena come from a greedy
+// best fit, largest buffers first; two buffers that are live at the same op
+// never overlap (checked). docs/memory.md.
+//
+//===----------------------------------------------------------------------===//
+
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_MOEPLANMEMORY
+#include "moe/Dialect/MoE/Transforms/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+
+/// One buffer of the plan: a device tensor (in the arena) or a host tensor.
+struct Buffer {
+  Value value;
+  uint64_t size = 0;
+  unsigned first = 0, last = 0; // op indices of the step, inclusive
+  uint64_t offset = 0;
+  bool saved = false; // live across the end of forward
+  bool host = false;
+};
+
+/// "moe.expert_ffn.h", "arith.addf", "arg3".
+std::string valueName(Value value) {
+  if (auto argument = dyn_cast<BlockArgument>(value))
+    return ("arg" + Twine(argument.getArgNumber())).str();
+  auto result = cast<OpResult>(value);
+  Operation *op = result.getOwner();
+  std::string name = op->getName().getStringRef().str();
+  if (auto asmOp = dyn_cast<OpAsmOpInterface>(op)) {
+    asmOp.getAsmResultNames([&](Value named, StringRef asmName) {
+      if (named == value)
+        name += "." + asmName.str();
+    });
+  } else if (op->getNumResults() > 1) {
+    name += "#" + std::to_string(result.getResultNumber());
+  }
+  return name;
+}
+
+std::string gib(uint64_t bytes) {
+  std::string text;
+  llvm::raw_string_ostream(text)
+      << bytes << " B ("
+      << llvm::format("%.3g", static_cast<double>(bytes) / (1ull << 30))
+      << " GiB)";
+  return text;
+}
+
+/// A training step (forward then backward) or one function alone.
+class StepPlanner {
+public:
+  StepPlanner(func::FuncOp forward, func::FuncOp backward, uint64_t alignment)
+      : forward(forward), backward(backward), alignment(alignment) {}
+
+  /// Finds the buffers and their lifetimes; fails on a dynamic shape.
+  LogicalResult collect();
+  /// Assigns the offsets and checks that no two live buffers overlap.
+  LogicalResult assign();
+  /// Writes the offsets into the IR.
+  void annotate();
+  void print(llvm::raw_ostream &os);
+
+private:
+  /// The buffer of a device tensor value, created on first sight.
+  FailureOr<Buffer *> bufferOf(Value value, unsigned index);
+  /// Extends the life of `value`'s buffer (when it has one) to `index`.
+  void use(Value value, unsigned index);
+
+  func::FuncOp forward, backward; // backward may be null
+  uint64_t alignment;
+  SmallVector<Operation *> ops; // the step, in order
+  unsigned backwardStart = 0;
+  llvm::MapVector<Value, Buffer> buffers;
+  DenseMap<Value, Value> alias; // backward saved argument -> forward value
+  uint64_t arenaSize = 0, peak = 0;
+  unsigned peakIndex = 0;
+  uint64_t savedArguments = 0;
+};
+
+FailureOr<Buffer *> StepPlanner::bufferOf(Value value, unsigned index) {
+  Type type = value.getType();
+  bool host = isa<HostTensorType>(type);
+  ShapedType shaped;
+  if (host) {
+    auto hostType = cast<HostTensorType>(type);
+    shaped = hostType.getDeviceType();
+  } else {
+    shaped = dyn_cast<RankedTensorType>(type);
+  }
+  if (!shaped)
+    return static_cast<Buffer *>(nullptr);
+  if (!shaped.hasStaticShape()) {
+    InFlightDiagnostic diag = isa<BlockArgument>(value)
+                                  ? mlir::emitError(value.getLoc())
+                                  : value.getDefiningOp()->emitOpError();
+    diag << "moe-plan-memory needs static shapes, but " << valueName(value)
+         << " has type " << type;
+    return failure();
+  }
+  auto [it, inserted] = buffers.try_emplace(value);
+  Buffer &buffer = it->second;
+  if (inserted) {
+    uint64_t elementBytes =
+        (shaped.getElementType().getIntOrFloatBitWidth() + 7) / 8;
+    buffer.value = value;
+    buffer.size = static_cast<uint64_t>(shaped.getNumElements()) * elementBytes;
+    buffer.first = buffer.last = index;
+    buffer.host = host;
+  }
+  return &buffer;
+}
+
+void StepPlanner::use(Value value, unsigned index) {
+  if (Value source = alias.lookup(value))
+    value = source;
+  auto it = buffers.find(value);
+  if (it != buffers.end())
+    it->second.last = std::max(it->second.last, index);
+}
+
+LogicalResult StepPlanner::collect() {
+  for (func::FuncOp func : {forward, backward}) {
+    if (!func)
+      continue;
+    if (!func.getBody().hasOneBlock())
+      return func.emitOpError("has more than one block; moe-plan-memory "
+                              "plans straight-line functions only");
+    if (func == backward)
+      backwardStart = ops.size();
+    for (Operation &op : func.front())
+      ops.push_back(&op);
+  }
+  if (!backward)
+    backwardStart = ops.size();
+
+  // Saved arguments of backward are the forward values they receive.
+  unsigned numSaved = 0;
+  auto forwardReturn = cast<func::ReturnOp>(forward.front().getTerminator());
+  if (backward) {
+    numSaved = forward->getAttrOfType<IntegerAttr>("moe.num_saved").getInt();
+    if (numSaved > forwardReturn.getNumOperands() ||
+        numSaved > backward.getNumArguments())
+      return forward.emitOpError("has moe.num_saved ")
+             << numSaved << " but returns " << forwardReturn.getNumOperands()
+             << " values and @" << backward.getSymName() << " takes "
+             << backward.getNumArguments() << " arguments";
+    unsigned firstSaved = forwardReturn.getNumOperands() - numSaved;
+    for (unsigned i = 0; i < numSaved; ++i) {
+      Value value = forwardReturn.getOperand(firstSaved + i);
+      alias[backward.getArgument(i)] = value;
+      if (auto argument = dyn_cast<BlockArgument>(value))
+        if (auto type = dyn_cast<RankedTensorType>(argument.getType());
+            type && type.hasStaticShape())
+          savedArguments +=
+              static_cast<uint64_t>(type.getNumElements()) *
+              ((type.getElementType().getIntOrFloatBitWidth() + 7) / 8);
+    }
+  }
+
+  for (auto [index, op] : llvm::enumerate(ops)) {
+    unsigned at = index;
+    // Uses first: a buffer read here lives until here. Nested regions
+    // count as uses by the op that holds them.
+    op->walk([&](Operation *inner) {
+      for (Value operand : inner->getOperands())
+        use(operand, at);
+    });
+    if (op == forwardReturn && backward) {
+      // The saved values live on into backward: to their last use there.
+      for (unsigned i = 0; i < numSaved; ++i) {
+        Value value = forwardReturn.getOperand(forwardReturn.getNumOperands() -
+                                               numSaved + i);
+        if (auto it = buffers.find(value); it != buffers.end())
+          it->second.saved = true;
+      }
+    }
+    for (Value result : op->getResults())
+      if (failed(bufferOf(result, at)))
+        return failure();
+  }
+  for (func::FuncOp func : {forward, backward})
+    if (func)
+      for (BlockArgument argument : func.getArguments())
+        if (!alias.count(argument) &&
+            isa<RankedTensorType>(argument.getType()) &&
+            !cast<RankedTensorType>(argument.getType()).hasStaticShape()) {
+          (void)bufferOf(argument, 0);
+          return failure();
+        }
+  return success();
+}
+
+LogicalResult StepPlanner::assign() {
+  SmallVector<Buffer *> order;
+  for (auto &entry : buffers)
+    if (!entry.second.host)
+      order.push_back(&entry.second);
+  auto position = [&](Buffer *buffer) {
+    return std::make_tuple(
+        ~buffer->size, buffer->first,
+        static_cast<uint64_t>(buffers.find(buffer->value) - buffers.begin()));
+  };
+  llvm::sort(order,
+             [&](Buffer *a, Buffer *b) { return position(a) < position(b); });
+  auto alignUp = [&](uint64_t offset) {
+    return (offset + alignment - 1) / alignment * alignment;
+  };
+  auto overlapsInTime = [](const Buffer *a, const Buffer *b) {
+    return a->first <= b->last && b->first <= a->last;
+  };
+  SmallVector<Buffer *> placed;
+  for (Buffer *buffer : order) {
+    SmallVector<Buffer *> live;
+    for (Buffer *other : placed)
+      if (overlapsInTime(buffer, other))
+        live.push_back(other);
+    llvm::sort(live, [](Buffer *a, Buffer *b) {
+      return std::make_pair(a->offset, a->size) <
+             std::make_pair(b->offset, b->size);
+    });
+    // Best fit: the smallest gap between live buffers that holds it.
+    std::optional<std::pair<uint64_t, uint64_t>> best; // (gap, offset)
+    uint64_t end = 0;
+    for (Buffer *other : live) {
+      uint64_t start = alignUp(end);
+      if (other->offset >= start && other->offset - start >= buffer->size) {
+        uint64_t gap = other->offset - start;
+        if (!best || gap < best->first)
+          best = std::make_pair(gap, start);
+      }
+      end = std::max(end, other->offset + other->size);
+    }
+    buffer->offset = best ? best->second : alignUp(end);
+    placed.push_back(buffer);
+    arenaSize = std::max(arenaSize, buffer->offset + buffer->size);
+  }
+
+  // The check: no two buffers live at one op share a byte.
+  for (auto [i, a] : llvm::enumerate(placed))
+    for (Buffer *b : ArrayRef(placed).drop_front(i + 1))
+      if (overlapsInTime(a, b) && a->size && b->size &&
+          a->offset < b->offset + b->size && b->offset < a->offset + a->size)
+        return forward.emitOpError("moe-plan-memory placed ")
+               << valueName(a->value) << " and " << valueName(b->value)
+               << " at overlapping offsets while both are live (a bug)";
+
+  // The peak: the most bytes live at one op.
+  SmallVector<uint64_t> live(ops.size(), 0);
+  for (Buffer *buffer : placed)
+    for (unsigned i = buffer->first; i <= buffer->last; ++i)
+      live[i] += buffer->size;
+  for (auto [index, bytes] : llvm::enumerate(live))
+    if (bytes > peak) {
+      peak = bytes;
+      peakIndex = index;
+    }
+  return success();
+}
+
+void StepPlanner::annotate() {
+  Builder builder(forward.getContext());
+  for (Operation *op : ops) {
+    if (op->getNumResults() == 0)
+      continue;
+    SmallVector<int64_t> offsets;
+    bool any = false;
+    for (Value result : op->getResults()) {
+      auto it = buffers.find(result);
+      bool inArena = it != buffers.end() && !it->second.host;
+      offsets.push_back(inArena ? static_cast<int64_t>(it->second.offset) : -1);
+      any |= inArena;
+    }
+    if (any)
+      op->setAttr("moe.arena_offsets", builder.getDenseI64ArrayAttr(offsets));
+  }
+  for (func::FuncOp func : {forward, backward})
+    if (func)
+      func->setAttr("moe.arena_size",
+                    builder.getI64IntegerAttr(static_cast<int64_t>(arenaSize)));
+}
+
+void StepPlanner::print(llvm::raw_ostream &os) {
+  os << "moe-plan-memory: forward @" << forward.getSymName() << " ops [0, "
+     << static_cast<int64_t>(backwardStart) - 1 << "]";
+  if (backward)
+    os << ", backward @" << backward.getSymName() << " ops [" << backwardStart
+       << ", " << ops.size() - 1 << "]";
+  os << ", alignment " << alignment << " B\n";
+  for (auto [index, op] : llvm::enumerate(ops))
+    os << "op " << index << " " << op->getName() << "\n";
+  unsigned id = 0;
+  uint64_t saved = 0, host = 0;
+  unsigned numSaved = 0;
+  for (auto &[value, buffer] : buffers) {
+    if (buffer.host) {
+      os << "host " << id++ << " " << valueName(value) << ": " << buffer.size
+         << " B, live [" << buffer.first << ", " << buffer.last << "]\n";
+      host += buffer.size;
+      continue;
+    }
+    os << "buffer " << id++ << " " << valueName(value) << ": " << buffer.size
+       << " B at offset " << buffer.offset << ", live [" << buffer.first << ", "
+       << buffer.last << "]" << (buffer.saved ? ", saved" : "") << "\n";
+    if (buffer.saved) {
+      saved += buffer.size;
+      ++numSaved;
+    }
+  }
+  os << "peak: " << gib(peak) << " at op " << peakIndex << "\n";
+  os << "arena: " << gib(arenaSize) << "\n";
+  if (backward) {
+    os << "saved for backward: " << gib(saved) << " in " << numSaved
+       << " buffers, and " << gib(savedArguments) << " of saved arguments\n";
+    os << "offloaded to the host: " << gib(host) << "\n";
+  }
+}
+
+struct MoEPlanMemoryPass
+    : public mlir::moe::impl::MoEPlanMemoryBase<MoEPlanMemoryPass> {
+  using MoEPlanMemoryBase::MoEPlanMemoryBase;
+
+  void runOnOperation() override;
+};
+
+bool containsMoEOps(func::FuncOp func) {
+  return func
+      .walk([](Operation *op) {
+        return isa<MoEDialect>(op->getDialect()) ? WalkResult::interrupt()
+                                                 : WalkResult::advance();
+      })
+      .wasInterrupted();
+}
+
+void MoEPlanMemoryPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto functions = llvm::to_vector(module.getOps<func::FuncOp>());
+  Operation *at = functions.empty() ? module.getOperation()
+                                    : functions.front().getOperation();
+  if (alignment <= 0 || (alignment & (alignment - 1)) != 0) {
+    at->emitError("moe-plan-memory: alignment must be a power of two, got ")
+        << static_cast<int64_t>(alignment);
+    return signalPassFailure();
+  }
+  std::unique_ptr<llvm::raw_fd_ostream> file;
+  llvm::raw_ostream *os = nullptr;
+  if (memoryReport == "-") {
+    os = &llvm::outs();
+  } else if (!memoryReport.empty()) {
+    std::error_code error;
+    file = std::make_unique<llvm::raw_fd_ostream>(memoryReport, error,
+                                                  llvm::sys::fs::OF_Text);
+    if (error) {
+      at->emitError("moe-plan-memory: cannot write the memory report to '")
+          << memoryReport << "': " << error.message();
+      return signalPassFailure();
+    }
+    os = file.get();
+  }
+
+  // Training pairs as steps; functions with moe ops that belong to no pair
+  // (and are not the source of one) alone.
+  SymbolTable symbols(module);
+  DenseSet<Operation *> paired;
+  SmallVector<std::pair<func::FuncOp, func::FuncOp>> steps;
+  for (func::FuncOp func : functions) {
+    StringRef name = func.getSymName();
+    if (func.isExternal() || !func->hasAttr("moe.num_saved") ||
+        !name.ends_with("_forward"))
+      continue;
+    StringRef base = name.drop_back(strlen("_forward"));
+    auto backward = symbols.lookup<func::FuncOp>((base + "_backward").str());
+    if (!backward || !backward->hasAttr("moe.gradient_args")) {
+      func.emitOpError("saves tensors for backward (moe.num_saved) but has "
+                       "no backward function @")
+          << base << "_backward";
+      return signalPassFailure();
+    }
+    steps.emplace_back(func, backward);
+    paired.insert(func);
+    paired.insert(backward);
+    if (auto source = symbols.lookup<func::FuncOp>(base))
+      paired.insert(source);
+  }
+  for (func::FuncOp func : functions)
+    if (!func.isExternal() && !paired.contains(func) &&
+        !func->hasAttr("moe.gradient_args") && containsMoEOps(func))
+      steps.emplace_back(func, nullptr);
+
+  for (auto [forward, backward] : steps) {
+    StepPlanner planner(forward, backward, alignment);
+    if (failed(planner.collect()) || failed(planner.assign()))
+      return signalPassFailure();
+    planner.annotate();
+    if (os)
+      planner.print(*os);
+  }
+  if (os)
+    os->flush();
+}
+
+} // namespace

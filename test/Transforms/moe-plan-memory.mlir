@@ -1,0 +1,83 @@
+// RUN: moe-opt %s --moe-plan-activations="report=false" --moe-generate-backward --moe-plan-memory | FileCheck %s
+// RUN: moe-opt %s --moe-plan-activations="report=false" --moe-generate-backward --moe-plan-memory=memory-report=- -o /dev/null | FileCheck %s --check-prefix=KEEP
+// RUN: moe-opt %s --moe-plan-activations="policy=offload report=false" --moe-generate-backward --moe-offload --moe-plan-memory="memory-report=- alignment=1" -o /dev/null | FileCheck %s --check-prefix=OFFLOAD
+// RUN: moe-opt %s --moe-plan-activations="report=false" --moe-generate-backward --moe-plan-memory=memory-report=%t.report -o /dev/null
+// RUN: FileCheck %s --check-prefix=KEEP < %t.report
+// RUN: moe-opt %s --moe-decompose --moe-plan-memory=memory-report=- -o /dev/null | FileCheck %s --check-prefix=ALONE
+
+// The layer of moe-plan-activations.mlir (x 128 B, routing metadata 212 B,
+// h 256 B each) as a training step, forward then backward.
+
+func.func @layer(%x: tensor<4x16xbf16>, %wr: tensor<16x4xbf16>,
+                 %wgu: tensor<4x16x16xbf16>, %wd: tensor<4x8x16xbf16>,
+                 %sgu: tensor<16x32xbf16>, %sd: tensor<16x16xbf16>)
+    -> (tensor<4x16xbf16>, tensor<4x4xf32>) {
+  %w, %e, %logits = moe.router %x, %wr
+      {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<4x16xbf16>, tensor<16x4xbf16>
+      -> tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x4xf32>
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 4 : i64}
+      : tensor<4x2xi32> -> tensor<8xi32>, tensor<5xi32>, tensor<4x2xi32>
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<4x16xbf16>, tensor<8xi32>, tensor<5xi32>, tensor<4x16x16xbf16>,
+        tensor<4x8x16xbf16> -> tensor<8x16xbf16>, tensor<8x16xbf16>
+  %out = moe.combine %y, %w, %rows
+      : tensor<8x16xbf16>, tensor<4x2xf32>, tensor<4x2xi32> -> tensor<4x16xbf16>
+  %sy, %sh = moe.shared_expert %x, %sgu, %sd {activation = #moe.activation<swiglu>}
+      : tensor<4x16xbf16>, tensor<16x32xbf16>, tensor<16x16xbf16> -> tensor<4x16xbf16>, tensor<4x32xbf16>
+  %sum = arith.addf %out, %sy : tensor<4x16xbf16>
+  return %sum, %logits : tensor<4x16xbf16>, tensor<4x4xf32>
+}
+
+// The offsets are attributes, one per result; the source @layer is not
+// planned (its step is the pair).
+// CHECK-LABEL: func.func @layer(
+// CHECK-NOT: moe.arena
+// CHECK-LABEL: func.func @layer_forward(
+// CHECK-SAME: moe.arena_size = [[$SIZE:[0-9]+]] : i64
+// CHECK: moe.router {{.*}}moe.arena_offsets = array<i64: {{[0-9]+}}, {{[0-9]+}}, {{[0-9]+}}>
+// CHECK: moe.expert_ffn {{.*}}moe.arena_offsets = array<i64: {{[0-9]+}}, {{[0-9]+}}>
+// CHECK-LABEL: func.func @layer_backward(
+// CHECK-SAME: moe.arena_size = [[$SIZE]] : i64
+// CHECK: moe.expert_combine_grad {{.*}}moe.arena_offsets = array<i64:
+
+// KEEP: moe-plan-memory: forward @layer_forward ops [0, 6], backward @layer_backward ops [7, 12], alignment 256 B
+// KEEP-NEXT: op 0 moe.router
+// KEEP-NEXT: op 1 moe.dispatch
+// KEEP-NEXT: op 2 moe.expert_ffn
+// KEEP: op 6 func.return
+// KEEP-NEXT: op 7 moe.shared_expert_grad
+// KEEP: op 12 func.return
+// KEEP-NEXT: buffer 0 moe.router.weights: 32 B at offset {{[0-9]+}}, live [0, 8], saved
+// KEEP-NEXT: buffer 1 moe.router.experts: 32 B at offset {{[0-9]+}}, live [0, 10], saved
+// KEEP-NEXT: buffer 2 moe.router.logits: 64 B at offset {{[0-9]+}}, live [0, 10], saved
+// KEEP: buffer 6 moe.expert_ffn.y: 256 B at offset {{[0-9]+}}, live [2, 3]
+// KEEP-NEXT: buffer 7 moe.expert_ffn.h: 256 B at offset {{[0-9]+}}, live [2, 8], saved
+// KEEP: buffer 10 moe.shared_expert.h: 256 B at offset {{[0-9]+}}, live [4, 7], saved
+// KEEP: peak: {{[0-9]+}} B
+// KEEP-NEXT: arena: {{[0-9]+}} B
+// The saved set of keep (852 B) without x (128 B), which the caller holds.
+// KEEP-NEXT: saved for backward: 724 B (6.74e-07 GiB) in 8 buffers, and 4864 B (4.53e-06 GiB) of saved arguments
+// KEEP-NEXT: offloaded to the host: 0 B
+
+// With everything offloaded, h leaves the device at its moe.offload and
+// comes back at its moe.prefetch; the saved set is that of recompute (340 B)
+// without x. With alignment 1 the arena is the peak here.
+// OFFLOAD: op 2 moe.expert_ffn
+// OFFLOAD-NEXT: op 3 moe.offload
+// OFFLOAD: op 9 moe.prefetch
+// OFFLOAD-NEXT: op 10 moe.prefetch
+// OFFLOAD: buffer 7 moe.expert_ffn.h: 256 B at offset {{[0-9]+}}, live [2, 3]
+// OFFLOAD-NEXT: host 8 moe.offload: 256 B, live [3, 10]
+// OFFLOAD: host 12 moe.offload: 256 B, live [6, 9]
+// OFFLOAD: buffer 14 moe.prefetch: 256 B at offset {{[0-9]+}}, live [9, 11]
+// OFFLOAD-NEXT: buffer 15 moe.prefetch: 256 B at offset {{[0-9]+}}, live [10, 12]
+// OFFLOAD: peak: [[PEAK:[0-9]+]] B
+// OFFLOAD-NEXT: arena: [[PEAK]] B
+// OFFLOAD-NEXT: saved for backward: 212 B (1.97e-07 GiB) in 6 buffers
+// OFFLOAD-NEXT: offloaded to the host: 512 B
+
+// Without backward, a function is a step of its own.
+// ALONE: moe-plan-memory: forward @layer ops [0, 6], alignment 256 B
+// ALONE: arena:
+// ALONE-NOT: saved for backward

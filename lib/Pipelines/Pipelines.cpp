@@ -118,18 +118,35 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
               .str();
 
   StringRef policy = options.policy;
-  if (policy != "keep" && policy != "recompute" && policy != "auto")
+  if (policy != "keep" && policy != "recompute" && policy != "offload" &&
+      policy != "auto")
     return fail("moe-training-pipeline: unknown policy '" + policy +
-                "' (expected keep, recompute or auto)");
+                "' (expected keep, recompute, offload or auto)");
+  if (options.offload == OffloadMode::Always) {
+    if (policy != "auto" && policy != "offload")
+      return fail("moe-training-pipeline: offload=always contradicts policy=" +
+                  policy);
+    policy = "offload";
+  }
+  if (!(options.gpuTflops > 0.0) || !(options.hostGbps > 0.0))
+    return fail("moe-training-pipeline: gpu-tflops and host-gbps must be "
+                "positive");
   // Silent unless the user asked for a plan: a remark then shows its bytes.
   MoEPlanActivationsOptions plan;
   plan.memoryBudget = options.memoryBudget;
   plan.policy = policy.str();
-  // Offload plans come with moe-offload (not in this pipeline yet).
-  plan.autoOffload = false;
+  plan.autoOffload = options.offload != OffloadMode::Never;
+  plan.gpuTflops = options.gpuTflops;
+  plan.hostGbps = options.hostGbps;
   plan.report = !options.memoryBudget.empty() || policy != "auto";
   pm.addNestedPass<func::FuncOp>(createMoEPlanActivations(plan));
   pm.addPass(createMoEGenerateBackward());
+  pm.addPass(createMoEOffload());
+  if (!options.memoryReport.empty()) {
+    MoEPlanMemoryOptions memory;
+    memory.memoryReport = options.memoryReport;
+    pm.addPass(createMoEPlanMemory(memory));
+  }
   pm.addPass(createConvertMoEToGPU());
   addMoEGPULowering(pm, options.chip, options.optLevel, binary);
   return success();

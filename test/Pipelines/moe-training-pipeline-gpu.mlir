@@ -11,6 +11,13 @@
 // RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=recompute" 2>&1 | FileCheck %s --check-prefix=PLAN
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=fast" 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90" 2>&1 | FileCheck %s --check-prefix=CHIP
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=offload" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa offload=always" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa offload=auto memory-budget=7000 host-gbps=1e9" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=keep offload=always" 2>&1 | FileCheck %s --check-prefix=CONTRADICT
+// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa memory-budget=1KiB" 2>&1 | FileCheck %s --check-prefix=BUDGET
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa memory-report=-" -o /dev/null | FileCheck %s --check-prefix=REPORT
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa memory-report=- offload=auto host-gbps=20 gpu-tflops=500" --dump-pass-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=DUMP-OPTIONS
 
 // moe-plan-activations runs before moe-generate-backward; with a recompute plan
 // convert-moe-to-gpu runs the checkpointed expert FFN in place in forward, and
@@ -20,7 +27,26 @@
 // PLAN: @moe_kernels::@moe_gemm_up_gather
 // PLAN: llvm.func @layer_backward(
 // PLAN: @moe_kernels::@moe_gemm_up_gather
-// POLICY: error: moe-training-pipeline: unknown policy 'fast' (expected keep, recompute or auto)
+// POLICY: error: moe-training-pipeline: unknown policy 'fast' (expected keep, recompute, offload or auto)
+
+// Offload plans (asked for, or chosen by auto when offload=auto and the link
+// is fast) reach convert-moe-to-gpu, which does not run them yet: an error
+// at the layer, nothing half-compiled.
+// OFFLOAD: moe-training-pipeline-gpu.mlir:[[# @LINE + 86]]:19: error: moe.offload is not supported on the GPU path yet
+// OFFLOAD: moe-training-pipeline-gpu.mlir:[[# @LINE + 85]]:19: error: moe.prefetch is not supported on the GPU path yet
+// CONTRADICT: error: moe-training-pipeline: offload=always contradicts policy=keep
+// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 80]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
+
+// REPORT: moe-plan-memory: forward @layer_forward ops [0, 4], backward @layer_backward ops [5, 8], alignment 256 B
+// REPORT: peak: 241324 B
+// REPORT: saved for backward: 39684 B
+
+// DUMP-OPTIONS: moe-plan-activations{auto-offload=true gpu-tflops=5.000000e+02 host-gbps=2.000000e+01 memory-budget= policy=auto report=false}
+// DUMP-OPTIONS-NEXT: ),
+// DUMP-OPTIONS-NEXT: moe-generate-backward,
+// DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
+// DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
+// DUMP-OPTIONS-NEXT: convert-moe-to-gpu,
 
 // DUMP: builtin.module(
 // DUMP-NEXT: moe-decompose,
@@ -29,6 +55,7 @@
 // DUMP-NEXT: moe-plan-activations{auto-offload=false gpu-tflops=7.800000e+02 host-gbps=5.500000e+01 memory-budget= policy=auto report=false}
 // DUMP-NEXT: ),
 // DUMP-NEXT: moe-generate-backward,
+// DUMP-NEXT: moe-offload{prefetch=early},
 // DUMP-NEXT: convert-moe-to-gpu,
 // DUMP-NEXT: inline{
 // DUMP-NEXT: symbol-dce,

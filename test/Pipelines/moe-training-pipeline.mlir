@@ -24,6 +24,8 @@
 // HELP-DAG: --chip=<string>
 // HELP-DAG: --memory-budget=<string>
 // HELP-DAG: --offload=<value>
+// HELP-DAG: --host-gbps=<number>
+// HELP-DAG: --memory-report=<string>
 
 // The layer is decomposed; the unused router logits stay (the router makes
 // them anyway).

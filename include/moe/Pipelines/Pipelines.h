@@ -45,19 +45,36 @@ struct MoETrainingPipelineOptions
   PassOptions::Option<std::string> policy{
       *this, "policy",
       llvm::cl::desc("With chip set, what moe-plan-activations does with the "
-                     "expert pre-activations: keep, recompute or auto (the "
-                     "fastest plan under memory-budget)"),
+                     "expert pre-activations: keep, recompute, offload or "
+                     "auto (the fastest plan under memory-budget)"),
       llvm::cl::init("auto")};
   PassOptions::Option<OffloadMode> offload{
       *this, "offload",
-      llvm::cl::desc("Whether saved activations may move to host memory"),
+      llvm::cl::desc("Whether saved activations may move to host memory "
+                     "(the GPU path does not run offload plans yet)"),
       llvm::cl::init(OffloadMode::Never),
       llvm::cl::values(
-          clEnumValN(OffloadMode::Never, "never", "keep or recompute only"),
+          clEnumValN(OffloadMode::Never, "never",
+                     "policy=auto keeps or recomputes only"),
           clEnumValN(OffloadMode::Auto, "auto",
-                     "offload when it is the fastest plan under the budget"),
+                     "policy=auto offloads when that is the fastest plan "
+                     "under the budget"),
           clEnumValN(OffloadMode::Always, "always",
-                     "offload every saved activation that can be"))};
+                     "offload every expert pre-activation (policy=offload)"))};
+  PassOptions::Option<double> gpuTflops{
+      *this, "gpu-tflops",
+      llvm::cl::desc("GPU rate of the activation cost model (TFLOP/s)"),
+      llvm::cl::init(780.0)};
+  PassOptions::Option<double> hostGbps{
+      *this, "host-gbps",
+      llvm::cl::desc("Host-link bandwidth of the activation cost model, each "
+                     "direction (GB/s; measured on the H200: 55)"),
+      llvm::cl::init(55.0)};
+  PassOptions::Option<std::string> memoryReport{
+      *this, "memory-report",
+      llvm::cl::desc("With chip set, run moe-plan-memory and print its "
+                     "report here (- for stdout, or a file)"),
+      llvm::cl::init("")};
   PassOptions::Option<std::string> format{
       *this, "format",
       llvm::cl::desc("Kernel binary with chip set: bin (cubin, needs ptxas), "
@@ -78,9 +95,12 @@ struct MoETrainingPipelineOptions
 /// dynamic shared memory) and lowers the host code to the LLVM dialect with
 /// gpu-to-llvm (bare pointers for kernels), so that mlir-translate gives LLVM
 /// IR calling the mgpu* runtime. Fails with a message in `error` for an
-/// unknown format, opt-level or policy. With chip, moe-plan-activations
-/// (memory-budget, policy) runs before moe-generate-backward; the offload
-/// option is reserved for offload planning (not implemented yet).
+/// unknown format, opt-level or policy, or a policy that contradicts offload.
+/// With chip, moe-plan-activations (memory-budget, policy, offload,
+/// gpu-tflops, host-gbps) runs before moe-generate-backward and moe-offload
+/// after it; with memory-report, moe-plan-memory then plans the arena and
+/// prints its report. convert-moe-to-gpu rejects moe.offload and
+/// moe.prefetch for now, so an offload plan stops there with an error.
 LogicalResult
 buildMoETrainingPipeline(OpPassManager &pm,
                          const MoETrainingPipelineOptions &options,

@@ -10,7 +10,9 @@ In one process:
    `transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock` built from
    MixtralConfig(hidden_size=d, intermediate_size=n, num_local_experts=E,
    num_experts_per_tok=k) with `config._experts_implementation = "grouped_mm"` (for
-   deepseek-v3, which it cannot express, the Mixtral block with E=256, k=8, as BENCH.md did);
+   deepseek-v3, which it cannot express, the Mixtral block with E=256, k=8, as BENCH.md did;
+   and for a layer with a sigmoid group router and a shared expert also transformers'
+   `DeepseekV3MoE`, the real block of that configuration, reported beside it);
 3. ratio ours / HF time, TFLOP/s of the useful FLOPs 18·T·k·d·n + 6·T·d·E and their fraction
    of the ceiling, saved activation bytes (ours: the manifest's saved tensors that are not
    inputs, and what torch saw allocated after forward; HF: allocated after forward minus
@@ -240,12 +242,11 @@ def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str,
 
 # --------------------------------------------------------------------------- HF
 
-def bench_hf(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
+def hf_mixtral_block(torch, cfg, args, device, opts):
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-    T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
-    hc = MixtralConfig(hidden_size=d, intermediate_size=n, num_local_experts=E,
-                       num_experts_per_tok=k)
+    hc = MixtralConfig(hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
+                       num_local_experts=cfg.experts, num_experts_per_tok=cfg.top_k)
     hc._experts_implementation = opts.hf_implementation
     block = MixtralSparseMoeBlock(hc).to(device=device, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -253,6 +254,42 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
         block.gate.weight.copy_(args["w_router"].t())
         block.experts.gate_up_proj.copy_(args["w_gate_up"].transpose(1, 2))
         block.experts.down_proj.copy_(args["w_down"].transpose(1, 2))
+    return block
+
+
+def hf_deepseek_block(torch, cfg, args, device, opts):
+    """transformers' DeepseekV3MoE: the whole layer of the deepseek-v3 configuration (sigmoid
+    router in fp32 with the correction bias, group-limited top-k, scaling, one shared
+    expert), with our weights."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    m = cfg.shared_ffn
+    hc = DeepseekV3Config(hidden_size=cfg.hidden, moe_intermediate_size=cfg.ffn,
+                          n_routed_experts=cfg.experts, num_experts_per_tok=cfg.top_k,
+                          n_group=cfg.num_groups, topk_group=cfg.topk_groups,
+                          routed_scaling_factor=cfg.scaling_factor,
+                          norm_topk_prob=cfg.renormalize, n_shared_experts=m // cfg.ffn)
+    hc._experts_implementation = opts.hf_implementation
+    block = DeepseekV3MoE(hc).to(device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        block.gate.weight.copy_(args["w_router"].t())
+        block.gate.e_score_correction_bias.copy_(args["router_bias"])
+        block.experts.gate_up_proj.copy_(args["w_gate_up"].transpose(1, 2))
+        block.experts.down_proj.copy_(args["w_down"].transpose(1, 2))
+        block.shared_experts.gate_proj.weight.copy_(args["shared_gate_up"][:, :m].t())
+        block.shared_experts.up_proj.weight.copy_(args["shared_gate_up"][:, m:].t())
+        block.shared_experts.down_proj.weight.copy_(args["shared_down"].t())
+    return block
+
+
+def hf_full_block_applies(cfg) -> bool:
+    """The Mixtral block cannot express a sigmoid group router or a shared expert."""
+    return cfg.has_shared and cfg.router_bias and cfg.num_groups > 1
+
+
+def bench_hf(torch, cfg, args, device, timer: Timer, opts, make_block=None) -> Dict[str, Any]:
+    T, d = cfg.tokens, cfg.hidden
+    block = (make_block or hf_mixtral_block)(torch, cfg, args, device, opts)
     x = args["x"].detach().clone().view(1, T, d).requires_grad_(True)
     gen = torch.Generator(device=device)
     gen.manual_seed(opts.seed + 1)
@@ -268,6 +305,8 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
     if timer.cuda:
         base = torch.cuda.memory_allocated()
     out = block(x)
+    if isinstance(out, tuple):  # the Mixtral block returns (out, router logits)
+        out = out[0]
     timer.sync()
     if timer.cuda:
         res["saved_bytes_torch"] = torch.cuda.memory_allocated() - base
@@ -276,7 +315,8 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
     clear()
 
     def step():
-        block(x).backward(d_out)
+        o = block(x)
+        (o[0] if isinstance(o, tuple) else o).backward(d_out)
 
     if timer.cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -419,6 +459,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             except Exception as e:  # noqa: BLE001
                 entry["hf_error"] = f"{type(e).__name__}: {e}"
                 log(f"  HF failed: {entry['hf_error']}")
+            if hf_full_block_applies(cfg):
+                # BENCH.md times the Mixtral block for deepseek-v3 (no group router, no
+                # shared expert, which ours runs); the real DeepseekV3MoE is the fair one
+                try:
+                    log(f"  HF DeepseekV3MoE ({opts.hf_implementation}) ...")
+                    full = bench_hf(torch, cfg, args, device, timer, opts, hf_deepseek_block)
+                    entry["hf_full"] = full
+                    full["tflops"] = entry["useful_flops"] / (full["median_ms"] * 1e-3) / 1e12
+                    log(f"  HF DeepseekV3MoE: {full['median_ms']:.2f} ms")
+                    if "ours" in entry:
+                        entry["ours_over_hf_full_time"] = (entry["ours"]["median_ms"]
+                                                           / full["median_ms"])
+                except Exception as e:  # noqa: BLE001
+                    entry["hf_full_error"] = f"{type(e).__name__}: {e}"
+                    log(f"  HF DeepseekV3MoE failed: {entry['hf_full_error']}")
         args = None
         gc.collect()
         if timer.cuda:
@@ -453,6 +508,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                f"{fmt_gib(e.get('floor_saved_bytes')):>6} "
                f"{('ok' if o.get('check', {}).get('ok') else 'FAIL') if o else 'error':>6}")
         log(row)
+    for e in report["configs"]:
+        if "hf_full" in e:
+            log(f"{e['name']}: the full HF block (DeepseekV3MoE, shared expert and group "
+                f"router included) {e['hf_full']['median_ms']:.2f} ms, ours/HF "
+                f"{e.get('ours_over_hf_full_time', math.nan):.2f}; saved "
+                f"{fmt_gib(e['hf_full'].get('saved_bytes_torch'))} GiB")
     log(f"json: {path}")
     ran = sum(1 for e in report["configs"] if "skipped" not in e)
     log(f"{ran - failures} passed, {failures} failed")

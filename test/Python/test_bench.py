@@ -37,3 +37,26 @@ def test_dry_run(tmp_path, capsys):
 def test_iters_below_five_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--iters", "3"])
+
+
+def test_hf_deepseek_block_computes_our_layer():
+    """The DeepseekV3MoE baseline gets our weights in its layout: its output equals the fp32
+    reference of the same layer (sigmoid + bias, groups, scaling, shared expert)."""
+    pytest.importorskip("transformers")
+    from moe_mlir import torch_reference as TR
+    cfg = LayerConfig(16, 64, 32, 8, 2, renormalize=True, dtype="bf16", scoring="sigmoid",
+                      router_bias=True, num_groups=4, topk_groups=2, scaling_factor=2.5,
+                      shared_ffn=32)
+    assert bench.hf_full_block_applies(cfg)
+    gen = torch.Generator().manual_seed(3)
+    args = bench.make_args(torch, cfg, torch.device("cpu"), gen)
+    args["router_bias"] = args["router_bias"] * 10  # decisive for the choice
+
+    class Opts:
+        hf_implementation = "eager"
+
+    block = bench.hf_deepseek_block(torch, cfg, args, torch.device("cpu"), Opts).float()
+    ours = TR.forward(cfg, {k: v.float() for k, v in args.items()}, requires_grad=False)
+    hf = block(args["x"].float().view(1, cfg.tokens, cfg.hidden)).view(cfg.tokens, cfg.hidden)
+    err = (hf - ours.out).norm() / ours.out.norm()
+    assert err < 1e-4, err

@@ -415,7 +415,7 @@ def bench(lib, name, reps=5):
             for _, fn in ops:
                 fn()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
-    med = {k_: sorted(v)[len(v) // 2] for k_, v in times.items()}
+    med = {k_: sorted(v)[len(v) // 2] if v else float("nan") for k_, v in times.items()}
     total = sum(med.values())
     flops = 18 * T * k * d * n + 6 * T * d * E
     counts = torch.bincount(ex.flatten().long(), minlength=E)
@@ -435,6 +435,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--bench", default="", help="comma-separated BENCH.md configs to time")
     ap.add_argument("--profile", action="store_true", help="with --bench: per-kernel CUDA times")
+    ap.add_argument("--reps", type=int, default=5, help="with --bench: timed steps (0: one untimed)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
@@ -468,9 +469,13 @@ def main():
             ("ffn-odd", lambda: run_ffn(lib, 1000, 1536, 704, 8, 2, "random")),
             ("router-big", lambda: run_router(lib, 1000, 1536, 64, 8, 0, False)),
             ("shared-big", lambda: run_shared(lib, 1000, 1536, 704)),
+            # the GEMMs find a tile's expert in a shared-memory table up to 1024 experts
+            # and by a scan of the offsets past that
+            ("ffn-1024-experts", lambda: run_ffn(lib, 600, 128, 64, 1024, 4, "random")),
+            ("ffn-1040-experts", lambda: run_ffn(lib, 600, 128, 64, 1040, 4, "random")),
         ]
     if args.bench:
-        steps = [(f"bench-{b}", (lambda b=b: bench(lib, b))) for b in args.bench.split(",")]
+        steps = [(f"bench-{b}", (lambda b=b: bench(lib, b, args.reps))) for b in args.bench.split(",")]
     failed = 0
     for name, fn in steps:
         if args.only and args.only not in name:

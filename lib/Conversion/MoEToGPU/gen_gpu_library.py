@@ -18,24 +18,33 @@ import sys
 # ---------------------------------------------------------------------------
 # GEMM tiling: two warpgroups (256 threads) compute a 128x256 tile of C, each
 # 64 rows with one m64n256k16 wgmma accumulator; A and B stream through a
-# 4-stage cp.async ring in shared memory, 128B-swizzled (CODEGEN.md sections
-# 2-5). All 256 threads copy; both warpgroups read the whole B tile.
+# cp.async ring in shared memory, 128B-swizzled (CODEGEN.md sections 2-5): 4
+# stages for the kernels that stage fp32 C in the ring, P_STAGES for the
+# persistent ones below. All 256 threads copy; both warpgroups read all of B.
 # ---------------------------------------------------------------------------
 BM, BN, BK, STAGES, THREADS = 128, 256, 64, 4, 128
 GEMM_THREADS = 256
 A_TILE_BYTES = BM * BK * 2  # 16 KiB
 B_TILE_BYTES = BK * BN * 2  # 32 KiB
 STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
-SMEM_BYTES = STAGES * STAGE_BYTES  # 192 KiB ring
-# + 1 KiB to align the ring, + 1 KiB for the dS row sums of the dact epilogue
-LAUNCH_SMEM_BYTES = SMEM_BYTES + 1024 + 1024
 # wgmma descriptors (CODEGEN.md section 2): 128B swizzle (bit 62), SBO = 1024 B
 # (8 rows of 128 B), LBO = 16 KiB for K-major tiles (unused with swizzle, the
 # value nvgpu emits) and 8 KiB for MN-major tiles (the distance between two
 # 64-column boxes).
 DESC_KMAJOR = 0x4000004004000000
 DESC_MNMAJOR = 0x4000004002000000
-GROUP_M = 16  # M-tiles per raster group
+GROUP_M = int(os.environ.get("MOE_GEMM_GROUP_M", "16"))  # M-tiles per raster group
+# Persistent kernels (the bf16 epilogues): NUM_CTAS CTAs, one an SM (a thread holds 255
+# registers, so two CTAs never share an SM), P_STAGES ring stages. C is staged in bf16
+# (64 KiB) over the last ring slot and past the ring: 3 x 48 + 64 + 1 KiB of alignment.
+PERSISTENT_EPILOGUES = ("store_bf16", "store_bf16_w", "store_T_bf16_w", "swiglu")
+P_STAGES = int(os.environ.get("MOE_GEMM_PSTAGES", "3"))
+NUM_CTAS = 132  # SMs of an H100 / H200; any count is correct, this one is the fastest
+STAGE_C_BYTES = BM * BN * 2
+# varlen_m: each CTA sums the experts' M-tiles into a table in shared memory once and
+# finds a tile's expert by binary search; past TABLE_EXPERTS experts it scans offsets.
+TABLE_EXPERTS = 4 * GEMM_THREADS
+CUM_BYTES = 4 * (TABLE_EXPERTS + 1 + 8) + 28
 
 ACC = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 2)) + ")>"
 WG = "#gpu.address_space<workgroup>"
@@ -115,6 +124,10 @@ class Emitter:
         v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32>")
         return self.op(f"arith.index_cast {v} : i32 to index")
 
+    def load_smem_index(self, mem, idx):
+        v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32, #gpu.address_space<workgroup>>")
+        return self.op(f"arith.index_cast {v} : i32 to index")
+
     def fadd(self, a, b):
         return self.op(f"arith.addf {a}, {b} : f32")
 
@@ -148,7 +161,19 @@ class Gemm:
     def __init__(self, name, a, b, epi, sched, gather_b=False, has_w=False, has_ds=False):
         self.name, self.a, self.b, self.epi, self.sched = name, a, b, epi, sched
         self.gather_b, self.has_w, self.has_ds = gather_b, has_w, has_ds
-
+        # bf16 epilogues run persistent: one CTA an SM walks the tiles and prefetches the
+        # next tile's first stages while it writes this tile's C through a half-tile
+        # staging buffer of its own. The others stage the whole fp32 tile in the ring.
+        self.persistent = epi in PERSISTENT_EPILOGUES
+        self.stages = P_STAGES if self.persistent else STAGES
+        ring = self.stages * STAGE_BYTES
+        self.ring_bytes = ring
+        if self.persistent:
+            self.cum_offset = max(ring, ring - STAGE_BYTES + STAGE_C_BYTES)
+        else:
+            self.cum_offset = ring + 1024  # after the dS row sums of the dact epilogue
+        # varlen_m kernels keep the experts' cumulative M-tile counts in shared memory
+        self.launch_smem = self.cum_offset + 1024 + (CUM_BYTES if sched == "varlen_m" else 0)
 
 def gemm_signature(g):
     """Kernel arguments: (name, type) pairs."""
@@ -185,96 +210,48 @@ def gemm_signature(g):
 
 
 def gen_gemm(g):
+    # the one-tile kernels index tiles by x alone
+    assert g.persistent or g.sched == "varlen_m", g.name
     e = Emitter()
     sig = gemm_signature(g)
     A = {n: f"%{n}" for n, _ in sig}
     c = e.const
+    stages = g.stages
     tid = e.op("gpu.thread_id x", "tid")
-    # Grouped raster: the x index runs over GROUP_M M-tiles by all N-tiles, N
-    # fastest inside a group, so the CTAs on the GPU at one time share their A
-    # rows (and nearly their B columns) in L2; M-fastest order re-read the
-    # activations from DRAM once per N-tile.
-    flat = e.op("gpu.block_id x", "bid")
+    bid = e.op("gpu.block_id x", "bid")
     gridx = e.op("gpu.grid_dim x", "gdim")
-    bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
-    ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
-    mtiles = e.div(gridx, ntiles)
-    span = e.mul(ntiles, c(GROUP_M))
-    first_m = e.mul(e.div(flat, span), c(GROUP_M))
-    gsize = e.minu(c(GROUP_M), e.sub(mtiles, first_m))
-    inner = e.rem(flat, span)
-    bx = e.add(first_m, e.rem(inner, gsize))
-    by = e.div(inner, gsize)
     warp = e.div(tid, c(32))
     lane = e.rem(tid, c(32))
     wg = e.div(tid, c(128))
-
-    # ---- tile schedule -----------------------------------------------------
-    body_indent = "      "
+    bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
+    ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
+    # M-tiles as the host counts them: varlen_m adds one tile an expert for the rounding
+    mtiles = e.div(e.add(A["dim_m"], c(BM - 1)), c(BM))
     if g.sched == "varlen_m":
-        # Find the expert whose tiles contain this CTA's x index.
-        e.emit(f"%sched:3 = scf.for %ex = {c(0)} to {A['num_experts']} step {c(1)} "
-               f"iter_args(%cum = {c(0)}, %fe = {c(-1)}, %fcum = {c(0)}) -> (index, index, index) {{")
-        e.indent = body_indent + "  "
-        lo = e.load_i32_as_index(A["offsets"], "%ex")
-        ex1 = e.add("%ex", c(1))
-        hi = e.load_i32_as_index(A["offsets"], ex1)
-        cnt = e.sub(hi, lo)
-        tiles = e.div(e.add(cnt, c(BM - 1)), c(BM))
-        ncum = e.add("%cum", tiles)
-        ge = e.cmp("uge", bx, "%cum")
-        lt = e.cmp("ult", bx, ncum)
-        hit = e.op(f"arith.andi {ge}, {lt} : i1")
-        fe = e.select(hit, "%ex", "%fe")
-        fcum = e.select(hit, "%cum", "%fcum")
-        e.emit(f"scf.yield {ncum}, {fe}, {fcum} : index, index, index")
-        e.indent = body_indent
-        e.emit("}")
-        expert = "%sched#1"
-        found = e.cmp("sge", expert, c(0))
-        e.emit(f"scf.if {found} {{")
-        e.indent = body_indent + "  "
-        elo = e.load_i32_as_index(A["offsets"], expert)
-        ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
-        m0 = e.add(elo, e.mul(e.sub(bx, "%sched#2"), c(BM)))
-        m_end = ehi
-        n0 = e.mul(by, c(bn_eff))
-        numk = e.div(e.add(A["dim_k"], c(BK - 1)), c(BK))
-        kbase = kcount = None
+        mtiles = e.add(mtiles, A["num_experts"])
+        total = e.mul(mtiles, ntiles)
     else:
-        bz = e.op("gpu.block_id z", "bz")
-        expert = bz
-        m0 = e.mul(bx, c(BM))
-        m_end = A["dim_m"]
-        n0 = e.mul(by, c(BN))
-        elo = e.load_i32_as_index(A["offsets"], expert)
-        ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
-        kcount = e.sub(ehi, elo)
-        kbase = e.load_i32_as_index(A["poffsets"], expert)
-        numk = e.div(e.add(kcount, c(BK - 1)), c(BK))
-        e.emit(f"scf.if {e.const(1, 'i1')} {{")
-        e.indent = body_indent + "  "
+        total = e.mul(e.mul(mtiles, ntiles), A["num_experts"])
 
     # ---- shared memory -----------------------------------------------------
     # The 128B swizzle written by the copies below is relative to the tile base,
     # and wgmma reads it by address: tiles must start 1024-aligned. The launch
-    # asks for 1 KiB more than the ring and the ring starts at the first
+    # asks for 1 KiB more than it uses and the ring starts at the first
     # 1024-aligned byte, whatever alignment the dynamic buffer gets (P6).
     smem = e.op(f"gpu.dynamic_shared_memory : {SMEM}", "smem")
     raw_idx = e.op(f"memref.extract_aligned_pointer_as_index {smem} : {SMEM} -> index")
     pad = e.rem(e.sub(c(1024), e.rem(raw_idx, c(1024))), c(1024))
-    sview = e.op(f"memref.view {smem}[{pad}][{c(SMEM_BYTES // 2)}] : {SMEM} to {SBF16}", "sb")
+    sview = e.op(f"memref.view {smem}[{pad}][{c(g.ring_bytes // 2)}] : {SMEM} to {SBF16}", "sb")
     sbase_idx = e.op(f"memref.extract_aligned_pointer_as_index {sview} : {SBF16} -> index")
     sbase = e.op(f"arith.index_cast {sbase_idx} : index to i64")
 
-    # ---- per-thread copy assignments ----------------------------------------
+    # ---- per-thread copy assignments (the same for every tile) --------------
     # K-major tile (A: 128 rows, B w_k: 256 rows) x 8 chunks of 16 B; thread t
     # copies chunk t%8 of rows t/8 + 32 i. The 128B swizzle puts chunk c of row
     # r at c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
     kchunk = e.rem(tid, c(8))
     krow = e.div(tid, c(8))
     kswz = e.xor(kchunk, e.rem(krow, c(8)))
-    # element offset in a tile: row*64 + swizzled chunk*8
     k_soff = e.add(e.mul(krow, c(64)), e.mul(kswz, c(8)))
     # MN-major tile (B w_mn / rows_mn): 64 K-rows x 4 boxes of 64 columns x 8
     # chunks; thread t copies chunk t%32 (box (t%32)/8) of K-rows t/32 + 8 i.
@@ -285,50 +262,141 @@ def gen_gemm(g):
     mswz = e.xor(mcc, e.rem(mrow, c(8)))
     m_soff = e.add(e.add(e.mul(mbox, c(4096)), e.mul(mrow, c(64))), e.mul(mswz, c(8)))
 
-    # A rows for this thread (loop invariant): global row index and validity.
-    a_src_rows = []
-    if g.a in ("gather", "rows"):
+    SI = f"memref<?xi32, {WG}>"
+    if g.sched == "varlen_m":
+        cumv = e.op(f"memref.view {smem}[{e.add(pad, c(g.cum_offset))}][{c(TABLE_EXPERTS + 9)}] : {SMEM} to {SI}", "cumv")
+        use_table = e.cmp("ule", A["num_experts"], c(TABLE_EXPERTS))
+        e.emit(f"scf.if {use_table} {{")
+        e.indent += "  "
+        build_tile_table(e, A, cumv, tid)
+        e.indent = e.indent[:-2]
+        e.emit("}")
+
+    def guarded_index_load(cond, mem, idx):
+        """mem[idx] if cond else 0, without touching mem otherwise (it may be empty)."""
+        out = e.fresh("gl")
+        e.emit(f"{out} = scf.if {cond} -> (index) {{")
+        e.indent += "  "
+        v = e.load_i32_as_index(mem, idx)
+        e.emit(f"scf.yield {v} : index")
+        e.indent = e.indent[:-2]
+        e.emit("} else {")
+        e.emit(f"  scf.yield {c(0)} : index")
+        e.emit("}")
+        return out
+
+    def setup(t):
+        """Tile t of the schedule, as straight-line code: every index is clamped so a
+        tile past the end (or an M-tile no expert owns) is valid=false with numk = 0."""
+        S = {}
+        if g.sched == "varlen_m":
+            inner_all = t
+        else:
+            # (at least 1: with no tiles at all, the tile before the loop still divides)
+            per = e.op(f"arith.maxui {e.mul(mtiles, ntiles)}, {c(1)} : index")
+            inner_all = e.rem(t, per)
+        # Grouped raster: GROUP_M M-tiles by all N-tiles, the M-tile fastest inside a
+        # group, so the CTAs on the GPU at one time cover GROUP_M M-tiles by a few
+        # N-tiles and share their A rows and B columns in L2; a plain M-fastest order
+        # re-read the activations from DRAM once per N-tile.
+        span = e.op(f"arith.maxui {e.mul(ntiles, c(GROUP_M))}, {c(GROUP_M)} : index")
+        first_m = e.mul(e.div(inner_all, span), c(GROUP_M))
+        gsize = e.op(f"arith.maxui {e.minu(c(GROUP_M), e.sub(mtiles, first_m))}, {c(1)} : index")
+        inner = e.rem(inner_all, span)
+        bx = e.add(first_m, e.rem(inner, gsize))
+        by = e.div(inner, gsize)
+        S["by"] = by
+        if g.sched == "varlen_m":
+            # the expert whose tiles contain M-tile bx (-1 if none) and its first tile
+            found_e = e.fresh("fnd")
+            e.emit(f"{found_e}:2 = scf.if {use_table} -> (index, index) {{")
+            e.indent += "  "
+            lo, hi = c(0), A["num_experts"]
+            for _ in range(10):  # TABLE_EXPERTS = 2^10
+                mid = e.div(e.add(lo, hi), c(2))
+                le = e.cmp("ule", e.load_smem_index(cumv, mid), bx)
+                lo, hi = e.select(le, mid, lo), e.select(le, hi, mid)
+            inside = e.cmp("ult", bx, e.load_smem_index(cumv, A["num_experts"]))
+            e.emit(f"scf.yield {e.select(inside, lo, c(-1))}, {e.load_smem_index(cumv, lo)} : index, index")
+            e.indent = e.indent[:-2]
+            e.emit("} else {")
+            e.indent += "  "
+            res, ex, cum, fe, fcum = (e.fresh(h) for h in ("sched", "ex", "cum", "fe", "fcum"))
+            e.emit(f"{res}:3 = scf.for {ex} = {c(0)} to {A['num_experts']} step {c(1)} "
+                   f"iter_args({cum} = {c(0)}, {fe} = {c(-1)}, {fcum} = {c(0)}) -> (index, index, index) {{")
+            e.indent += "  "
+            lo = e.load_i32_as_index(A["offsets"], ex)
+            hi = e.load_i32_as_index(A["offsets"], e.add(ex, c(1)))
+            tiles = e.div(e.add(e.sub(hi, lo), c(BM - 1)), c(BM))
+            ncum = e.add(cum, tiles)
+            hit = e.op(f"arith.andi {e.cmp('uge', bx, cum)}, {e.cmp('ult', bx, ncum)} : i1")
+            e.emit(f"scf.yield {ncum}, {e.select(hit, ex, fe)}, {e.select(hit, cum, fcum)} : index, index, index")
+            e.indent = e.indent[:-2]
+            e.emit("}")
+            e.emit(f"scf.yield {res}#1, {res}#2 : index, index")
+            e.indent = e.indent[:-2]
+            e.emit("}")
+            valid = e.cmp("sge", f"{found_e}#0", c(0))
+            expert = e.select(valid, f"{found_e}#0", c(0))
+            elo = e.load_i32_as_index(A["offsets"], expert)
+            ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
+            S["m0"] = e.add(elo, e.mul(e.sub(bx, f"{found_e}#1"), c(BM)))
+            S["m_end"] = e.select(valid, ehi, c(0))
+            S["n0"] = e.mul(by, c(bn_eff))
+            S["numk"] = e.select(valid, e.div(e.add(A["dim_k"], c(BK - 1)), c(BK)), c(0))
+        else:
+            valid = e.cmp("ult", t, total)
+            expert = e.select(valid, e.div(t, per), c(0))
+            S["m0"] = e.mul(bx, c(BM))
+            S["m_end"] = A["dim_m"]
+            S["n0"] = e.mul(by, c(BN))
+            elo = e.load_i32_as_index(A["offsets"], expert)
+            ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
+            S["kcount"] = e.sub(ehi, elo)
+            S["kbase"] = e.load_i32_as_index(A["poffsets"], expert)
+            S["numk"] = e.select(valid, e.div(e.add(S["kcount"], c(BK - 1)), c(BK)), c(0))
+        S["valid"], S["expert"], S["elo"] = valid, expert, elo
+        m0, m_end = S["m0"], S["m_end"]
+        # A rows of this thread: global row index and validity
+        rows = []
         for i in range(BM // 32):
             r = e.add(m0, e.add(krow, c(32 * i)))
-            ok = e.cmp("ult", r, m_end)
-            rs = e.select(ok, r, c(0))
+            ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
             if g.a == "gather":
-                src = e.load_i32_as_index(A["ids"], rs)
-            else:
-                src = rs
-            a_src_rows.append((src, ok))
-    else:  # kT: tile rows are m rows of the [M, ldt] matrix
-        for i in range(BM // 32):
-            r = e.add(m0, e.add(krow, c(32 * i)))
-            ok = e.cmp("ult", r, m_end)
-            rs = e.select(ok, r, c(0))
-            a_src_rows.append((rs, ok))
-    # B rows (w_k) or columns (w_mn) for this thread.
-    b_rows = []
-    if g.b == "w_k":
-        for i in range(BN // 32):
-            nrow = e.add(n0, e.add(krow, c(32 * i)))
-            ok = e.cmp("ult", nrow, A["dim_n"])
-            b_rows.append((e.select(ok, nrow, c(0)), ok))
-    if g.b in ("w_mn", "rows_mn"):
-        bcol = e.add(n0, e.add(e.mul(mbox, c(64)), e.mul(mcc, c(8))))
-        bcol_ok = e.cmp("ult", bcol, A["dim_n"])
-        bcol_s = e.select(bcol_ok, bcol, c(0))
-    if g.b == "w_mn_swiglu":
-        # boxes 0-1: gate columns n0 + [0,128); boxes 2-3: the up columns
-        # h + n0 + [0,128) of the same outputs
-        half = A["dim_n"]
-        colh = e.add(n0, e.add(e.mul(e.rem(mbox, c(2)), c(64)), e.mul(mcc, c(8))))
-        bcol_ok = e.cmp("ult", colh, half)
-        bcol = e.add(e.mul(e.div(mbox, c(2)), half), e.select(bcol_ok, colh, c(0)))
-    if g.b in ("w_mn", "w_mn_swiglu", "w_k"):
-        # expert weight base: e * K * N (N = 2h for the SwiGLU tile)
-        nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
-        wbase = e.mul(e.mul(expert, A["dim_k"]), nfull)
+                src = guarded_index_load(ok, A["ids"], r)
+            else:  # rows, or kT: tile rows are m rows of the [M, ldt] matrix
+                src = e.select(ok, r, c(0))
+            rows.append((src, ok))
+        S["a_rows"] = rows
+        n0 = S["n0"]
+        if g.b == "w_k":
+            S["b_rows"] = []
+            for i in range(BN // 32):
+                nrow = e.add(n0, e.add(krow, c(32 * i)))
+                ok = e.cmp("ult", nrow, A["dim_n"])
+                S["b_rows"].append((e.select(ok, nrow, c(0)), ok))
+        if g.b in ("w_mn", "rows_mn"):
+            bcol = e.add(n0, e.add(e.mul(mbox, c(64)), e.mul(mcc, c(8))))
+            S["bcol_ok"] = e.cmp("ult", bcol, A["dim_n"])
+            S["bcol"] = e.select(S["bcol_ok"], bcol, c(0))
+        if g.b == "w_mn_swiglu":
+            # boxes 0-1: gate columns n0 + [0,128); boxes 2-3: the up columns
+            # h + n0 + [0,128) of the same outputs
+            half = A["dim_n"]
+            colh = e.add(n0, e.add(e.mul(e.rem(mbox, c(2)), c(64)), e.mul(mcc, c(8))))
+            S["bcol_ok"] = e.cmp("ult", colh, half)
+            S["bcol"] = e.add(e.mul(e.div(mbox, c(2)), half), e.select(S["bcol_ok"], colh, c(0)))
+        if g.b in ("w_mn", "w_mn_swiglu", "w_k"):
+            # expert weight base: e * K * N (N = 2h for the SwiGLU tile)
+            nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
+            S["wbase"] = e.mul(e.mul(expert, A["dim_k"]), nfull)
+        if g.b in ("w_mn", "w_mn_swiglu"):
+            # this thread's first B element of k-tile 0; one base keeps the k-loop's
+            # live registers few (the accumulators take 128)
+            S["bsrc0"] = e.add(e.add(S["wbase"], e.mul(mrow, A["ldb"])), S["bcol"])
+        return S
 
-    zero8 = c(0)
-
-    def load_b_rows(kt):
+    def load_b_rows(S, kt):
         """Source rows of the gathered B tile kt: loaded a stage early so their
         latency hides behind the wgmma of the current stage."""
         if g.b != "rows_mn":
@@ -337,29 +405,21 @@ def gen_gemm(g):
         srcs = []
         for i in range(8):
             kr = e.add(k0, e.add(mrow, c(8 * i)))
-            kok = e.cmp("ult", kr, kcount)
+            kok = e.op(f"arith.andi {e.cmp('ult', kr, S['kcount'])}, {S['valid']} : i1")
             krs = e.select(kok, kr, c(0))
             if g.gather_b:
                 # only rows of the expert: past its end (an empty last expert,
                 # T = 0) there is no token id to read
-                src = e.fresh("bsrc")
-                e.emit(f"{src} = scf.if {kok} -> (index) {{")
-                e.indent += "  "
-                v = e.load_i32_as_index(A["bids"], e.add(elo, krs))
-                e.emit(f"scf.yield {v} : index")
-                e.indent = e.indent[:-2]
-                e.emit("} else {")
-                e.emit(f"  scf.yield {c(0)} : index")
-                e.emit("}")
+                src = guarded_index_load(kok, A["bids"], e.add(S["elo"], krs))
             else:
-                src = e.add(elo, krs)
+                src = e.add(S["elo"], krs)
             srcs.append((src, kok))
         return srcs
 
-    def issue_stage(kt, slot, enabled, b_srcs=None):
+    def issue_stage(S, kt, slot, enabled, b_srcs=None):
         """cp.async copies of k-tile kt into ring slot `slot` (both index values)."""
         if b_srcs is None:
-            b_srcs = load_b_rows(kt)
+            b_srcs = load_b_rows(S, kt)
         k0 = e.mul(kt, c(BK))
         a_sbase = e.mul(slot, c(STAGE_BYTES // 2))
         b_sbase = e.add(a_sbase, c(A_TILE_BYTES // 2))
@@ -370,11 +430,11 @@ def gen_gemm(g):
             kvalid = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
             kcol_s = e.select(e.cmp("slt", krem, c(1)), c(0), kcol)
         else:
-            krem = e.sub(kcount, kcol)
+            krem = e.sub(S["kcount"], kcol)
             kvalid = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
-            kcol_s = e.add(kbase, e.select(e.cmp("slt", krem, c(1)), c(0), kcol))
-        for i, (src, ok) in enumerate(a_src_rows):
-            n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid, zero8)
+            kcol_s = e.add(S["kbase"], e.select(e.cmp("slt", krem, c(1)), c(0), kcol))
+        for i, (src, ok) in enumerate(S["a_rows"]):
+            n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid, c(0))
             gidx = e.add(e.mul(src, A["lda"]), kcol_s)
             sidx = e.add(e.add(a_sbase, k_soff), c(i * 32 * 64))
             e.op(f"nvgpu.device_async_copy {A['amat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
@@ -383,114 +443,332 @@ def gen_gemm(g):
             krem = e.sub(A["dim_k"], kcol)
             kvalid_b = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
             kcol_b = e.select(e.cmp("slt", krem, c(1)), c(0), kcol)
-            for i, (nrow, ok) in enumerate(b_rows):
-                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid_b, zero8)
-                gidx = e.add(e.add(wbase, e.mul(nrow, A["ldb"])), kcol_b)
+            for i, (nrow, ok) in enumerate(S["b_rows"]):
+                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid_b, c(0))
+                gidx = e.add(e.add(S["wbase"], e.mul(nrow, A["ldb"])), kcol_b)
                 sidx = e.add(e.add(b_sbase, k_soff), c(i * 32 * 64))
                 e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
         else:
+            if g.b != "rows_mn":
+                # K-rows k0 + mrow + 8 i; those past K read nothing (and point at 0)
+                kleft = e.sub(e.sub(A["dim_k"], k0), mrow)
+                bstage = e.add(S["bsrc0"], e.mul(k0, A["ldb"]))
+                ldb8 = e.mul(A["ldb"], c(8))
             for i in range(8):
-                kr = e.add(k0, e.add(mrow, c(8 * i)))
                 if g.b == "rows_mn":
                     src, kok = b_srcs[i]
-                    ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
-                    gidx = e.add(e.mul(src, A["ldb"]), bcol_s)
+                    gidx = e.add(e.mul(src, A["ldb"]), S["bcol"])
                 else:
-                    kok = e.cmp("ult", kr, A["dim_k"])
-                    krs = e.select(kok, kr, c(0))
-                    if g.b == "w_mn":
-                        ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
-                        gidx = e.add(e.add(wbase, e.mul(krs, A["ldb"])), bcol_s)
-                    else:
-                        ok = e.op(f"arith.andi {kok}, {bcol_ok} : i1")
-                        gidx = e.add(e.add(wbase, e.mul(krs, A["ldb"])), bcol)
-                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), c(8), zero8)
+                    kok = e.cmp("sgt", kleft, c(8 * i))
+                    gidx = e.select(kok, e.add(bstage, e.mul(ldb8, c(i))), c(0))
+                ok = e.op(f"arith.andi {kok}, {S['bcol_ok']} : i1")
+                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), c(8), c(0))
                 sidx = e.add(e.add(b_sbase, m_soff), c(i * 8 * 64))
                 e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
         e.emit("nvvm.cp.async.commit.group")
 
-    # ---- prologue ------------------------------------------------------------
-    for s in range(STAGES - 1):
-        en = e.cmp("ult", c(s), numk)
-        issue_stage(c(s), c(s), en)
-
-    acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
-    b_layout = "col" if g.b == "w_k" else "row"
-    b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
-    e.emit(f"%kloop:1 = scf.for %kt = {c(0)} to {numk} step {c(1)} iter_args(%a0 = {acc0}) -> ({ACC}) {{")
-    outer = e.indent
-    e.indent = outer + "  "
-    nk = e.add("%kt", c(STAGES - 1))
-    next_b_srcs = load_b_rows(nk)
-    e.emit(f"nvvm.cp.async.wait.group {STAGES - 2}")
-    e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
-    e.emit("gpu.barrier")
-    slot = e.rem("%kt", c(STAGES))
-    slot64 = e.op(f"arith.index_cast {slot} : index to i64")
-    stage_addr = e.add(sbase, e.mul(slot64, c(STAGE_BYTES, "i64"), "i64"), "i64")
-    b_addr = e.add(stage_addr, c(A_TILE_BYTES, "i64"), "i64")
-    # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile
-    wg64 = e.op(f"arith.index_cast {wg} : index to i64")
-    a_addr = e.add(stage_addr, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64")
+    def prologue(S):
+        for s in range(stages - 1):
+            issue_stage(S, c(s), c(s), e.cmp("ult", c(s), S["numk"]))
 
     def desc(addr, const):
         mask = c(0x3FFFF, "i64")
         masked = e.op(f"arith.andi {addr}, {mask} : i64")
-        four = c(4, "i64")
-        field = e.op(f"arith.shrui {masked}, {four} : i64")
+        field = e.op(f"arith.shrui {masked}, {c(4, 'i64')} : i64")
         return e.op(f"arith.ori {field}, {c(const, 'i64')} : i64")
 
-    e.emit("nvvm.wgmma.fence.aligned")
-    cur = "%a0"
-    for kk in range(4):
-        da = desc(e.add(a_addr, c(kk * 32, "i64"), "i64"), DESC_KMAJOR)
-        boff = kk * 32 if g.b == "w_k" else kk * 2048
-        db = desc(e.add(b_addr, c(boff, "i64"), "i64"), b_desc_const)
-        cur = e.op(
-            f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = {BN}, k = 16>, "
-            f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
-    e.emit("nvvm.wgmma.commit.group.sync.aligned")
-    e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
-    e.emit("gpu.barrier")
-    en = e.cmp("ult", nk, numk)
-    issue_stage(nk, e.rem(nk, c(STAGES)), en, next_b_srcs)
-    e.emit(f"scf.yield {cur} : {ACC}")
-    e.indent = outer
-    e.emit("}")
-    e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
-    e.emit("nvvm.cp.async.wait.group 0")
+    def mainloop(S):
+        """The k-loop over the ring; returns the accumulator (wgmma still in flight)."""
+        acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
+        b_layout = "col" if g.b == "w_k" else "row"
+        b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
+        res, kt, a0 = e.fresh("kloop"), e.fresh("kt"), e.fresh("a")
+        e.emit(f"{res}:1 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} iter_args({a0} = {acc0}) -> ({ACC}) {{")
+        outer = e.indent
+        e.indent = outer + "  "
+        nk = e.add(kt, c(stages - 1))
+        next_b_srcs = load_b_rows(S, nk)
+        e.emit(f"nvvm.cp.async.wait.group {stages - 2}")
+        e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+        e.emit("gpu.barrier")
+        slot64 = e.op(f"arith.index_cast {e.rem(kt, c(stages))} : index to i64")
+        stage_addr = e.add(sbase, e.mul(slot64, c(STAGE_BYTES, "i64"), "i64"), "i64")
+        b_addr = e.add(stage_addr, c(A_TILE_BYTES, "i64"), "i64")
+        # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile
+        wg64 = e.op(f"arith.index_cast {wg} : index to i64")
+        a_addr = e.add(stage_addr, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64")
+        e.emit("nvvm.wgmma.fence.aligned")
+        cur = a0
+        for kk in range(4):
+            da = desc(e.add(a_addr, c(kk * 32, "i64"), "i64"), DESC_KMAJOR)
+            boff = kk * 32 if g.b == "w_k" else kk * 2048
+            db = desc(e.add(b_addr, c(boff, "i64"), "i64"), b_desc_const)
+            cur = e.op(
+                f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = {BN}, k = 16>, "
+                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
+        e.emit("nvvm.wgmma.commit.group.sync.aligned")
+        e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
+        e.emit("gpu.barrier")
+        issue_stage(S, nk, e.rem(nk, c(stages)), e.cmp("ult", nk, S["numk"]), next_b_srcs)
+        e.emit(f"scf.yield {cur} : {ACC}")
+        e.indent = outer
+        e.emit("}")
+        e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
+        e.emit("nvvm.cp.async.wait.group 0")
+        return f"{res}#0"
 
-    # ---- epilogue -------------------------------------------------------------
-    # The accumulators go through shared memory (the ring is free now) so the
-    # epilogue runs as a loop over the tile in an order that makes the global
-    # stores coalesced, with few live registers.
+    def if_begin(cond):
+        e.emit(f"scf.if {cond} {{")
+        e.indent += "  "
+
+    def if_end():
+        e.indent = e.indent[:-2]
+        e.emit("}")
+
     # Accumulator value v of warpgroup wg sits at row 64*wg + 16*(warp%4) +
     # lane/4 + 8*((v/2)%2) and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
-    e.emit("gpu.barrier")
-    stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BN)}] : {SMEM} to memref<?xf32, {WG}>", "st")
-    SF = f"memref<?xf32, {WG}>"
     qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
+
+    if g.persistent:
+        S0 = setup(bid)
+        prologue(S0)
+        t = e.fresh("t")
+        e.emit(f"scf.for {t} = {bid} to {total} step {gridx} {{")
+        loop_indent = e.indent
+        e.indent += "  "
+        S = setup(t)
+        acc = mainloop(S)
+        e.emit("gpu.barrier")
+        # C goes through a bf16 buffer over the last ring slot and past it; the
+        # next tile's first loads take the other slots while C is written out.
+        stage_off = c((stages - 1) * STAGE_BYTES)
+        stage = e.op(f"memref.view {smem}[{e.add(pad, stage_off)}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
+        if_begin(S["valid"])
+        for h in (0, 1):
+            stage_half(e, g, stage, acc, h, qrow, qcol, lane)
+        if_end()
+        prologue(setup(e.add(t, gridx)))
+        e.emit("gpu.barrier")
+        if_begin(S["valid"])
+        for h in (0, 1):
+            write_half(e, g, A, S, stage, h, tid)
+        if_end()
+        e.indent = loop_indent
+        e.emit("}")
+        # the last prefetch (of no tile) zero-fills; it lands before the CTA exits
+        e.emit("nvvm.cp.async.wait.group 0")
+    else:
+        S = setup(bid)
+        prologue(S)
+        acc = mainloop(S)
+        if_begin(S["valid"])
+        ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid)
+        if_end()
+
+    e.emit("gpu.return")
+    args = ", ".join(f"%{n}: {t}" for n, t in sig)
+    head = (f"    gpu.func @{g.name}({args}) kernel attributes "
+            f"{{known_block_size = array<i32: {GEMM_THREADS}, 1, 1>}} {{")
+    return "\n".join([head] + e.const_lines + e.lines + ["    }"])
+
+
+def build_tile_table(e, A, cumv, tid):
+    """cum[x] = M-tiles of experts [0, x) for x <= E (E <= TABLE_EXPERTS), and barriers:
+    thread t sums experts 4t..4t+3, warps scan with shuffles, warp totals go through
+    cum[TABLE_EXPERTS + 1 + warp]."""
+    c = e.const
+    SI = f"memref<?xi32, {WG}>"
+    E = A["num_experts"]
+    lane = e.rem(tid, c(32))
+    warp = e.div(tid, c(32))
+    vals = []
+    for i in range(4):
+        ex = e.add(e.mul(tid, c(4)), c(i))
+        inb = e.cmp("ult", ex, E)
+        cnt = e.fresh("tc")
+        e.emit(f"{cnt} = scf.if {inb} -> (i32) {{")
+        e.indent += "  "
+        lo = e.op(f"memref.load {A['offsets']}[{ex}] : memref<?xi32>")
+        hi = e.op(f"memref.load {A['offsets']}[{e.add(ex, c(1))}] : memref<?xi32>")
+        t = e.div(e.add(e.sub(hi, lo, "i32"), c(BM - 1, "i32"), "i32"), c(BM, "i32"), "i32")
+        e.emit(f"scf.yield {t} : i32")
+        e.indent = e.indent[:-2]
+        e.emit("} else {")
+        e.emit(f"  scf.yield {c(0, 'i32')} : i32")
+        e.emit("}")
+        vals.append(cnt)
+    own = e.add(e.add(vals[0], vals[1], "i32"), e.add(vals[2], vals[3], "i32"), "i32")
+    s = own
+    for d in (1, 2, 4, 8, 16):
+        y = e.fresh("up")
+        e.emit(f"{y}, {y}ok = gpu.shuffle up {s}, {c(d, 'i32')}, {c(32, 'i32')} : i32")
+        s = e.select(e.cmp("uge", lane, c(d)), e.add(s, y, "i32"), s, "i32")
+    e.emit(f"scf.if {e.cmp('eq', lane, c(31))} {{")
+    e.emit(f"  memref.store {s}, {cumv}[{e.add(warp, c(TABLE_EXPERTS + 1))}] : {SI}")
+    e.emit("}")
+    e.emit("gpu.barrier")
+    w, acc, acc2 = e.fresh("w"), e.fresh("wp"), e.fresh("wq")
+    e.emit(f"{acc} = scf.for {w} = {c(0)} to {warp} step {c(1)} iter_args({acc2} = {c(0, 'i32')}) -> (i32) {{")
+    e.indent += "  "
+    ws = e.op(f"memref.load {cumv}[{e.add(w, c(TABLE_EXPERTS + 1))}] : {SI}")
+    e.emit(f"scf.yield {e.add(acc2, ws, 'i32')} : i32")
+    e.indent = e.indent[:-2]
+    e.emit("}")
+    run = e.sub(e.add(acc, s, "i32"), own, "i32")
+    for i in range(4):
+        run = e.add(run, vals[i], "i32")
+        e.emit(f"memref.store {run}, {cumv}[{e.add(e.mul(tid, c(4)), c(i + 1))}] : {SI}")
+    e.emit(f"scf.if {e.cmp('eq', tid, c(0))} {{")
+    e.emit(f"  memref.store {c(0, 'i32')}, {cumv}[{c(0)}] : {SI}")
+    e.emit("}")
+    e.emit("gpu.barrier")
+
+
+# ---- epilogues of the persistent kernels ------------------------------------
+# Half h of the tile is a 128x128 bf16 block of the staging buffer. Plain and
+# transposed stores take columns [128h, 128h + 128); SwiGLU takes gate columns
+# [64h, 64h + 64) and the up columns 128 + the same, so a row holds both halves
+# of its outputs. Row-wise staging: row r, 16-byte group q at q ^ (r % 8);
+# transposed (for the transposed store): column c is a staging row, group q of 8
+# tile rows at q ^ ((c / 2) % 8). Both keep the fragment stores and the 16-byte
+# reads free of bank conflicts.
+V = 8
+
+
+def half_groups(g, h):
+    """(accumulator column group j, staging group jl) of half h."""
+    if g.epi == "swiglu":
+        return [(8 * h + q, q) for q in range(8)] + [(16 + 8 * h + q, 8 + q) for q in range(8)]
+    return [(16 * h + q, q) for q in range(16)]
+
+
+def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
+    c = e.const
+    base = c(h * BM * BN // 2)
+    swz = e.div(lane, c(4))  # (fragment row) % 8
+    for j, jl in half_groups(g, h):
+        for i in range(2):
+            row = e.add(qrow, c(8 * i))
+            vals = []
+            for cc in range(2):
+                v = 4 * j + 2 * i + cc
+                f = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
+                vals.append(e.op(f"arith.truncf {f} : f32 to bf16"))
+            if g.epi == "store_T_bf16_w":
+                for cc in range(2):
+                    lc = e.add(qcol, c(8 * jl + cc))
+                    q = e.xor(e.div(row, c(V)), e.rem(e.div(lc, c(2)), c(8)))
+                    idx = e.add(base, e.add(e.mul(lc, c(BM)), e.add(e.mul(q, c(V)), swz)))
+                    e.emit(f"memref.store {vals[cc]}, {stage}[{idx}] : {SBF16}")
+            else:
+                idx = e.add(base, e.add(e.mul(row, c(BN // 2)), e.add(e.mul(e.xor(c(jl), swz), c(V)), qcol)))
+                vec = e.op(f"vector.from_elements {vals[0]}, {vals[1]} : vector<2xbf16>")
+                e.emit(f"vector.store {vec}, {stage}[{idx}] {{alignment = 4}} : {SBF16}, vector<2xbf16>")
+
+
+def write_half(e, g, A, S, stage, h, tid):
+    c = e.const
+    m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
+
+    base = c(h * BM * BN // 2)
+
+    def sload(idx):
+        idx = e.add(base, idx)
+        return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
+
+    def vstore(vec, mem, idx):
+        e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
+
+    ngroups = BM * (BN // 2) // V
+    if g.epi == "swiglu":
+        ngroups //= 2
+    it = e.fresh("ep")
+    e.emit(f"scf.for {it} = {tid} to {c(ngroups)} step {c(GEMM_THREADS)} {{")
+    e.indent += "  "
+    if g.epi == "store_T_bf16_w":
+        # a thread takes 8 consecutive rows of one column
+        q, lc = e.rem(it, c(BM // V)), e.div(it, c(BM // V))
+        lr = e.mul(q, c(V))
+        vec = sload(e.add(e.mul(lc, c(BM)), e.mul(e.xor(q, e.rem(e.div(lc, c(2)), c(8))), c(V))))
+        col = e.add(n0, e.add(c(128 * h), lc))
+    elif g.epi == "swiglu":
+        lr, q = e.div(it, c(8)), e.rem(it, c(8))
+        swz = e.rem(lr, c(8))
+        gv = sload(e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(q, swz), c(V))))
+        uv = sload(e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(e.add(q, c(8)), swz), c(V))))
+        col = e.add(n0, e.add(c(64 * h), e.mul(q, c(V))))
+    else:
+        lr, q = e.div(it, c(16)), e.rem(it, c(16))
+        vec = sload(e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(q, e.rem(lr, c(8))), c(V))))
+        col = e.add(n0, e.add(c(128 * h), e.mul(q, c(V))))
+    r = e.add(m0, lr)
+    # M, N and the varlen ends are multiples of 8 here, so a group is all in or out
+    ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, A['dim_n'])} : i1")
+    e.emit(f"scf.if {ok} {{")
+    e.indent += "  "
+    if g.epi == "store_bf16":
+        vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col))
+    elif g.epi in ("store_bf16_w", "store_T_bf16_w"):
+        obase = e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"])
+        if g.epi == "store_T_bf16_w":
+            vstore(vec, A["cout"], e.add(obase, e.add(e.mul(col, A["ldc"]), r)))
+        else:
+            vstore(vec, A["cout"], e.add(obase, e.add(e.mul(r, A["ldc"]), col)))
+    else:
+        half = A["dim_n"]
+        hrow = e.mul(r, e.mul(half, c(2)))
+        vstore(gv, A["hout"], e.add(hrow, col))
+        vstore(uv, A["hout"], e.add(hrow, e.add(half, col)))
+        # a = silu(g) * u from the bf16-rounded h, as backward sees it
+        avals = []
+        for u in range(V):
+            g32 = e.op(f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+            u32 = e.op(f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+            _, silu = silu_parts(e, g32)
+            avals.append(e.op(f"arith.truncf {e.fmul(silu, u32)} : f32 to bf16"))
+        av = e.op(f"vector.from_elements {', '.join(avals)} : vector<{V}xbf16>")
+        vstore(av, A["aout"], e.add(e.mul(r, half), col))
+    e.indent = e.indent[:-2]
+    e.emit("}")
+    e.indent = e.indent[:-2]
+    e.emit("}")
+
+
+def silu_parts(e, g32):
+    """(sigmoid(g), silu(g)) in f32."""
+    c = e.const
+    ng = e.op(f"arith.negf {g32} : f32")
+    ex = e.op(f"func.call @__moe_gpu_exp({ng}) : (f32) -> f32")
+    sgm = e.op(f"arith.divf {c(1.0, 'f32')}, {e.fadd(ex, c(1.0, 'f32'))} : f32")
+    return sgm, e.fmul(g32, sgm)
+
+
+# ---- epilogues of the other kernels (fp32 C through the ring) -----------------
+def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
+    """The ring is free after the k-loop: the fp32 tile goes through it so the
+    epilogue walks the tile in an order that makes the global stores coalesced,
+    with few live registers."""
+    c = e.const
+    m0, n0, m_end, expert, elo = S["m0"], S["n0"], S["m_end"], S["expert"], S["elo"]
+    SF = f"memref<?xf32, {WG}>"
+    e.emit("gpu.barrier")
+    stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BN)}] : {SMEM} to {SF}", "st")
+
     def stage_index(lr, lc):
-        # rows of 128 f32 with the column XOR-ed by row % 32: row-wise and
+        # rows of 256 f32 with the column XOR-ed by row % 32: row-wise and
         # column-wise walks over the tile are both free of bank conflicts
         return e.add(e.mul(lr, c(BN)), e.xor(lc, e.rem(lr, c(32))))
 
     for v in range(BN // 2):
         j, i, cc = v // 4, (v // 2) % 2, v % 2
-        val = e.op(f"llvm.extractvalue %kloop#0[{v}] : {ACC}", "f")
-        row = e.add(qrow, c(8 * i))
-        idx = stage_index(row, e.add(qcol, c(8 * j + cc)))
+        val = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
+        idx = stage_index(e.add(qrow, c(8 * i)), e.add(qcol, c(8 * j + cc)))
         e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
     e.emit("gpu.barrier")
 
     def bf16(x):
         return e.op(f"arith.truncf {x} : f32 to bf16")
-
-    def shuffle_xor(x, mask):
-        name = e.fresh("sh")
-        e.emit(f"{name}, {name}ok = gpu.shuffle xor {x}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
-        return name
 
     def if_begin(cond):
         e.emit(f"scf.if {cond} {{")
@@ -505,22 +783,8 @@ def gen_gemm(g):
         e.indent += "  "
         return f"%{name}"
 
-    def silu_parts(g32):
-        ng = e.op(f"arith.negf {g32} : f32")
-        ex = e.op(f"func.call @__moe_gpu_exp({ng}) : (f32) -> f32")
-        den = e.fadd(ex, c(1.0, "f32"))
-        sgm = e.op(f"arith.divf {c(1.0, 'f32')}, {den} : f32")
-        return sgm, e.fmul(g32, sgm)
-
     def staged(lr, lc):
         return e.op(f"memref.load {stage}[{stage_index(lr, lc)}] : {SF}")
-
-    # Every epilogue walks groups of 8 consecutive elements (16-byte global
-    # accesses): along a row, or along a column for the transposed outputs.
-    V = 8
-
-    def vec_bf16(vals):
-        return e.op(f"vector.from_elements {', '.join(bf16(v) for v in vals)} : vector<{V}xbf16>")
 
     def vstore(vec, mem, idx, ty):
         e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>")
@@ -530,60 +794,17 @@ def gen_gemm(g):
         return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
                 for u in range(V)]
 
-    if g.epi in ("store_bf16", "store_f32", "store_bf16_w", "store_T_bf16_w"):
-        transposed = g.epi == "store_T_bf16_w"
+    if g.epi == "store_f32":
         it = loop_begin(BM * BN // V, "ep")
-        if transposed:  # a thread takes 8 consecutive rows of one column
-            lr, lc = e.mul(e.rem(it, c(BM // V)), c(V)), e.div(it, c(BM // V))
-            vals = [staged(e.add(lr, c(u)), lc) for u in range(V)]
-        else:
-            lr, lc = e.div(it, c(BN // V)), e.mul(e.rem(it, c(BN // V)), c(V))
-            vals = [staged(lr, e.add(lc, c(u))) for u in range(V)]
+        lr, lc = e.div(it, c(BN // V)), e.mul(e.rem(it, c(BN // V)), c(V))
+        vals = [staged(lr, e.add(lc, c(u))) for u in range(V)]
         r = e.add(m0, lr)
         col = e.add(n0, lc)
         # M, N and the varlen ends are multiples of 8 here, so a group is all in or out
         ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, A['dim_n'])} : i1")
         if_begin(ok)
-        if g.epi == "store_f32":
-            vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xf32>")
-            vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col), "f32")
-        elif g.epi == "store_bf16":
-            vstore(vec_bf16(vals), A["cout"], e.add(e.mul(r, A["ldc"]), col), "bf16")
-        else:
-            obase = e.mul(e.mul(expert, A["dim_m"]), A["dim_n"])
-            if transposed:
-                idx = e.add(obase, e.add(e.mul(col, A["ldc"]), r))
-            else:
-                idx = e.add(obase, e.add(e.mul(r, A["ldc"]), col))
-            vstore(vec_bf16(vals), A["cout"], idx, "bf16")
-        if_end()
-        if_end()
-    elif g.epi == "swiglu":
-        # tile columns [0,128) are gate g, [128,256) up u of the same 128 outputs
-        half = A["dim_n"]
-        two_half = e.mul(half, c(2))
-        hw = BN // 2
-        it = loop_begin(BM * hw // V, "ep")
-        lr, lc = e.div(it, c(hw // V)), e.mul(e.rem(it, c(hw // V)), c(V))
-        r = e.add(m0, lr)
-        col = e.add(n0, lc)
-        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
-        if_begin(ok)
-        gbs = [bf16(staged(lr, e.add(lc, c(u)))) for u in range(V)]
-        ubs = [bf16(staged(lr, e.add(lc, c(hw + u)))) for u in range(V)]
-        hrow = e.mul(r, two_half)
-        gv = e.op(f"vector.from_elements {', '.join(gbs)} : vector<{V}xbf16>")
-        uv = e.op(f"vector.from_elements {', '.join(ubs)} : vector<{V}xbf16>")
-        vstore(gv, A["hout"], e.add(hrow, col), "bf16")
-        vstore(uv, A["hout"], e.add(hrow, e.add(half, col)), "bf16")
-        # a = silu(g) * u from the bf16-rounded h, as backward sees it
-        avals = []
-        for u in range(V):
-            g32 = e.op(f"arith.extf {gbs[u]} : bf16 to f32")
-            u32 = e.op(f"arith.extf {ubs[u]} : bf16 to f32")
-            _, silu = silu_parts(g32)
-            avals.append(e.fmul(silu, u32))
-        vstore(vec_bf16(avals), A["aout"], e.add(e.mul(r, half), col), "bf16")
+        vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xf32>")
+        vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col), "f32")
         if_end()
         if_end()
     elif g.epi == "dswiglu":
@@ -601,7 +822,7 @@ def gen_gemm(g):
         stage_b = e.op(f"memref.view {smem}[{pad}][{c(2 * BM * BN)}] : {SMEM} to {SBF16}", "stb")
         wa_off = e.add(pad, c(BM * BN * 4))
         stage_wa = e.op(f"memref.view {smem}[{wa_off}][{c(BM * BN)}] : {SMEM} to {SBF16}", "stw")
-        ds_off = e.add(pad, c(SMEM_BYTES))
+        ds_off = e.add(pad, c(g.ring_bytes))
         stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
 
         it = loop_begin(BM * BN // V, "ep")
@@ -621,16 +842,16 @@ def gen_gemm(g):
         dgs, dus, was = [], [], []
         part = c(0.0, "f32")
         for u in range(V):
-            acc = staged(lr, e.add(lc, c(u)))
-            sgm, silu = silu_parts(gs[u])
+            a_acc = staged(lr, e.add(lc, c(u)))
+            sgm, silu = silu_parts(e, gs[u])
             a = e.fmul(silu, us[u])
-            da = e.fmul(acc, w)
+            da = e.fmul(a_acc, w)
             # d silu / dg = s (1 + g (1 - s))
             dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
             dgs.append(bf16(e.fmul(e.fmul(da, us[u]), dsilu)))
             dus.append(bf16(e.fmul(da, silu)))
             was.append(bf16(e.fmul(w, a)))
-            part = e.fadd(part, e.fmul(acc, a))
+            part = e.fadd(part, e.fmul(a_acc, a))
         dgv = e.op(f"vector.from_elements {', '.join(dgs)} : vector<{V}xbf16>")
         duv = e.op(f"vector.from_elements {', '.join(dus)} : vector<{V}xbf16>")
         vstore(dgv, A["dh"], e.add(hrow, col), "bf16")
@@ -650,7 +871,9 @@ def gen_gemm(g):
             # a warp holds one row, 8 columns per lane
             part = "%dsv"
             for mask in (16, 8, 4, 2, 1):
-                part = e.fadd(part, shuffle_xor(part, mask))
+                name = e.fresh("sh")
+                e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
+                part = e.fadd(part, name)
             if_begin(e.cmp("eq", lane, c(0)))
             e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
             if_end()
@@ -682,18 +905,10 @@ def gen_gemm(g):
             r = e.add(m0, tid)
             if_begin(e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', r, m_end)} : i1"))
             total = e.op(f"memref.load {stage_ds}[{tid}] : {SF}")
-            e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), by)}] : memref<?xf32>")
+            e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
             if_end()
     else:
         raise ValueError(g.epi)
-
-    e.indent = body_indent
-    e.emit("}")
-    e.emit("gpu.return")
-    args = ", ".join(f"%{n}: {t}" for n, t in sig)
-    head = (f"    gpu.func @{g.name}({args}) kernel attributes "
-            f"{{known_block_size = array<i32: {GEMM_THREADS}, 1, 1>}} {{")
-    return "\n".join([head] + e.const_lines + e.lines + ["    }"])
 
 
 GEMMS = [
@@ -1481,9 +1696,15 @@ class Host:
         self.tok = self.e.op(f"gpu.dealloc async [{self.tok}] {buf} : memref<?x{elt}>", "t")
 
     def launch_gemm(self, kernel, mtiles, ntiles, gz, args):
-        """GEMM kernels take one x index per (M-tile, N-tile) and raster it themselves."""
-        self.launch(kernel, self.e.mul(self.grid(mtiles), ntiles), self.c(1), gz, args,
-                    LAUNCH_SMEM_BYTES, GEMM_THREADS)
+        """GEMM kernels take one x index per (M-tile, N-tile) and raster it themselves;
+        persistent ones get one CTA an SM (at most one a tile) and walk all tiles."""
+        g = next(x for x in GEMMS if x.name == kernel)
+        e = self.e
+        tiles = e.mul(self.grid(mtiles), ntiles)
+        if g.persistent:
+            tiles = e.minu(e.mul(tiles, gz), self.c(NUM_CTAS))
+            gz = self.c(1)
+        self.launch(kernel, tiles, self.c(1), gz, args, g.launch_smem, GEMM_THREADS)
 
     def launch(self, kernel, gx, gy, gz, args, smem=0, threads=THREADS):
         e = self.e

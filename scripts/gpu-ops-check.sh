@@ -7,7 +7,9 @@
 # variant of the library, built by build-ops-harness.sh DIR GENERATOR) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
 # --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck;
-# --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel).
+# --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel);
+# with --ncu=REGEX, Nsight Compute profiles the first launch of each kernel matching REGEX
+# in that step instead (speed of light, warp states, scheduler, memory) into ncu.txt.
 # Logs to $OUT (default /tmp/moe-gpu-out).
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,12 +22,14 @@ quick=""
 sanitize=0
 bench=""
 ops="$root/gpu-inputs/ops"
+ncu=""
 for arg in "$@"; do
   case "$arg" in
   --quick) quick=--quick ;;
   --sanitize) sanitize=1 ;;
   --bench=*) bench="${arg#--bench=}" ;;
   --ops=*) ops="${arg#--ops=}" ;;
+  --ncu=*) ncu="${arg#--ncu=}" ;;
   *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +47,17 @@ so="$build/ops-$(basename "$ops").so"
 g++ -shared -o "$so" "$ops/ops.o" -L"$build/lib" -lmoe_runtime \
   -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link ops.so" | tee -a "$log"; exit 1; }
 status=0
+if [ -n "$bench" ] && [ -n "$ncu" ]; then
+  timeout 540 ncu --kernel-name "regex:$ncu" --launch-count 1 --launch-skip 0 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" --reps 0 \
+    >"$out/ncu.txt" 2>&1
+  rc=$?
+  grep -E "moe_gemm|Throughput|Duration|Stall|Issued|Eligible|No Eligible|Registers|Warp Cycles" \
+    "$out/ncu.txt" | head -80 | tee -a "$log"
+  exit $rc
+fi
 if [ -n "$bench" ]; then
   timeout 500 python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" ${MOE_PROFILE:+--profile} \
     --json "$out/bench.json" 2>&1 | tee -a "$log"

@@ -6,8 +6,9 @@
     plan.keep_bytes, plan.recompute_bytes, plan.planned_bytes, plan.plan
 
 `MoELayer.memory_plan(tokens)` does the same for a layer. Needs moe-opt (the LLVM machine);
-NumPy and the standard library only. A PNG of the plan: `plot_plan` (through
-`moe_mlir.memory_plot` when that module exists).
+NumPy and the standard library only. The step's memory report under the plan:
+`memory_report(plan)`; its PNG timeline: `plot_plan(plan, "plan.png")` (moe_mlir.memory_plot,
+matplotlib).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Optional
 from .config import LayerConfig
 from .mlir_text import layer_mlir
 
-__all__ = ["ActivationPlan", "plan_activations", "plot_plan"]
+__all__ = ["ActivationPlan", "plan_activations", "memory_report", "plot_plan"]
 
 _PLAN_RE = re.compile(r"activation plan '(\w+)'")
 _KEEP_RE = re.compile(r"keep saves (\d+) B")
@@ -95,17 +96,34 @@ def plan_activations(config: LayerConfig, memory_budget: Optional[str] = None,
         planned_bytes=int(_PLANNED_RE.search(remark).group(1)), remark=remark)
 
 
-def plot_plan(plan: ActivationPlan, path: str) -> str:
-    """Writes a PNG of the plan. Delegates to `moe_mlir.memory_plot` (another module of this
-    package, written separately); without it, NotImplementedError."""
-    try:
-        from . import memory_plot  # noqa: PLC0415
-    except ImportError:
-        raise NotImplementedError(
-            "the PNG of a memory plan needs moe_mlir.memory_plot, which this version does not "
-            "have yet; plan.report() gives the plan as text") from None
-    for name in ("plot_activation_plan", "plot_plan", "plot"):
-        fn = getattr(memory_plot, name, None)
-        if fn is not None:
-            return fn(plan, path)
-    raise NotImplementedError("moe_mlir.memory_plot has no plot function this version knows")
+def memory_report(plan: ActivationPlan, opt_tool: Optional[str] = None) -> str:
+    """The step's memory report for the plan's layer, budget and policy: moe-opt runs
+    moe-decompose, moe-plan-activations, moe-generate-backward, moe-offload and
+    moe-plan-memory (docs/memory.md) and prints every buffer with its size, offset and
+    lifetime, the peak and the saved-for-backward total."""
+    from . import cpu  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    opts = [f"policy={plan.policy}", "report=false"]
+    if plan.memory_budget is not None:
+        opts.insert(0, f"memory-budget={plan.memory_budget}")
+    args = ["--moe-decompose", f"--moe-plan-activations={' '.join(opts)}",
+            "--moe-generate-backward", "--moe-offload", "--moe-plan-memory=memory-report=-",
+            "-o", "/dev/null", "-"]
+    tool = opt_tool or cpu.find_moe_opt()
+    proc = subprocess.run([tool, *args], input=layer_mlir(plan.config, "layer"),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ValueError(f"no memory report: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def plot_plan(plan: ActivationPlan, path: str, opt_tool: Optional[str] = None) -> str:
+    """Writes a PNG timeline of the step's memory under the plan (moe_mlir.memory_plot; it
+    raises memory_plot.MatplotlibMissing without matplotlib). Returns `path`."""
+    from . import memory_plot  # noqa: PLC0415
+
+    c = plan.config
+    title = (f"T={c.tokens} d={c.hidden} n={c.ffn} E={c.experts} k={c.top_k}, "
+             f"plan {plan.plan}")
+    return memory_plot.plot_memory_report(memory_report(plan, opt_tool), path, title=title)

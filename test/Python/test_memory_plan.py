@@ -137,3 +137,19 @@ def test_png_without_matplotlib_names_it(monkeypatch, tmp_path):
         plot_memory_report(
             "moe-plan-memory: forward @f ops [0, 0], alignment 1 B\nop 0 func.return\n"
             "peak: 0 B (0 GiB) at op 0\narena: 0 B (0 GiB)\n", str(tmp_path / "x.png"))
+
+
+def test_plot_plan_of_a_layer(tmp_path):
+    """moe_mlir.memory: the plan of a layer, its step's memory report and the PNG."""
+    pytest.importorskip("matplotlib")
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.memory import memory_report, plan_activations, plot_plan
+    cfg = LayerConfig(64, 64, 32, 4, 2, renormalize=True)
+    keep = plan_activations(cfg, policy="keep")
+    recompute = plan_activations(cfg, policy="recompute")
+    assert recompute.planned_bytes < keep.planned_bytes
+    text = memory_report(recompute)
+    assert "peak" in text
+    png = plot_plan(recompute, str(tmp_path / "plan.png"))
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

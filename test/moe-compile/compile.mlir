@@ -6,6 +6,10 @@
 // RUN: FileCheck %s --check-prefix=MANIFEST < %t/tiny.json
 // RUN: FileCheck %s --check-prefix=LLVM < %t/tiny.ll
 // RUN: not test -e %t/tiny.o
+// With H recomputed (--policy=recompute): backward gets no saved h.
+// RUN: moe-compile %s -o %t/recompute --format=isa --emit=header --policy=recompute 2>&1 | FileCheck %s --check-prefix=PLAN
+// RUN: not grep moe_expert_ffn_h %t/recompute.h
+// RUN: grep -c "saved" %t/recompute.h | FileCheck %s --check-prefix=RSAVED
 // With ptxas: the default cubin, and an object with the four C symbols.
 // RUN: %if ptxas %{ moe-compile %s -o %t/cubin %}
 // RUN: %if ptxas %{ llvm-nm %t/cubin.o | FileCheck %s --check-prefix=NM %}
@@ -151,3 +155,6 @@ func.func @tiny_layer(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
         tensor<4x128x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
   return %out, %logits : tensor<37x64xbf16>, tensor<37x4xf32>
 }
+
+// PLAN: remark: activation plan 'recompute' (policy recompute)
+// RSAVED: {{^[0-9]+$}}

@@ -9,6 +9,10 @@
 // RUN: not moe-compile %t/gelu.mlir -o %t/out/x --emit=obj,pdf 2>&1 | FileCheck %s --check-prefix=EMIT
 // RUN: not moe-compile %t/gelu.mlir -o %t/out/x --format=offload 2>&1 | FileCheck %s --check-prefix=FORMAT
 // RUN: not moe-compile %t/gelu.mlir -o %t/out/x --opt-level=7 2>&1 | FileCheck %s --check-prefix=OPT
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy=frugal 2>&1 | FileCheck %s --check-prefix=POLICY
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=4GiX 2>&1 | FileCheck %s --check-prefix=UNIT
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=1KiB 2>&1 | FileCheck %s --check-prefix=BUDGET
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy=offload 2>&1 | FileCheck %s --check-prefix=OFFLOAD
 // RUN: not test -e %t/out
 
 // MISSING: moe-compile: error: cannot read '{{.*}}missing.mlir': {{.*}}
@@ -21,6 +25,13 @@
 // EMIT: moe-compile: error: unknown --emit kind 'pdf' (expected obj, header, manifest, llvm or mlir)
 // FORMAT: moe-compile: error: unknown --format 'offload' (expected bin, isa or fatbin)
 // OPT: moe-compile: error: --opt-level must be 0 to 3, got 7
+// POLICY: moe-compile: error: moe-training-pipeline: unknown policy 'frugal' (expected keep, recompute, offload or auto)
+// UNIT: unknown unit 'GiX' in memory size '4GiX'
+// UNIT: moe-compile: error: bad --memory-budget '4GiX'
+// BUDGET: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: memory-budget 1024 B {{.*}} cannot be met with policy=auto: the smallest budget it can meet is 6532 B
+// BUDGET: moe-compile: error: compiling '{{.*}}compile.mlir' failed
+// OFFLOAD: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: {{.*}}offload
+// OFFLOAD: moe-compile: error: compiling '{{.*}}compile.mlir' failed
 
 //--- invalid.mlir
 func.func @f(%x: tensor<4x64xbf16>) -> tensor<4x64xbf16> {

@@ -81,6 +81,16 @@ cl::opt<std::string>
 cl::opt<unsigned> optLevel("opt-level",
                            cl::desc("Optimisation level of the kernels (0-3)"),
                            cl::init(3));
+cl::opt<std::string> policy(
+    "policy",
+    cl::desc("Activation plan (moe-plan-activations, docs/memory.md): auto, "
+             "keep or recompute; offload does not compile for sm_90a yet"),
+    cl::init("auto"));
+cl::opt<std::string>
+    memoryBudget("memory-budget",
+                 cl::desc("Activation bytes backward may keep, e.g. 2GiB "
+                          "(empty: no limit)"),
+                 cl::init(""));
 cl::list<std::string>
     emit("emit",
          cl::desc("What to write: obj (NAME.o), header (NAME.h), manifest "
@@ -642,6 +652,15 @@ int compile() {
   options.chip = kChip.str();
   options.format = format;
   options.optLevel = optLevel;
+  // The plan options go through the pipeline's own parsers (units, policies).
+  std::string planOptions = "policy=" + policy;
+  if (!memoryBudget.empty())
+    planOptions += " memory-budget=" + memoryBudget;
+  std::string planError;
+  llvm::raw_string_ostream planErrorStream(planError);
+  if (failed(options.parseFromString(planOptions, planErrorStream)))
+    return fail("bad --memory-budget '" + memoryBudget + "'" +
+                (planError.empty() ? "" : ": " + planError));
   PassManager pm(&context);
   if (failed(moe::buildMoETrainingPipeline(pm, options, &error)))
     return fail(error);

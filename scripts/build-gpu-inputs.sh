@@ -8,7 +8,9 @@
 #   - sigmoid-groups-shared: T=37, d=256, n=128, E=16, sigmoid + bias, 4 groups / top-2,
 #     k=4, scaling 2.5, shared expert m=128;
 #   - tiny: T=37, d=128, n=128, E=4, k=2, softmax, renormalised (for compute-sanitizer);
-#   - example: the same shape, the C++ example's layer (examples/cpp).
+#   - example: the same shape, the C++ example's layer (examples/cpp);
+#   - NAME-recompute: the four benchmark layers with H recomputed in backward
+#     (moe-compile --policy=recompute).
 # The generated .mlir files go to gpu-inputs/mlir/. gpu-inputs/ must stay under 60 MiB (the
 # device tool carries at most 64 MiB): the script fails when it does not.
 #
@@ -88,15 +90,18 @@ done
 
 passed=0
 failed=0
-for src in "${sources[@]}"; do
-  name=$(basename "$src" .mlir)
+# compile_one SRC NAME [moe-compile options...]
+compile_one() {
+  local src=$1 name=$2
+  shift 2
   if [ -n "$only" ] && ! [[ ",$only," == *",$name,"* ]]; then
-    continue
+    return
   fi
   rm -f "$layers/$name".{o,h,json}
+  local start size
   start=$(date +%s)
-  echo "== $compile $src -o $layers/$name ${extra[*]:-}" >>"$log"
-  if (cd "$root" && timeout 900 "$compile" "$src" -o "$layers/$name" "${extra[@]}") \
+  echo "== $compile $src -o $layers/$name $* ${extra[*]:-}" >>"$log"
+  if (cd "$root" && timeout 900 "$compile" "$src" -o "$layers/$name" "$@" "${extra[@]}") \
     >>"$log" 2>&1 &&
     [ -s "$layers/$name.o" ] && [ -s "$layers/$name.h" ] && [ -s "$layers/$name.json" ]; then
     passed=$((passed + 1))
@@ -107,6 +112,13 @@ for src in "${sources[@]}"; do
     echo "FAIL $name: moe-compile failed or wrote no .o/.h/.json (log: $log)"
     tail -5 "$log" | sed 's/^/    /'
   fi
+}
+for src in "${sources[@]}"; do
+  compile_one "$src" "$(basename "$src" .mlir)"
+done
+# the benchmark layers again with H recomputed in backward (issue 5: keep-H vs recompute-H)
+for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
+  compile_one "$root/examples/$example.mlir" "$example-recompute" --policy=recompute
 done
 
 total_kib=$(du -sk "$out" | cut -f1)

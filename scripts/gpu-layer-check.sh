@@ -7,6 +7,8 @@
 #   example   examples/cpp built against the "example" layer and run;
 #   check     bench/check_layer.py on the small and odd layers, with the routing variants;
 #   bench     bench/bench.py on the four BENCH.md configurations;
+#   recompute bench/bench.py on the same layers compiled with H recomputed in backward
+#             (NAME-recompute, no HF baseline; JSON in $OUT/recompute/bench.json);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
 #             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
@@ -233,6 +235,26 @@ if wants bench; then
     pass "bench.py: $line (table in gpu-layer-check.log, bench.json)"
   else
     fail "bench.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
+  fi
+fi
+
+# ---------------------------------------------------------------- recompute
+if wants recompute; then
+  args=()
+  for name in "${bench_layers[@]}"; do
+    args+=(--layer "$layers_dir/$name-recompute")
+  done
+  remaining=$(left)
+  limit=$((remaining > 150 ? remaining - 30 : 120))
+  mark=$(lines)
+  run "$limit" "bench.py (recompute)" "$python" "$root/bench/bench.py" "${args[@]}" --no-hf \
+    --deadline $((limit - 100)) --out "$out/recompute"
+  rc=$?
+  line=$(tally "$mark")
+  if [ $rc -eq 0 ]; then
+    pass "bench.py recompute: $line (recompute/bench.json)"
+  else
+    fail "bench.py recompute: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
   fi
 fi
 

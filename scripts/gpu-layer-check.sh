@@ -45,8 +45,8 @@ while [ $# -gt 0 ]; do
 done
 for step in ${only//,/ }; do
   case "$step" in
-  build | example | check | sanitize | bench) ;;
-  *) echo "gpu-layer-check.sh: unknown step '$step' (build, example, check, sanitize, bench)" >&2
+  build | example | check | sanitize | bench | recompute) ;;
+  *) echo "gpu-layer-check.sh: unknown step '$step' (build, example, check, sanitize, bench, recompute)" >&2
     exit 2 ;;
   esac
 done

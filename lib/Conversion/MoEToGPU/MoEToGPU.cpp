@@ -44,6 +44,9 @@ constexpr llvm::StringLiteral kGPULibrary =
 constexpr llvm::StringLiteral kHostPrefix = "__moe_gpu_";
 /// The kernels tile d, n and m by 64.
 constexpr int64_t kTile = 64;
+/// Experts a layer may have on the GPU path (gen_gpu_library.py: DISPATCH_CHUNK
+/// and TABLE_EXPERTS).
+constexpr int64_t kMaxExperts = 1024;
 
 //===----------------------------------------------------------------------===//
 // What this version runs
@@ -165,6 +168,15 @@ LogicalResult checkSupported(Operation *op) {
       dispatch && dispatch.getCapacityFactor())
     return op->emitError("the GPU path is dropless: a capacity factor is not "
                          "supported");
+  // The dispatch kernels count a chunk's rows per expert in shared memory and
+  // the GEMMs search a shared-memory table of the experts' tiles: 1024 each.
+  if (auto dispatch = dyn_cast<DispatchOp>(op)) {
+    int64_t experts =
+        cast<ShapedType>(dispatch->getResult(1).getType()).getDimSize(0) - 1;
+    if (experts > kMaxExperts)
+      return op->emitError("the GPU path runs at most ")
+             << kMaxExperts << " experts, got " << experts;
+  }
   for (auto [name, size] : getTiledSizes(op))
     if (size % kTile != 0)
       return op->emitError()

@@ -160,6 +160,15 @@ func.func @dynamic(%e: tensor<?x2xi32>) -> (tensor<?xi32>, tensor<5xi32>, tensor
 
 // -----
 
+func.func @too_many_experts(%e: tensor<8x2xi32>) -> (tensor<16xi32>, tensor<1026xi32>, tensor<8x2xi32>) {
+  // expected-error @+1 {{the GPU path runs at most 1024 experts, got 1025}}
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 1025 : i64}
+      : tensor<8x2xi32> -> tensor<16xi32>, tensor<1026xi32>, tensor<8x2xi32>
+  return %ids, %offsets, %rows : tensor<16xi32>, tensor<1026xi32>, tensor<8x2xi32>
+}
+
+// -----
+
 // expected-error @+1 {{the GPU path needs functions on statically shaped tensors, got 'i32'}}
 func.func @scalar_argument(%a: tensor<4x64xbf16>, %n: i32) -> tensor<4x64xbf16> {
   %0 = arith.addf %a, %a : tensor<4x64xbf16>

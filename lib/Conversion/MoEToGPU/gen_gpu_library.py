@@ -124,6 +124,15 @@ class Emitter:
         v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32>")
         return self.op(f"arith.index_cast {v} : i32 to index")
 
+    def if_begin(self, cond):
+        """Opens `scf.if cond {`; if_end closes it."""
+        self.emit(f"scf.if {cond} {{")
+        self.indent += "  "
+
+    def if_end(self):
+        self.indent = self.indent[:-2]
+        self.emit("}")
+
     def load_smem_index(self, mem, idx):
         v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32, #gpu.address_space<workgroup>>")
         return self.op(f"arith.index_cast {v} : i32 to index")
@@ -517,13 +526,7 @@ def gen_gemm(g):
         e.emit("nvvm.cp.async.wait.group 0")
         return f"{res}#0"
 
-    def if_begin(cond):
-        e.emit(f"scf.if {cond} {{")
-        e.indent += "  "
-
-    def if_end():
-        e.indent = e.indent[:-2]
-        e.emit("}")
+    if_begin, if_end = e.if_begin, e.if_end
 
     # Accumulator value v of warpgroup wg sits at row 64*wg + 16*(warp%4) +
     # lane/4 + 8*((v/2)%2) and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
@@ -770,13 +773,7 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
     def bf16(x):
         return e.op(f"arith.truncf {x} : f32 to bf16")
 
-    def if_begin(cond):
-        e.emit(f"scf.if {cond} {{")
-        e.indent += "  "
-
-    def if_end():
-        e.indent = e.indent[:-2]
-        e.emit("}")
+    if_begin, if_end = e.if_begin, e.if_end
 
     def loop_begin(count, name):
         e.emit(f"scf.for %{name} = {tid} to {c(count)} step {c(GEMM_THREADS)} {{")

@@ -71,3 +71,45 @@ gpu_build_runtime() {
     "${cmake_args[@]}" >>"$log" 2>&1 || return 1
   ninja -C "$build" "${targets[@]}" >>"$log" 2>&1
 }
+
+# ---- steps under a deadline (the caller sets log, deadline and start=$(date +%s))
+# Seconds left before the deadline, minus a margin for the summary.
+left() { echo $((deadline - ($(date +%s) - start) - 10)); }
+# run LIMIT TITLE CMD...: the command's output into the log under a header, at most LIMIT
+# seconds (less when the deadline is nearer); returns its status (124: out of time, 125: not
+# started for lack of time).
+run() {
+  local limit=$1 title=$2
+  shift 2
+  local remaining
+  remaining=$(left)
+  [ "$remaining" -lt "$limit" ] && limit=$remaining
+  {
+    echo
+    echo "===== $title ($(date -u +%H:%M:%S), limit ${limit} s)"
+    echo "\$ $*"
+  } >>"$log"
+  if [ "$limit" -lt 15 ]; then
+    echo "not started: only ${limit} s left before the deadline" >>"$log"
+    return 125
+  fi
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "----- exit $rc after $(($(date +%s) - t0)) s" >>"$log"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(time limit of ${limit} s reached)" >>"$log"
+  return $rc
+}
+# The log from line $1 on (a step's own output: `mark=$(lines)` before it).
+lines() { wc -l <"$log"; }
+since() { tail -n +"$(($1 + 1))" "$log"; }
+# The step's "N passed, M failed" line, if it printed one.
+tally() { since "$1" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
+why() { # a short reason for a status from run
+  case "$1" in
+  124 | 137) echo "out of time" ;;
+  125) echo "not started: deadline" ;;
+  *) echo "exit $1" ;;
+  esac
+}

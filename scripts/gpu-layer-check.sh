@@ -70,47 +70,6 @@ gpu_environment "$log"
 } >>"$log" 2>&1
 
 start=$(date +%s)
-# Seconds left before the deadline, minus a margin for the summary.
-left() { echo $((deadline - ($(date +%s) - start) - 10)); }
-# run LIMIT TITLE CMD...: the command's output into the log under a header, at most LIMIT
-# seconds (less when the deadline is nearer); returns its status (124: out of time, 125: not
-# started for lack of time).
-run() {
-  local limit=$1 title=$2
-  shift 2
-  local remaining
-  remaining=$(left)
-  [ "$remaining" -lt "$limit" ] && limit=$remaining
-  {
-    echo
-    echo "===== $title ($(date -u +%H:%M:%S), limit ${limit} s)"
-    echo "\$ $*"
-  } >>"$log"
-  if [ "$limit" -lt 15 ]; then
-    echo "not started: only ${limit} s left before the deadline" >>"$log"
-    return 125
-  fi
-  local t0 rc
-  t0=$(date +%s)
-  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1
-  rc=$?
-  echo "----- exit $rc after $(($(date +%s) - t0)) s" >>"$log"
-  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(time limit of ${limit} s reached)" >>"$log"
-  return $rc
-}
-# The log from line $1 on (a step's own output: `mark=$(lines)` before it).
-lines() { wc -l <"$log"; }
-since() { tail -n +"$(($1 + 1))" "$log"; }
-# The step's "N passed, M failed" line, if it printed one.
-tally() { since "$1" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
-why() { # a short reason for a status from run
-  case "$1" in
-  124 | 137) echo "out of time" ;;
-  125) echo "not started: deadline" ;;
-  *) echo "exit $1" ;;
-  esac
-}
-
 layers_dir=$inputs/layers
 small_layers=(small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny)
 bench_layers=(mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3)
@@ -212,50 +171,45 @@ if wants check; then
 fi
 
 # ---------------------------------------------------------------- bench
-if wants bench; then
-  args=()
+# bench_step TITLE SUFFIX SUBDIR LIMIT [bench.py options...]: bench.py on the four BENCH.md
+# layers (NAME$SUFFIX), JSON into $out/SUBDIR.
+bench_step() {
+  local title=$1 suffix=$2 sub=$3 limit=$4 name rc line mark
+  shift 4
+  local layer_args=()
   for name in "${bench_layers[@]}"; do
-    args+=(--layer "$layers_dir/$name")
-    have "$name" || note "bench: $name.so missing, bench.py will skip it"
+    layer_args+=(--layer "$layers_dir/$name$suffix")
+    have "$name$suffix" || note "$title: $name$suffix.so missing, bench.py will skip it"
   done
+  mark=$(lines)
+  # bench.py starts no configuration after --deadline; one takes up to about 100 s.
+  run "$limit" "$title" "$python" "$root/bench/bench.py" "${layer_args[@]}" \
+    --deadline $((limit - 100)) "$@" --out "$out/$sub"
+  rc=$?
+  line=$(tally "$mark")
+  if [ $rc -eq 0 ]; then
+    pass "$title: $line (table in gpu-layer-check.log, ${sub}bench.json)"
+  else
+    fail "$title: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
+  fi
+}
+
+if wants bench; then
   remaining=$(left)
   # Leave the sanitizers about 3 minutes when they are to run.
   reserve=45
   wants sanitize && reserve=$((quick == 1 ? 120 : 200))
   bench_limit=$((remaining - reserve > 150 ? remaining - reserve : 150))
-  # bench.py starts no configuration after --deadline; one takes up to about 100 s.
-  bench_opts=(--deadline $((bench_limit - 100)))
+  bench_opts=()
   [ $quick -eq 1 ] && bench_opts+=(--warmup 1 --iters 5)
-  mark=$(lines)
-  run "$bench_limit" "bench.py" "$python" "$root/bench/bench.py" "${args[@]}" "${bench_opts[@]}" \
-    --out "$out"
-  rc=$?
-  line=$(tally "$mark")
-  if [ $rc -eq 0 ]; then
-    pass "bench.py: $line (table in gpu-layer-check.log, bench.json)"
-  else
-    fail "bench.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
-  fi
+  bench_step "bench.py" "" "" "$bench_limit" "${bench_opts[@]}"
 fi
 
 # ---------------------------------------------------------------- recompute
 if wants recompute; then
-  args=()
-  for name in "${bench_layers[@]}"; do
-    args+=(--layer "$layers_dir/$name-recompute")
-  done
   remaining=$(left)
-  limit=$((remaining > 150 ? remaining - 30 : 120))
-  mark=$(lines)
-  run "$limit" "bench.py (recompute)" "$python" "$root/bench/bench.py" "${args[@]}" --no-hf \
-    --deadline $((limit - 100)) --out "$out/recompute"
-  rc=$?
-  line=$(tally "$mark")
-  if [ $rc -eq 0 ]; then
-    pass "bench.py recompute: $line (recompute/bench.json)"
-  else
-    fail "bench.py recompute: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
-  fi
+  bench_step "bench.py recompute" -recompute recompute/ \
+    $((remaining > 150 ? remaining - 30 : 120)) --no-hf
 fi
 
 # ---------------------------------------------------------------- sanitize

@@ -58,26 +58,6 @@ gpu_environment "$log"
 } >>"$log" 2>&1
 
 start=$(date +%s)
-left() { echo $((deadline - ($(date +%s) - start) - 10)); }
-run() { # run LIMIT TITLE CMD...: output into the log, at most LIMIT seconds
-  local limit=$1 title=$2 remaining rc t0
-  shift 2
-  remaining=$(left)
-  [ "$remaining" -lt "$limit" ] && limit=$remaining
-  { echo; echo "===== $title ($(date -u +%H:%M:%S), limit ${limit} s)"; echo "\$ $*"; } >>"$log"
-  if [ "$limit" -lt 15 ]; then
-    echo "not started: only ${limit} s left" >>"$log"
-    return 125
-  fi
-  t0=$(date +%s)
-  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1
-  rc=$?
-  echo "----- exit $rc after $(($(date +%s) - t0)) s" >>"$log"
-  return $rc
-}
-lines() { wc -l <"$log"; }
-tally() { tail -n +"$(($1 + 1))" "$log" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
-
 if [ ! -d "$inputs/torch-cache/sm_90a" ]; then
   fail "no $inputs/torch-cache/sm_90a: run scripts/build-torch-inputs.sh on the LLVM machine and carry gpu-inputs"
   finish

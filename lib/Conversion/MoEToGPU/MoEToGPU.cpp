@@ -13,6 +13,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Checkpoint.h"
+#include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
@@ -264,7 +265,7 @@ SmallVector<std::string> getSavedNames(func::FuncOp backward) {
   if (!backward)
     return names;
   for (unsigned i = 0, e = backward.getNumArguments(); i < e; ++i)
-    if (auto name = backward.getArgAttrOfType<StringAttr>(i, "moe.saved"))
+    if (auto name = backward.getArgAttrOfType<StringAttr>(i, kSavedAttr))
       names.push_back(name.str());
   return names;
 }
@@ -287,7 +288,7 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
              << input;
   }
 
-  auto numSaved = func->getAttrOfType<IntegerAttr>("moe.num_saved");
+  auto numSaved = func->getAttrOfType<IntegerAttr>(kNumSavedAttr);
   auto gradientArgs =
       func->getAttrOfType<DenseI64ArrayAttr>("moe.gradient_args");
   if (numSaved && name.ends_with("_forward")) {
@@ -340,7 +341,7 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
             symbols.lookup<func::FuncOp>(plan.layerName + "_forward")) {
       FunctionType forwardType = forward.getFunctionType();
       int64_t saved = 0;
-      if (auto attr = forward->getAttrOfType<IntegerAttr>("moe.num_saved"))
+      if (auto attr = forward->getAttrOfType<IntegerAttr>(kNumSavedAttr))
         saved = attr.getInt();
       int64_t original =
           static_cast<int64_t>(forwardType.getNumResults()) - saved;
@@ -351,7 +352,7 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
     unsigned cotangent = 0;
     for (auto [i, input] : llvm::enumerate(type.getInputs())) {
       MemRefType bufferType = getBufferType(input);
-      if (auto saved = func.getArgAttrOfType<StringAttr>(i, "moe.saved")) {
+      if (auto saved = func.getArgAttrOfType<StringAttr>(i, kSavedAttr)) {
         plan.inputs.push_back(
             {saved.str(), "saved", "forward_param", saved.str(), bufferType});
         continue;
@@ -832,7 +833,7 @@ struct ConvertMoEToGPUPass
     for (func::FuncOp func : functions) {
       auto forward =
           symbols.lookup<func::FuncOp>((func.getSymName() + "_forward").str());
-      if (forward && forward->hasAttr("moe.num_saved") &&
+      if (forward && forward->hasAttr(kNumSavedAttr) &&
           SymbolTable::symbolKnownUseEmpty(func, module)) {
         symbols.erase(func);
         continue;

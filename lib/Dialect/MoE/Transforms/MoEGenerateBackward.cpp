@@ -11,6 +11,7 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -374,7 +375,7 @@ LogicalResult BackwardBuilder::build() {
   backward->setAttr("moe.gradient_args",
                     builder.getDenseI64ArrayAttr(gradientArgs));
   for (auto [value, argument] : saved)
-    backward.setArgAttr(argument.getArgNumber(), "moe.saved",
+    backward.setArgAttr(argument.getArgNumber(), kSavedAttr,
                         builder.getStringAttr(savedName(value)));
 
   // The training forward also returns the saved tensors.
@@ -387,7 +388,7 @@ LogicalResult BackwardBuilder::build() {
   forward.setFunctionType(
       FunctionType::get(forward.getContext(), forward.getArgumentTypes(),
                         ValueRange(forwardResults).getTypes()));
-  forward->setAttr("moe.num_saved",
+  forward->setAttr(kNumSavedAttr,
                    forwardBuilder.getI64IntegerAttr(saved.size()));
   for (Operation &op : forwardBody)
     op.removeAttr(kRecomputeAttr);
@@ -413,7 +414,7 @@ struct MoEGenerateBackwardPass
     SymbolTable symbols(module);
     SmallVector<func::FuncOp> functions;
     for (auto func : module.getOps<func::FuncOp>())
-      if (!func.isExternal() && !func->hasAttr("moe.num_saved") &&
+      if (!func.isExternal() && !func->hasAttr(kNumSavedAttr) &&
           !func->hasAttr("moe.gradient_args") && containsMoEOps(func))
         functions.push_back(func);
 

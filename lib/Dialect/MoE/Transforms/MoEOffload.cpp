@@ -13,6 +13,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -27,8 +28,6 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
-
-constexpr StringLiteral kPlanAttr = "moe.plan";
 
 bool isMarkedForOffload(Operation *op) {
   auto plan = op->getAttrOfType<StringAttr>(kPlanAttr);
@@ -72,7 +71,7 @@ LogicalResult MoEOffloadPass::offloadPair(func::FuncOp forward,
     return forward.emitOpError("and @")
            << backward.getSymName()
            << " must have one block each for moe-offload";
-  auto numSaved = forward->getAttrOfType<IntegerAttr>("moe.num_saved");
+  auto numSaved = forward->getAttrOfType<IntegerAttr>(kNumSavedAttr);
   auto returnOp = cast<func::ReturnOp>(forward.front().getTerminator());
   unsigned numResults = returnOp.getNumOperands();
   if (!numSaved || numSaved.getInt() < 0 ||
@@ -220,11 +219,11 @@ void MoEOffloadPass::runOnOperation() {
           "is marked moe.plan = \"offload\" in a backward function");
       return signalPassFailure();
     }
-    if (!func->hasAttr("moe.num_saved")) {
+    if (!func->hasAttr(kNumSavedAttr)) {
       // The source of a training pair keeps its marks; anything else was
       // never differentiated.
       auto forward = symbols.lookup<func::FuncOp>((name + "_forward").str());
-      if (forward && forward->hasAttr("moe.num_saved"))
+      if (forward && forward->hasAttr(kNumSavedAttr))
         continue;
       marked.front()->emitOpError("is marked moe.plan = \"offload\", but @")
           << name

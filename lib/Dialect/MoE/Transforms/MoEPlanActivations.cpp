@@ -12,6 +12,7 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 #include "moe/Support/MemorySize.h"
 
 #include "mlir/IR/Builders.h"
@@ -277,7 +278,7 @@ void MoEPlanActivationsPass::wrapInCheckpoint(Operation *op) {
   OpBuilder builder(op);
   auto checkpoint = CheckpointOp::create(
       builder, op->getLoc(), op->getResultTypes(), op->getOperands());
-  checkpoint->setAttr("moe.plan", builder.getStringAttr("recompute"));
+  checkpoint->setAttr(kPlanAttr, builder.getStringAttr("recompute"));
   Block *body = builder.createBlock(&checkpoint.getBody());
   IRMapping mapping;
   for (Value operand : op->getOperands())
@@ -291,7 +292,7 @@ void MoEPlanActivationsPass::wrapInCheckpoint(Operation *op) {
 void MoEPlanActivationsPass::runOnOperation() {
   func::FuncOp func = getOperation();
   // Functions moe-generate-backward made are planned through their source.
-  if (func.isExternal() || func->hasAttr("moe.num_saved") ||
+  if (func.isExternal() || func->hasAttr(kNumSavedAttr) ||
       func->hasAttr("moe.gradient_args"))
     return;
 
@@ -482,7 +483,7 @@ void MoEPlanActivationsPass::runOnOperation() {
     if (candidate.choice == Choice::Recompute)
       wrapInCheckpoint(candidate.op);
     else if (candidate.choice == Choice::Offload)
-      candidate.op->setAttr("moe.plan", builder.getStringAttr("offload"));
+      candidate.op->setAttr(kPlanAttr, builder.getStringAttr("offload"));
   }
 
   StringRef planName = "partial";

@@ -15,6 +15,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -163,7 +164,7 @@ LogicalResult StepPlanner::collect() {
   unsigned numSaved = 0;
   auto forwardReturn = cast<func::ReturnOp>(forward.front().getTerminator());
   if (backward) {
-    numSaved = forward->getAttrOfType<IntegerAttr>("moe.num_saved").getInt();
+    numSaved = forward->getAttrOfType<IntegerAttr>(kNumSavedAttr).getInt();
     if (numSaved > forwardReturn.getNumOperands() ||
         numSaved > backward.getNumArguments())
       return forward.emitOpError("has moe.num_saved ")
@@ -390,7 +391,7 @@ void MoEPlanMemoryPass::runOnOperation() {
   SmallVector<std::pair<func::FuncOp, func::FuncOp>> steps;
   for (func::FuncOp func : functions) {
     StringRef name = func.getSymName();
-    if (func.isExternal() || !func->hasAttr("moe.num_saved") ||
+    if (func.isExternal() || !func->hasAttr(kNumSavedAttr) ||
         !name.ends_with("_forward"))
       continue;
     StringRef base = name.drop_back(strlen("_forward"));

@@ -8,8 +8,10 @@
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
 # --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck;
 # --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel);
-# with --ncu=REGEX, Nsight Compute profiles the first launch of each kernel matching REGEX
-# in that step instead (speed of light, warp states, scheduler, memory) into ncu.txt.
+# with --ncu=REGEX, Nsight Compute profiles the launches (MOE_NCU_LAUNCHES, 12) matching REGEX
+# in one untimed step instead (speed of light, warp states, scheduler, memory, sampled
+# stalls) into ncu.txt and ncu-raw.csv, and for each REGEX2 in MOE_NCU_SOURCE the SASS
+# with its stall samples into source-REGEX2.csv.
 # Logs to $OUT (default /tmp/moe-gpu-out).
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,14 +50,23 @@ g++ -shared -o "$so" "$ops/ops.o" -L"$build/lib" -lmoe_runtime \
   -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link ops.so" | tee -a "$log"; exit 1; }
 status=0
 if [ -n "$bench" ] && [ -n "$ncu" ]; then
-  timeout 540 ncu --kernel-name "regex:$ncu" --launch-count 1 --launch-skip 0 \
+  # every launch matching REGEX in one untimed step of each config; the report keeps
+  # the sampled stalls per SASS instruction (source.csv: the slowest kernel's listing)
+  timeout 500 ncu --kernel-name "regex:$ncu" --launch-count "${MOE_NCU_LAUNCHES:-12}" \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section SourceCounters --export "$out/ncu" --force-overwrite \
     python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" --reps 0 \
-    >"$out/ncu.txt" 2>&1
+    >"$out/ncu-run.txt" 2>&1
   rc=$?
-  grep -E "moe_gemm|Throughput|Duration|Stall|Issued|Eligible|No Eligible|Registers|Warp Cycles" \
-    "$out/ncu.txt" | head -80 | tee -a "$log"
+  ncu --import "$out/ncu.ncu-rep" --page details --print-details all >"$out/ncu.txt" 2>&1
+  ncu --import "$out/ncu.ncu-rep" --page raw --csv >"$out/ncu-raw.csv" 2>&1
+  for k in ${MOE_NCU_SOURCE:-}; do
+    ncu --import "$out/ncu.ncu-rep" --kernel-name "regex:$k" --launch-count 1 --page source \
+      --csv --print-source sass >"$out/source-$k.csv" 2>&1
+  done
+  grep -E "moe_gemm|Duration|Throughput|Stall|Issued|Eligible|Registers|Warp Cycles" \
+    "$out/ncu.txt" | head -120 | tee -a "$log"
   exit $rc
 fi
 if [ -n "$bench" ]; then

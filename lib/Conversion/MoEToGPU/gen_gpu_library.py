@@ -50,6 +50,7 @@ ACC = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 2)) + ")>"
 WG = "#gpu.address_space<workgroup>"
 SMEM = f"memref<?xi8, {WG}>"
 SBF16 = f"memref<?xbf16, {WG}>"
+I32, P1, P3 = "i32", "!llvm.ptr<1>", "!llvm.ptr<3>"
 
 
 class Emitter:
@@ -254,6 +255,12 @@ def gen_gemm(g):
     sbase_idx = e.op(f"memref.extract_aligned_pointer_as_index {sview} : {SBF16} -> index")
     sbase = e.op(f"arith.index_cast {sbase_idx} : index to i64")
 
+    def desc(addr, const):
+        mask = c(0x3FFFF, "i64")
+        masked = e.op(f"arith.andi {addr}, {mask} : i64")
+        field = e.op(f"arith.shrui {masked}, {c(4, 'i64')} : i64")
+        return e.op(f"arith.ori {field}, {c(const, 'i64')} : i64")
+
     # ---- per-thread copy assignments (the same for every tile) --------------
     # K-major tile (A: 128 rows, B w_k: 256 rows) x 8 chunks of 16 B; thread t
     # copies chunk t%8 of rows t/8 + 32 i. The 128B swizzle puts chunk c of row
@@ -271,6 +278,73 @@ def gen_gemm(g):
     mswz = e.xor(mcc, e.rem(mrow, c(8)))
     m_soff = e.add(e.add(e.mul(mbox, c(4096)), e.mul(mrow, c(64))), e.mul(mswz, c(8)))
 
+    # The copies go through raw pointers with 32-bit K arithmetic. With two warps a
+    # scheduler and 128 accumulator registers a thread, the k-loop is bound by the
+    # instructions it issues: index (i64) math, a 64-bit multiply per gathered row and
+    # a division for the ring slot made the weight-gradient k-step take twice the
+    # wgmma time (Nsight Compute: 380 instructions a warp a k-step, stalls on IMAD).
+    def i32(v):
+        return e.op(f"arith.index_cast {v} : index to i32")
+
+    def i64(v):
+        return e.op(f"arith.index_cast {v} : index to i64")
+
+    def gptr(mem, ty):
+        a = e.op(f"memref.extract_aligned_pointer_as_index {mem} : {ty} -> index")
+        p = e.op(f"llvm.inttoptr {i64(a)} : i64 to !llvm.ptr")
+        return e.op(f"llvm.addrspacecast {p} : !llvm.ptr to {P1}")
+
+    def gep1(p, off):
+        return e.op(f"llvm.getelementptr {p}[{off}] : ({P1}, i64) -> {P1}, i8")
+
+    def gep3(p, off):
+        return e.op(f"llvm.getelementptr {p}[{off}] : ({P3}, i32) -> {P3}, i8")
+
+    def zext(v):
+        return e.op(f"arith.extui {v} : i32 to i64")
+
+    def wide(a, b):
+        """u32 x u32 -> u64, one IMAD.WIDE.U32 (LLVM keeps a full 64-bit multiply)."""
+        return e.op(f'llvm.inline_asm "mul.wide.u32 $0, $1, $2;", "=l,r,r" {a}, {b} : (i32, i32) -> i64')
+
+    def cp_async(dst, src, size):
+        e.emit(f"nvvm.cp.async.shared.global {dst}, {src}, 16, cache = cg, {size} : {P3}, {P1}, i32")
+
+    def guarded_load_i32(cond, ptr):
+        """*ptr if cond else 0, without touching ptr otherwise (the ids may be empty)."""
+        out = e.fresh("gl")
+        e.emit(f"{out} = scf.if {cond} -> (i32) {{")
+        e.emit(f"  {out}v = llvm.load {ptr} : {P1} -> i32")
+        e.emit(f"  scf.yield {out}v : i32")
+        e.emit("} else {")
+        e.emit(f"  scf.yield {c(0, I32)} : i32")
+        e.emit("}")
+        return out
+
+    aptr, bptr = gptr(A["amat"], "memref<?xbf16>"), gptr(A["bmat"], "memref<?xbf16>")
+    if g.a == "gather":
+        idsptr = gptr(A["ids"], "memref<?xi32>")
+    if g.b == "rows_mn" and g.gather_b:
+        bidsptr = gptr(A["bids"], "memref<?xi32>")
+    sptr = e.op(f"llvm.inttoptr {sbase} : i64 to {P3}")
+    lda2 = e.mul(i32(A["lda"]), c(2, I32), I32)
+    ldb2 = e.mul(i32(A["ldb"]), c(2, I32), I32)
+    dimk32 = i32(A["dim_k"])
+    kchunk8 = i32(e.mul(kchunk, c(8)))
+    mrow32 = i32(mrow)
+    # this thread's destinations in ring slot 0
+    a_dst0 = gep3(sptr, i32(e.mul(k_soff, c(2))))
+    b_soff = k_soff if g.b == "w_k" else m_soff
+    b_dst0 = gep3(sptr, e.add(i32(e.mul(b_soff, c(2))), c(A_TILE_BYTES, I32), I32))
+    # B rows 32 apart (K-major) or K-rows 8 apart (MN-major), in bytes
+    b_step = wide(c(32 if g.b == "w_k" else 8, I32), ldb2)
+    # wgmma descriptors of ring slot 0, k-step 0: a slot or a k-step moves only the
+    # start-address field (address / 16; shared addresses stay below 2^18)
+    b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
+    wg64 = e.op(f"arith.index_cast {wg} : index to i64")
+    desc_a0 = desc(e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64"), DESC_KMAJOR)
+    desc_b0 = desc(e.add(sbase, c(A_TILE_BYTES, "i64"), "i64"), b_desc_const)
+
     SI = f"memref<?xi32, {WG}>"
     if g.sched == "varlen_m":
         cumv = e.op(f"memref.view {smem}[{e.add(pad, c(g.cum_offset))}][{c(TABLE_EXPERTS + 9)}] : {SMEM} to {SI}", "cumv")
@@ -280,19 +354,6 @@ def gen_gemm(g):
         build_tile_table(e, A, cumv, tid)
         e.indent = e.indent[:-2]
         e.emit("}")
-
-    def guarded_index_load(cond, mem, idx):
-        """mem[idx] if cond else 0, without touching mem otherwise (it may be empty)."""
-        out = e.fresh("gl")
-        e.emit(f"{out} = scf.if {cond} -> (index) {{")
-        e.indent += "  "
-        v = e.load_i32_as_index(mem, idx)
-        e.emit(f"scf.yield {v} : index")
-        e.indent = e.indent[:-2]
-        e.emit("} else {")
-        e.emit(f"  scf.yield {c(0)} : index")
-        e.emit("}")
-        return out
 
     def setup(t):
         """Tile t of the schedule, as straight-line code: every index is clamped so a
@@ -366,24 +427,32 @@ def gen_gemm(g):
             S["numk"] = e.select(valid, e.div(e.add(S["kcount"], c(BK - 1)), c(BK)), c(0))
         S["valid"], S["expert"], S["elo"] = valid, expert, elo
         m0, m_end = S["m0"], S["m_end"]
-        # A rows of this thread: global row index and validity
+        # A rows of this thread: a pointer to its first chunk, and validity
+        if g.a == "kT":
+            col0 = e.add(kchunk8, i32(S["kbase"]), I32)
+            S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
+        else:
+            col0 = kchunk8
+        col_bytes = zext(e.mul(col0, c(2, I32), I32))
         rows = []
         for i in range(BM // 32):
             r = e.add(m0, e.add(krow, c(32 * i)))
             ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
             if g.a == "gather":
-                src = guarded_index_load(ok, A["ids"], r)
+                src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
             else:  # rows, or kT: tile rows are m rows of the [M, ldt] matrix
-                src = e.select(ok, r, c(0))
-            rows.append((src, ok))
+                src = i32(e.select(ok, r, c(0)))
+            rows.append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
         S["a_rows"] = rows
         n0 = S["n0"]
         if g.b == "w_k":
-            S["b_rows"] = []
-            for i in range(BN // 32):
-                nrow = e.add(n0, e.add(krow, c(32 * i)))
-                ok = e.cmp("ult", nrow, A["dim_n"])
-                S["b_rows"].append((e.select(ok, nrow, c(0)), ok))
+            # row n0 + krow of W[e] ([N, K]); rows 32 i further on are valid while
+            # 32 i < b_left (a row past N copies nothing)
+            nrow = e.add(n0, krow)
+            S["b_left"] = e.sub(i32(A["dim_n"]), i32(nrow), I32)
+            wbase = e.mul(e.mul(expert, A["dim_k"]), A["dim_n"])
+            first = e.add(e.add(wbase, e.mul(nrow, A["ldb"])), e.mul(kchunk, c(8)))
+            S["b_ptr"] = gep1(bptr, e.mul(i64(first), c(2, "i64"), "i64"))
         if g.b in ("w_mn", "rows_mn"):
             bcol = e.add(n0, e.add(e.mul(mbox, c(64)), e.mul(mcc, c(8))))
             S["bcol_ok"] = e.cmp("ult", bcol, A["dim_n"])
@@ -395,33 +464,42 @@ def gen_gemm(g):
             colh = e.add(n0, e.add(e.mul(e.rem(mbox, c(2)), c(64)), e.mul(mcc, c(8))))
             S["bcol_ok"] = e.cmp("ult", colh, half)
             S["bcol"] = e.add(e.mul(e.div(mbox, c(2)), half), e.select(S["bcol_ok"], colh, c(0)))
-        if g.b in ("w_mn", "w_mn_swiglu", "w_k"):
-            # expert weight base: e * K * N (N = 2h for the SwiGLU tile)
-            nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
-            S["wbase"] = e.mul(e.mul(expert, A["dim_k"]), nfull)
         if g.b in ("w_mn", "w_mn_swiglu"):
-            # this thread's first B element of k-tile 0; one base keeps the k-loop's
-            # live registers few (the accumulators take 128)
-            S["bsrc0"] = e.add(e.add(S["wbase"], e.mul(mrow, A["ldb"])), S["bcol"])
+            # W[e] is [K, N] (N = 2h for the SwiGLU tile): K-row mrow, column bcol
+            nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
+            wbase = e.mul(e.mul(expert, A["dim_k"]), nfull)
+            first = e.add(e.add(wbase, e.mul(mrow, A["ldb"])), S["bcol"])
+            S["b_ptr"] = gep1(bptr, e.mul(i64(first), c(2, "i64"), "i64"))
+        if g.b == "rows_mn":
+            # column bcol of the expert's rows; the rows come per stage (load_b_rows)
+            S["b_ptr"] = gep1(bptr, e.mul(i64(S["bcol"]), c(2, "i64"), "i64"))
+            S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
+            first = e.add(i32(S["elo"]), mrow32, I32)
+            if g.gather_b:
+                S["bids_ptr"] = gep1(bidsptr, e.mul(zext(first), c(4, "i64"), "i64"))
+            else:
+                S["brow0"] = first
         return S
 
     def load_b_rows(S, kt):
-        """Source rows of the gathered B tile kt: loaded a stage early so their
-        latency hides behind the wgmma of the current stage."""
+        """Source rows of the gathered B tile kt, as (row, valid): loaded a stage
+        early so their latency hides behind the wgmma of the current stage."""
         if g.b != "rows_mn":
             return None
-        k0 = e.mul(kt, c(BK))
+        k0 = e.mul(i32(kt), c(BK, I32), I32)
+        kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
+        if g.gather_b:
+            stage_ids = gep1(S["bids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
         srcs = []
         for i in range(8):
-            kr = e.add(k0, e.add(mrow, c(8 * i)))
-            kok = e.op(f"arith.andi {e.cmp('ult', kr, S['kcount'])}, {S['valid']} : i1")
-            krs = e.select(kok, kr, c(0))
+            kok = e.cmp("sgt", kleft, c(8 * i, I32), I32)
             if g.gather_b:
                 # only rows of the expert: past its end (an empty last expert,
                 # T = 0) there is no token id to read
-                src = guarded_index_load(kok, A["bids"], e.add(S["elo"], krs))
+                p = e.op(f"llvm.getelementptr {stage_ids}[{32 * i}] : ({P1}) -> {P1}, i8")
+                src = guarded_load_i32(kok, p)
             else:
-                src = e.add(S["elo"], krs)
+                src = e.add(e.add(S["brow0"], k0, I32), c(8 * i, I32), I32)
             srcs.append((src, kok))
         return srcs
 
@@ -429,97 +507,86 @@ def gen_gemm(g):
         """cp.async copies of k-tile kt into ring slot `slot` (both index values)."""
         if b_srcs is None:
             b_srcs = load_b_rows(S, kt)
-        k0 = e.mul(kt, c(BK))
-        a_sbase = e.mul(slot, c(STAGE_BYTES // 2))
-        b_sbase = e.add(a_sbase, c(A_TILE_BYTES // 2))
-        # A
-        kcol = e.add(k0, e.mul(kchunk, c(8)))
-        if g.a in ("gather", "rows"):
-            krem = e.sub(A["dim_k"], kcol)
-            kvalid = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
-            kcol_s = e.select(e.cmp("slt", krem, c(1)), c(0), kcol)
-        else:
-            krem = e.sub(S["kcount"], kcol)
-            kvalid = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
-            kcol_s = e.add(S["kbase"], e.select(e.cmp("slt", krem, c(1)), c(0), kcol))
-        for i, (src, ok) in enumerate(S["a_rows"]):
-            n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid, c(0))
-            gidx = e.add(e.mul(src, A["lda"]), kcol_s)
-            sidx = e.add(e.add(a_sbase, k_soff), c(i * 32 * 64))
-            e.op(f"nvgpu.device_async_copy {A['amat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
+        k0 = e.mul(i32(kt), c(BK, I32), I32)
+        slot_bytes = e.mul(i32(slot), c(STAGE_BYTES, I32), I32)
+        # A: the K columns left past this thread's chunk, as bytes to copy (0-16)
+        klim = S["kcnt"] if g.a == "kT" else dimk32
+        krem = e.sub(e.sub(klim, k0, I32), kchunk8, I32)
+        kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
+        kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
+        koff = zext(e.mul(k0, c(2, I32), I32))
+        adst = gep3(a_dst0, slot_bytes)
+        for i, (row, ok) in enumerate(S["a_rows"]):
+            dst = e.op(f"llvm.getelementptr {adst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
+            cp_async(dst, gep1(row, koff), e.select(ok, kbytes, c(0, I32), I32))
         # B
+        bdst = gep3(b_dst0, slot_bytes)
         if g.b == "w_k":
-            krem = e.sub(A["dim_k"], kcol)
-            kvalid_b = e.select(e.cmp("slt", krem, c(8)), e.maxs(krem, c(0)), c(8))
-            kcol_b = e.select(e.cmp("slt", krem, c(1)), c(0), kcol)
-            for i, (nrow, ok) in enumerate(S["b_rows"]):
-                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), kvalid_b, c(0))
-                gidx = e.add(e.add(S["wbase"], e.mul(nrow, A["ldb"])), kcol_b)
-                sidx = e.add(e.add(b_sbase, k_soff), c(i * 32 * 64))
-                e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
+            src = gep1(S["b_ptr"], koff)
+            for i in range(8):
+                if i:
+                    src = gep1(src, b_step)
+                dst = e.op(f"llvm.getelementptr {bdst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
+                ok = e.cmp("sgt", S["b_left"], c(32 * i, I32), I32)
+                cp_async(dst, src, e.select(ok, kbytes, c(0, I32), I32))
         else:
+            on = e.op(f"arith.andi {S['bcol_ok']}, {enabled} : i1")
+            bbytes = e.select(on, c(16, I32), c(0, I32), I32)
             if g.b != "rows_mn":
-                # K-rows k0 + mrow + 8 i; those past K read nothing (and point at 0)
-                kleft = e.sub(e.sub(A["dim_k"], k0), mrow)
-                bstage = e.add(S["bsrc0"], e.mul(k0, A["ldb"]))
-                ldb8 = e.mul(A["ldb"], c(8))
+                # K-rows k0 + mrow + 8 i; those past K copy nothing
+                kleft = e.sub(e.sub(dimk32, k0, I32), mrow32, I32)
+                src = gep1(S["b_ptr"], wide(k0, ldb2))
             for i in range(8):
                 if g.b == "rows_mn":
-                    src, kok = b_srcs[i]
-                    gidx = e.add(e.mul(src, A["ldb"]), S["bcol"])
+                    row, kok = b_srcs[i]
+                    src = gep1(S["b_ptr"], wide(row, ldb2))
                 else:
-                    kok = e.cmp("sgt", kleft, c(8 * i))
-                    gidx = e.select(kok, e.add(bstage, e.mul(ldb8, c(i))), c(0))
-                ok = e.op(f"arith.andi {kok}, {S['bcol_ok']} : i1")
-                n = e.select(e.op(f"arith.andi {ok}, {enabled} : i1"), c(8), c(0))
-                sidx = e.add(e.add(b_sbase, m_soff), c(i * 8 * 64))
-                e.op(f"nvgpu.device_async_copy {A['bmat']}[{gidx}], {sview}[{sidx}], 8, {n} {{bypassL1}} : memref<?xbf16> to {SBF16}", "cp")
+                    if i:
+                        src = gep1(src, b_step)
+                    kok = e.cmp("sgt", kleft, c(8 * i, I32), I32)
+                dst = e.op(f"llvm.getelementptr {bdst}[{i * 8 * 128}] : ({P3}) -> {P3}, i8")
+                cp_async(dst, src, e.select(kok, bbytes, c(0, I32), I32))
         e.emit("nvvm.cp.async.commit.group")
 
     def prologue(S):
         for s in range(stages - 1):
             issue_stage(S, c(s), c(s), e.cmp("ult", c(s), S["numk"]))
 
-    def desc(addr, const):
-        mask = c(0x3FFFF, "i64")
-        masked = e.op(f"arith.andi {addr}, {mask} : i64")
-        field = e.op(f"arith.shrui {masked}, {c(4, 'i64')} : i64")
-        return e.op(f"arith.ori {field}, {c(const, 'i64')} : i64")
-
     def mainloop(S):
         """The k-loop over the ring; returns the accumulator (wgmma still in flight)."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
         b_layout = "col" if g.b == "w_k" else "row"
-        b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
-        res, kt, a0 = e.fresh("kloop"), e.fresh("kt"), e.fresh("a")
-        e.emit(f"{res}:1 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} iter_args({a0} = {acc0}) -> ({ACC}) {{")
+        res, kt, a0, rs = e.fresh("kloop"), e.fresh("kt"), e.fresh("a"), e.fresh("rs")
+        # rs: the ring slot read this step (kt % stages), carried to avoid a division
+        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+               f"iter_args({a0} = {acc0}, {rs} = {c(0)}) -> ({ACC}, index) {{")
         outer = e.indent
         e.indent = outer + "  "
         nk = e.add(kt, c(stages - 1))
+        # k-tile nk goes to the slot read last step: (kt - 1) % stages
+        ws = e.select(e.cmp("eq", rs, c(0)), c(stages - 1), e.sub(rs, c(1)))
         next_b_srcs = load_b_rows(S, nk)
         e.emit(f"nvvm.cp.async.wait.group {stages - 2}")
         e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
         e.emit("gpu.barrier")
-        slot64 = e.op(f"arith.index_cast {e.rem(kt, c(stages))} : index to i64")
-        stage_addr = e.add(sbase, e.mul(slot64, c(STAGE_BYTES, "i64"), "i64"), "i64")
-        b_addr = e.add(stage_addr, c(A_TILE_BYTES, "i64"), "i64")
-        # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile
-        wg64 = e.op(f"arith.index_cast {wg} : index to i64")
-        a_addr = e.add(stage_addr, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64")
+        soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
+        da_s = e.add(desc_a0, soff, "i64")
+        db_s = e.add(desc_b0, soff, "i64")
         e.emit("nvvm.wgmma.fence.aligned")
         cur = a0
         for kk in range(4):
-            da = desc(e.add(a_addr, c(kk * 32, "i64"), "i64"), DESC_KMAJOR)
-            boff = kk * 32 if g.b == "w_k" else kk * 2048
-            db = desc(e.add(b_addr, c(boff, "i64"), "i64"), b_desc_const)
+            da = e.add(da_s, c(kk * 2, "i64"), "i64") if kk else da_s
+            boff = kk * 2 if g.b == "w_k" else kk * 128  # 32 B or 16 K-rows of 128 B
+            db = e.add(db_s, c(boff, "i64"), "i64") if kk else db_s
             cur = e.op(
                 f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = {BN}, k = 16>, "
                 f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
         e.emit("nvvm.wgmma.commit.group.sync.aligned")
         e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
         e.emit("gpu.barrier")
-        issue_stage(S, nk, e.rem(nk, c(stages)), e.cmp("ult", nk, S["numk"]), next_b_srcs)
-        e.emit(f"scf.yield {cur} : {ACC}")
+        issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_b_srcs)
+        rs_next = e.select(e.cmp("eq", rs, c(stages - 1)), c(0), e.add(rs, c(1)))
+        e.emit(f"scf.yield {cur}, {rs_next} : {ACC}, index")
         e.indent = outer
         e.emit("}")
         e.emit("nvvm.wgmma.wait.group.sync.aligned 0")

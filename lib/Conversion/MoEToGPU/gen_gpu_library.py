@@ -151,10 +151,13 @@ class Emitter:
 # ---------------------------------------------------------------------------
 # GEMM variants
 # ---------------------------------------------------------------------------
-# A operand (K-major tile of BM rows x BK):
+# A operand (a tile of BM rows x BK):
 #   gather:  row r of the tile is row ids[r] of a [*, K] matrix (dispatch queue)
 #   rows:    row r is row r of a [*, K] matrix
-#   kT:      row m of a [M, ldT] matrix, columns kbase + [0, kcount) (varlen K)
+#   mn:      K-row k of the tile is row off + k of a [*, M] matrix, columns m0 +
+#            [0, 128) (MN-major smem tile, read transposed by wgmma; varlen K):
+#            the weight gradients read dH and w*A where backward wrote them,
+#            with no transposed copy
 # B operand:
 #   w_mn:        W[e] is [K, N], N contiguous (MN-major smem tile)
 #   w_mn_swiglu: W[e] is [K, 2h]; the tile takes 64 gate columns and the same
@@ -191,8 +194,7 @@ def gemm_signature(g):
     if g.sched == "varlen_m":
         args += [("offsets", "memref<?xi32>"), ("num_experts", "index")]
     else:
-        args += [("offsets", "memref<?xi32>"), ("poffsets", "memref<?xi32>"),
-                 ("num_experts", "index")]
+        args += [("offsets", "memref<?xi32>"), ("num_experts", "index")]
     if g.a == "gather":
         args += [("ids", "memref<?xi32>")]
     args += [("amat", "memref<?xbf16>"), ("lda", "index")]
@@ -211,9 +213,7 @@ def gemm_signature(g):
         args += [("hsaved", "memref<?xbf16>")]
         if g.has_w:
             args += [("wrow", "memref<?xf32>")]
-        args += [("poffsets", "memref<?xi32>"), ("ldt", "index"),
-                 ("dh", "memref<?xbf16>"), ("dht", "memref<?xbf16>"),
-                 ("wat", "memref<?xbf16>")]
+        args += [("dh", "memref<?xbf16>"), ("wa", "memref<?xbf16>")]
         if g.has_ds:
             args += [("dspart", "memref<?xf32>"), ("num_ntiles", "index")]
     return args
@@ -277,6 +277,14 @@ def gen_gemm(g):
     mrow = e.div(tid, c(32))
     mswz = e.xor(mcc, e.rem(mrow, c(8)))
     m_soff = e.add(e.add(e.mul(mbox, c(4096)), e.mul(mrow, c(64))), e.mul(mswz, c(8)))
+    # MN-major A tile (mn): 64 K-rows x 2 boxes of 64 columns x 8 chunks; thread t
+    # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + 16 i.
+    achunk = e.rem(tid, c(16))
+    abox = e.div(achunk, c(8))
+    acc8 = e.rem(tid, c(8))
+    arow = e.div(tid, c(16))
+    a_soff_mn = e.add(e.add(e.mul(abox, c(4096)), e.mul(arow, c(64))),
+                      e.mul(e.xor(acc8, e.rem(arow, c(8))), c(8)))
 
     # The copies go through raw pointers with 32-bit K arithmetic. With two warps a
     # scheduler and 128 accumulator registers a thread, the k-loop is bound by the
@@ -333,7 +341,9 @@ def gen_gemm(g):
     kchunk8 = i32(e.mul(kchunk, c(8)))
     mrow32 = i32(mrow)
     # this thread's destinations in ring slot 0
-    a_dst0 = gep3(sptr, i32(e.mul(k_soff, c(2))))
+    a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
+    arow32 = i32(arow)
+    a_step = wide(c(16, I32), lda2)  # mn: K-rows 16 apart
     b_soff = k_soff if g.b == "w_k" else m_soff
     b_dst0 = gep3(sptr, e.add(i32(e.mul(b_soff, c(2))), c(A_TILE_BYTES, I32), I32))
     # B rows 32 apart (K-major) or K-rows 8 apart (MN-major), in bytes
@@ -342,7 +352,10 @@ def gen_gemm(g):
     # start-address field (address / 16; shared addresses stay below 2^18)
     b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
     wg64 = e.op(f"arith.index_cast {wg} : index to i64")
-    desc_a0 = desc(e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64"), DESC_KMAJOR)
+    # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile: 64 K-major rows,
+    # or MN-major box wg
+    a_desc_const = DESC_MNMAJOR if g.a == "mn" else DESC_KMAJOR
+    desc_a0 = desc(e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64"), a_desc_const)
     desc_b0 = desc(e.add(sbase, c(A_TILE_BYTES, "i64"), "i64"), b_desc_const)
 
     SI = f"memref<?xi32, {WG}>"
@@ -423,24 +436,25 @@ def gen_gemm(g):
             elo = e.load_i32_as_index(A["offsets"], expert)
             ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
             S["kcount"] = e.sub(ehi, elo)
-            S["kbase"] = e.load_i32_as_index(A["poffsets"], expert)
             S["numk"] = e.select(valid, e.div(e.add(S["kcount"], c(BK - 1)), c(BK)), c(0))
         S["valid"], S["expert"], S["elo"] = valid, expert, elo
         m0, m_end = S["m0"], S["m_end"]
         # A rows of this thread: a pointer to its first chunk, and validity
-        if g.a == "kT":
-            col0 = e.add(kchunk8, i32(S["kbase"]), I32)
-            S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
-        else:
-            col0 = kchunk8
-        col_bytes = zext(e.mul(col0, c(2, I32), I32))
         rows = []
-        for i in range(BM // 32):
+        if g.a == "mn":
+            # columns m0 + 64 box + 8 chunk of the expert's K-rows off + t/16 + ...
+            S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
+            acol = e.add(m0, e.add(e.mul(abox, c(64)), e.mul(acc8, c(8))))
+            S["acol_ok"] = e.cmp("ult", acol, A["dim_m"])
+            first = e.add(e.mul(e.add(elo, arow), A["lda"]), e.select(S["acol_ok"], acol, c(0)))
+            S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
+        col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
+        for i in range(BM // 32 if g.a != "mn" else 0):
             r = e.add(m0, e.add(krow, c(32 * i)))
             ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
             if g.a == "gather":
                 src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
-            else:  # rows, or kT: tile rows are m rows of the [M, ldt] matrix
+            else:
                 src = i32(e.select(ok, r, c(0)))
             rows.append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
         S["a_rows"] = rows
@@ -509,16 +523,28 @@ def gen_gemm(g):
             b_srcs = load_b_rows(S, kt)
         k0 = e.mul(i32(kt), c(BK, I32), I32)
         slot_bytes = e.mul(i32(slot), c(STAGE_BYTES, I32), I32)
-        # A: the K columns left past this thread's chunk, as bytes to copy (0-16)
-        klim = S["kcnt"] if g.a == "kT" else dimk32
-        krem = e.sub(e.sub(klim, k0, I32), kchunk8, I32)
-        kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
-        kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
         koff = zext(e.mul(k0, c(2, I32), I32))
         adst = gep3(a_dst0, slot_bytes)
-        for i, (row, ok) in enumerate(S["a_rows"]):
-            dst = e.op(f"llvm.getelementptr {adst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
-            cp_async(dst, gep1(row, koff), e.select(ok, kbytes, c(0, I32), I32))
+        if g.a == "mn":
+            # K-rows k0 + t/16 + 16 i of the expert; those past its end copy nothing
+            kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
+            on = e.op(f"arith.andi {S['acol_ok']}, {enabled} : i1")
+            abytes = e.select(on, c(16, I32), c(0, I32), I32)
+            src = gep1(S["a_ptr"], wide(k0, lda2))
+            for i in range(4):
+                if i:
+                    src = gep1(src, a_step)
+                dst = e.op(f"llvm.getelementptr {adst}[{i * 16 * 128}] : ({P3}) -> {P3}, i8")
+                kok = e.cmp("sgt", kleft, c(16 * i, I32), I32)
+                cp_async(dst, src, e.select(kok, abytes, c(0, I32), I32))
+        else:
+            # the K columns left past this thread's chunk, as bytes to copy (0-16)
+            krem = e.sub(e.sub(dimk32, k0, I32), kchunk8, I32)
+            kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
+            kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
+            for i, (row, ok) in enumerate(S["a_rows"]):
+                dst = e.op(f"llvm.getelementptr {adst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
+                cp_async(dst, gep1(row, koff), e.select(ok, kbytes, c(0, I32), I32))
         # B
         bdst = gep3(b_dst0, slot_bytes)
         if g.b == "w_k":
@@ -555,6 +581,7 @@ def gen_gemm(g):
     def mainloop(S):
         """The k-loop over the ring; returns the accumulator (wgmma still in flight)."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
+        a_layout = "col" if g.a == "mn" else "row"
         b_layout = "col" if g.b == "w_k" else "row"
         res, kt, a0, rs = e.fresh("kloop"), e.fresh("kt"), e.fresh("a"), e.fresh("rs")
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
@@ -575,12 +602,13 @@ def gen_gemm(g):
         e.emit("nvvm.wgmma.fence.aligned")
         cur = a0
         for kk in range(4):
-            da = e.add(da_s, c(kk * 2, "i64"), "i64") if kk else da_s
+            aoff = kk * 128 if g.a == "mn" else kk * 2  # 16 K-rows of 128 B, or 32 B
+            da = e.add(da_s, c(aoff, "i64"), "i64") if kk else da_s
             boff = kk * 2 if g.b == "w_k" else kk * 128  # 32 B or 16 K-rows of 128 B
             db = e.add(db_s, c(boff, "i64"), "i64") if kk else db_s
             cur = e.op(
                 f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = {BN}, k = 16>, "
-                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
+                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <{a_layout}>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
         e.emit("nvvm.wgmma.commit.group.sync.aligned")
         e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
         e.emit("gpu.barrier")
@@ -873,19 +901,12 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
         if_end()
     elif g.epi == "dswiglu":
         # acc = dA (unscaled) for columns n0 + [0,256) of n; w = wrow[r] (1 without
-        # routing weights). Pass 1 walks rows (a warp per row, 8 columns a lane:
-        # coalesced H loads and dH stores) and parks dg, du and w*a in shared
-        # memory; pass 2 walks columns, 8 rows a thread, so the transposed dH^T and
-        # (w a)^T rows are written contiguously at column poff[e] + (r - off[e]).
-        # With dS, each warp sums its row's products acc*a in a fixed order.
+        # routing weights). The tile walks rows (a warp per row, 8 columns a lane:
+        # coalesced H loads and dH, w*a stores); the weight gradients read dH and w*a
+        # MN-major from these rows. With dS, each warp sums its row's products acc*a
+        # in a fixed order.
         half = A["dim_n"]
         two_half = e.mul(half, c(2))
-        ldt = A["ldt"]
-        poff = e.load_i32_as_index(A["poffsets"], expert)
-        # dg and du of an element share the 4 bytes of its accumulator slot
-        stage_b = e.op(f"memref.view {smem}[{pad}][{c(2 * BM * BN)}] : {SMEM} to {SBF16}", "stb")
-        wa_off = e.add(pad, c(BM * BN * 4))
-        stage_wa = e.op(f"memref.view {smem}[{wa_off}][{c(BM * BN)}] : {SMEM} to {SBF16}", "stw")
         ds_off = e.add(pad, c(g.ring_bytes))
         stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
 
@@ -920,12 +941,8 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
         duv = e.op(f"vector.from_elements {', '.join(dus)} : vector<{V}xbf16>")
         vstore(dgv, A["dh"], e.add(hrow, col), "bf16")
         vstore(duv, A["dh"], e.add(hrow, e.add(half, col)), "bf16")
-        for u in range(V):
-            sidx = stage_index(lr, e.add(lc, c(u)))
-            bidx = e.mul(sidx, c(2))
-            e.emit(f"memref.store {dgs[u]}, {stage_b}[{bidx}] : {SBF16}")
-            e.emit(f"memref.store {dus[u]}, {stage_b}[{e.add(bidx, c(1))}] : {SBF16}")
-            e.emit(f"memref.store {was[u]}, {stage_wa}[{sidx}] : {SBF16}")
+        wav = e.op(f"vector.from_elements {', '.join(was)} : vector<{V}xbf16>")
+        vstore(wav, A["wa"], e.add(e.mul(r, half), col), "bf16")
         e.emit(f"scf.yield {part} : f32")
         e.indent = e.indent[:-2]
         e.emit("} else {")
@@ -943,28 +960,6 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
             if_end()
         if_end()
         e.emit("gpu.barrier")
-        it = loop_begin(BM * BN // V, "ep2")
-        lr, lc = e.mul(e.rem(it, c(BM // V)), c(V)), e.div(it, c(BM // V))
-        r = e.add(m0, lr)
-        col = e.add(n0, lc)
-        # a group of 8 rows starting before the expert's end stays inside its
-        # columns of the transposed buffers (each expert has a multiple of 8)
-        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
-        if_begin(ok)
-        dgs, dus, was = [], [], []
-        for u in range(V):
-            sidx = stage_index(e.add(lr, c(u)), lc)
-            bidx = e.mul(sidx, c(2))
-            dgs.append(e.op(f"memref.load {stage_b}[{bidx}] : {SBF16}"))
-            dus.append(e.op(f"memref.load {stage_b}[{e.add(bidx, c(1))}] : {SBF16}"))
-            was.append(e.op(f"memref.load {stage_wa}[{sidx}] : {SBF16}"))
-        pcol = e.add(poff, e.sub(r, elo))
-        for vals, mem, row in ((dgs, A["dht"], col), (dus, A["dht"], e.add(half, col)),
-                               (was, A["wat"], col)):
-            vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xbf16>")
-            vstore(vec, mem, e.add(e.mul(row, ldt), pcol), "bf16")
-        if_end()
-        if_end()
         if g.has_ds:
             r = e.add(m0, tid)
             if_begin(e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', r, m_end)} : i1"))
@@ -983,10 +978,10 @@ GEMMS = [
     Gemm("moe_gemm_rows_k_bf16", "rows", "w_k", "store_bf16", "varlen_m"),
     Gemm("moe_gemm_dact_gather", "gather", "w_k", "dswiglu", "varlen_m", has_w=True, has_ds=True),
     Gemm("moe_gemm_dact_rows", "rows", "w_k", "dswiglu", "varlen_m"),
-    Gemm("moe_gemm_wgrad_gather", "kT", "rows_mn", "store_bf16_w", "varlen_k", gather_b=True),
-    Gemm("moe_gemm_wgrad_gather_t", "kT", "rows_mn", "store_T_bf16_w", "varlen_k", gather_b=True),
-    Gemm("moe_gemm_wgrad_rows", "kT", "rows_mn", "store_bf16_w", "varlen_k"),
-    Gemm("moe_gemm_wgrad_rows_t", "kT", "rows_mn", "store_T_bf16_w", "varlen_k"),
+    Gemm("moe_gemm_wgrad_gather", "mn", "rows_mn", "store_bf16_w", "varlen_k", gather_b=True),
+    Gemm("moe_gemm_wgrad_gather_t", "mn", "rows_mn", "store_T_bf16_w", "varlen_k", gather_b=True),
+    Gemm("moe_gemm_wgrad_rows", "mn", "rows_mn", "store_bf16_w", "varlen_k"),
+    Gemm("moe_gemm_wgrad_rows_t", "mn", "rows_mn", "store_T_bf16_w", "varlen_k"),
 ]
 
 
@@ -1446,40 +1441,15 @@ FIRST_THREAD = """      %tid = gpu.thread_id x
       %first = arith.andi %t0, %b0 : i1
 """
 
-# Column offsets of each expert in the transposed [*, ldt] buffers of backward:
-# every expert starts at a multiple of 8 columns (16 B) so cp.async can read it.
-SIMPLE.append(kernel(
-    "moe_padded_offsets",
-    "%offsets: memref<?xi32>, %E: index, %poffsets: memref<?xi32>",
-    FIRST_THREAD + """      scf.if %first {
-        %end = scf.for %e = %c0 to %E step %c1 iter_args(%acc = %z) -> (i32) {
-          memref.store %acc, %poffsets[%e] : memref<?xi32>
-          %e1 = arith.addi %e, %c1 : index
-          %lo = memref.load %offsets[%e] : memref<?xi32>
-          %hi = memref.load %offsets[%e1] : memref<?xi32>
-          %n = arith.subi %hi, %lo : i32
-          %n7 = arith.addi %n, %c7 : i32
-          %n8 = arith.andi %n7, %cm8 : i32
-          %acc2 = arith.addi %acc, %n8 : i32
-          scf.yield %acc2 : i32
-        }
-        memref.store %end, %poffsets[%E] : memref<?xi32>
-      }
-"""))
-
 # One problem of T rows for the grouped kernels (shared expert, router GEMMs):
-# offsets = [0, T], poffsets = [0, T rounded up to 8].
+# offsets = [0, T].
 SIMPLE.append(kernel(
     "moe_single_offsets",
-    "%offsets: memref<?xi32>, %poffsets: memref<?xi32>, %T: index",
+    "%offsets: memref<?xi32>, %T: index",
     FIRST_THREAD + """      scf.if %first {
         %ti = arith.index_cast %T : index to i32
-        %t7 = arith.addi %ti, %c7 : i32
-        %t8 = arith.andi %t7, %cm8 : i32
         memref.store %z, %offsets[%c0] : memref<?xi32>
         memref.store %ti, %offsets[%c1] : memref<?xi32>
-        memref.store %z, %poffsets[%c0] : memref<?xi32>
-        memref.store %t8, %poffsets[%c1] : memref<?xi32>
       }
 """))
 
@@ -1513,12 +1483,12 @@ SIMPLE.append(kernel(
 """))
 
 # Router backward to the logits, per token (docs/cpu-path.md "Router gradient"):
-# writes dlogits as bf16 [T, E] and transposed [E, ldt] for the two GEMMs.
+# writes dlogits as bf16 [T, E8] for the two GEMMs.
 SIMPLE.append(kernel(
     "moe_router_grad_logits",
     "%logits: memref<?xf32>, %experts: memref<?xi32>, %dw: memref<?xf32>, %dlin: memref<?xf32>, "
     "%has_dlin: i1, %T: index, %E: index, %k: index, %scoring: i32, %renorm: i1, %scaling: f32, "
-    "%dl: memref<?xbf16>, %ldl: index, %dlt: memref<?xbf16>, %ldt: index",
+    "%dl: memref<?xbf16>, %ldl: index",
     GID + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %z = arith.constant 0 : i32
@@ -1630,9 +1600,6 @@ SIMPLE.append(kernel(
           %dli0 = arith.muli %gid, %ldl : index
           %dli = arith.addi %dli0, %e : index
           memref.store %gb, %dl[%dli] : memref<?xbf16>
-          %ti0 = arith.muli %e, %ldt : index
-          %ti = arith.addi %ti0, %gid : index
-          memref.store %gb, %dlt[%ti] : memref<?xbf16>
         }
       }
 """))
@@ -1818,9 +1785,8 @@ def padded_copy(h, src, rows, cols, cols8, ty):
 
 def single_offsets(h, T):
     offs = h.alloc(h.c(2), "i32")
-    poffs = h.alloc(h.c(2), "i32")
-    h.launch("moe_single_offsets", h.c(1), h.c(1), h.c(1), [(offs, I32V), (poffs, I32V), (T, IDX)])
-    return offs, poffs
+    h.launch("moe_single_offsets", h.c(1), h.c(1), h.c(1), [(offs, I32V), (T, IDX)])
+    return offs
 
 
 def host_router():
@@ -1836,7 +1802,7 @@ def host_router():
     xf, wrf = h.flat("%x", M2["bf16"]), h.flat("%wr", M2["bf16"])
     lf = h.flat("%logits", M2["f32"])
     wf, ef = h.flat("%weights", M2["f32"]), h.flat("%experts", M2["i32"])
-    offs, poffs = single_offsets(h, T)
+    offs = single_offsets(h, T)
     one = h.c(1)
     E8 = round8(h, E)
     wrp = padded_copy(h, wrf, d, E, E8, "bf16")
@@ -1858,7 +1824,6 @@ def host_router():
               ("%scaling", "f32"), (wf, F32V), (ef, I32V)])
     h.dealloc(scores, "f32")
     h.dealloc(offs, "i32")
-    h.dealloc(poffs, "i32")
     return h.text()
 
 
@@ -1927,12 +1892,11 @@ def host_shared_expert():
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
     m = h.dim("%wd", M2["bf16"], 0)
-    offs, poffs = single_offsets(h, T)
+    offs = single_offsets(h, T)
     ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
                 h.flat("%wd", M2["bf16"]), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]),
                 T, d, m, "moe_gemm_up_rows")
     h.dealloc(offs, "i32")
-    h.dealloc(poffs, "i32")
     return h.text()
 
 
@@ -1950,18 +1914,17 @@ def host_combine():
     return h.text()
 
 
-def ffn_backward(h, x, dout, ids, offs, poffs, E, wguf, wdf, hf, wrow, M, d, n, ldt, dxe,
-                 dwguf, dwdf, dspart, nt, experts):
+def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dwguf, dwdf,
+                 dspart, nt, experts):
     """dA (+ dSwiGLU, dS), dX_e, dW_down, dW_gate_up of one grouped FFN."""
     e = h.e
     one = h.c(1)
     two_n = e.mul(n, h.c(2))
     dh = h.alloc(e.mul(M, two_n), "bf16")
-    dht = h.alloc(e.mul(two_n, ldt), "bf16")
-    wat = h.alloc(e.mul(n, ldt), "bf16")
+    wa = h.alloc(h.grid(e.mul(M, n)), "bf16")
     kernel = "moe_gemm_dact_gather" if experts else "moe_gemm_dact_rows"
     values = dict(offsets=offs, num_experts=E, amat=dout, lda=d, bmat=wdf, ldb=d, dim_m=M,
-                  dim_n=n, dim_k=d, hsaved=hf, poffsets=poffs, ldt=ldt, dh=dh, dht=dht, wat=wat)
+                  dim_n=n, dim_k=d, hsaved=hf, dh=dh, wa=wa)
     if experts:
         values.update(ids=ids, wrow=wrow, dspart=dspart, num_ntiles=nt)
     h.launch_gemm(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN), one, gemm_args(h, kernel, values))
@@ -1970,17 +1933,16 @@ def ffn_backward(h, x, dout, ids, offs, poffs, E, wguf, wdf, hf, wrow, M, d, n, 
                  offsets=offs, num_experts=E, amat=dh, lda=two_n, bmat=wguf, ldb=two_n,
                  dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)))
     wk = "moe_gemm_wgrad_gather" if experts else "moe_gemm_wgrad_rows"
-    values = dict(offsets=offs, poffsets=poffs, num_experts=E, amat=wat, lda=ldt, bmat=dout,
-                  ldb=d, dim_m=n, dim_n=d, dim_k=h.c(0), cout=dwdf, ldc=d)
+    values = dict(offsets=offs, num_experts=E, amat=wa, lda=n, bmat=dout, ldb=d, dim_m=n,
+                  dim_n=d, dim_k=h.c(0), cout=dwdf, ldc=d)
     if experts:
         values["bids"] = ids
     h.launch_gemm(wk, h.ceil(n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
     wk = wk + "_t"
-    values.update(amat=dht, bmat=x, dim_m=two_n, cout=dwguf, ldc=two_n)
+    values.update(amat=dh, lda=two_n, bmat=x, dim_m=two_n, cout=dwguf, ldc=two_n)
     h.launch_gemm(wk, h.ceil(two_n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
     h.dealloc(dh, "bf16")
-    h.dealloc(dht, "bf16")
-    h.dealloc(wat, "bf16")
+    h.dealloc(wa, "bf16")
 
 
 def round8(h, v):
@@ -2006,15 +1968,12 @@ def host_expert_combine_grad():
     wrow = h.alloc(h.grid(R), "f32")
     h.launch("moe_scatter_weights", h.ceil(Tk, THREADS), one, one,
              [(wf, F32V), (rowsf, I32V), (Tk, IDX), (wrow, F32V)])
-    poffs = h.alloc(e.add(E, one), "i32")
-    h.launch("moe_padded_offsets", one, one, one, [("%offsets", I32V), (E, IDX), (poffs, I32V)])
-    ldt = e.add(round8(h, R), e.mul(E, h.c(8)))
     nt = h.ceil(n, BN)
     dspart = h.alloc(h.grid(e.mul(R, nt)), "f32")
     dxe = h.alloc(e.mul(R, d), "bf16")
     ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dout", M2["bf16"]), "%token_ids",
-                 "%offsets", poffs, E, h.flat("%wgu", M3), h.flat("%wd", M3),
-                 h.flat("%h", M2["bf16"]), wrow, R, d, n, ldt, dxe, h.flat("%d_wgu", M3),
+                 "%offsets", E, h.flat("%wgu", M3), h.flat("%wd", M3),
+                 h.flat("%h", M2["bf16"]), wrow, R, d, n, dxe, h.flat("%d_wgu", M3),
                  h.flat("%d_wd", M3), dspart, nt, True)
     h.launch("moe_dweights", h.ceil(Tk, THREADS), one, one,
              [(dspart, F32V), (rowsf, I32V), (Tk, IDX), (nt, IDX),
@@ -2022,7 +1981,7 @@ def host_expert_combine_grad():
     h.launch("moe_gather_sum", T, one, one,
              [(dxe, BF16V), (rowsf, I32V), (wrow, F32V), (h.c(0, "i1"), "i1"), (T, IDX),
               (k, IDX), (d, IDX), (h.flat("%dx", M2["bf16"]), BF16V)])
-    for buf, ty in ((dxe, "bf16"), (dspart, "f32"), (poffs, "i32"), (wrow, "f32")):
+    for buf, ty in ((dxe, "bf16"), (dspart, "f32"), (wrow, "f32")):
         h.dealloc(buf, ty)
     return h.text()
 
@@ -2036,14 +1995,12 @@ def host_shared_expert_grad():
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
     m = h.dim("%wd", M2["bf16"], 0)
-    offs, poffs = single_offsets(h, T)
-    ldt = e.add(round8(h, T), h.c(8))
-    ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dy", M2["bf16"]), None, offs, poffs,
+    offs = single_offsets(h, T)
+    ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dy", M2["bf16"]), None, offs,
                  h.c(1), h.flat("%wgu", M2["bf16"]), h.flat("%wd", M2["bf16"]),
-                 h.flat("%h", M2["bf16"]), None, T, d, m, ldt, h.flat("%dx", M2["bf16"]),
+                 h.flat("%h", M2["bf16"]), None, T, d, m, h.flat("%dx", M2["bf16"]),
                  h.flat("%d_wgu", M2["bf16"]), h.flat("%d_wd", M2["bf16"]), None, None, False)
     h.dealloc(offs, "i32")
-    h.dealloc(poffs, "i32")
     return h.text()
 
 
@@ -2058,18 +2015,15 @@ def host_router_grad():
     d = h.dim("%x", M2["bf16"], 1)
     E = h.dim("%wr", M2["bf16"], 1)
     k = h.dim("%experts", M2["i32"], 1)
-    ldt = e.add(round8(h, T), h.c(8))
     E8 = round8(h, E)
     dl = h.alloc(h.grid(e.mul(T, E8)), "bf16")
-    dlt = h.alloc(e.mul(E, ldt), "bf16")
     has = e.cmp("ugt", h.dim("%d_logits", M2["f32"], 0), h.c(0))
     h.launch("moe_router_grad_logits", h.ceil(T, THREADS), one, one,
              [(h.flat("%logits", M2["f32"]), F32V), (h.flat("%experts", M2["i32"]), I32V),
               (h.flat("%d_weights", M2["f32"]), F32V), (h.flat("%d_logits", M2["f32"]), F32V),
               (has, "i1"), (T, IDX), (E, IDX), (k, IDX), ("%scoring", "i32"),
-              ("%renormalize", "i1"), ("%scaling", "f32"), (dl, BF16V), (E8, IDX), (dlt, BF16V),
-              (ldt, IDX)])
-    offs, poffs = single_offsets(h, T)
+              ("%renormalize", "i1"), ("%scaling", "f32"), (dl, BF16V), (E8, IDX)])
+    offs = single_offsets(h, T)
     xf = h.flat("%x", M2["bf16"])
     wrp = padded_copy(h, h.flat("%wr", M2["bf16"]), d, E, E8, "bf16")
     h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
@@ -2079,10 +2033,10 @@ def host_router_grad():
     dwrp = h.alloc(e.mul(d, E8), "bf16")
     h.launch_gemm("moe_gemm_wgrad_rows_t", h.ceil(E, BM), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_wgrad_rows_t", dict(
-                 offsets=offs, poffsets=poffs, num_experts=one, amat=dlt, lda=ldt, bmat=xf,
+                 offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=xf,
                  ldb=d, dim_m=E, dim_n=d, dim_k=h.c(0), cout=dwrp, ldc=E8)))
     repack(h, dwrp, h.flat("%d_wr", M2["bf16"]), d, E8, E, E, "bf16")
-    for buf, ty in ((dl, "bf16"), (dlt, "bf16"), (offs, "i32"), (poffs, "i32"), (wrp, "bf16"),
+    for buf, ty in ((dl, "bf16"), (offs, "i32"), (wrp, "bf16"),
                     (dwrp, "bf16")):
         h.dealloc(buf, ty)
     return h.text()

@@ -60,30 +60,30 @@
 // CHECK: .maxntid 256, 1, 1
 // CHECK: cp.async.cg.shared.global
 // CHECK: wgmma.fence.sync.aligned
-// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_wgrad_gather_t(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: cp.async.cg.shared.global
 // CHECK: wgmma.fence.sync.aligned
-// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_wgrad_rows(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: cp.async.cg.shared.global
 // CHECK: wgmma.fence.sync.aligned
-// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_wgrad_rows_t(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: cp.async.cg.shared.global
 // CHECK: wgmma.fence.sync.aligned
-// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
+// Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
+// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_router_scores(
 // CHECK: .maxntid 128, 1, 1
 // CHECK-LABEL: .entry moe_router_select(
@@ -97,8 +97,6 @@
 // CHECK-LABEL: .entry moe_gather_sum(
 // CHECK: .maxntid 128, 1, 1
 // CHECK-LABEL: .entry moe_scatter_weights(
-// CHECK: .maxntid 128, 1, 1
-// CHECK-LABEL: .entry moe_padded_offsets(
 // CHECK: .maxntid 128, 1, 1
 // CHECK-LABEL: .entry moe_single_offsets(
 // CHECK: .maxntid 128, 1, 1

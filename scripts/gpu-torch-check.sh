@@ -10,7 +10,8 @@
 #           scaling, shared expert);
 #   train   bench/train_check.py: small Mixtral-style and Qwen3-MoE-style models from config,
 #           50 AdamW steps with moe_mlir layers against HF grouped_mm experts; losses step by
-#           step (max |diff| <= 1e-2), tokens/s, peak memory; train_check.json, train_check.png.
+#           step (max |diff| <= 1e-2), tokens/s, peak memory; train_check.json, train_check.png;
+#           with HF's eager experts as a control (max |grouped_mm - eager|: the noise floor).
 # Output in $OUT (default /tmp/moe-torch-out): gpu-torch-check.log, summary.txt ("N passed,
 # M failed" last), train_check.json, train_check.png.
 #
@@ -89,7 +90,7 @@ fi
 if wants train; then
   mark=$(lines)
   run 420 "train_check.py" "$python" "$root/bench/train_check.py" --device cuda \
-    --steps "$steps" --out "$out"
+    --steps "$steps" --control --out "$out"
   rc=$?
   # The table (last lines) into the summary too.
   tail -n +"$((mark + 1))" "$log" | grep -A4 '^model    max' | grep -v '^model' | \

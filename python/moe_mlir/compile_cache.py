@@ -318,12 +318,10 @@ def _roots() -> List[Path]:
 def build_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions(), *,
                     moe_compile: Optional[str] = None) -> CacheEntry:
     """The sm_90a entry of `config` (NAME.o, NAME.h, NAME.json), built with moe-compile when
-    the cache has none for this compiler. Needs moe-compile (and ptxas): the LLVM machine."""
-    if options.memory_budget is not None or options.policy != "auto":
-        raise NotImplementedError(
-            "memory_budget/policy on the GPU path: moe-compile has no option for "
-            "moe-plan-activations yet (docs/memory.md); use memory_budget=None on CUDA, or "
-            "the CPU path to try a budget")
+    the cache has none for this compiler. Needs moe-compile (and ptxas): the LLVM machine.
+    `options.policy` and `options.memory_budget` go to moe-compile (--policy,
+    --memory-budget); a budget no plan meets, or policy=offload (not on sm_90a yet), raises
+    CompileError with moe-compile's diagnostic."""
     tool = moe_compile or find_moe_compile()
     ckey = config_key(config, "sm_90a", options)
     if tool is None:
@@ -337,12 +335,15 @@ def build_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions(),
         src = folder / "layer.mlir"
         src.write_text(layer_mlir(config, name))
         progress.step = "moe-compile"
-        proc = subprocess.run([tool, str(src), "-o", str(folder / name)], capture_output=True,
-                              text=True)
+        cmd = [tool, str(src), "-o", str(folder / name)]
+        if options.policy != "auto":
+            cmd.append(f"--policy={options.policy}")
+        if options.memory_budget is not None:
+            cmd.append(f"--memory-budget={options.memory_budget}")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             from .cpu import CompileError  # noqa: PLC0415
-            raise CompileError("moe-compile", [tool, str(src)], proc.returncode,
-                               proc.stderr or proc.stdout)
+            raise CompileError("moe-compile", cmd, proc.returncode, proc.stderr or proc.stdout)
 
     return _build("sm_90a", ckey, tkey, config, options, tool, build)
 
@@ -351,8 +352,6 @@ def find_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions()) 
     """The sm_90a entry to run: built here when moe-compile exists, else the newest prebuilt."""
     if find_moe_compile() is not None:
         return build_gpu_entry(config, options)
-    if options.memory_budget is not None or options.policy != "auto":
-        build_gpu_entry(config, options)  # raises the NotImplementedError
     ckey = config_key(config, "sm_90a", options)
     entry = _lookup("sm_90a", ckey, None)
     if entry is None:

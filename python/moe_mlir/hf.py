@@ -169,7 +169,7 @@ def replace_moe_blocks(model: nn.Module, memory_budget: Optional[str] = None, *,
     qualified names swapped. A block that looks like an MoE block (`gate` and `experts`) but is
     not supported raises NotImplementedError naming it (with `strict=False` it is left as is).
     Raises ValueError when the model has no MoE block. `memory_budget` ("2GiB", bytes as an
-    int): the activation plan of each layer (docs/memory.md; the CPU path only for now)."""
+    int): the activation plan of each layer (docs/memory.md), on CUDA and the CPU."""
     found: List[Tuple[str, nn.Module]] = []
     unsupported: List[str] = []
     for name, module in model.named_modules():

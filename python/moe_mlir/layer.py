@@ -306,7 +306,8 @@ class MoELayer(nn.Module):
 
     `config.tokens` and `config.dtype` are ignored: T comes from the input, the element type
     from the parameters (bf16 on CUDA; f32 or bf16 on the CPU). `memory_budget` / `policy`: the
-    activation plan (`moe-plan-activations`, docs/memory.md); CPU path only for now."""
+    activation plan (`moe-plan-activations`, docs/memory.md), on both paths (CUDA: through
+    moe-compile --policy / --memory-budget)."""
 
     def __init__(self, config: LayerConfig, *, memory_budget: Optional[str] = None,
                  policy: str = "auto", init_std: float = 0.02,
@@ -379,10 +380,6 @@ class MoELayer(nn.Module):
                 raise TypeError(f"MoELayer: input dtype {x.dtype} on CUDA; the CUDA path runs "
                                 f"torch.bfloat16 only (cast the model with .bfloat16())")
             check_gpu_config(c)
-            if self.options.memory_budget is not None or self.options.policy != "auto":
-                raise NotImplementedError(
-                    "memory_budget/policy on CUDA: moe-compile has no option for "
-                    "moe-plan-activations yet (docs/memory.md); the CPU path applies it")
         elif x.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"MoELayer: input dtype {x.dtype} on the CPU; the CPU path runs "
                             f"torch.float32 (and torch.bfloat16, computed in float32)")

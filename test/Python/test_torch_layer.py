@@ -4,6 +4,7 @@ fake implementations under FakeTensorMode). CI installs torch (scripts/install-d
 missing torch fails instead of skipping."""
 
 import dataclasses
+import json
 import os
 import shutil
 
@@ -236,6 +237,30 @@ def test_cuda_path_without_a_gpu(_cache, monkeypatch):
         assert logits.shape == (16, 4) and logits.dtype == torch.float32
         with pytest.raises(TypeError, match="bfloat16 only"):
             fl(torch.empty(16, 64, device="cuda"))
-        with pytest.raises(NotImplementedError, match="memory_budget"):
-            MoELayer(cfg, memory_budget="1GiB", device="cuda", dtype=torch.bfloat16)(x)
     assert layer is not None
+
+
+def _saved_params(entry):
+    manifest = json.loads((entry.path / f"{entry.name}.json").read_text())
+    return [p["name"] for p in manifest["entry_points"]["forward"]["params"]
+            if p["role"] == "saved"]
+
+
+def test_cuda_memory_plan_reaches_moe_compile(_cache):
+    """policy / memory_budget build their own sm_90a entries through moe-compile: recompute
+    saves no H, a roomy budget keeps it, one nothing meets is an error with moe-compile's
+    diagnostic."""
+    if cc.find_moe_compile() is None:
+        pytest.skip("no moe-compile")
+    from moe_mlir.cpu import CompileError
+    cfg = LayerConfig(16, 64, 64, 4, 2, renormalize=True, dtype="bf16")
+    keep = cc.build_gpu_entry(cfg)
+    recompute = cc.build_gpu_entry(cfg, cc.BuildOptions(policy="recompute"))
+    assert recompute.path != keep.path
+    assert "moe.expert_ffn.h" in _saved_params(keep)
+    assert "moe.expert_ffn.h" not in _saved_params(recompute)
+    roomy = cc.build_gpu_entry(cfg, cc.BuildOptions(memory_budget="1GiB"))
+    assert roomy.path not in (keep.path, recompute.path)
+    assert _saved_params(roomy) == _saved_params(keep)
+    with pytest.raises(CompileError, match="smallest budget"):
+        cc.build_gpu_entry(cfg, cc.BuildOptions(memory_budget="1B"))

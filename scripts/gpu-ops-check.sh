@@ -6,7 +6,8 @@
 # Builds runtime/ standalone, links DIR/ops.o (default gpu-inputs/ops; another DIR holds a
 # variant of the library, built by build-ops-harness.sh DIR GENERATOR) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
-# --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck;
+# --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck
+# (MOE_SANITIZE_TOOLS: a subset);
 # --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel);
 # with --ncu=REGEX, Nsight Compute profiles the launches (MOE_NCU_LAUNCHES, 12) matching REGEX
 # in one untimed step instead (speed of light, warp states, scheduler, memory, sampled
@@ -78,7 +79,7 @@ timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$ou
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
   # every op at the small shapes of --quick (all 25 kernels run)
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
     timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       python3 "$root/test/GPU/ops_check.py" --lib "$so" --quick \

@@ -1890,16 +1890,20 @@ def host_dispatch():
 
 
 def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
-    """up (gather or rows) + SwiGLU, then down; A lives only between the two."""
+    """up (gather or rows) + SwiGLU, then down (yf None: not run, only H is wanted); A
+    lives only between the two."""
     e = h.e
     one = h.c(1)
-    a = h.alloc(e.mul(M, n), "bf16")
+    a = h.alloc(h.grid(e.mul(M, n)), "bf16")
     values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=wguf, ldb=e.mul(n, h.c(2)),
                   dim_m=M, dim_n=n, dim_k=d, hout=hf, aout=a)
     if ids:
         values["ids"] = ids
     h.launch_gemm(up_kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
              gemm_args(h, up_kernel, values))
+    if yf is None:
+        h.dealloc(a, "bf16")
+        return
     h.launch_gemm("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_mn_bf16", dict(
                  offsets=offs, num_experts=E, amat=a, lda=n, bmat=wdf, ldb=d, dim_m=M,
@@ -1919,6 +1923,35 @@ def host_expert_ffn():
     ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
                 h.flat("%wd", M3), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]), R, d, n,
                 "moe_gemm_up_gather")
+    return h.text()
+
+
+def host_expert_ffn_h():
+    """expert_ffn without y: a recomputation in backward wants only H (docs/memory.md)."""
+    h = Host("expert_ffn_h", [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V),
+                              ("wgu", M3), ("wd", M3), ("act", "i32"), ("h", M2["bf16"])])
+    d = h.dim("%x", M2["bf16"], 1)
+    R = h.dim("%token_ids", I32V, 0)
+    E = h.dim("%wd", M3, 0)
+    n = h.dim("%wd", M3, 1)
+    ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
+                h.flat("%wd", M3), None, h.flat("%h", M2["bf16"]), R, d, n,
+                "moe_gemm_up_gather")
+    return h.text()
+
+
+def host_shared_expert_h():
+    """shared_expert without y (recomputation of H)."""
+    h = Host("shared_expert_h", [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]),
+                                 ("act", "i32"), ("h", M2["bf16"])])
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    m = h.dim("%wd", M2["bf16"], 0)
+    offs = single_offsets(h, T)
+    ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
+                h.flat("%wd", M2["bf16"]), None, h.flat("%h", M2["bf16"]), T, d, m,
+                "moe_gemm_up_rows")
+    h.dealloc(offs, "i32")
     return h.text()
 
 
@@ -2101,8 +2134,9 @@ def main():
     out += SIMPLE
     out.append(DEVICE_FUNCS)
     out.append("  }")
-    for fn in (host_router, host_dispatch, host_expert_ffn, host_combine, host_shared_expert,
-               host_expert_combine_grad, host_shared_expert_grad, host_router_grad, host_add):
+    for fn in (host_router, host_dispatch, host_expert_ffn, host_expert_ffn_h, host_combine,
+               host_shared_expert, host_shared_expert_h, host_expert_combine_grad,
+               host_shared_expert_grad, host_router_grad, host_add):
         out.append(fn())
     out.append("}")
     text = "\n".join(out) + "\n"

@@ -52,7 +52,8 @@ g++ -shared -o "$so" "$ops/ops.o" -L"$build/lib" -lmoe_runtime \
 status=0
 if [ -n "$bench" ] && [ -n "$ncu" ]; then
   # every launch matching REGEX in one untimed step of each config; the report keeps
-  # the sampled stalls per SASS instruction (source.csv: the slowest kernel's listing)
+  # the sampled stalls per SASS instruction (source-REGEX2.csv: the first launch of each
+  # kernel matching a MOE_NCU_SOURCE entry)
   timeout 500 ncu --kernel-name "regex:$ncu" --launch-count "${MOE_NCU_LAUNCHES:-12}" \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
@@ -78,7 +79,7 @@ fi
 timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
-  # every op at the small shapes of --quick (all 25 kernels run)
+  # every op at the small shapes of --quick (all 24 kernels run)
   for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
     timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \

@@ -342,8 +342,9 @@ def gen_gemm(g):
     mrow32 = i32(mrow)
     # this thread's destinations in ring slot 0
     a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
-    arow32 = i32(arow)
-    a_step = wide(c(16, I32), lda2)  # mn: K-rows 16 apart
+    if g.a == "mn":
+        arow32 = i32(arow)
+        a_step = wide(c(16, I32), lda2)  # K-rows 16 apart
     b_soff = k_soff if g.b == "w_k" else m_soff
     b_dst0 = gep3(sptr, e.add(i32(e.mul(b_soff, c(2))), c(A_TILE_BYTES, I32), I32))
     # B rows 32 apart (K-major) or K-rows 8 apart (MN-major), in bytes
@@ -440,7 +441,6 @@ def gen_gemm(g):
         S["valid"], S["expert"], S["elo"] = valid, expert, elo
         m0, m_end = S["m0"], S["m_end"]
         # A rows of this thread: a pointer to its first chunk, and validity
-        rows = []
         if g.a == "mn":
             # columns m0 + 64 box + 8 chunk of the expert's K-rows off + t/16 + ...
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
@@ -448,16 +448,17 @@ def gen_gemm(g):
             S["acol_ok"] = e.cmp("ult", acol, A["dim_m"])
             first = e.add(e.mul(e.add(elo, arow), A["lda"]), e.select(S["acol_ok"], acol, c(0)))
             S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
-        col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
-        for i in range(BM // 32 if g.a != "mn" else 0):
-            r = e.add(m0, e.add(krow, c(32 * i)))
-            ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
-            if g.a == "gather":
-                src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
-            else:
-                src = i32(e.select(ok, r, c(0)))
-            rows.append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
-        S["a_rows"] = rows
+        else:
+            col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
+            S["a_rows"] = []
+            for i in range(BM // 32):
+                r = e.add(m0, e.add(krow, c(32 * i)))
+                ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
+                if g.a == "gather":
+                    src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
+                else:
+                    src = i32(e.select(ok, r, c(0)))
+                S["a_rows"].append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
         n0 = S["n0"]
         if g.b == "w_k":
             # row n0 + krow of W[e] ([N, K]); rows 32 i further on are valid while

@@ -93,7 +93,7 @@ if wants train; then
     --steps "$steps" --control --out "$out"
   rc=$?
   # The table (last lines) into the summary too.
-  tail -n +"$((mark + 1))" "$log" | grep -A4 '^model    max' | grep -v '^model' | \
+  since "$mark" | grep -A4 '^model    max' | grep -v '^model' | \
     grep -vE '^[0-9]+ passed' | sed 's/^/  /' | tee -a "$out/summary.txt"
   if [ $rc -eq 0 ]; then pass "training check: $(tally "$mark")"
   else fail "training check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi

@@ -4,7 +4,6 @@ fake implementations under FakeTensorMode). CI installs torch (scripts/install-d
 missing torch fails instead of skipping."""
 
 import dataclasses
-import json
 import os
 import shutil
 
@@ -241,9 +240,9 @@ def test_cuda_path_without_a_gpu(_cache, monkeypatch):
 
 
 def _saved_params(entry):
-    manifest = json.loads((entry.path / f"{entry.name}.json").read_text())
-    return [p["name"] for p in manifest["entry_points"]["forward"]["params"]
-            if p["role"] == "saved"]
+    from moe_mlir import gpu
+    manifest = gpu.Manifest.load(str(entry.path / f"{entry.name}.json"))
+    return [p.name for p in manifest.forward.by_role("saved")]
 
 
 def test_cuda_memory_plan_reaches_moe_compile(_cache):

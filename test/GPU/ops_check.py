@@ -208,6 +208,11 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     ry, rh = ref_ffn(x.float(), tid, off, wgu.float(), wd.float())
     ok &= check(f"{tag} h", rel(h, rh), 1e-2)
     ok &= check(f"{tag} y", rel(y, ry), 1e-2)
+    # H alone (a recomputation in backward): the same bits as the full FFN's H
+    h_only = torch.full_like(h, float("nan"))
+    lib.call("expert_ffn_h", x, tid, off, wgu, wd, 0, h_only)
+    ok &= check_exact(f"{tag} h only (recompute) bitwise", h_only.view(torch.int16),
+                      h.view(torch.int16))
     w = torch.rand(T, k, device=DEV)
     out = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
     lib.call("combine", y, w, rows, out)
@@ -349,6 +354,10 @@ def run_shared(lib, T, d, m):
     yr = (torch.nn.functional.silu(hr[:, :m]) * hr[:, m:]) @ wdr
     ok = check(f"{tag} h", rel(h, hr.detach()), 1e-2)
     ok &= check(f"{tag} y", rel(y, yr.detach()), 1e-2)
+    h_only = torch.full_like(h, float("nan"))
+    lib.call("shared_expert_h", x, wgu, wd, 0, h_only)
+    ok &= check_exact(f"{tag} h only (recompute) bitwise", h_only.view(torch.int16),
+                      h.view(torch.int16))
     dy = bf(T, d)
     (yr * dy.float()).sum().backward()
     dx = torch.empty_like(x)

@@ -604,6 +604,15 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     for (Value value : llvm::concat<Value>(op->getOperands(), op->getResults()))
       args.push_back(h.flat(bufferOf(value)));
     h.call("__moe_gpu_add", args);
+  } else if (isa<ExpertFFNOp, SharedExpertOp>(op) &&
+             !bufferOf(op->getResult(0))) {
+    // Nobody reads y (a recomputation of H in backward): only the up GEMM runs.
+    operands();
+    activation();
+    args.push_back(h.dynamic(bufferOf(op->getResult(1))));
+    h.call(isa<ExpertFFNOp>(op) ? "__moe_gpu_expert_ffn_h"
+                                : "__moe_gpu_shared_expert_h",
+           args);
   } else {
     StringRef callee =
         TypeSwitch<Operation *, StringRef>(op)
@@ -686,12 +695,17 @@ void convertFunction(FunctionPlan &plan) {
       b.clone(op, scalars);
       continue;
     }
+    // An expert FFN whose y nobody reads (H recomputed in backward) gets no
+    // buffer for y, and emitCall runs only its up projection.
+    bool onlyH = isa<ExpertFFNOp, SharedExpertOp>(op) &&
+                 op.getResult(0).use_empty() && !buffers.count(op.getResult(0));
     for (Value result : op.getResults())
-      if (!buffers.count(result))
+      if (!buffers.count(result) && !(onlyH && result == op.getResult(0)))
         buffers[result] = h.alloc(getBufferType(result.getType()));
     emitCall(&op, h, [&](Value value) { return buffers.lookup(value); });
     for (Value value : freeAfter.lookup(&op))
-      h.dealloc(buffers.lookup(value));
+      if (Value buffer = buffers.lookup(value))
+        h.dealloc(buffer);
   }
   h.loc = returnOp.getLoc();
   for (auto [param, value] : copies)

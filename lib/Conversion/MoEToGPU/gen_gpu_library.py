@@ -37,7 +37,7 @@ GROUP_M = int(os.environ.get("MOE_GEMM_GROUP_M", "16"))  # M-tiles per raster gr
 # Persistent kernels (the bf16 epilogues): NUM_CTAS CTAs, one an SM (a thread holds 255
 # registers, so two CTAs never share an SM), P_STAGES ring stages. C is staged in bf16
 # (64 KiB) over the last ring slot and past the ring: 3 x 48 + 64 + 1 KiB of alignment.
-PERSISTENT_EPILOGUES = ("store_bf16", "store_bf16_w", "store_T_bf16_w", "swiglu")
+PERSISTENT_EPILOGUES = ("store_bf16", "store_bf16_w", "swiglu")
 P_STAGES = int(os.environ.get("MOE_GEMM_PSTAGES", "3"))
 NUM_CTAS = 132  # SMs of an H100 / H200; any count is correct, this one is the fastest
 STAGE_C_BYTES = BM * BN * 2
@@ -154,10 +154,10 @@ class Emitter:
 # A operand (a tile of BM rows x BK):
 #   gather:  row r of the tile is row ids[r] of a [*, K] matrix (dispatch queue)
 #   rows:    row r is row r of a [*, K] matrix
-#   mn:      K-row k of the tile is row off + k of a [*, M] matrix, columns m0 +
-#            [0, 128) (MN-major smem tile, read transposed by wgmma; varlen K):
-#            the weight gradients read dH and w*A where backward wrote them,
-#            with no transposed copy
+#   mn:      K-row k of the tile is row ids[off + k] (gather_a) or off + k of a
+#            [*, M] matrix, columns m0 + [0, 128) (MN-major smem tile, read
+#            transposed by wgmma; varlen K): the weight gradients read x, dH and
+#            w*A where forward and backward wrote them, with no transposed copy
 # B operand:
 #   w_mn:        W[e] is [K, N], N contiguous (MN-major smem tile)
 #   w_mn_swiglu: W[e] is [K, 2h]; the tile takes 64 gate columns and the same
@@ -171,9 +171,10 @@ class Emitter:
 
 
 class Gemm:
-    def __init__(self, name, a, b, epi, sched, gather_b=False, has_w=False, has_ds=False):
+    def __init__(self, name, a, b, epi, sched, gather_a=False, gather_b=False, has_w=False,
+                 has_ds=False):
         self.name, self.a, self.b, self.epi, self.sched = name, a, b, epi, sched
-        self.gather_b, self.has_w, self.has_ds = gather_b, has_w, has_ds
+        self.gather_a, self.gather_b, self.has_w, self.has_ds = gather_a, gather_b, has_w, has_ds
         # bf16 epilogues run persistent: one CTA an SM walks the tiles and prefetches the
         # next tile's first stages while it writes this tile's C through a half-tile
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
@@ -195,7 +196,7 @@ def gemm_signature(g):
         args += [("offsets", "memref<?xi32>"), ("num_experts", "index")]
     else:
         args += [("offsets", "memref<?xi32>"), ("num_experts", "index")]
-    if g.a == "gather":
+    if g.a == "gather" or g.gather_a:
         args += [("ids", "memref<?xi32>")]
     args += [("amat", "memref<?xbf16>"), ("lda", "index")]
     if g.b == "rows_mn" and g.gather_b:
@@ -207,7 +208,7 @@ def gemm_signature(g):
         args += [("hout", "memref<?xbf16>"), ("aout", "memref<?xbf16>")]
     elif g.epi == "store_f32":
         args += [("cout", "memref<?xf32>"), ("ldc", "index")]
-    elif g.epi in ("store_bf16", "store_bf16_w", "store_T_bf16_w"):
+    elif g.epi in ("store_bf16", "store_bf16_w"):
         args += [("cout", "memref<?xbf16>"), ("ldc", "index")]
     elif g.epi == "dswiglu":
         args += [("hsaved", "memref<?xbf16>")]
@@ -330,7 +331,7 @@ def gen_gemm(g):
         return out
 
     aptr, bptr = gptr(A["amat"], "memref<?xbf16>"), gptr(A["bmat"], "memref<?xbf16>")
-    if g.a == "gather":
+    if g.a == "gather" or g.gather_a:
         idsptr = gptr(A["ids"], "memref<?xi32>")
     if g.b == "rows_mn" and g.gather_b:
         bidsptr = gptr(A["bids"], "memref<?xi32>")
@@ -342,9 +343,8 @@ def gen_gemm(g):
     mrow32 = i32(mrow)
     # this thread's destinations in ring slot 0
     a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
-    if g.a == "mn":
-        arow32 = i32(arow)
-        a_step = wide(c(16, I32), lda2)  # K-rows 16 apart
+    arow32 = i32(arow)
+    a_step = wide(c(16, I32), lda2)  # mn: K-rows 16 apart
     b_soff = k_soff if g.b == "w_k" else m_soff
     b_dst0 = gep3(sptr, e.add(i32(e.mul(b_soff, c(2))), c(A_TILE_BYTES, I32), I32))
     # B rows 32 apart (K-major) or K-rows 8 apart (MN-major), in bytes
@@ -373,22 +373,27 @@ def gen_gemm(g):
         """Tile t of the schedule, as straight-line code: every index is clamped so a
         tile past the end (or an M-tile no expert owns) is valid=false with numk = 0."""
         S = {}
+        # The raster in i32: a tile count fits (a layer that fits the GPU's memory has
+        # at most a few million tiles), and 64-bit divisions are calls of about 40
+        # instructions each, twice a tile.
+        t32 = i32(t)
+        mt32, nt32 = i32(mtiles), i32(ntiles)
         if g.sched == "varlen_m":
-            inner_all = t
+            inner_all = t32
         else:
             # (at least 1: with no tiles at all, the tile before the loop still divides)
-            per = e.op(f"arith.maxui {e.mul(mtiles, ntiles)}, {c(1)} : index")
-            inner_all = e.rem(t, per)
+            per = e.op(f"arith.maxui {e.mul(mt32, nt32, I32)}, {c(1, I32)} : i32")
+            inner_all = e.rem(t32, per, I32)
         # Grouped raster: GROUP_M M-tiles by all N-tiles, the M-tile fastest inside a
         # group, so the CTAs on the GPU at one time cover GROUP_M M-tiles by a few
         # N-tiles and share their A rows and B columns in L2; a plain M-fastest order
         # re-read the activations from DRAM once per N-tile.
-        span = e.op(f"arith.maxui {e.mul(ntiles, c(GROUP_M))}, {c(GROUP_M)} : index")
-        first_m = e.mul(e.div(inner_all, span), c(GROUP_M))
-        gsize = e.op(f"arith.maxui {e.minu(c(GROUP_M), e.sub(mtiles, first_m))}, {c(1)} : index")
-        inner = e.rem(inner_all, span)
-        bx = e.add(first_m, e.rem(inner, gsize))
-        by = e.div(inner, gsize)
+        span = e.op(f"arith.maxui {e.mul(nt32, c(GROUP_M, I32), I32)}, {c(GROUP_M, I32)} : i32")
+        first_m = e.mul(e.div(inner_all, span, I32), c(GROUP_M, I32), I32)
+        gsize = e.op(f"arith.maxui {e.minu(c(GROUP_M, I32), e.sub(mt32, first_m, I32), I32)}, {c(1, I32)} : i32")
+        inner = e.rem(inner_all, span, I32)
+        bx = e.op(f"arith.index_castui {e.add(first_m, e.rem(inner, gsize, I32), I32)} : i32 to index")
+        by = e.op(f"arith.index_castui {e.div(inner, gsize, I32)} : i32 to index")
         S["by"] = by
         if g.sched == "varlen_m":
             # the expert whose tiles contain M-tile bx (-1 if none) and its first tile
@@ -430,7 +435,7 @@ def gen_gemm(g):
             S["numk"] = e.select(valid, e.div(e.add(A["dim_k"], c(BK - 1)), c(BK)), c(0))
         else:
             valid = e.cmp("ult", t, total)
-            expert = e.select(valid, e.div(t, per), c(0))
+            expert = e.select(valid, e.op(f"arith.index_castui {e.div(t32, per, I32)} : i32 to index"), c(0))
             S["m0"] = e.mul(bx, c(BM))
             S["m_end"] = A["dim_m"]
             S["n0"] = e.mul(by, c(BN))
@@ -441,24 +446,30 @@ def gen_gemm(g):
         S["valid"], S["expert"], S["elo"] = valid, expert, elo
         m0, m_end = S["m0"], S["m_end"]
         # A rows of this thread: a pointer to its first chunk, and validity
+        rows = []
         if g.a == "mn":
             # columns m0 + 64 box + 8 chunk of the expert's K-rows off + t/16 + ...
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
             acol = e.add(m0, e.add(e.mul(abox, c(64)), e.mul(acc8, c(8))))
             S["acol_ok"] = e.cmp("ult", acol, A["dim_m"])
-            first = e.add(e.mul(e.add(elo, arow), A["lda"]), e.select(S["acol_ok"], acol, c(0)))
-            S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
-        else:
-            col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
-            S["a_rows"] = []
-            for i in range(BM // 32):
-                r = e.add(m0, e.add(krow, c(32 * i)))
-                ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
-                if g.a == "gather":
-                    src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
-                else:
-                    src = i32(e.select(ok, r, c(0)))
-                S["a_rows"].append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
+            acol = e.select(S["acol_ok"], acol, c(0))
+            if g.gather_a:
+                # the rows come per stage (load_rows)
+                S["a_ptr"] = gep1(aptr, e.mul(i64(acol), c(2, "i64"), "i64"))
+                S["aids_ptr"] = gep1(idsptr, e.mul(i64(e.add(elo, arow)), c(4, "i64"), "i64"))
+            else:
+                first = e.add(e.mul(e.add(elo, arow), A["lda"]), acol)
+                S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
+        col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
+        for i in range(BM // 32 if g.a != "mn" else 0):
+            r = e.add(m0, e.add(krow, c(32 * i)))
+            ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
+            if g.a == "gather":
+                src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
+            else:
+                src = i32(e.select(ok, r, c(0)))
+            rows.append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
+        S["a_rows"] = rows
         n0 = S["n0"]
         if g.b == "w_k":
             # row n0 + krow of W[e] ([N, K]); rows 32 i further on are valid while
@@ -496,32 +507,42 @@ def gen_gemm(g):
                 S["brow0"] = first
         return S
 
-    def load_b_rows(S, kt):
-        """Source rows of the gathered B tile kt, as (row, valid): loaded a stage
-        early so their latency hides behind the wgmma of the current stage."""
-        if g.b != "rows_mn":
-            return None
+    def load_rows(S, kt):
+        """Source rows of the gathered A and B tiles of k-tile kt, as (row, valid)
+        lists: loaded a stage early so their latency hides behind the wgmma of the
+        current stage."""
+        rows = {}
         k0 = e.mul(i32(kt), c(BK, I32), I32)
-        kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
-        if g.gather_b:
-            stage_ids = gep1(S["bids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
-        srcs = []
-        for i in range(8):
-            kok = e.cmp("sgt", kleft, c(8 * i, I32), I32)
+        if g.gather_a:
+            # K-rows k0 + t/16 + 16 i; past the expert's end there is no token id
+            kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
+            stage_ids = gep1(S["aids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
+            rows["a"] = []
+            for i in range(4):
+                kok = e.cmp("sgt", kleft, c(16 * i, I32), I32)
+                p = e.op(f"llvm.getelementptr {stage_ids}[{64 * i}] : ({P1}) -> {P1}, i8")
+                rows["a"].append((guarded_load_i32(kok, p), kok))
+        if g.b == "rows_mn":
+            kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
             if g.gather_b:
-                # only rows of the expert: past its end (an empty last expert,
-                # T = 0) there is no token id to read
-                p = e.op(f"llvm.getelementptr {stage_ids}[{32 * i}] : ({P1}) -> {P1}, i8")
-                src = guarded_load_i32(kok, p)
-            else:
-                src = e.add(e.add(S["brow0"], k0, I32), c(8 * i, I32), I32)
-            srcs.append((src, kok))
-        return srcs
+                stage_ids = gep1(S["bids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
+            rows["b"] = []
+            for i in range(8):
+                kok = e.cmp("sgt", kleft, c(8 * i, I32), I32)
+                if g.gather_b:
+                    # only rows of the expert: past its end (an empty last expert,
+                    # T = 0) there is no token id to read
+                    p = e.op(f"llvm.getelementptr {stage_ids}[{32 * i}] : ({P1}) -> {P1}, i8")
+                    src = guarded_load_i32(kok, p)
+                else:
+                    src = e.add(e.add(S["brow0"], k0, I32), c(8 * i, I32), I32)
+                rows["b"].append((src, kok))
+        return rows
 
-    def issue_stage(S, kt, slot, enabled, b_srcs=None):
+    def issue_stage(S, kt, slot, enabled, srcs=None):
         """cp.async copies of k-tile kt into ring slot `slot` (both index values)."""
-        if b_srcs is None:
-            b_srcs = load_b_rows(S, kt)
+        if srcs is None:
+            srcs = load_rows(S, kt)
         k0 = e.mul(i32(kt), c(BK, I32), I32)
         slot_bytes = e.mul(i32(slot), c(STAGE_BYTES, I32), I32)
         koff = zext(e.mul(k0, c(2, I32), I32))
@@ -531,12 +552,17 @@ def gen_gemm(g):
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
             on = e.op(f"arith.andi {S['acol_ok']}, {enabled} : i1")
             abytes = e.select(on, c(16, I32), c(0, I32), I32)
-            src = gep1(S["a_ptr"], wide(k0, lda2))
+            if not g.gather_a:
+                src = gep1(S["a_ptr"], wide(k0, lda2))
             for i in range(4):
-                if i:
-                    src = gep1(src, a_step)
+                if g.gather_a:
+                    row, kok = srcs["a"][i]
+                    src = gep1(S["a_ptr"], wide(row, lda2))
+                else:
+                    if i:
+                        src = gep1(src, a_step)
+                    kok = e.cmp("sgt", kleft, c(16 * i, I32), I32)
                 dst = e.op(f"llvm.getelementptr {adst}[{i * 16 * 128}] : ({P3}) -> {P3}, i8")
-                kok = e.cmp("sgt", kleft, c(16 * i, I32), I32)
                 cp_async(dst, src, e.select(kok, abytes, c(0, I32), I32))
         else:
             # the K columns left past this thread's chunk, as bytes to copy (0-16)
@@ -565,7 +591,7 @@ def gen_gemm(g):
                 src = gep1(S["b_ptr"], wide(k0, ldb2))
             for i in range(8):
                 if g.b == "rows_mn":
-                    row, kok = b_srcs[i]
+                    row, kok = srcs["b"][i]
                     src = gep1(S["b_ptr"], wide(row, ldb2))
                 else:
                     if i:
@@ -593,7 +619,7 @@ def gen_gemm(g):
         nk = e.add(kt, c(stages - 1))
         # k-tile nk goes to the slot read last step: (kt - 1) % stages
         ws = e.select(e.cmp("eq", rs, c(0)), c(stages - 1), e.sub(rs, c(1)))
-        next_b_srcs = load_b_rows(S, nk)
+        next_srcs = load_rows(S, nk)
         e.emit(f"nvvm.cp.async.wait.group {stages - 2}")
         e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
         e.emit("gpu.barrier")
@@ -613,7 +639,7 @@ def gen_gemm(g):
         e.emit("nvvm.wgmma.commit.group.sync.aligned")
         e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
         e.emit("gpu.barrier")
-        issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_b_srcs)
+        issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_srcs)
         rs_next = e.select(e.cmp("eq", rs, c(stages - 1)), c(0), e.add(rs, c(1)))
         e.emit(f"scf.yield {cur}, {rs_next} : {ACC}, index")
         e.indent = outer
@@ -629,7 +655,91 @@ def gen_gemm(g):
     qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
 
+    def write_half(S, stage, h):
+        """Half h of C from the staging buffer to global memory in 16-byte stores.
+        A thread keeps one column group and walks rows 16 (SwiGLU: 32) apart, so its
+        addresses are one pointer and a fixed step and its staging offsets constants: index math here cost a quarter of a small-K weight
+        gradient's time (Nsight Compute, deepseek-v3)."""
+        m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
+        base = h * BM * BN // 2
+
+        def sload(idx):
+            return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
+
+        def gstore(vec, ptr, ok):
+            if_begin(ok)
+            e.emit(f"llvm.store {vec}, {ptr} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+            if_end()
+
+        def left(a, b):
+            """a - b as i32 (negative when b is past a)"""
+            return e.sub(i32(a), i32(b), I32)
+
+        if g.epi == "swiglu":
+            # rows tid/8 + 32 j, 16-byte group q = tid%8 of the 64 gate columns (and
+            # group q + 8: the same up columns)
+            half = A["dim_n"]
+            q, lr0 = e.rem(tid, c(8)), e.div(tid, c(8))
+            swz = e.rem(lr0, c(8))
+            row0 = e.add(c(base), e.mul(lr0, c(BN // 2)))
+            g_idx = e.add(row0, e.mul(e.xor(q, swz), c(V)))
+            u_idx = e.add(row0, e.mul(e.xor(e.add(q, c(8)), swz), c(V)))
+            col = e.add(n0, e.add(c(64 * h), e.mul(q, c(V))))
+            col_ok = e.cmp("ult", col, half)
+            r0 = e.add(m0, lr0)
+            mleft = left(m_end, r0)
+            half2 = e.mul(i32(half), c(2, I32), I32)
+            hp = gep1(hout_ptr, e.mul(i64(e.add(e.mul(r0, e.mul(half, c(2))), col)), c(2, "i64"), "i64"))
+            ap = gep1(aout_ptr, e.mul(i64(e.add(e.mul(r0, half), col)), c(2, "i64"), "i64"))
+            h_step = wide(c(32, I32), e.mul(half2, c(2, I32), I32))
+            a_step = wide(c(32, I32), half2)
+            up_off = zext(half2)
+            for j in range(BM * (BN // 4) // V // GEMM_THREADS):
+                if j:
+                    hp, ap = gep1(hp, h_step), gep1(ap, a_step)
+                gv = sload(e.add(g_idx, c(j * 32 * (BN // 2))))
+                uv = sload(e.add(u_idx, c(j * 32 * (BN // 2))))
+                ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(32 * j, I32), I32)} : i1")
+                if_begin(ok)
+                e.emit(f"llvm.store {gv}, {hp} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+                e.emit(f"llvm.store {uv}, {gep1(hp, up_off)} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+                # a = silu(g) * u from the bf16-rounded h, as backward sees it
+                avals = []
+                for u in range(V):
+                    g32 = e.op(f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                    u32 = e.op(f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                    _, silu = silu_parts(e, g32)
+                    avals.append(e.op(f"arith.truncf {e.fmul(silu, u32)} : f32 to bf16"))
+                av = e.op(f"vector.from_elements {', '.join(avals)} : vector<{V}xbf16>")
+                e.emit(f"llvm.store {av}, {ap} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+                if_end()
+            return
+        # the weight gradients write expert e's [M, N] block of a [E, M, N] output
+        obase = e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"]) if g.epi != "store_bf16" else c(0)
+        q, l0 = e.rem(tid, c(16)), e.div(tid, c(16))
+        step = wide(c(16, I32), e.mul(i32(A["ldc"]), c(2, I32), I32))
+        # 16-byte group q of row l0 + 16 j
+        sidx = e.add(e.add(c(base), e.mul(l0, c(BN // 2))),
+                     e.mul(e.xor(q, e.rem(l0, c(8))), c(V)))
+        col = e.add(n0, e.add(c(128 * h), e.mul(q, c(V))))
+        col_ok = e.cmp("ult", col, A["dim_n"])
+        r0 = e.add(m0, l0)
+        mleft = left(m_end, r0)
+        first = e.add(obase, e.add(e.mul(r0, A["ldc"]), col))
+        # M, N and the varlen ends are multiples of 8 here, so a group is all in or out
+        ptr = gep1(cout_ptr, e.mul(i64(first), c(2, "i64"), "i64"))
+        for j in range(BM * (BN // 2) // V // GEMM_THREADS):
+            if j:
+                ptr = gep1(ptr, step)
+            vec = sload(e.add(sidx, c(j * 16 * (BN // 2))))
+            ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(16 * j, I32), I32)} : i1")
+            gstore(vec, ptr, ok)
+
     if g.persistent:
+        if g.epi == "swiglu":
+            hout_ptr, aout_ptr = gptr(A["hout"], "memref<?xbf16>"), gptr(A["aout"], "memref<?xbf16>")
+        else:
+            cout_ptr = gptr(A["cout"], "memref<?xbf16>")
         S0 = setup(bid)
         prologue(S0)
         t = e.fresh("t")
@@ -651,7 +761,7 @@ def gen_gemm(g):
         e.emit("gpu.barrier")
         if_begin(S["valid"])
         for h in (0, 1):
-            write_half(e, g, A, S, stage, h, tid)
+            write_half(S, stage, h)
         if_end()
         e.indent = loop_indent
         e.emit("}")
@@ -754,84 +864,9 @@ def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
                 v = 4 * j + 2 * i + cc
                 f = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
                 vals.append(e.op(f"arith.truncf {f} : f32 to bf16"))
-            if g.epi == "store_T_bf16_w":
-                for cc in range(2):
-                    lc = e.add(qcol, c(8 * jl + cc))
-                    q = e.xor(e.div(row, c(V)), e.rem(e.div(lc, c(2)), c(8)))
-                    idx = e.add(base, e.add(e.mul(lc, c(BM)), e.add(e.mul(q, c(V)), swz)))
-                    e.emit(f"memref.store {vals[cc]}, {stage}[{idx}] : {SBF16}")
-            else:
-                idx = e.add(base, e.add(e.mul(row, c(BN // 2)), e.add(e.mul(e.xor(c(jl), swz), c(V)), qcol)))
-                vec = e.op(f"vector.from_elements {vals[0]}, {vals[1]} : vector<2xbf16>")
-                e.emit(f"vector.store {vec}, {stage}[{idx}] {{alignment = 4}} : {SBF16}, vector<2xbf16>")
-
-
-def write_half(e, g, A, S, stage, h, tid):
-    c = e.const
-    m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-
-    base = c(h * BM * BN // 2)
-
-    def sload(idx):
-        idx = e.add(base, idx)
-        return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
-
-    def vstore(vec, mem, idx):
-        e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
-
-    ngroups = BM * (BN // 2) // V
-    if g.epi == "swiglu":
-        ngroups //= 2
-    it = e.fresh("ep")
-    e.emit(f"scf.for {it} = {tid} to {c(ngroups)} step {c(GEMM_THREADS)} {{")
-    e.indent += "  "
-    if g.epi == "store_T_bf16_w":
-        # a thread takes 8 consecutive rows of one column
-        q, lc = e.rem(it, c(BM // V)), e.div(it, c(BM // V))
-        lr = e.mul(q, c(V))
-        vec = sload(e.add(e.mul(lc, c(BM)), e.mul(e.xor(q, e.rem(e.div(lc, c(2)), c(8))), c(V))))
-        col = e.add(n0, e.add(c(128 * h), lc))
-    elif g.epi == "swiglu":
-        lr, q = e.div(it, c(8)), e.rem(it, c(8))
-        swz = e.rem(lr, c(8))
-        gv = sload(e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(q, swz), c(V))))
-        uv = sload(e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(e.add(q, c(8)), swz), c(V))))
-        col = e.add(n0, e.add(c(64 * h), e.mul(q, c(V))))
-    else:
-        lr, q = e.div(it, c(16)), e.rem(it, c(16))
-        vec = sload(e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(q, e.rem(lr, c(8))), c(V))))
-        col = e.add(n0, e.add(c(128 * h), e.mul(q, c(V))))
-    r = e.add(m0, lr)
-    # M, N and the varlen ends are multiples of 8 here, so a group is all in or out
-    ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, A['dim_n'])} : i1")
-    e.emit(f"scf.if {ok} {{")
-    e.indent += "  "
-    if g.epi == "store_bf16":
-        vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col))
-    elif g.epi in ("store_bf16_w", "store_T_bf16_w"):
-        obase = e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"])
-        if g.epi == "store_T_bf16_w":
-            vstore(vec, A["cout"], e.add(obase, e.add(e.mul(col, A["ldc"]), r)))
-        else:
-            vstore(vec, A["cout"], e.add(obase, e.add(e.mul(r, A["ldc"]), col)))
-    else:
-        half = A["dim_n"]
-        hrow = e.mul(r, e.mul(half, c(2)))
-        vstore(gv, A["hout"], e.add(hrow, col))
-        vstore(uv, A["hout"], e.add(hrow, e.add(half, col)))
-        # a = silu(g) * u from the bf16-rounded h, as backward sees it
-        avals = []
-        for u in range(V):
-            g32 = e.op(f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-            u32 = e.op(f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-            _, silu = silu_parts(e, g32)
-            avals.append(e.op(f"arith.truncf {e.fmul(silu, u32)} : f32 to bf16"))
-        av = e.op(f"vector.from_elements {', '.join(avals)} : vector<{V}xbf16>")
-        vstore(av, A["aout"], e.add(e.mul(r, half), col))
-    e.indent = e.indent[:-2]
-    e.emit("}")
-    e.indent = e.indent[:-2]
-    e.emit("}")
+            idx = e.add(base, e.add(e.mul(row, c(BN // 2)), e.add(e.mul(e.xor(c(jl), swz), c(V)), qcol)))
+            vec = e.op(f"vector.from_elements {vals[0]}, {vals[1]} : vector<2xbf16>")
+            e.emit(f"vector.store {vec}, {stage}[{idx}] {{alignment = 4}} : {SBF16}, vector<2xbf16>")
 
 
 def silu_parts(e, g32):
@@ -979,10 +1014,10 @@ GEMMS = [
     Gemm("moe_gemm_rows_k_bf16", "rows", "w_k", "store_bf16", "varlen_m"),
     Gemm("moe_gemm_dact_gather", "gather", "w_k", "dswiglu", "varlen_m", has_w=True, has_ds=True),
     Gemm("moe_gemm_dact_rows", "rows", "w_k", "dswiglu", "varlen_m"),
+    # dW_down = (w A)^T dOut[q]; dW_gate_up = x[q]^T dH, [d, 2h] as the weights are
     Gemm("moe_gemm_wgrad_gather", "mn", "rows_mn", "store_bf16_w", "varlen_k", gather_b=True),
-    Gemm("moe_gemm_wgrad_gather_t", "mn", "rows_mn", "store_T_bf16_w", "varlen_k", gather_b=True),
+    Gemm("moe_gemm_wgrad_gather_a", "mn", "rows_mn", "store_bf16_w", "varlen_k", gather_a=True),
     Gemm("moe_gemm_wgrad_rows", "mn", "rows_mn", "store_bf16_w", "varlen_k"),
-    Gemm("moe_gemm_wgrad_rows_t", "mn", "rows_mn", "store_T_bf16_w", "varlen_k"),
 ]
 
 
@@ -1855,16 +1890,20 @@ def host_dispatch():
 
 
 def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
-    """up (gather or rows) + SwiGLU, then down; A lives only between the two."""
+    """up (gather or rows) + SwiGLU, then down (yf None: not run, only H is wanted); A
+    lives only between the two."""
     e = h.e
     one = h.c(1)
-    a = h.alloc(e.mul(M, n), "bf16")
+    a = h.alloc(h.grid(e.mul(M, n)), "bf16")
     values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=wguf, ldb=e.mul(n, h.c(2)),
                   dim_m=M, dim_n=n, dim_k=d, hout=hf, aout=a)
     if ids:
         values["ids"] = ids
     h.launch_gemm(up_kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
              gemm_args(h, up_kernel, values))
+    if yf is None:
+        h.dealloc(a, "bf16")
+        return
     h.launch_gemm("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_mn_bf16", dict(
                  offsets=offs, num_experts=E, amat=a, lda=n, bmat=wdf, ldb=d, dim_m=M,
@@ -1884,6 +1923,35 @@ def host_expert_ffn():
     ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
                 h.flat("%wd", M3), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]), R, d, n,
                 "moe_gemm_up_gather")
+    return h.text()
+
+
+def host_expert_ffn_h():
+    """expert_ffn without y: a recomputation in backward wants only H (docs/memory.md)."""
+    h = Host("expert_ffn_h", [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V),
+                              ("wgu", M3), ("wd", M3), ("act", "i32"), ("h", M2["bf16"])])
+    d = h.dim("%x", M2["bf16"], 1)
+    R = h.dim("%token_ids", I32V, 0)
+    E = h.dim("%wd", M3, 0)
+    n = h.dim("%wd", M3, 1)
+    ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
+                h.flat("%wd", M3), None, h.flat("%h", M2["bf16"]), R, d, n,
+                "moe_gemm_up_gather")
+    return h.text()
+
+
+def host_shared_expert_h():
+    """shared_expert without y (recomputation of H)."""
+    h = Host("shared_expert_h", [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]),
+                                 ("act", "i32"), ("h", M2["bf16"])])
+    T = h.dim("%x", M2["bf16"], 0)
+    d = h.dim("%x", M2["bf16"], 1)
+    m = h.dim("%wd", M2["bf16"], 0)
+    offs = single_offsets(h, T)
+    ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
+                h.flat("%wd", M2["bf16"]), None, h.flat("%h", M2["bf16"]), T, d, m,
+                "moe_gemm_up_rows")
+    h.dealloc(offs, "i32")
     return h.text()
 
 
@@ -1939,9 +2007,12 @@ def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dw
     if experts:
         values["bids"] = ids
     h.launch_gemm(wk, h.ceil(n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
-    wk = wk + "_t"
-    values.update(amat=dh, lda=two_n, bmat=x, dim_m=two_n, cout=dwguf, ldc=two_n)
-    h.launch_gemm(wk, h.ceil(two_n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
+    wk = "moe_gemm_wgrad_gather_a" if experts else "moe_gemm_wgrad_rows"
+    values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=dh, ldb=two_n, dim_m=d,
+                  dim_n=two_n, dim_k=h.c(0), cout=dwguf, ldc=two_n)
+    if experts:
+        values["ids"] = ids
+    h.launch_gemm(wk, h.ceil(d, BM), h.ceil(two_n, BN), E, gemm_args(h, wk, values))
     h.dealloc(dh, "bf16")
     h.dealloc(wa, "bf16")
 
@@ -2032,10 +2103,11 @@ def host_router_grad():
                  offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=wrp, ldb=E8, dim_m=T,
                  dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
     dwrp = h.alloc(e.mul(d, E8), "bf16")
-    h.launch_gemm("moe_gemm_wgrad_rows_t", h.ceil(E, BM), h.ceil(d, BN), one,
-             gemm_args(h, "moe_gemm_wgrad_rows_t", dict(
-                 offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=xf,
-                 ldb=d, dim_m=E, dim_n=d, dim_k=h.c(0), cout=dwrp, ldc=E8)))
+    # dW_r = x^T dlogits, [d, E8] (the padding columns are dropped by the repack)
+    h.launch_gemm("moe_gemm_wgrad_rows", h.ceil(d, BM), h.ceil(E, BN), one,
+             gemm_args(h, "moe_gemm_wgrad_rows", dict(
+                 offsets=offs, num_experts=one, amat=xf, lda=d, bmat=dl,
+                 ldb=E8, dim_m=d, dim_n=E, dim_k=h.c(0), cout=dwrp, ldc=E8)))
     repack(h, dwrp, h.flat("%d_wr", M2["bf16"]), d, E8, E, E, "bf16")
     for buf, ty in ((dl, "bf16"), (offs, "i32"), (wrp, "bf16"),
                     (dwrp, "bf16")):
@@ -2062,8 +2134,9 @@ def main():
     out += SIMPLE
     out.append(DEVICE_FUNCS)
     out.append("  }")
-    for fn in (host_router, host_dispatch, host_expert_ffn, host_combine, host_shared_expert,
-               host_expert_combine_grad, host_shared_expert_grad, host_router_grad, host_add):
+    for fn in (host_router, host_dispatch, host_expert_ffn, host_expert_ffn_h, host_combine,
+               host_shared_expert, host_shared_expert_h, host_expert_combine_grad,
+               host_shared_expert_grad, host_router_grad, host_add):
         out.append(fn())
     out.append("}")
     text = "\n".join(out) + "\n"

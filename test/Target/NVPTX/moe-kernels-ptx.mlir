@@ -63,7 +63,7 @@
 // Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK-LABEL: .entry moe_gemm_wgrad_gather_t(
+// CHECK-LABEL: .entry moe_gemm_wgrad_gather_a(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: cp.async.cg.shared.global
 // CHECK: wgmma.fence.sync.aligned
@@ -71,13 +71,6 @@
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK-LABEL: .entry moe_gemm_wgrad_rows(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: cp.async.cg.shared.global
-// CHECK: wgmma.fence.sync.aligned
-// Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
-// CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
-// CHECK: wgmma.commit_group.sync.aligned
-// CHECK-LABEL: .entry moe_gemm_wgrad_rows_t(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: cp.async.cg.shared.global
 // CHECK: wgmma.fence.sync.aligned

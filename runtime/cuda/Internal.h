@@ -155,6 +155,10 @@ void reportMgpuFailure(const char *function);
 /// module load failure). For moeRuntimeResetForTesting.
 void resetMgpuForTesting();
 
+/// Forgets the cached device tensor maps (moeTensorMapDeviceBf16). For
+/// moeRuntimeResetForTesting.
+void resetTensorMapsForTesting();
+
 } // namespace moe::runtime
 
 #endif // MOE_RUNTIME_CUDA_INTERNAL_H

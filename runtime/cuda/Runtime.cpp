@@ -303,6 +303,7 @@ void moeRuntimeResetForTesting(void) {
     cache.modules.clear();
   }
   resetMgpuForTesting();
+  resetTensorMapsForTesting();
   resetDriverForTesting();
   moeClearLastError();
 }

@@ -3,13 +3,19 @@
 // cuTensorMapEncodeTiled answers CUDA_ERROR_INVALID_VALUE for any broken
 // rule. moeTensorMapValidate checks the rules of CUDA 13's cuda.h first, on
 // the host and without the driver, and names the one that fails.
+// moeTensorMapDeviceBf16 keeps encoded maps in device memory for kernels
+// that take them by pointer.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Internal.h"
 
+#include <array>
 #include <cinttypes>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <vector>
 
 using namespace moe::runtime;
 
@@ -110,7 +116,59 @@ moeStatus report(moeTensorMapRule rule, const char *detail,
     return report(rule, detail, failedRule);                                   \
   } while (false)
 
+// Device-resident maps of moeTensorMapDeviceBf16, per device: slots of 128
+// bytes in chunks that live as long as the process (a kernel in flight may
+// read any slot), found by the arguments that made them.
+constexpr size_t kMapsPerChunk = 512;
+using MapKey = std::array<int64_t, 14>;
+
+struct DeviceMaps {
+  std::map<MapKey, CUdeviceptr> slots;
+  std::vector<CUdeviceptr> chunks;
+  size_t used = 0;            // slots handed out since the last start-over
+  CUstream upload = nullptr;  // non-blocking: waits for nothing else
+};
+
+struct MapCache {
+  std::mutex mutex;
+  std::map<int, DeviceMaps> devices;
+};
+
+MapCache &mapCache() {
+  static MapCache *cache = new MapCache;
+  return *cache;
+}
+
+// A free slot of `maps`; at the cache limit, waits for the device (kernels
+// may still read the old maps) and starts over.
+moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, CUdeviceptr &slot) {
+  if (maps.slots.size() >= MOE_TENSOR_MAP_CACHE_LIMIT) {
+    if (CUresult result = api->cuCtxSynchronize())
+      return failCuda(result, "cuCtxSynchronize",
+                      "before the tensor map cache starts over");
+    maps.slots.clear();
+    maps.used = 0;
+  }
+  size_t chunk = maps.used / kMapsPerChunk;
+  if (chunk == maps.chunks.size()) {
+    CUdeviceptr memory = 0;
+    if (CUresult result =
+            api->cuMemAlloc(&memory, kMapsPerChunk * sizeof(moeTensorMap)))
+      return failCuda(result, "cuMemAlloc", "tensor map cache");
+    maps.chunks.push_back(memory);
+  }
+  slot = maps.chunks[chunk] + (maps.used % kMapsPerChunk) * sizeof(moeTensorMap);
+  ++maps.used;
+  return MOE_SUCCESS;
+}
+
 } // namespace
+
+void moe::runtime::resetTensorMapsForTesting() {
+  MapCache &cache = mapCache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.devices.clear();
+}
 
 extern "C" {
 
@@ -329,6 +387,89 @@ moeStatus moeTensorMapReplaceAddress(void *tensorMap, void *globalAddress) {
           static_cast<CUtensorMap *>(tensorMap), globalAddress))
     return failCuda(result, "cuTensorMapReplaceAddress");
   return MOE_SUCCESS;
+}
+
+void *moeTensorMapDeviceBf16(void *globalAddress, int64_t rank, int64_t dim0,
+                             int64_t dim1, int64_t dim2, int64_t dim3,
+                             int64_t stride1, int64_t stride2, int64_t stride3,
+                             int64_t box0, int64_t box1, int64_t box2,
+                             int64_t box3) {
+  if (moeGetLastStatus() != MOE_SUCCESS)
+    return nullptr;
+  if (rank < 1 || rank > 4) {
+    fail(MOE_ERROR_INVALID_ARGUMENT,
+         "moeTensorMapDeviceBf16: rank %" PRId64 " is not 1..4", rank);
+    return nullptr;
+  }
+  const int64_t dims[4] = {dim0, dim1, dim2, dim3};
+  const int64_t strides[3] = {stride1, stride2, stride3};
+  const int64_t boxes[4] = {box0, box1, box2, box3};
+  MapKey key = {int64_t(currentDevice()),
+                int64_t(reinterpret_cast<uintptr_t>(globalAddress)), rank};
+  uint64_t globalDim[4], globalStrides[3];
+  uint32_t boxDim[4];
+  for (int64_t i = 0; i < rank; ++i) {
+    // Negative values would wrap to sizes the rules then accept.
+    if (dims[i] < 0 || boxes[i] < 0 || (i + 1 < rank && strides[i] < 0)) {
+      fail(MOE_ERROR_INVALID_ARGUMENT,
+           "moeTensorMapDeviceBf16: dim, stride or box %" PRId64
+           " is negative",
+           i);
+      return nullptr;
+    }
+    globalDim[i] = uint64_t(dims[i]);
+    boxDim[i] = boxes[i] > 256 ? 0 : uint32_t(boxes[i]); // 0 fails the rule
+    key[3 + i] = dims[i];
+    key[7 + i] = boxes[i];
+    if (i + 1 < rank)
+      key[11 + i] = globalStrides[i] = uint64_t(strides[i]);
+  }
+
+  MapCache &cache = mapCache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  DeviceMaps &maps = cache.devices[currentDevice()];
+  auto found = maps.slots.find(key);
+  if (found != maps.slots.end())
+    return reinterpret_cast<void *>(found->second);
+
+  moeTensorMap map;
+  if (moeTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                              uint32_t(rank), globalAddress, globalDim,
+                              globalStrides, boxDim, nullptr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+    return nullptr;
+  const DriverApi *api;
+  if (getContext(api))
+    return nullptr;
+  if (!maps.upload &&
+      createStream(CU_STREAM_NON_BLOCKING, &maps.upload) != MOE_SUCCESS)
+    return nullptr;
+  CUdeviceptr slot = 0;
+  if (takeSlot(api, maps, slot))
+    return nullptr;
+  // The upload completes before any later launch is queued: kernels that
+  // read the slot come after it on every stream.
+  if (CUresult result =
+          api->cuMemcpyHtoDAsync(slot, &map, sizeof(map), maps.upload)) {
+    failCuda(result, "cuMemcpyHtoDAsync", "tensor map upload");
+    return nullptr;
+  }
+  if (CUresult result = api->cuStreamSynchronize(maps.upload)) {
+    failCuda(result, "cuStreamSynchronize", "tensor map upload");
+    return nullptr;
+  }
+  maps.slots.emplace(key, slot);
+  return reinterpret_cast<void *>(slot);
+}
+
+size_t moeTensorMapDeviceCacheSize(void) {
+  MapCache &cache = mapCache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto found = cache.devices.find(currentDevice());
+  return found == cache.devices.end() ? 0 : found->second.slots.size();
 }
 
 } // extern "C"

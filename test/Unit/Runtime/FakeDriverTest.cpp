@@ -411,4 +411,79 @@ TEST_F(RuntimeFake, TensorMapsAreValidatedBeforeEncoding) {
   EXPECT_EQ(fake->tensorMapReplaceCalls, 1);
 }
 
+// The weight maps of the generated GEMMs: encoded and uploaded once, then
+// found by their arguments; a broken rule is an error that also stops the
+// calls after it, like the mgpu* functions.
+TEST_F(RuntimeFake, DeviceTensorMapsAreCachedByArguments) {
+  alignas(16) static uint16_t weights[4 * 64 * 256];
+  auto mapOf = [](void *base, int64_t n) {
+    // [E = 4][K = 64][N = n], boxes of 64 columns x 64 rows of one expert
+    return moeTensorMapDeviceBf16(base, 3, n, 64, 4, 0, n * 2, 64 * n * 2, 0,
+                                  64, 64, 1, 0);
+  };
+  void *first = mapOf(weights, 256);
+  ASSERT_NE(first, nullptr) << lastMessage();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 128, 0u);
+  EXPECT_EQ(fake->tensorMapEncodeCalls, 1);
+  EXPECT_EQ(fake->memcpyCalls, 1);
+  // The slot holds the encoded map (the fake fills it with 0xab).
+  EXPECT_EQ(static_cast<const uint8_t *>(first)[127], 0xab);
+
+  EXPECT_EQ(mapOf(weights, 256), first);
+  EXPECT_EQ(fake->tensorMapEncodeCalls, 1);
+  EXPECT_EQ(fake->memcpyCalls, 1);
+  EXPECT_EQ(moeTensorMapDeviceCacheSize(), 1u);
+
+  void *other = mapOf(weights + 8, 248); // another address and shape
+  ASSERT_NE(other, nullptr) << lastMessage();
+  EXPECT_NE(other, first);
+  EXPECT_EQ(moeTensorMapDeviceCacheSize(), 2u);
+
+  // A misaligned address names the rule and leaves a pending failure.
+  EXPECT_EQ(mapOf(weights + 1, 256), nullptr);
+  EXPECT_EQ(moeGetLastStatus(), MOE_ERROR_MISALIGNED);
+  EXPECT_NE(lastMessage().find("16-byte aligned"), std::string::npos)
+      << lastMessage();
+  EXPECT_EQ(mapOf(weights, 256), nullptr); // pending: nothing runs
+  moeClearLastError();
+  EXPECT_EQ(mapOf(weights, 256), first);
+
+  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 5, 1, 1, 1, 1, 16, 16, 16, 1, 1,
+                                   1, 1),
+            nullptr);
+  EXPECT_EQ(moeGetLastStatus(), MOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastMessage().find("rank 5"), std::string::npos) << lastMessage();
+  moeClearLastError();
+  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 2, 64, -1, 0, 0, 128, 0, 0, 64,
+                                   64, 0, 0),
+            nullptr);
+  EXPECT_NE(lastMessage().find("negative"), std::string::npos)
+      << lastMessage();
+  moeClearLastError();
+  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 2, 64, 64, 0, 0, 128, 0, 0, 64,
+                                   512, 0, 0),
+            nullptr);
+  EXPECT_NE(lastMessage().find("boxDim"), std::string::npos) << lastMessage();
+  moeClearLastError();
+}
+
+// At the limit the cache waits for the device and starts over, reusing its
+// slots.
+TEST_F(RuntimeFake, DeviceTensorMapCacheStartsOverAtItsLimit) {
+  alignas(16) static uint16_t weights[64 * 64];
+  void *firstSlot = nullptr;
+  for (int64_t i = 0; i <= MOE_TENSOR_MAP_CACHE_LIMIT; ++i) {
+    // distinct maps: one more row each
+    void *slot = moeTensorMapDeviceBf16(weights, 2, 64, 1 + i, 0, 0, 128, 0, 0,
+                                        64, 1, 0, 0);
+    ASSERT_NE(slot, nullptr) << i << ": " << lastMessage();
+    if (i == 0)
+      firstSlot = slot;
+    if (i == MOE_TENSOR_MAP_CACHE_LIMIT)
+      EXPECT_EQ(slot, firstSlot);
+  }
+  EXPECT_EQ(moeTensorMapDeviceCacheSize(), 1u);
+  EXPECT_EQ(fake->tensorMapEncodeCalls, MOE_TENSOR_MAP_CACHE_LIMIT + 1);
+}
+
 } // namespace

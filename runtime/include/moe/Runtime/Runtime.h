@@ -362,6 +362,26 @@ MOE_RUNTIME_EXPORT moeStatus moeTensorMapEncodeTiled(
 MOE_RUNTIME_EXPORT moeStatus moeTensorMapReplaceAddress(void *tensorMap,
                                                         void *globalAddress);
 
+/* The device address of a CUtensorMap for a dense bf16 tensor, for kernels
+   that take their map by pointer (the generated GEMMs load their weight
+   operand by TMA this way). dims[0..rank) run innermost first; strides[i] is
+   the byte stride of dim i + 1 (i < rank - 1); unused entries are ignored.
+   The map has 128B swizzle, 256B L2 promotion and zero fill, is encoded and
+   uploaded once, and is cached per device by its arguments: a training loop
+   that passes the same weights every step finds its maps without touching
+   the driver. A cache that reaches MOE_TENSOR_MAP_CACHE_LIMIT maps waits for
+   the device and starts over. Like the mgpu* functions it does nothing
+   while a failure is pending. Returns null on failure, with the status and
+   a message (the broken rule of moeTensorMapValidate) as the last error. */
+#define MOE_TENSOR_MAP_CACHE_LIMIT 4096
+MOE_RUNTIME_EXPORT void *moeTensorMapDeviceBf16(
+    void *globalAddress, int64_t rank, int64_t dim0, int64_t dim1, int64_t dim2,
+    int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3,
+    int64_t box0, int64_t box1, int64_t box2, int64_t box3);
+
+/* Maps moeTensorMapDeviceBf16 holds on this thread's device (for tests). */
+MOE_RUNTIME_EXPORT size_t moeTensorMapDeviceCacheSize(void);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

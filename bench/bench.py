@@ -18,6 +18,11 @@ In one process:
    inputs, and what torch saw allocated after forward; HF: allocated after forward minus
    before) against the floor 2·T·d + 4·T·k·n + 12·T·k.
 
+With --peer liger (the pip package liger-kernel, pure Python and Triton) the same step also
+runs through Liger-Kernel's fused MoE (`LigerFusedMoEFunction`: gather fused into its grouped
+GEMM, SwiGLU in the epilogue) behind the Mixtral block's own router, for the softmax layers;
+its Triton autotuning runs in a first, untimed step.
+
 Prints a short table last and writes JSON to $OUT (or --out). Exit 1 when a layer failed to run
 or its sample check failed, 2 on bad usage.
 
@@ -328,6 +333,85 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts, make_block=None) -> D
     return res
 
 
+# --------------------------------------------------------------------------- Liger
+
+class LigerBlock:
+    """The Mixtral block's router (linear, softmax, top-k, renormalised) in torch, then
+    Liger-Kernel's fused experts with our weights in its layout."""
+
+    def __init__(self, torch, cfg, args):
+        from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+        self.torch, self.cfg, self.fn = torch, cfg, LigerFusedMoEFunction
+        n = cfg.ffn
+        self.w_router = args["w_router"].detach().clone().requires_grad_(True)  # [d, E]
+        # gate_up [E, 2n, d] (gate rows first), down [E, d, n]
+        self.gate_up = args["w_gate_up"].transpose(1, 2).contiguous().requires_grad_(True)
+        self.down = args["w_down"].transpose(1, 2).contiguous().requires_grad_(True)
+        assert self.gate_up.shape[1] == 2 * n
+
+    def parameters(self):
+        return [self.w_router, self.gate_up, self.down]
+
+    def __call__(self, x):
+        torch = self.torch
+        logits = x @ self.w_router
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.cfg.top_k, dim=-1)
+        if self.cfg.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.fn.apply(x, self.gate_up, self.down, experts.to(torch.int32),
+                             weights.to(x.dtype))
+
+
+def liger_applies(cfg) -> bool:
+    """Liger's fused experts behind a softmax router; the group-limited sigmoid router and
+    the shared expert of deepseek-v3 have no Liger block."""
+    return cfg.scoring == "softmax" and cfg.num_groups <= 1 and not cfg.has_shared
+
+
+def bench_liger(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
+    T, d = cfg.tokens, cfg.hidden
+    block = LigerBlock(torch, cfg, args)
+    x = args["x"].detach().clone().requires_grad_(True)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(opts.seed + 1)
+    d_out = torch.randn((T, d), generator=gen, device=device).to(torch.bfloat16)
+    res: Dict[str, Any] = {"implementation": "liger-kernel LigerFusedMoEFunction"}
+
+    def clear():
+        for w in block.parameters():
+            w.grad = None
+        x.grad = None
+
+    # The first step autotunes every Triton kernel; then the saved bytes, untimed.
+    started = time.time()
+    block(x).backward(d_out)
+    timer.sync()
+    res["autotune_s"] = time.time() - started
+    clear()
+    if timer.cuda:
+        base = torch.cuda.memory_allocated()
+    out = block(x)
+    timer.sync()
+    if timer.cuda:
+        res["saved_bytes_torch"] = torch.cuda.memory_allocated() - base
+    out.backward(d_out)
+    del out
+    clear()
+
+    def step():
+        block(x).backward(d_out)
+
+    if timer.cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    res.update(timer.measure(step, opts.warmup, opts.iters, opts.budget, before=clear))
+    if timer.cuda:
+        res["peak_bytes_torch"] = torch.cuda.max_memory_allocated() - base
+    del block, x, d_out
+    return res
+
+
 # --------------------------------------------------------------------------- main
 
 def open_layer(path: str, opts):
@@ -359,6 +443,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--check-tokens", type=int, default=256)
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--hf-implementation", default="grouped_mm")
+    p.add_argument("--peer", action="append", default=[], choices=["liger"],
+                   help="also time this peer (liger: liger-kernel's fused MoE)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/moe-bench-out"))
     p.add_argument("--json-name", default="bench.json")
@@ -474,6 +560,27 @@ def main(argv: Optional[List[str]] = None) -> int:
                 except Exception as e:  # noqa: BLE001
                     entry["hf_full_error"] = f"{type(e).__name__}: {e}"
                     log(f"  HF DeepseekV3MoE failed: {entry['hf_full_error']}")
+        if "liger" in opts.peer and args is not None:
+            if not liger_applies(cfg):
+                entry["liger_skipped"] = "no Liger block for a sigmoid group router or a shared expert"
+            elif opts.deadline and time.time() - started > opts.deadline:
+                entry["liger_skipped"] = f"deadline of {opts.deadline:.0f} s reached"
+            else:
+                try:
+                    log("  Liger fused MoE (autotunes first) ...")
+                    lg = bench_liger(torch, cfg, args, device, timer, opts)
+                    entry["liger"] = lg
+                    lg["tflops"] = entry["useful_flops"] / (lg["median_ms"] * 1e-3) / 1e12
+                    log(f"  Liger: {lg['median_ms']:.2f} ms, {lg['tflops']:.0f} TFLOP/s "
+                        f"(autotuning {lg['autotune_s']:.0f} s)")
+                    if "ours" in entry:
+                        entry["ours_over_liger_time"] = (entry["ours"]["median_ms"]
+                                                         / lg["median_ms"])
+                except Exception as e:  # noqa: BLE001
+                    entry["liger_error"] = f"{type(e).__name__}: {e}"
+                    log(f"  Liger failed: {entry['liger_error']}")
+            if "liger_skipped" in entry:
+                log(f"  Liger skipped: {entry['liger_skipped']}")
         args = None
         gc.collect()
         if timer.cuda:
@@ -514,6 +621,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"router included) {e['hf_full']['median_ms']:.2f} ms, ours/HF "
                 f"{e.get('ours_over_hf_full_time', math.nan):.2f}; saved "
                 f"{fmt_gib(e['hf_full'].get('saved_bytes_torch'))} GiB")
+    for e in report["configs"]:
+        if "liger" in e:
+            best = min(e["liger"]["median_ms"], e.get("hf", {}).get("median_ms", math.inf))
+            log(f"{e['name']}: Liger {e['liger']['median_ms']:.2f} ms "
+                f"({e['liger']['tflops']:.0f} TFLOP/s), ours/Liger "
+                f"{e.get('ours_over_liger_time', math.nan):.2f}, best peer / ours "
+                f"{best / e.get('ours', {}).get('median_ms', math.nan):.2f}x; saved "
+                f"{fmt_gib(e['liger'].get('saved_bytes_torch'))} GiB")
     log(f"json: {path}")
     ran = sum(1 for e in report["configs"] if "skipped" not in e)
     log(f"{ran - failures} passed, {failures} failed")

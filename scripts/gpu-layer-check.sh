@@ -19,7 +19,7 @@
 # --quick: random routing only on small-t37, sigmoid-groups-shared and tiny; memcheck only;
 # bench with 1 warm-up and 5 steps.
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (python3),
-# MOE_GPU_INPUTS (default gpu-inputs).
+# MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger).
 
 set -u -o pipefail
 
@@ -202,6 +202,9 @@ if wants bench; then
   bench_limit=$((remaining - reserve > 150 ? remaining - reserve : 150))
   bench_opts=()
   [ $quick -eq 1 ] && bench_opts+=(--warmup 1 --iters 5)
+  # MOE_BENCH_PEERS=liger: Liger-Kernel's fused MoE too (bench.py --peer)
+  peers=${MOE_BENCH_PEERS:-}
+  for peer in ${peers//,/ }; do bench_opts+=(--peer "$peer"); done
   bench_step "bench.py" "" "" "$bench_limit" "${bench_opts[@]}"
 fi
 

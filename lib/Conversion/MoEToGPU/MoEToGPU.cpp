@@ -17,6 +17,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
+#include "mlir/Dialect/LLVMIR/Transforms/InlinerInterfaceImpl.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
@@ -796,10 +797,12 @@ LogicalResult addLibrary(ModuleOp module) {
 
 struct ConvertMoEToGPUPass
     : public mlir::moe::impl::ConvertMoEToGPUBase<ConvertMoEToGPUPass> {
-  /// The pipeline inlines the host functions.
+  /// The pipeline inlines the host functions (their tensor-map set-up holds
+  /// llvm ops).
   void getDependentDialects(DialectRegistry &registry) const override {
     ConvertMoEToGPUBase::getDependentDialects(registry);
     func::registerInlinerExtension(registry);
+    LLVM::registerInlinerInterface(registry);
   }
 
   void runOnOperation() override {

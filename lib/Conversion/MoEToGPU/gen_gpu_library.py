@@ -188,6 +188,15 @@ class Gemm:
             self.cum_offset = ring + 1024  # after the dS row sums of the dact epilogue
         # varlen_m kernels keep the experts' cumulative M-tile counts in shared memory
         self.launch_smem = self.cum_offset + 1024 + (CUM_BYTES if sched == "varlen_m" else 0)
+        # The weight operand (B of the varlen-M GEMMs) comes by TMA: one thread issues
+        # the boxes of a stage, which complete on the stage's mbarrier (full[s]); the
+        # gathered or row-wise A operand stays on cp.async, which TMA cannot gather on
+        # sm_90a (CODEGEN.md 5.1).
+        self.tma_b = b in ("w_mn", "w_mn_swiglu", "w_k")
+        if self.tma_b:
+            assert sched == "varlen_m", name
+            self.bar_offset = self.cum_offset + CUM_BYTES  # 8-aligned
+            self.launch_smem += 8 * self.stages
 
 def gemm_signature(g):
     """Kernel arguments: (name, type) pairs."""
@@ -201,7 +210,11 @@ def gemm_signature(g):
     args += [("amat", "memref<?xbf16>"), ("lda", "index")]
     if g.b == "rows_mn" and g.gather_b:
         args += [("bids", "memref<?xi32>")]
-    args += [("bmat", "memref<?xbf16>"), ("ldb", "index")]
+    if g.tma_b:
+        # the device address of W's tensor map (moeTensorMapDeviceBf16, Host.weight_map)
+        args += [("bmap", "!llvm.ptr")]
+    else:
+        args += [("bmat", "memref<?xbf16>"), ("ldb", "index")]
     # M, N, K of one problem (varlen dims are read from offsets)
     args += [("dim_m", "index"), ("dim_n", "index"), ("dim_k", "index")]
     if g.epi == "swiglu":
@@ -330,14 +343,17 @@ def gen_gemm(g):
         e.emit("}")
         return out
 
-    aptr, bptr = gptr(A["amat"], "memref<?xbf16>"), gptr(A["bmat"], "memref<?xbf16>")
+    aptr = gptr(A["amat"], "memref<?xbf16>")
+    if not g.tma_b:
+        bptr = gptr(A["bmat"], "memref<?xbf16>")
     if g.a == "gather" or g.gather_a:
         idsptr = gptr(A["ids"], "memref<?xi32>")
     if g.b == "rows_mn" and g.gather_b:
         bidsptr = gptr(A["bids"], "memref<?xi32>")
     sptr = e.op(f"llvm.inttoptr {sbase} : i64 to {P3}")
     lda2 = e.mul(i32(A["lda"]), c(2, I32), I32)
-    ldb2 = e.mul(i32(A["ldb"]), c(2, I32), I32)
+    if not g.tma_b:
+        ldb2 = e.mul(i32(A["ldb"]), c(2, I32), I32)
     dimk32 = i32(A["dim_k"])
     kchunk8 = i32(e.mul(kchunk, c(8)))
     mrow32 = i32(mrow)
@@ -345,10 +361,25 @@ def gen_gemm(g):
     a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
     arow32 = i32(arow)
     a_step = wide(c(16, I32), lda2)  # mn: K-rows 16 apart
-    b_soff = k_soff if g.b == "w_k" else m_soff
-    b_dst0 = gep3(sptr, e.add(i32(e.mul(b_soff, c(2))), c(A_TILE_BYTES, I32), I32))
-    # B rows 32 apart (K-major) or K-rows 8 apart (MN-major), in bytes
-    b_step = wide(c(32 if g.b == "w_k" else 8, I32), ldb2)
+    if g.tma_b:
+        # the B tile of ring slot 0; the TMA boxes write the same 128B-swizzled image
+        # as the copies: 64-column boxes 8 KiB apart (MN-major), or one box of 256
+        # K-major rows
+        b_tile0 = gep3(sptr, c(A_TILE_BYTES, I32))
+        bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s
+        is_t0 = e.cmp("eq", tid, c(0))
+        e.if_begin(is_t0)
+        for st in range(stages):
+            bar = e.op(f"llvm.getelementptr {bars}[{8 * st}] : ({P3}) -> {P3}, i8")
+            e.emit(f"nvvm.mbarrier.init {bar}, {c(1, I32)} : {P3}, i32")
+        # the barriers' initial state, visible to the TMA unit (async proxy)
+        e.emit("nvvm.fence.mbarrier.init")
+        e.emit(f"nvvm.prefetch tensormap, {A['bmap']} : !llvm.ptr")
+        e.if_end()
+        e.emit("gpu.barrier")
+    else:
+        # rows_mn: this thread's chunk of K-rows mrow + 8 i
+        b_dst0 = gep3(sptr, e.add(i32(e.mul(m_soff, c(2))), c(A_TILE_BYTES, I32), I32))
     # wgmma descriptors of ring slot 0, k-step 0: a slot or a k-step moves only the
     # start-address field (address / 16; shared addresses stay below 2^18)
     b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
@@ -471,32 +502,13 @@ def gen_gemm(g):
             rows.append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
         S["a_rows"] = rows
         n0 = S["n0"]
-        if g.b == "w_k":
-            # row n0 + krow of W[e] ([N, K]); rows 32 i further on are valid while
-            # 32 i < b_left (a row past N copies nothing)
-            nrow = e.add(n0, krow)
-            S["b_left"] = e.sub(i32(A["dim_n"]), i32(nrow), I32)
-            wbase = e.mul(e.mul(expert, A["dim_k"]), A["dim_n"])
-            first = e.add(e.add(wbase, e.mul(nrow, A["ldb"])), e.mul(kchunk, c(8)))
-            S["b_ptr"] = gep1(bptr, e.mul(i64(first), c(2, "i64"), "i64"))
-        if g.b in ("w_mn", "rows_mn"):
+        if g.tma_b:
+            # TMA coordinates of the tile's boxes (innermost first, as the map's dims)
+            S["n0_32"], S["e32"] = i32(n0), i32(expert)
+        if g.b == "rows_mn":
             bcol = e.add(n0, e.add(e.mul(mbox, c(64)), e.mul(mcc, c(8))))
             S["bcol_ok"] = e.cmp("ult", bcol, A["dim_n"])
             S["bcol"] = e.select(S["bcol_ok"], bcol, c(0))
-        if g.b == "w_mn_swiglu":
-            # boxes 0-1: gate columns n0 + [0,128); boxes 2-3: the up columns
-            # h + n0 + [0,128) of the same outputs
-            half = A["dim_n"]
-            colh = e.add(n0, e.add(e.mul(e.rem(mbox, c(2)), c(64)), e.mul(mcc, c(8))))
-            S["bcol_ok"] = e.cmp("ult", colh, half)
-            S["bcol"] = e.add(e.mul(e.div(mbox, c(2)), half), e.select(S["bcol_ok"], colh, c(0)))
-        if g.b in ("w_mn", "w_mn_swiglu"):
-            # W[e] is [K, N] (N = 2h for the SwiGLU tile): K-row mrow, column bcol
-            nfull = e.mul(A["dim_n"], c(2)) if g.b == "w_mn_swiglu" else A["dim_n"]
-            wbase = e.mul(e.mul(expert, A["dim_k"]), nfull)
-            first = e.add(e.add(wbase, e.mul(mrow, A["ldb"])), S["bcol"])
-            S["b_ptr"] = gep1(bptr, e.mul(i64(first), c(2, "i64"), "i64"))
-        if g.b == "rows_mn":
             # column bcol of the expert's rows; the rows come per stage (load_b_rows)
             S["b_ptr"] = gep1(bptr, e.mul(i64(S["bcol"]), c(2, "i64"), "i64"))
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
@@ -573,30 +585,37 @@ def gen_gemm(g):
                 dst = e.op(f"llvm.getelementptr {adst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, gep1(row, koff), e.select(ok, kbytes, c(0, I32), I32))
         # B
-        bdst = gep3(b_dst0, slot_bytes)
-        if g.b == "w_k":
-            src = gep1(S["b_ptr"], koff)
-            for i in range(8):
-                if i:
-                    src = gep1(src, b_step)
-                dst = e.op(f"llvm.getelementptr {bdst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
-                ok = e.cmp("sgt", S["b_left"], c(32 * i, I32), I32)
-                cp_async(dst, src, e.select(ok, kbytes, c(0, I32), I32))
+        if g.tma_b:
+            on = e.op(f"arith.andi {is_t0}, {enabled} : i1")
+            if_begin(on)
+            bar = gep3(bars, e.mul(i32(slot), c(8, I32), I32))
+            e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(B_TILE_BYTES, I32)} : {P3}, i32")
+            btile = gep3(b_tile0, slot_bytes)
+            n0, ex = S["n0_32"], S["e32"]
+            if g.b == "w_k":
+                boxes = [[k0, n0, ex]]  # W [E][N][K]: 256 rows of 64 K
+            elif g.b == "w_mn":
+                # W [E][K][N]: columns n0 + 64 j of K-rows k0 + [0, 64)
+                boxes = [[e.add(n0, c(64 * j, I32), I32), k0, ex] for j in range(4)]
+            else:
+                # W [E][K][2][h]: gate (0) and up (1) columns n0 + 64 j; columns past h
+                # are zero-filled
+                boxes = [[e.add(n0, c(64 * (j % 2), I32), I32), c(j // 2, I32), k0, ex]
+                         for j in range(4)]
+            for j, coords in enumerate(boxes):
+                dst = e.op(f"llvm.getelementptr {btile}[{j * 64 * 64 * 2}] : ({P3}) -> {P3}, i8") if j else btile
+                # a CTA's shared memory is its own window of shared::cluster
+                dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
+                e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {A['bmap']}, {bar}, "
+                       f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr")
+            if_end()
         else:
+            bdst = gep3(b_dst0, slot_bytes)
             on = e.op(f"arith.andi {S['bcol_ok']}, {enabled} : i1")
             bbytes = e.select(on, c(16, I32), c(0, I32), I32)
-            if g.b != "rows_mn":
-                # K-rows k0 + mrow + 8 i; those past K copy nothing
-                kleft = e.sub(e.sub(dimk32, k0, I32), mrow32, I32)
-                src = gep1(S["b_ptr"], wide(k0, ldb2))
             for i in range(8):
-                if g.b == "rows_mn":
-                    row, kok = srcs["b"][i]
-                    src = gep1(S["b_ptr"], wide(row, ldb2))
-                else:
-                    if i:
-                        src = gep1(src, b_step)
-                    kok = e.cmp("sgt", kleft, c(8 * i, I32), I32)
+                row, kok = srcs["b"][i]
+                src = gep1(S["b_ptr"], wide(row, ldb2))
                 dst = e.op(f"llvm.getelementptr {bdst}[{i * 8 * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, src, e.select(kok, bbytes, c(0, I32), I32))
         e.emit("nvvm.cp.async.commit.group")
@@ -605,15 +624,18 @@ def gen_gemm(g):
         for s in range(stages - 1):
             issue_stage(S, c(s), c(s), e.cmp("ult", c(s), S["numk"]))
 
-    def mainloop(S):
-        """The k-loop over the ring; returns the accumulator (wgmma still in flight)."""
+    def mainloop(S, phases):
+        """The k-loop over the ring; returns the accumulator (wgmma still in flight)
+        and the mbarrier phases after it. Bit s of `phases` is the parity of the next
+        phase of full[s] to wait for: a slot is filled as often as it is waited on, so
+        the bits carry from tile to tile."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
         a_layout = "col" if g.a == "mn" else "row"
         b_layout = "col" if g.b == "w_k" else "row"
-        res, kt, a0, rs = e.fresh("kloop"), e.fresh("kt"), e.fresh("a"), e.fresh("rs")
+        res, kt, a0, rs, ph = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph"))
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
-        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-               f"iter_args({a0} = {acc0}, {rs} = {c(0)}) -> ({ACC}, index) {{")
+        e.emit(f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+               f"iter_args({a0} = {acc0}, {rs} = {c(0)}, {ph} = {phases}) -> ({ACC}, index, i32) {{")
         outer = e.indent
         e.indent = outer + "  "
         nk = e.add(kt, c(stages - 1))
@@ -622,6 +644,13 @@ def gen_gemm(g):
         next_srcs = load_rows(S, nk)
         e.emit(f"nvvm.cp.async.wait.group {stages - 2}")
         e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+        ph_next = ph
+        if g.tma_b:
+            rs32 = i32(rs)
+            parity = e.op(f"arith.andi {e.op(f'arith.shrui {ph}, {rs32} : i32')}, {c(1, I32)} : i32")
+            bar = gep3(bars, e.mul(rs32, c(8, I32), I32))
+            e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
+            ph_next = e.op(f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32")
         e.emit("gpu.barrier")
         soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
         da_s = e.add(desc_a0, soff, "i64")
@@ -641,12 +670,12 @@ def gen_gemm(g):
         e.emit("gpu.barrier")
         issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_srcs)
         rs_next = e.select(e.cmp("eq", rs, c(stages - 1)), c(0), e.add(rs, c(1)))
-        e.emit(f"scf.yield {cur}, {rs_next} : {ACC}, index")
+        e.emit(f"scf.yield {cur}, {rs_next}, {ph_next} : {ACC}, index, i32")
         e.indent = outer
         e.emit("}")
         e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
         e.emit("nvvm.cp.async.wait.group 0")
-        return f"{res}#0"
+        return f"{res}#0", f"{res}#2"
 
     if_begin, if_end = e.if_begin, e.if_end
 
@@ -742,12 +771,13 @@ def gen_gemm(g):
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
         S0 = setup(bid)
         prologue(S0)
-        t = e.fresh("t")
-        e.emit(f"scf.for {t} = {bid} to {total} step {gridx} {{")
+        t, ph = e.fresh("t"), e.fresh("ph")
+        e.emit(f"{ph}_out = scf.for {t} = {bid} to {total} step {gridx} "
+               f"iter_args({ph} = {c(0, I32)}) -> (i32) {{")
         loop_indent = e.indent
         e.indent += "  "
         S = setup(t)
-        acc = mainloop(S)
+        acc, ph_next = mainloop(S, ph)
         e.emit("gpu.barrier")
         # C goes through a bf16 buffer over the last ring slot and past it; the
         # next tile's first loads take the other slots while C is written out.
@@ -763,6 +793,7 @@ def gen_gemm(g):
         for h in (0, 1):
             write_half(S, stage, h)
         if_end()
+        e.emit(f"scf.yield {ph_next} : i32")
         e.indent = loop_indent
         e.emit("}")
         # the last prefetch (of no tile) zero-fills; it lands before the CTA exits
@@ -770,7 +801,7 @@ def gen_gemm(g):
     else:
         S = setup(bid)
         prologue(S)
-        acc = mainloop(S)
+        acc, _ = mainloop(S, c(0, I32))
         if_begin(S["valid"])
         ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid)
         if_end()
@@ -1762,6 +1793,33 @@ class Host:
     def dealloc(self, buf, elt):
         self.tok = self.e.op(f"gpu.dealloc async [{self.tok}] {buf} : memref<?x{elt}>", "t")
 
+    def weight_map(self, g, v):
+        """The device address of the tensor map of B = W ([E] x rows of ldb elements)
+        for g's TMA boxes (moeTensorMapDeviceBf16: cached by its arguments, so a
+        training step finds its weights' maps without a copy)."""
+        e = self.e
+        N, K, E, ldb = v["dim_n"], v["dim_k"], v["num_experts"], v["ldb"]
+        row = e.mul(ldb, self.c(2))  # bytes
+
+        def i64(x):
+            return e.op(f"arith.index_cast {x} : index to i64")
+
+        if g.b == "w_mn":  # [E][K][N]
+            dims, strides, box = [N, K, E], [row, e.mul(K, row)], [64, 64, 1]
+        elif g.b == "w_k":  # [E][N][K]
+            dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, BN, 1]
+        else:  # w_mn_swiglu: [E][K][2][h], gate and up halves of each row
+            dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
+        zero = self.c(0, "i64")
+        dims = [i64(x) for x in dims] + [zero] * (4 - len(dims))
+        strides = [i64(x) for x in strides] + [zero] * (3 - len(strides))
+        box = [self.c(b, "i64") for b in box] + [zero] * (4 - len(box))
+        addr = e.op(f"memref.extract_aligned_pointer_as_index {v['bmat']} : memref<?xbf16> -> index")
+        ptr = e.op(f"llvm.inttoptr {i64(addr)} : i64 to !llvm.ptr")
+        args = [ptr, self.c(len(box) - box.count(zero), "i64")] + dims + strides + box
+        return e.op(f"func.call @moeTensorMapDeviceBf16({', '.join(args)}) : "
+                    f"(!llvm.ptr{', i64' * 12}) -> !llvm.ptr", "map")
+
     def launch_gemm(self, kernel, mtiles, ntiles, gz, args):
         """GEMM kernels take one x index per (M-tile, N-tile) and raster it themselves;
         persistent ones get one CTA an SM (at most one a tile) and walk all tiles."""
@@ -1799,6 +1857,8 @@ IDX = "index"
 def gemm_args(h, kernel, values):
     """Arguments of a GEMM launch in the kernel's signature order."""
     g = next(x for x in GEMMS if x.name == kernel)
+    if g.tma_b:
+        values = dict(values, bmap=h.weight_map(g, values))
     out = []
     for name, ty in gemm_signature(g):
         out.append((values[name], ty))
@@ -2134,6 +2194,9 @@ def main():
     out += SIMPLE
     out.append(DEVICE_FUNCS)
     out.append("  }")
+    # libmoe_runtime (runtime/include/moe/Runtime/Runtime.h)
+    out.append("  func.func private @moeTensorMapDeviceBf16(!llvm.ptr" + ", i64" * 12
+               + ") -> !llvm.ptr")
     for fn in (host_router, host_dispatch, host_expert_ffn, host_expert_ffn_h, host_combine,
                host_shared_expert, host_shared_expert_h, host_expert_combine_grad,
                host_shared_expert_grad, host_router_grad, host_add):

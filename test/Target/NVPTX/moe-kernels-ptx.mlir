@@ -1,6 +1,8 @@
 // The sm_90a path lowers a layer to PTX that holds every kernel of the GPU library
-// (docs/gpu-path.md): each grouped GEMM copies its tiles with cp.async into the
-// 1024-aligned dynamic buffer and multiplies with m64n256k16 wgmma on two warpgroups.
+// (docs/gpu-path.md): each grouped GEMM copies its A tiles (gathered, row-wise or
+// MN-major) with cp.async into the 1024-aligned dynamic buffer, loads the expert
+// weights (B of the varlen-M GEMMs) by TMA boxes that complete on one mbarrier a ring
+// slot, and multiplies with m64n256k16 wgmma on two warpgroups.
 // RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
 // RUN: FileCheck %s --input-file=%t.moe_kernels.ptx
@@ -9,49 +11,84 @@
 // CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
 // CHECK-LABEL: .entry moe_gemm_up_gather(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-COUNT-4: cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_up_rows(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-COUNT-4: cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_rows_mn_bf16(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-COUNT-4: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_rows_mn_f32(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-COUNT-4: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_rows_k_bf16(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_dact_gather(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_dact_rows(
 // CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
+// CHECK: prefetch.tensormap
 // CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned

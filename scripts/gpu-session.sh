@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One device call of a session: the GPU checks and benchmarks that belong together, each
+# step with its own time limit and the whole within --deadline seconds, so that one run of
+# the device tool (10 minutes a command) brings back everything as a few files.
+#   bash scripts/gpu-session.sh [--deadline S] STEP[,STEP...]
+# Steps (gpu-inputs/ built here by build-ops-harness.sh, build-gpu-inputs.sh and
+# build-torch-inputs.sh; carry gpu-inputs, and .whl for liger):
+#   ops       every op check on gpu-inputs/ops, then the op sequence of each BENCH.md step
+#             timed with gpu-inputs/ops and each other gpu-inputs/ops-* variant in turn
+#             (MOE_PROFILE=1: per kernel) (gpu-ops-compare.sh);
+#   sanitize  the quick op checks under compute-sanitizer (MOE_SANITIZE_TOOLS, default
+#             memcheck,racecheck) on gpu-inputs/ops;
+#   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
+#   torch     gpu-torch-check.sh (MoELayer, torch.compile, 50 AdamW steps against HF);
+#   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
+#             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
+#             run (its Triton autotuning takes minutes a configuration).
+# Output in $OUT: session.txt (each step's summary lines and time) and session.tgz (every
+# log and JSON).
+set -u -o pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-/tmp/moe-session-out}
+deadline=570
+steps=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
+  --deadline=*) deadline=${1#--deadline=}; shift ;;
+  -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+  -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
+  *) steps=$1; shift ;;
+  esac
+done
+[ -n "$steps" ] || { echo "gpu-session.sh: no steps (see --help)" >&2; exit 2; }
+mkdir -p "$out/session"
+started=$(date +%s)
+report=$out/session.txt
+: >"$report"
+status=0
+
+left() { echo $((deadline - ($(date +%s) - started))); }
+
+# run NAME LIMIT CMD...: CMD with OUT=$out/session/NAME, at most LIMIT seconds (and never past
+# the deadline); its last lines go to session.txt.
+run() {
+  local name=$1 limit=$2 rc t0
+  shift 2
+  local budget
+  budget=$(left)
+  [ "$limit" -lt "$budget" ] || limit=$budget
+  if [ "$limit" -le 10 ]; then
+    echo "== $name: skipped, deadline reached" | tee -a "$report"
+    status=1
+    return
+  fi
+  mkdir -p "$out/session/$name"
+  t0=$(date +%s)
+  echo "== $name (limit $limit s)" | tee -a "$report"
+  OUT="$out/session/$name" timeout -k 10 "$limit" "$@" >"$out/session/$name/stdout.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || status=1
+  tail -n "${MOE_SESSION_TAIL:-25}" "$out/session/$name/stdout.log" | tee -a "$report"
+  echo "-- $name: exit $rc after $(($(date +%s) - t0)) s" | tee -a "$report"
+}
+
+variants() {
+  local d
+  echo "$root/gpu-inputs/ops"
+  for d in "$root"/gpu-inputs/ops-*; do [ -d "$d" ] && echo "$d"; done
+}
+
+configs=mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3
+for step in ${steps//,/ }; do
+  case "$step" in
+  ops)
+    # shellcheck disable=SC2046
+    MOE_PROFILE=1 run ops 330 bash "$root/scripts/gpu-ops-compare.sh" "$configs" $(variants) ;;
+  sanitize)
+    MOE_SANITIZE_TOOLS=${MOE_SANITIZE_TOOLS:-memcheck,racecheck} \
+      run sanitize 200 bash "$root/scripts/gpu-ops-check.sh" --quick --sanitize ;;
+  layer)
+    run layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,example,check,bench,recompute \
+      --deadline $(($(left) - 20)) ;;
+  torch)
+    run torch 240 bash "$root/scripts/gpu-torch-check.sh" --deadline $(($(left) - 20)) ;;
+  liger)
+    # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)
+    run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
+      --no-cache-dir --upgrade --target /tmp/site '$root'/.whl/liger_kernel*.whl &&
+      PYTHONPATH=/tmp/site MOE_BENCH_PEERS=liger bash '$root/scripts/gpu-layer-check.sh' \
+      --only build,bench --deadline $(($(left) - 20))" ;;
+  *) echo "gpu-session.sh: unknown step $step" | tee -a "$report"; status=1 ;;
+  esac
+done
+tar -C "$out" -czf "$out/session.tgz" session && rm -rf "$out/session"
+echo "session: exit $status after $(($(date +%s) - started)) s" | tee -a "$report"
+exit $status

@@ -15,6 +15,7 @@
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run (its Triton autotuning takes minutes a configuration).
+# After a step that runs out of its time (a hang, most likely) the rest are skipped.
 # Output in $OUT: session.txt (each step's summary lines and time) and session.tgz (every
 # log and JSON).
 set -u -o pipefail
@@ -59,6 +60,8 @@ run() {
   OUT="$out/session/$name" timeout -k 10 "$limit" "$@" >"$out/session/$name/stdout.log" 2>&1
   rc=$?
   [ $rc = 0 ] || status=1
+  # a step that ran out of time most likely hung on the GPU: the others would too
+  case $rc in 124 | 137) timed_out=1 ;; esac
   tail -n "${MOE_SESSION_TAIL:-25}" "$out/session/$name/stdout.log" | tee -a "$report"
   echo "-- $name: exit $rc after $(($(date +%s) - t0)) s" | tee -a "$report"
 }
@@ -70,7 +73,12 @@ variants() {
 }
 
 configs=mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3
+timed_out=0
 for step in ${steps//,/ }; do
+  if [ $timed_out = 1 ]; then
+    echo "== $step: skipped after a step that timed out" | tee -a "$report"
+    continue
+  fi
   case "$step" in
   ops)
     # shellcheck disable=SC2046

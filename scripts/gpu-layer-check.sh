@@ -19,7 +19,8 @@
 # --quick: random routing only on small-t37, sigmoid-groups-shared and tiny; memcheck only;
 # bench with 1 warm-up and 5 steps.
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (python3),
-# MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger).
+# MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger),
+# MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of BENCH.md).
 
 set -u -o pipefail
 
@@ -72,7 +73,9 @@ gpu_environment "$log"
 start=$(date +%s)
 layers_dir=$inputs/layers
 small_layers=(small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny)
-bench_layers=(mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3)
+# MOE_BENCH_LAYERS: another order or subset (comma-separated)
+bench_list=${MOE_BENCH_LAYERS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3}
+read -r -a bench_layers <<<"${bench_list//,/ }"
 lib=$work/runtime/lib
 
 # ---------------------------------------------------------------- build

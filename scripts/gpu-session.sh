@@ -9,7 +9,7 @@
 #             timed with gpu-inputs/ops and each other gpu-inputs/ops-* variant in turn
 #             (MOE_PROFILE=1: per kernel) (gpu-ops-compare.sh);
 #   sanitize  the quick op checks under compute-sanitizer (MOE_SANITIZE_TOOLS, default
-#             memcheck,racecheck) on gpu-inputs/ops;
+#             "memcheck racecheck") on gpu-inputs/ops;
 #   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
 #   torch     gpu-torch-check.sh (MoELayer, torch.compile, 50 AdamW steps against HF);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
@@ -84,7 +84,7 @@ for step in ${steps//,/ }; do
     # shellcheck disable=SC2046
     MOE_PROFILE=1 run ops 330 bash "$root/scripts/gpu-ops-compare.sh" "$configs" $(variants) ;;
   sanitize)
-    MOE_SANITIZE_TOOLS=${MOE_SANITIZE_TOOLS:-memcheck,racecheck} \
+    MOE_SANITIZE_TOOLS=${MOE_SANITIZE_TOOLS:-memcheck racecheck} \
       run sanitize 200 bash "$root/scripts/gpu-ops-check.sh" --quick --sanitize ;;
   layer)
     run layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,example,check,bench,recompute \
@@ -95,7 +95,8 @@ for step in ${steps//,/ }; do
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)
     run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
       --no-cache-dir --upgrade --target /tmp/site '$root'/.whl/liger_kernel*.whl &&
-      PYTHONPATH=/tmp/site MOE_BENCH_PEERS=liger bash '$root/scripts/gpu-layer-check.sh' \
+      PYTHONPATH=/tmp/site MOE_BENCH_PEERS=liger \
+      MOE_BENCH_LAYERS=\${MOE_BENCH_LAYERS:-olmoe-1b-7b,qwen3-30b-a3b,mixtral-8x7b,deepseek-v3} bash '$root/scripts/gpu-layer-check.sh' \
       --only build,bench --deadline $(($(left) - 20))" ;;
   *) echo "gpu-session.sh: unknown step $step" | tee -a "$report"; status=1 ;;
   esac

@@ -359,8 +359,9 @@ def gen_gemm(g):
     mrow32 = i32(mrow)
     # this thread's destinations in ring slot 0
     a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
-    arow32 = i32(arow)
-    a_step = wide(c(16, I32), lda2)  # mn: K-rows 16 apart
+    if g.a == "mn":
+        arow32 = i32(arow)
+        a_step = wide(c(16, I32), lda2)  # K-rows 16 apart
     if g.tma_b:
         # the B tile of ring slot 0; the TMA boxes write the same 128B-swizzled image
         # as the copies: 64-column boxes 8 KiB apart (MN-major), or one box of 256
@@ -477,7 +478,6 @@ def gen_gemm(g):
         S["valid"], S["expert"], S["elo"] = valid, expert, elo
         m0, m_end = S["m0"], S["m_end"]
         # A rows of this thread: a pointer to its first chunk, and validity
-        rows = []
         if g.a == "mn":
             # columns m0 + 64 box + 8 chunk of the expert's K-rows off + t/16 + ...
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
@@ -491,16 +491,17 @@ def gen_gemm(g):
             else:
                 first = e.add(e.mul(e.add(elo, arow), A["lda"]), acol)
                 S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
-        col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
-        for i in range(BM // 32 if g.a != "mn" else 0):
-            r = e.add(m0, e.add(krow, c(32 * i)))
-            ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
-            if g.a == "gather":
-                src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
-            else:
-                src = i32(e.select(ok, r, c(0)))
-            rows.append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
-        S["a_rows"] = rows
+        else:
+            col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
+            S["a_rows"] = []
+            for i in range(BM // 32):
+                r = e.add(m0, e.add(krow, c(32 * i)))
+                ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
+                if g.a == "gather":
+                    src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
+                else:
+                    src = i32(e.select(ok, r, c(0)))
+                S["a_rows"].append((gep1(gep1(aptr, wide(src, lda2)), col_bytes), ok))
         n0 = S["n0"]
         if g.tma_b:
             # TMA coordinates of the tile's boxes (innermost first, as the map's dims)

@@ -125,8 +125,8 @@ using MapKey = std::array<int64_t, 14>;
 struct DeviceMaps {
   std::map<MapKey, CUdeviceptr> slots;
   std::vector<CUdeviceptr> chunks;
-  size_t used = 0;            // slots handed out since the last start-over
-  CUstream upload = nullptr;  // non-blocking: waits for nothing else
+  size_t used = 0;           // slots handed out since the last start-over
+  CUstream upload = nullptr; // non-blocking: waits for nothing else
 };
 
 struct MapCache {
@@ -157,7 +157,8 @@ moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, CUdeviceptr &slot) {
       return failCuda(result, "cuMemAlloc", "tensor map cache");
     maps.chunks.push_back(memory);
   }
-  slot = maps.chunks[chunk] + (maps.used % kMapsPerChunk) * sizeof(moeTensorMap);
+  slot =
+      maps.chunks[chunk] + (maps.used % kMapsPerChunk) * sizeof(moeTensorMap);
   ++maps.used;
   return MOE_SUCCESS;
 }
@@ -412,8 +413,7 @@ void *moeTensorMapDeviceBf16(void *globalAddress, int64_t rank, int64_t dim0,
     // Negative values would wrap to sizes the rules then accept.
     if (dims[i] < 0 || boxes[i] < 0 || (i + 1 < rank && strides[i] < 0)) {
       fail(MOE_ERROR_INVALID_ARGUMENT,
-           "moeTensorMapDeviceBf16: dim, stride or box %" PRId64
-           " is negative",
+           "moeTensorMapDeviceBf16: dim, stride or box %" PRId64 " is negative",
            i);
       return nullptr;
     }
@@ -433,13 +433,12 @@ void *moeTensorMapDeviceBf16(void *globalAddress, int64_t rank, int64_t dim0,
     return reinterpret_cast<void *>(found->second);
 
   moeTensorMap map;
-  if (moeTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                              uint32_t(rank), globalAddress, globalDim,
-                              globalStrides, boxDim, nullptr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+  if (moeTensorMapEncodeTiled(
+          &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint32_t(rank), globalAddress,
+          globalDim, globalStrides, boxDim, nullptr,
+          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+          CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
     return nullptr;
   const DriverApi *api;
   if (getContext(api))

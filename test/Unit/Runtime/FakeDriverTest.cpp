@@ -448,20 +448,19 @@ TEST_F(RuntimeFake, DeviceTensorMapsAreCachedByArguments) {
   moeClearLastError();
   EXPECT_EQ(mapOf(weights, 256), first);
 
-  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 5, 1, 1, 1, 1, 16, 16, 16, 1, 1,
-                                   1, 1),
-            nullptr);
+  EXPECT_EQ(
+      moeTensorMapDeviceBf16(weights, 5, 1, 1, 1, 1, 16, 16, 16, 1, 1, 1, 1),
+      nullptr);
   EXPECT_EQ(moeGetLastStatus(), MOE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastMessage().find("rank 5"), std::string::npos) << lastMessage();
   moeClearLastError();
-  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 2, 64, -1, 0, 0, 128, 0, 0, 64,
-                                   64, 0, 0),
-            nullptr);
-  EXPECT_NE(lastMessage().find("negative"), std::string::npos)
-      << lastMessage();
+  EXPECT_EQ(
+      moeTensorMapDeviceBf16(weights, 2, 64, -1, 0, 0, 128, 0, 0, 64, 64, 0, 0),
+      nullptr);
+  EXPECT_NE(lastMessage().find("negative"), std::string::npos) << lastMessage();
   moeClearLastError();
-  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 2, 64, 64, 0, 0, 128, 0, 0, 64,
-                                   512, 0, 0),
+  EXPECT_EQ(moeTensorMapDeviceBf16(weights, 2, 64, 64, 0, 0, 128, 0, 0, 64, 512,
+                                   0, 0),
             nullptr);
   EXPECT_NE(lastMessage().find("boxDim"), std::string::npos) << lastMessage();
   moeClearLastError();

@@ -53,7 +53,8 @@ def manifest_for(cfg: LayerConfig, name: str) -> Dict[str, Any]:
         "layer": {"T": T, "d": d, "n": n, "E": E, "k": k, "activation": cfg.activation,
                   "scoring": cfg.scoring, "renormalize": cfg.renormalize,
                   "num_groups": cfg.num_groups, "topk_groups": cfg.topk_groups,
-                  "scaling_factor": cfg.scaling_factor, "has_bias": cfg.router_bias,
+                  "scaling_factor": cfg.scaling_factor, "round_logits": cfg.round_logits,
+                  "has_bias": cfg.router_bias,
                   "shared_n": cfg.shared_ffn,
                   "inputs": {a: f"arg{i}" for i, (a, _, _) in enumerate(args)}},
         "entry_points": {

@@ -45,6 +45,9 @@ class LayerConfig:
     num_groups: int = 1
     topk_groups: int = 1
     scaling_factor: float = 1.0
+    # the router's logits rounded to the activations' type (bf16) before scoring, as a
+    # bf16 nn.Linear router has them (HF Mixtral, Qwen3-MoE, OLMoE)
+    round_logits: bool = False
     router_bias: bool = False
     shared_ffn: int = 0
     activation: str = "swiglu"
@@ -78,7 +81,7 @@ class LayerConfig:
                 f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("renormalize", "router_bias"):
+        for name in ("renormalize", "round_logits", "router_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if experts >= I32_MAX:

@@ -89,10 +89,11 @@ def config_from_hf_block(block: nn.Module) -> LayerConfig:
     if kind == "MixtralSparseMoeBlock":
         if float(getattr(block, "jitter_noise", 0.0) or 0.0) > 0.0:
             raise NotImplementedError(f"{kind}: router_jitter_noise > 0 is not supported")
-        return LayerConfig(**common, scoring="softmax", renormalize=True).validate()
+        return LayerConfig(**common, scoring="softmax", renormalize=True,
+                           round_logits=True).validate()
     if kind in ("Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock"):
-        return LayerConfig(**common, scoring="softmax",
-                           renormalize=bool(gate.norm_topk_prob)).validate()
+        return LayerConfig(**common, scoring="softmax", renormalize=bool(gate.norm_topk_prob),
+                           round_logits=True).validate()
     # DeepseekV3MoE
     shared = block.shared_experts
     if type(getattr(shared, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):

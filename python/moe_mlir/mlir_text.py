@@ -44,6 +44,8 @@ def routing_attr(config: LayerConfig) -> str:
         parts.append(f"topk_groups = {config.topk_groups}")
     if float(config.scaling_factor) != 1.0:
         parts.append(f"scaling_factor = {mlir_float(config.scaling_factor)}")
+    if config.round_logits:
+        parts.append("round_logits = true")
     return "#moe.routing<" + ", ".join(parts) + ">"
 
 

@@ -170,13 +170,17 @@ def select_experts(c: np.ndarray, top_k: int, num_groups: int = 1,
 
 def router(x, wr, bias=None, *, scoring: str = "softmax", top_k: int = 1,
            renormalize: bool = False, num_groups: int = 1, topk_groups: int = 1,
-           scaling: float = 1.0):
-    """`__moe_cpu_router`: returns weights [T,k], experts [T,k] int32, logits [T,E]."""
+           scaling: float = 1.0, logits=None):
+    """`__moe_cpu_router`: returns weights [T,k], experts [T,k] int32, logits [T,E].
+    `logits` given (e.g. rounded to bf16, routing round_logits) replaces x @ wr."""
     _check_scoring(scoring)
     dt = compute_dtype(x, wr)
     x, wr = _f(x, dt), _f(wr, dt)
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate (IEEE)
-        logits = x @ wr
+    if logits is not None:
+        logits = _f(logits, dt)
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate (IEEE)
+            logits = x @ wr
     s = scores(logits, scoring)
     c = s if bias is None else s + _f(bias, dt)[None, :]
     experts = select_experts(c, top_k, num_groups, topk_groups)

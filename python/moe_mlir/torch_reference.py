@@ -56,6 +56,7 @@ def config_from_manifest(layer: Mapping[str, Any]) -> LayerConfig:
         renormalize=bool(get("renormalize", False)), num_groups=int(get("num_groups", 1)),
         topk_groups=int(get("topk_groups", 1)),
         scaling_factor=float(get("scaling_factor", 1.0)),
+        round_logits=bool(get("round_logits", False)),
         router_bias=bool(get("has_bias", False)), shared_ffn=int(get("shared_n", 0)),
         activation=str(get("activation", "swiglu")), dtype="bf16").validate()
 
@@ -144,6 +145,9 @@ def router(config: LayerConfig, x: torch.Tensor, w_router: torch.Tensor,
            bias: Optional[torch.Tensor] = None, experts: Optional[torch.Tensor] = None):
     """Returns (weights [T,k], experts [T,k] int64, logits [T,E], selection scores c)."""
     logits = x @ w_router
+    if config.round_logits and config.dtype == "bf16":
+        # the bf16 values a bf16 nn.Linear router holds; the gradient passes through
+        logits = logits + (logits.to(torch.bfloat16).float() - logits).detach()
     s = scores(logits, config.scoring)
     c = s.detach() if bias is None else s.detach() + bias.detach().float()[None, :]
     if experts is None:

@@ -17,7 +17,7 @@ I1, F1, BF1 = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
 OPS = {
     "router": [("x", B2), ("wr", B2), ("bias", F1), ("scoring", "i32"), ("renormalize", "i1"),
                ("num_groups", "index"), ("topk_groups", "index"), ("scaling", "f32"),
-               ("weights", F2), ("experts", I2), ("logits", F2)],
+               ("round_logits", "i1"), ("weights", F2), ("experts", I2), ("logits", F2)],
     "dispatch": [("experts", I2), ("token_ids", I1), ("offsets", I1), ("rows", I2)],
     "expert_ffn": [("x", B2), ("token_ids", I1), ("offsets", I1), ("wgu", B3), ("wd", B3),
                    ("act", "i32"), ("y", B2), ("h", B2)],

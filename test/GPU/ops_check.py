@@ -153,16 +153,22 @@ def ref_ffn(x, token_ids, offsets, wgu, wd):
 
 # --------------------------------------------------------------------------- checks
 
-def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=False):
+def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=False,
+               round_logits=False):
     tag = f"router T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
+    if round_logits:
+        tag += " round_logits"
     x, wr = bf(T, d), bf(d, E, std=0.02)
     b = (torch.rand(E, device=DEV) * 0.1) if bias else torch.empty(0, device=DEV)
     w = torch.empty(T, k, device=DEV)
     ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
     lg = torch.empty(T, E, device=DEV)
-    lib.call("router", x, wr, b, scoring, int(renorm), G, TG, float(scaling), w, ex, lg)
+    lib.call("router", x, wr, b, scoring, int(renorm), G, TG, float(scaling), int(round_logits),
+             w, ex, lg)
     ref_lg = x.float() @ wr.float()
     ok = check(f"{tag} logits", rel(lg, ref_lg), 1e-2)
+    if round_logits:  # what a bf16 nn.Linear router holds: bf16 values
+        ok &= check_exact(f"{tag} logits are bf16 values", lg, lg.to(torch.bfloat16).float())
     s = ref_scores(lg, scoring)  # our logits, so selection ties cannot differ
     c = s + (b if bias else 0)
     ref_ex = ref_select(c, k, G, TG)
@@ -270,7 +276,7 @@ def run_router_hostile(lib, scoring):
     w = torch.empty(T, k, device=DEV)
     ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
     lg = torch.empty(T, E, device=DEV)
-    lib.call("router", x, wr, torch.empty(0, device=DEV), scoring, 1, 1, 1, 1.0, w, ex, lg)
+    lib.call("router", x, wr, torch.empty(0, device=DEV), scoring, 1, 1, 1, 1.0, 0, w, ex, lg)
     ref_lg = x.float() @ wr.float()
     ok = check_exact(f"{tag} logits NaN pattern", torch.isnan(lg), torch.isnan(ref_lg))
     finite = torch.isfinite(ref_lg)
@@ -296,7 +302,7 @@ def run_empty(lib):
     w = torch.empty(0, k, device=DEV)
     ex = torch.empty(0, k, dtype=torch.int32, device=DEV)
     lg = torch.empty(0, E, device=DEV)
-    lib.call("router", x, wr, torch.empty(0, device=DEV), 0, 1, 1, 1, 1.0, w, ex, lg)
+    lib.call("router", x, wr, torch.empty(0, device=DEV), 0, 1, 1, 1, 1.0, 0, w, ex, lg)
     tid = torch.empty(0, dtype=torch.int32, device=DEV)
     off = torch.full((E + 1,), -7, dtype=torch.int32, device=DEV)
     rows = torch.empty(0, k, dtype=torch.int32, device=DEV)
@@ -400,7 +406,7 @@ def bench(lib, name, reps=5):
     dwr = torch.empty_like(wr)
     empty2 = torch.empty(0, 0, device=DEV)
     ops = [
-        ("router", lambda: lib.call("router", x, wr, bias, scoring, int(renorm), G, TG, float(scaling), w, ex, lg)),
+        ("router", lambda: lib.call("router", x, wr, bias, scoring, int(renorm), G, TG, float(scaling), 0, w, ex, lg)),
         ("dispatch", lambda: lib.call("dispatch", ex, tid, off, rows)),
         ("expert_ffn", lambda: lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)),
         ("combine", lambda: lib.call("combine", y, w, rows, out)),
@@ -458,6 +464,7 @@ def main():
         ("ffn-one", lambda: run_ffn(lib, 1, 128, 64, 4, 2, "random")),
         ("router", lambda: run_router(lib, 37, 128, 8, 2, 0, True)),
         ("router-groups", lambda: run_router(lib, 37, 256, 16, 4, 1, True, 4, 2, 2.5, True)),
+        ("router-round", lambda: run_router(lib, 37, 128, 8, 2, 0, True, round_logits=True)),
         ("router-grad", lambda: run_router_grad(lib, 37, 128, 8, 2, 0, True, 1.0)),
         # expert counts that are not a multiple of 8 (padded inside the host functions)
         ("router-e4", lambda: run_router(lib, 37, 128, 4, 2, 0, True)),

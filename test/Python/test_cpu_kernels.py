@@ -110,12 +110,19 @@ def wrappers():
         sc = SCORING[scoring]
         w.append(wrapper(f"router_{name}", "__moe_cpu_router",
                          [t((T, D)), t((D, E)), t((E,)), c(sc, "i32"), c(k, "index"),
-                          c(ren, "i1"), c(g, "index"), c(tg, "index"), c(scal, "f32")],
+                          c(ren, "i1"), c(g, "index"), c(tg, "index"), c(scal, "f32"),
+                          c(False, "i1")],
                          [((T, k), "f32"), ((T, k), "i32"), ((T, E), "f32")]))
         w.append(wrapper(f"router_grad_{name}", "__moe_cpu_router_grad",
                          [t((T, D)), t((D, E)), t((T, E)), t((T, k), "i32"), t((T, k)),
                           t((T, E)), c(sc, "i32"), c(ren, "i1"), c(scal, "f32")],
                          [((T, D), "f32"), ((D, E), "f32")]))
+    # round_logits on a bf16 layer: the same router with its logits rounded to bf16
+    w.append(wrapper("router_round", "__moe_cpu_router",
+                     [t((T, D)), t((D, E)), t((E,)), c(0, "i32"), c(2, "index"),
+                      c(True, "i1"), c(1, "index"), c(1, "index"), c(1.0, "f32"),
+                      c(True, "i1")],
+                     [((T, 2), "f32"), ((T, 2), "i32"), ((T, E), "f32")]))
     for cap in CAPACITIES:
         w.append(wrapper(f"dispatch_{cap}", "__moe_cpu_dispatch",
                          [t((T, K), "i32"), c(E, "index"), c(cap, "index")],
@@ -215,6 +222,32 @@ def test_router_kernel(kernels, name):
     assert rel_err(w[ok], rw[ok]) <= TOL
     fin = np.isfinite(rl)
     assert rel_err(logits[fin], rl[fin]) <= TOL
+
+
+def bf16_round(a):
+    """Round-to-nearest-even of f32 to bf16, back in f32 (NaN and inf kept)."""
+    bits = a.astype(f32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = rounded.astype(np.uint32).view(f32)
+    return np.where(np.isfinite(a), out, a).astype(f32)
+
+
+def test_router_kernel_round_logits(kernels):
+    """The logits are bf16 values, the f32 router's logits rounded, and the weights and
+    experts follow from the rounded logits."""
+    x, wr, _, zeros = router_inputs()
+    w, e, logits = kernels["router_round"](x, wr, zeros)
+    _, _, rl = ref.router(x, wr, zeros, scoring="softmax", top_k=2, renormalize=True)
+    fin = np.isfinite(rl)
+    np.testing.assert_array_equal(logits[fin], bf16_round(logits[fin]))
+    assert not np.array_equal(logits[fin], rl[fin])  # the rounding did something
+    # within half a bf16 ulp of the f32 logits (plus the f32 sums' own rounding)
+    assert np.all(np.abs(logits[fin] - rl[fin]) <= np.abs(rl[fin]) * 2.0**-8 + 1e-6)
+    rw, re_, _ = ref.router(x, wr, zeros, scoring="softmax", top_k=2, renormalize=True,
+                            logits=logits)
+    np.testing.assert_array_equal(e, re_)
+    ok = ~np.isnan(rw)
+    assert rel_err(w[ok], rw[ok]) <= TOL
 
 
 @pytest.mark.parametrize("name", list(ROUTERS))

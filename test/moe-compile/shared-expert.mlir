@@ -29,6 +29,7 @@
 // MANIFEST-NEXT: "num_groups": 4,
 // MANIFEST-NEXT: "topk_groups": 2,
 // MANIFEST-NEXT: "scaling_factor": 2.5,
+// MANIFEST-NEXT: "round_logits": false,
 // MANIFEST-NEXT: "has_bias": true,
 // MANIFEST-NEXT: "shared_n": 128,
 // MANIFEST-NEXT: "inputs": {

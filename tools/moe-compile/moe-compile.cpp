@@ -396,7 +396,8 @@ std::string layerSummary(DictionaryAttr layer) {
      << getString(layer, "scoring")
      << ", renormalize = " << (boolean("renormalize") ? "true" : "false")
      << ", groups " << integer("topk_groups") << " of " << integer("num_groups")
-     << ", scaling " << llvm::format("%g", scaling) << "\n"
+     << ", scaling " << llvm::format("%g", scaling)
+     << (boolean("round_logits") ? ", logits rounded to bf16" : "") << "\n"
      << " *   selection bias: " << (boolean("has_bias") ? "yes" : "no")
      << ", shared expert width: " << integer("shared_n") << "\n";
   if (auto inputs = layer.getAs<DictionaryAttr>("inputs")) {
@@ -481,6 +482,7 @@ void writeLayer(llvm::json::OStream &j, DictionaryAttr layer) {
   if (auto value = layer ? layer.getAs<FloatAttr>("scaling_factor") : nullptr)
     scaling = value.getValueAsDouble();
   j.attribute("scaling_factor", scaling);
+  j.attribute("round_logits", boolean("round_logits"));
   j.attribute("has_bias", boolean("has_bias"));
   j.attribute("shared_n", integer("shared_n"));
   j.attributeObject("inputs", [&] {

@@ -430,6 +430,8 @@ DictionaryAttr getLayerAttr(func::FuncOp func) {
     addInt("topk_groups", routing.getTopkGroups());
     entries.push_back(b.getNamedAttr(
         "scaling_factor", b.getF64FloatAttr(routing.getScalingFactorValue())));
+    entries.push_back(b.getNamedAttr("round_logits",
+                                     b.getBoolAttr(routing.getRoundLogits())));
     entries.push_back(
         b.getNamedAttr("has_bias", b.getBoolAttr(router.getBias() != nullptr)));
     addInput("x", router.getX());
@@ -581,7 +583,8 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     args.append({scoring(routing), h.i1(routing.getRenormalize()),
                  h.index(routing.getNumGroups()),
                  h.index(routing.getTopkGroups()),
-                 h.f32(routing.getScalingFactorValue())});
+                 h.f32(routing.getScalingFactorValue()),
+                 h.i1(routing.getRoundLogits())});
     results();
     h.call("__moe_gpu_router", args);
   } else if (auto grad = dyn_cast<RouterGradOp>(op)) {

@@ -1074,10 +1074,12 @@ GID = """      %tid = gpu.thread_id x
 
 SIMPLE = []
 
-# softmax or sigmoid of the router logits, per token
+# softmax or sigmoid of the router logits, per token; with %round, the logits are first
+# rounded to bf16 in place (routing round_logits: a bf16 nn.Linear router's logits)
 SIMPLE.append(kernel(
     "moe_router_scores",
-    "%logits: memref<?xf32>, %scores: memref<?xf32>, %T: index, %E: index, %scoring: i32",
+    "%logits: memref<?xf32>, %scores: memref<?xf32>, %T: index, %E: index, %scoring: i32, "
+    "%round: i1",
     GID + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %zero = arith.constant 0.0 : f32
@@ -1086,6 +1088,15 @@ SIMPLE.append(kernel(
       %ok = arith.cmpi ult, %gid, %T : index
       scf.if %ok {
         %base = arith.muli %gid, %E : index
+        scf.if %round {
+          scf.for %e = %c0 to %E step %c1 {
+            %i = arith.addi %base, %e : index
+            %l = memref.load %logits[%i] : memref<?xf32>
+            %h = arith.truncf %l : f32 to bf16
+            %r = arith.extf %h : bf16 to f32
+            memref.store %r, %logits[%i] : memref<?xf32>
+          }
+        }
         %soft = arith.cmpi eq, %scoring, %c0_i32 : i32
         scf.if %soft {
           %mx = scf.for %e = %c0 to %E step %c1 iter_args(%m = %ninf) -> (f32) {
@@ -1889,8 +1900,8 @@ def single_offsets(h, T):
 def host_router():
     h = Host("router", [("x", M2["bf16"]), ("wr", M2["bf16"]), ("bias", F32V), ("scoring", "i32"),
                         ("renormalize", "i1"), ("num_groups", IDX), ("topk_groups", IDX),
-                        ("scaling", "f32"), ("weights", M2["f32"]), ("experts", M2["i32"]),
-                        ("logits", M2["f32"])])
+                        ("scaling", "f32"), ("round_logits", "i1"), ("weights", M2["f32"]),
+                        ("experts", M2["i32"]), ("logits", M2["f32"])])
     e = h.e
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
@@ -1913,7 +1924,8 @@ def host_router():
     h.dealloc(wrp, "bf16")
     scores = h.alloc(e.mul(T, E), "f32")
     h.launch("moe_router_scores", h.ceil(T, THREADS), one, one,
-             [(lf, F32V), (scores, F32V), (T, IDX), (E, IDX), ("%scoring", "i32")])
+             [(lf, F32V), (scores, F32V), (T, IDX), (E, IDX), ("%scoring", "i32"),
+              ("%round_logits", "i1")])
     nb = h.dim("%bias", F32V, 0)
     h.launch("moe_router_select", h.ceil(T, THREADS), one, one,
              [(scores, F32V), ("%bias", F32V), (nb, IDX), (T, IDX), (E, IDX), (k, IDX),

@@ -501,7 +501,8 @@ func.func @__moe_cpu_row_experts(%offsets: tensor<?xi32>, %r_n: index)
 func.func @__moe_cpu_router(%x: tensor<?x?xf32>, %wr: tensor<?x?xf32>,
                             %bias: tensor<?xf32>, %scoring: i32, %k: index,
                             %renormalize: i1, %num_groups: index,
-                            %topk_groups: index, %scaling: f32)
+                            %topk_groups: index, %scaling: f32,
+                            %round_bf16: i1)
     -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -509,8 +510,37 @@ func.func @__moe_cpu_router(%x: tensor<?x?xf32>, %wr: tensor<?x?xf32>,
   %zero = arith.constant 0.0 : f32
   %true = arith.constant true
   %false = arith.constant false
-  %logits = func.call @__moe_cpu_mm(%x, %wr)
+  %lacc = func.call @__moe_cpu_mm(%x, %wr)
       : (tensor<?x?xf32>, tensor<?x?xf32>) -> tensor<?x?xf32>
+  // round_logits on bf16 activations: the logits as a bf16 nn.Linear has them.
+  %logits = scf.if %round_bf16 -> (tensor<?x?xf32>) {
+    %rounded = linalg.generic {
+        indexing_maps = [#map_id, #map_id],
+        iterator_types = ["parallel", "parallel"]}
+        ins(%lacc : tensor<?x?xf32>) outs(%lacc : tensor<?x?xf32>) {
+    ^bb0(%v: f32, %o: f32):
+      // Round to nearest even on the bits (arith.truncf to bf16 would call
+      // compiler-rt's __truncsfbf2, which the CPU runner does not link);
+      // NaN stays NaN.
+      %bits = arith.bitcast %v : f32 to i32
+      %c16 = arith.constant 16 : i32
+      %c1i = arith.constant 1 : i32
+      %half = arith.constant 32767 : i32
+      %mask = arith.constant -65536 : i32
+      %hi = arith.shrui %bits, %c16 : i32
+      %lsb = arith.andi %hi, %c1i : i32
+      %rbias = arith.addi %half, %lsb : i32
+      %rsum = arith.addi %bits, %rbias : i32
+      %kept = arith.andi %rsum, %mask : i32
+      %rounded_v = arith.bitcast %kept : i32 to f32
+      %nan = arith.cmpf uno, %v, %v : f32
+      %r = arith.select %nan, %v, %rounded_v : f32
+      linalg.yield %r : f32
+    } -> tensor<?x?xf32>
+    scf.yield %rounded : tensor<?x?xf32>
+  } else {
+    scf.yield %lacc : tensor<?x?xf32>
+  }
   %s = func.call @__moe_cpu_scores(%logits, %scoring)
       : (tensor<?x?xf32>, i32) -> tensor<?x?xf32>
   %t_n = tensor.dim %x, %c0 : tensor<?x?xf32>

@@ -153,12 +153,14 @@ LogicalResult lower(RouterOp op, RouterOp::Adaptor adaptor,
   Value wr = b.operand(adaptor.getRouterWeight());
   Value bias = adaptor.getBias() ? b.operand(adaptor.getBias())
                                  : b.zeros({b.dim(wr, 1)});
-  b.replaceWithCall(op, "__moe_cpu_router",
-                    {x, wr, bias, b.i32(scoringCode(routing.getScoring())),
-                     b.index(routing.getTopK()), b.i1(routing.getRenormalize()),
-                     b.index(routing.getNumGroups()),
-                     b.index(routing.getTopkGroups()),
-                     b.f32(routing.getScalingFactorValue())});
+  b.replaceWithCall(
+      op, "__moe_cpu_router",
+      {x, wr, bias, b.i32(scoringCode(routing.getScoring())),
+       b.index(routing.getTopK()), b.i1(routing.getRenormalize()),
+       b.index(routing.getNumGroups()), b.index(routing.getTopkGroups()),
+       b.f32(routing.getScalingFactorValue()),
+       b.i1(routing.getRoundLogits() &&
+            cast<ShapedType>(op.getX().getType()).getElementType().isBF16())});
   return success();
 }
 

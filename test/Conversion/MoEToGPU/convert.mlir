@@ -21,7 +21,7 @@
 // CHECK-SAME: moe.gpu.entry = "forward"
 // CHECK-SAME: moe.gpu.layer = {E = 8 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, has_bias = true,
 // CHECK-SAME: inputs = {bias = "arg2", shared_w_down = "arg6", shared_w_gate_up = "arg5", w_down = "arg4", w_gate_up = "arg3", w_router = "arg1", x = "arg0"},
-// CHECK-SAME: k = 2 : i64, n = 64 : i64, num_groups = 4 : i64, renormalize = true, scaling_factor = 2.500000e+00 : f64, scoring = "sigmoid", shared_n = 128 : i64, topk_groups = 2 : i64}
+// CHECK-SAME: k = 2 : i64, n = 64 : i64, num_groups = 4 : i64, renormalize = true, round_logits = false, scaling_factor = 2.500000e+00 : f64, scoring = "sigmoid", shared_n = 128 : i64, topk_groups = 2 : i64}
 // CHECK-SAME: moe.gpu.layer_name = "ds"
 // CHECK-SAME: moe.gpu.params = [{dtype = "bf16", name = "arg0", role = "input", shape = array<i64: 37, 64>},
 // CHECK-SAME: {dtype = "bf16", name = "result0", role = "output", shape = array<i64: 37, 64>}, {dtype = "f32", name = "moe.router.weights", role = "saved", shape = array<i64: 37, 2>},
@@ -37,7 +37,8 @@
 // CHECK-DAG: %[[GROUPS:.*]] = arith.constant 4 : index
 // CHECK-DAG: %[[TOPKG:.*]] = arith.constant 2 : index
 // CHECK-DAG: %[[SCALE:.*]] = arith.constant 2.500000e+00 : f32
-// CHECK: %[[T1:.*]] = call @__moe_gpu_router(%[[T0]], %[[XD]], %{{.*}}, %[[BIASD]], %[[SIGMOID]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]], %{{.*}}, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?x?xbf16>, memref<?xf32>, i32, i1, index, index, f32, memref<?x?xf32>, memref<?x?xi32>, memref<?x?xf32>) -> !gpu.async.token
+// CHECK-DAG: %[[NOROUND:.*]] = arith.constant false
+// CHECK: %[[T1:.*]] = call @__moe_gpu_router(%[[T0]], %[[XD]], %{{.*}}, %[[BIASD]], %[[SIGMOID]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]], %[[NOROUND]], %{{.*}}, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?x?xbf16>, memref<?xf32>, i32, i1, index, index, f32, i1, memref<?x?xf32>, memref<?x?xi32>, memref<?x?xf32>) -> !gpu.async.token
 // CHECK: %[[T2:.*]] = call @__moe_gpu_dispatch(%[[T1]],
 // The expert outputs y are neither returned nor saved: a temporary.
 // CHECK: %[[Y:.*]], %[[T3:.*]] = gpu.alloc async [%[[T2]]] () : memref<74x64xbf16>
@@ -132,14 +133,15 @@ func.func @ds_backward(%arg0: tensor<37x64xbf16> {moe.saved = "arg0"}, %arg1: te
 
 // CHECK-LABEL: func.func @layer_forward(
 // CHECK-SAME: %[[RESULT1:[a-z0-9]+]]: memref<37x4xf32>, %[[W:[a-z0-9]+]]: memref<37x2xf32>, %{{.*}}: memref<37x2xi32>, %[[SAVEDL:[a-z0-9]+]]: memref<37x4xf32>,
-// CHECK-SAME: moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, has_bias = false, inputs = {w_down = "arg3", w_gate_up = "arg2", w_router = "arg1", x = "arg0"}, k = 2 : i64, n = 128 : i64, num_groups = 1 : i64, renormalize = true, scaling_factor = 1.000000e+00 : f64, scoring = "softmax", shared_n = 0 : i64, topk_groups = 1 : i64}
+// CHECK-SAME: moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, has_bias = false, inputs = {w_down = "arg3", w_gate_up = "arg2", w_router = "arg1", x = "arg0"}, k = 2 : i64, n = 128 : i64, num_groups = 1 : i64, renormalize = true, round_logits = true, scaling_factor = 1.000000e+00 : f64, scoring = "softmax", shared_n = 0 : i64, topk_groups = 1 : i64}
 // CHECK-SAME: {dtype = "f32", name = "result1", role = "output", shape = array<i64: 37, 4>}, {dtype = "f32", name = "moe.router.weights", role = "saved"
 // CHECK: %[[T0:.*]] = gpu.wait async
 // CHECK: %[[NOBIAS:.*]] = memref.reinterpret_cast %[[W]] to offset: [0], sizes: [0], strides: [1] : memref<37x2xf32> to memref<0xf32>
 // CHECK: %[[NOBIASD:.*]] = memref.cast %[[NOBIAS]] : memref<0xf32> to memref<?xf32>
 // CHECK: %[[SOFTMAX:.*]] = arith.constant 0 : i32
 // CHECK: %[[LD:.*]] = memref.cast %[[RESULT1]] : memref<37x4xf32> to memref<?x?xf32>
-// CHECK: call @__moe_gpu_router(%[[T0]], %{{.*}}, %{{.*}}, %[[NOBIASD]], %[[SOFTMAX]], {{.*}}, %[[LD]])
+// round_logits = true reaches the router (the i1 after the scaling factor).
+// CHECK: call @__moe_gpu_router(%[[T0]], %{{.*}}, %{{.*}}, %[[NOBIASD]], %[[SOFTMAX]], {{.*}}, %cst{{[_0-9]*}}, %true{{[_0-9]*}}, %{{.*}}, %{{.*}}, %[[LD]])
 // CHECK: %[[TC:.*]] = call @__moe_gpu_combine(
 // CHECK: %[[TF:.*]] = gpu.dealloc async [%[[TC]]]
 // CHECK: %[[TM:.*]] = gpu.memcpy async [%[[TF]]] %[[SAVEDL]], %[[RESULT1]] : memref<37x4xf32>, memref<37x4xf32>
@@ -152,7 +154,7 @@ func.func @ds_backward(%arg0: tensor<37x64xbf16> {moe.saved = "arg0"}, %arg1: te
 // CHECK: call @__moe_gpu_router_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[DLD]],
 
 func.func @layer_forward(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x4xbf16>, %arg2: tensor<4x64x256xbf16>, %arg3: tensor<4x128x64xbf16>) -> (tensor<37x64xbf16>, tensor<37x4xf32>, tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>, tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>, tensor<74x256xbf16>) attributes {moe.num_saved = 11 : i64} {
-  %weights, %experts, %logits = moe.router %arg0, %arg1 {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<37x64xbf16>, tensor<64x4xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+  %weights, %experts, %logits = moe.router %arg0, %arg1 {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>} : tensor<37x64xbf16>, tensor<64x4xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
   %token_ids, %offsets, %rows = moe.dispatch %experts {num_experts = 4 : i64} : tensor<37x2xi32> -> tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
   %y, %h = moe.expert_ffn %arg0, %token_ids, %offsets, %arg2, %arg3 {activation = #moe.activation<swiglu>} : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16> -> tensor<74x64xbf16>, tensor<74x256xbf16>
   %0 = moe.combine %y, %weights, %rows : tensor<74x64xbf16>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x64xbf16>

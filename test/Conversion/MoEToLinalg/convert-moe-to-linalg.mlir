@@ -17,14 +17,15 @@
 // CHECK-DAG: %[[GROUPS:.*]] = arith.constant 4 : index
 // CHECK-DAG: %[[TOPKG:.*]] = arith.constant 2 : index
 // CHECK-DAG: %[[SCALE:.*]] = arith.constant 2.500000e+00 : f32
-// CHECK: %[[R:.*]]:3 = call @__moe_cpu_router(%[[XC]], %[[WRC]], %[[BIAS]], %[[SIGMOID]], %[[K]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]])
-// CHECK-SAME: : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?xf32>, i32, index, i1, index, index, f32) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>)
+// CHECK-DAG: %[[NOROUND:.*]] = arith.constant false
+// CHECK: %[[R:.*]]:3 = call @__moe_cpu_router(%[[XC]], %[[WRC]], %[[BIAS]], %[[SIGMOID]], %[[K]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]], %[[NOROUND]])
+// CHECK-SAME: : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?xf32>, i32, index, i1, index, index, f32, i1) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>)
 // CHECK-DAG: %[[W:.*]] = tensor.cast %[[R]]#0 : tensor<?x?xf32> to tensor<6x2xf32>
 // CHECK-DAG: %[[EX:.*]] = tensor.cast %[[R]]#1 : tensor<?x?xi32> to tensor<6x2xi32>
 // CHECK-DAG: %[[L:.*]] = tensor.cast %[[R]]#2 : tensor<?x?xf32> to tensor<6x8xf32>
 // CHECK: return %[[W]], %[[EX]], %[[L]]
 // CHECK-LABEL: func.func private @__moe_cpu_router
-// CHECK-SAME: (%{{.*}}: tensor<?x?xf32>, %{{.*}}: tensor<?x?xf32>, %{{.*}}: tensor<?xf32>, %{{.*}}: i32, %{{.*}}: index, %{{.*}}: i1, %{{.*}}: index, %{{.*}}: index, %{{.*}}: f32) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>)
+// CHECK-SAME: (%{{.*}}: tensor<?x?xf32>, %{{.*}}: tensor<?x?xf32>, %{{.*}}: tensor<?xf32>, %{{.*}}: i32, %{{.*}}: index, %{{.*}}: i1, %{{.*}}: index, %{{.*}}: index, %{{.*}}: f32, %{{.*}}: i1) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xf32>)
 // The helpers the kernel calls come along.
 // CHECK-DAG: func.func private @__moe_cpu_mm(
 // CHECK-DAG: func.func private @__moe_cpu_scores(
@@ -56,7 +57,7 @@ func.func @router(%x: tensor<6x4xf32>, %wr: tensor<4x8xf32>)
 // CHECK-DAG: %[[RENORM:.*]] = arith.constant false
 // CHECK-DAG: %[[GROUPS:.*]] = arith.constant 1 : index
 // CHECK-DAG: %[[SCALE:.*]] = arith.constant 1.000000e+00 : f32
-// CHECK: call @__moe_cpu_router(%[[XC]], %[[WRC]], %[[BC]], %[[SOFTMAX]], %{{.*}}, %[[RENORM]], %[[GROUPS]], %{{.*}}, %[[SCALE]])
+// CHECK: call @__moe_cpu_router(%[[XC]], %[[WRC]], %[[BC]], %[[SOFTMAX]], %{{.*}}, %[[RENORM]], %[[GROUPS]], %{{.*}}, %[[SCALE]], %false{{[_0-9]*}})
 func.func @router_bf16_bias(%x: tensor<6x4xbf16>, %wr: tensor<4x8xbf16>,
                             %b: tensor<8xf32>) -> tensor<6x2xi32> {
   %w, %e, %l = moe.router %x, %wr bias(%b : tensor<8xf32>)
@@ -64,6 +65,32 @@ func.func @router_bf16_bias(%x: tensor<6x4xbf16>, %wr: tensor<4x8xbf16>,
       : tensor<6x4xbf16>, tensor<4x8xbf16>
       -> tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>
   return %e : tensor<6x2xi32>
+}
+
+// -----
+
+// round_logits on bf16 activations: the kernel rounds its f32 logits to bf16
+// (its last argument); on f32 activations the flag is a no-op and passes false.
+// (The constants are not uniqued: their printed names say their values.)
+// CHECK-LABEL: func.func @router_round_logits
+// CHECK: call @__moe_cpu_router({{.*}}, %{{[0-9a-z_]+}}, %true{{[_0-9]*}})
+// CHECK-LABEL: func.func @router_round_logits_f32
+// CHECK: call @__moe_cpu_router({{.*}}, %{{[0-9a-z_]+}}, %false{{[_0-9]*}})
+func.func @router_round_logits(%x: tensor<6x4xbf16>, %wr: tensor<4x8xbf16>)
+    -> tensor<6x8xf32> {
+  %w, %e, %l = moe.router %x, %wr
+      {routing = #moe.routing<scoring = softmax, top_k = 2, round_logits = true>}
+      : tensor<6x4xbf16>, tensor<4x8xbf16>
+      -> tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>
+  return %l : tensor<6x8xf32>
+}
+func.func @router_round_logits_f32(%x: tensor<6x4xf32>, %wr: tensor<4x8xf32>)
+    -> tensor<6x8xf32> {
+  %w, %e, %l = moe.router %x, %wr
+      {routing = #moe.routing<scoring = softmax, top_k = 2, round_logits = true>}
+      : tensor<6x4xf32>, tensor<4x8xf32>
+      -> tensor<6x2xf32>, tensor<6x2xi32>, tensor<6x8xf32>
+  return %l : tensor<6x8xf32>
 }
 
 // -----

@@ -6,16 +6,17 @@
 // RUN: moe-opt %s --mlir-print-op-generic | FileCheck %s --check-prefix=GENERIC
 
 // CHECK-LABEL: func.func @layer_mixtral
-// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>} : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
 // GENERIC-LABEL: sym_name = "layer_mixtral"
-// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}>
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>}>
 func.func @layer_mixtral(%x: tensor<?x4096xbf16>, %wr: tensor<4096x8xbf16>,
                          %wgu: tensor<8x4096x28672xbf16>,
                          %wd: tensor<8x14336x4096xbf16>)
     -> (tensor<?x4096xbf16>, tensor<?x8xf32>) {
   %out, %logits = moe.layer %x, %wr, %wgu, %wd
       {activation = #moe.activation<swiglu>,
-       routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+       routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true,
+                              round_logits = true>}
       : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>,
         tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
   return %out, %logits : tensor<?x4096xbf16>, tensor<?x8xf32>

@@ -54,8 +54,10 @@ TEST_F(MoEDialectTest, RoutingAttrDefaultsAndAccessors) {
   auto routing =
       RoutingAttr::get(&context, ScoringFunc::sigmoid, 8,
                        /*renormalize=*/true, /*numGroups=*/8,
-                       /*topkGroups=*/4, /*scalingFactor=*/llvm::APFloat(2.5));
+                       /*topkGroups=*/4, /*scalingFactor=*/llvm::APFloat(2.5),
+                       /*roundLogits=*/true);
   EXPECT_EQ(routing.getTopK(), 8);
+  EXPECT_TRUE(routing.getRoundLogits());
   EXPECT_EQ(routing.getNumGroups(), 8);
   EXPECT_EQ(routing.getTopkGroups(), 4);
   EXPECT_DOUBLE_EQ(routing.getScalingFactorValue(), 2.5);
@@ -63,9 +65,10 @@ TEST_F(MoEDialectTest, RoutingAttrDefaultsAndAccessors) {
   llvm::raw_string_ostream os(text);
   os << Attribute(routing);
   EXPECT_NE(text.find("num_groups = 8"), std::string::npos) << text;
+  EXPECT_NE(text.find("round_logits = true"), std::string::npos) << text;
 
   auto plain = RoutingAttr::get(&context, ScoringFunc::softmax, 2, false, 1, 1,
-                                llvm::APFloat(1.0));
+                                llvm::APFloat(1.0), false);
   text.clear();
   os << Attribute(plain);
   EXPECT_EQ(text, "#moe.routing<scoring = softmax, top_k = 2>");
@@ -80,7 +83,7 @@ TEST_F(MoEDialectTest, RoutingAttrVerifierRejectsBadGroups) {
   auto bad = RoutingAttr::getChecked(
       [&] { return emitError(UnknownLoc::get(&context)); }, &context,
       ScoringFunc::sigmoid, int64_t{8}, true, /*numGroups=*/int64_t{4},
-      /*topkGroups=*/int64_t{5}, llvm::APFloat(1.0));
+      /*topkGroups=*/int64_t{5}, llvm::APFloat(1.0), false);
   EXPECT_FALSE(bad);
   EXPECT_NE(message.find("topk_groups must be in [1, num_groups = 4]"),
             std::string::npos)

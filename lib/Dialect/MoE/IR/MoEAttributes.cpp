@@ -21,7 +21,8 @@ LogicalResult RoutingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   ScoringFunc scoring, int64_t topK,
                                   bool renormalize, int64_t numGroups,
                                   int64_t topkGroups,
-                                  llvm::APFloat scalingFactor) {
+                                  llvm::APFloat scalingFactor,
+                                  bool /*roundLogits*/) {
   if (topK < 1)
     return emitError() << "top_k must be at least 1, got " << topK;
   if (numGroups < 1)

@@ -28,6 +28,13 @@ def MoE_RenormalizeParameter
   let defaultValue = "false";
 }
 
+def MoE_RoundLogitsParameter
+    : AttrOrTypeParameter<"bool", "round the logits to the activations' type"> {
+  let parser = "::mlir::moe::parseBoolParameter($_parser)";
+  let printer = "$_printer << ($_self ? \"true\" : \"false\")";
+  let defaultValue = "false";
+}
+
 def MoE_ScalingFactorParameter : MoE_F64Parameter<"weight multiplier"> {
   let defaultValue = "::llvm::APFloat(1.0)";
 }
@@ -45,11 +52,16 @@ def MoE_RoutingAttr : MoE_Attr<"Routing", "routing"> {
       its two best selection scores (its best score when a group has one
       expert); only the experts of the `topk_groups` best groups can be chosen.
     - `scaling_factor`: multiplies the final weights (DeepSeek-V3: 2.5).
+    - `round_logits`: the logits, accumulated in f32, are rounded to the
+      element type of `x` before scoring, as a router that is an `nn.Linear`
+      in bf16 computes them (Mixtral, Qwen3-MoE, OLMoE in Hugging Face
+      transformers; DeepSeek-V3's router computes in f32). The logits result
+      holds the rounded values. A no-op for f32 activations.
 
     A selection bias (aux-loss-free balancing) is an operand of the op, not
     part of this attribute: it changes which experts are chosen, never the
-    weights. Defaults (`renormalize = false`, one group, scaling 1.0) are
-    elided when printed.
+    weights. Defaults (`renormalize = false`, one group, scaling 1.0,
+    `round_logits = false`) are elided when printed.
 
     ```mlir
     #moe.routing<scoring = softmax, top_k = 2, renormalize = true>
@@ -63,7 +75,8 @@ def MoE_RoutingAttr : MoE_Attr<"Routing", "routing"> {
     MoE_RenormalizeParameter:$renormalize,
     DefaultValuedParameter<"int64_t", "1">:$num_groups,
     DefaultValuedParameter<"int64_t", "1">:$topk_groups,
-    MoE_ScalingFactorParameter:$scaling_factor
+    MoE_ScalingFactorParameter:$scaling_factor,
+    MoE_RoundLogitsParameter:$round_logits
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

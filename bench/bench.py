@@ -305,13 +305,22 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts, make_block=None) -> D
         block.zero_grad(set_to_none=True)
         x.grad = None
 
+    def forward():
+        out = block(x)
+        return out[0] if isinstance(out, tuple) else out  # Mixtral: (out, router logits)
+
+    measure_peer(torch, timer, opts, forward, clear, d_out, res)
+    del block, x, d_out
+    return res
+
+
+def measure_peer(torch, timer: Timer, opts, forward, clear, d_out, res: Dict[str, Any]) -> None:
+    """A peer's forward + backward: one untimed step for the saved bytes (allocated after
+    forward minus before), then the timed steps and their peak, into `res`."""
     clear()
     timer.sync()
-    if timer.cuda:
-        base = torch.cuda.memory_allocated()
-    out = block(x)
-    if isinstance(out, tuple):  # the Mixtral block returns (out, router logits)
-        out = out[0]
+    base = torch.cuda.memory_allocated() if timer.cuda else 0
+    out = forward()
     timer.sync()
     if timer.cuda:
         res["saved_bytes_torch"] = torch.cuda.memory_allocated() - base
@@ -320,8 +329,7 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts, make_block=None) -> D
     clear()
 
     def step():
-        o = block(x)
-        (o[0] if isinstance(o, tuple) else o).backward(d_out)
+        forward().backward(d_out)
 
     if timer.cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -329,8 +337,6 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts, make_block=None) -> D
     res.update(timer.measure(step, opts.warmup, opts.iters, opts.budget, before=clear))
     if timer.cuda:
         res["peak_bytes_torch"] = torch.cuda.max_memory_allocated() - base
-    del block, x, d_out
-    return res
 
 
 # --------------------------------------------------------------------------- Liger
@@ -383,31 +389,12 @@ def bench_liger(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
             w.grad = None
         x.grad = None
 
-    # The first step autotunes every Triton kernel; then the saved bytes, untimed.
+    # The first step autotunes every Triton kernel, untimed.
     started = time.time()
     block(x).backward(d_out)
     timer.sync()
     res["autotune_s"] = time.time() - started
-    clear()
-    if timer.cuda:
-        base = torch.cuda.memory_allocated()
-    out = block(x)
-    timer.sync()
-    if timer.cuda:
-        res["saved_bytes_torch"] = torch.cuda.memory_allocated() - base
-    out.backward(d_out)
-    del out
-    clear()
-
-    def step():
-        block(x).backward(d_out)
-
-    if timer.cuda:
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    res.update(timer.measure(step, opts.warmup, opts.iters, opts.budget, before=clear))
-    if timer.cuda:
-        res["peak_bytes_torch"] = torch.cuda.max_memory_allocated() - base
+    measure_peer(torch, timer, opts, lambda: block(x), clear, d_out, res)
     del block, x, d_out
     return res
 

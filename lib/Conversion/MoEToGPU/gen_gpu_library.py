@@ -17,10 +17,11 @@ import sys
 
 # ---------------------------------------------------------------------------
 # GEMM tiling: two warpgroups (256 threads) compute a 128x256 tile of C, each
-# 64 rows with one m64n256k16 wgmma accumulator; A and B stream through a
-# cp.async ring in shared memory, 128B-swizzled (CODEGEN.md sections 2-5): 4
-# stages for the kernels that stage fp32 C in the ring, P_STAGES for the
-# persistent ones below. All 256 threads copy; both warpgroups read all of B.
+# 64 rows with one m64n256k16 wgmma accumulator; A and B stream through a ring
+# in shared memory, 128B-swizzled (CODEGEN.md sections 2-5): 4 stages for the
+# kernels that stage fp32 C in the ring, P_STAGES for the persistent ones below.
+# All 256 threads copy A (and token-row B) by cp.async; weight B comes by TMA
+# (Gemm.tma_b). Both warpgroups read all of B.
 # ---------------------------------------------------------------------------
 BM, BN, BK, STAGES, THREADS = 128, 256, 64, 4, 128
 GEMM_THREADS = 256
@@ -158,7 +159,7 @@ class Emitter:
 #            [*, M] matrix, columns m0 + [0, 128) (MN-major smem tile, read
 #            transposed by wgmma; varlen K): the weight gradients read x, dH and
 #            w*A where forward and backward wrote them, with no transposed copy
-# B operand:
+# B operand (w_*: the expert weights, by TMA boxes; rows_mn: by cp.async):
 #   w_mn:        W[e] is [K, N], N contiguous (MN-major smem tile)
 #   w_mn_swiglu: W[e] is [K, 2h]; the tile takes 64 gate columns and the same
 #                64 up columns, so SwiGLU completes inside one tile
@@ -510,7 +511,7 @@ def gen_gemm(g):
             bcol = e.add(n0, e.add(e.mul(mbox, c(64)), e.mul(mcc, c(8))))
             S["bcol_ok"] = e.cmp("ult", bcol, A["dim_n"])
             S["bcol"] = e.select(S["bcol_ok"], bcol, c(0))
-            # column bcol of the expert's rows; the rows come per stage (load_b_rows)
+            # column bcol of the expert's rows; the rows come per stage (load_rows)
             S["b_ptr"] = gep1(bptr, e.mul(i64(S["bcol"]), c(2, "i64"), "i64"))
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
             first = e.add(i32(S["elo"]), mrow32, I32)
@@ -553,7 +554,8 @@ def gen_gemm(g):
         return rows
 
     def issue_stage(S, kt, slot, enabled, srcs=None):
-        """cp.async copies of k-tile kt into ring slot `slot` (both index values)."""
+        """The loads of k-tile kt into ring slot `slot` (both index values): cp.async
+        copies of A (and of token-row B), TMA boxes of weight B."""
         if srcs is None:
             srcs = load_rows(S, kt)
         k0 = e.mul(i32(kt), c(BK, I32), I32)

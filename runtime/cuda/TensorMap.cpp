@@ -168,6 +168,14 @@ moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, CUdeviceptr &slot) {
 void moe::runtime::resetTensorMapsForTesting() {
   MapCache &cache = mapCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
+  // The driver is about to be reset: give its memory and streams back first.
+  if (const DriverApi *api = loadedDriver())
+    for (auto &entry : cache.devices) {
+      for (CUdeviceptr chunk : entry.second.chunks)
+        (void)api->cuMemFree(chunk);
+      if (entry.second.upload)
+        (void)api->cuStreamDestroy(entry.second.upload);
+    }
   cache.devices.clear();
 }
 

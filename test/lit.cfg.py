@@ -30,6 +30,10 @@ llvm_config.use_default_substitutions()
 llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 
 # Catch captures that leak between CHECK-LABEL blocks and unused prefixes.
+# moe-compile keeps kernel binaries under $MOE_MLIR_CACHE/kernels: the tests'
+# own folder, not the home directory's.
+config.environment["MOE_MLIR_CACHE"] = os.path.join(config.test_exec_root,
+                                                    "moe-mlir-cache")
 config.environment["FILECHECK_OPTS"] = (
     "-enable-var-scope --allow-unused-prefixes=false")
 

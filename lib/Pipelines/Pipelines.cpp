@@ -148,13 +148,15 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
     pm.addPass(createMoEPlanMemory(memory));
   }
   pm.addPass(createConvertMoEToGPU());
-  addMoEGPULowering(pm, options.chip, options.optLevel, binary);
+  addMoEGPULowering(pm, options.chip, options.optLevel, binary,
+                    options.kernelCache);
   return success();
 }
 
 void mlir::moe::addMoEGPULowering(OpPassManager &pm, StringRef chip,
                                   unsigned optLevel,
-                                  const GpuModuleToBinaryPassOptions &binary) {
+                                  const GpuModuleToBinaryPassOptions &binary,
+                                  StringRef kernelCache) {
   pm.addPass(createInlinerPass());
   pm.addPass(createSymbolDCEPass());
   pm.addPass(createCanonicalizerPass());
@@ -175,7 +177,16 @@ void mlir::moe::addMoEGPULowering(OpPassManager &pm, StringRef chip,
   pm.addPass(createGpuToLLVMConversionPass());
   pm.addPass(createConvertToLLVMPass());
   pm.addPass(createReconcileUnrealizedCastsPass());
-  pm.addPass(createGpuModuleToBinaryPass(binary));
+  if (kernelCache.empty()) {
+    pm.addPass(createGpuModuleToBinaryPass(binary));
+  } else {
+    MoESerializeKernelsCachedOptions cached;
+    cached.cacheDir = kernelCache.str();
+    cached.toolkitPath = binary.toolkitPath;
+    cached.cmdOptions = binary.cmdOptions;
+    cached.compilationTarget = binary.compilationTarget;
+    pm.addPass(createMoESerializeKernelsCached(cached));
+  }
   pm.addPass(createCanonicalizerPass());
 }
 

@@ -40,6 +40,7 @@
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Target/TargetMachine.h"
@@ -91,6 +92,13 @@ cl::opt<std::string>
                  cl::desc("Activation bytes backward may keep, e.g. 2GiB "
                           "(empty: no limit)"),
                  cl::init(""));
+cl::opt<std::string> kernelCache(
+    "kernel-cache",
+    cl::desc("Directory where compiled kernel binaries are kept and found "
+             "again by later compiles, of any layer (default: "
+             "$MOE_MLIR_CACHE/kernels, else ~/.cache/moe_mlir/kernels; "
+             "'none': compile the kernels every time)"),
+    cl::init(""));
 cl::list<std::string>
     emit("emit",
          cl::desc("What to write: obj (NAME.o), header (NAME.h), manifest "
@@ -544,6 +552,28 @@ std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
 // Driver
 //===----------------------------------------------------------------------===//
 
+/// --kernel-cache, or its default: the kernels/ folder of moe_mlir's cache
+/// (MOE_MLIR_CACHE, else ~/.cache/moe_mlir), so Python and the command line
+/// share one. Empty ('none', or no home) turns the cache off.
+std::string kernelCacheDir() {
+  if (kernelCache == "none")
+    return "";
+  if (!kernelCache.empty())
+    return kernelCache;
+  SmallString<256> dir;
+  if (std::optional<std::string> root =
+          llvm::sys::Process::GetEnv("MOE_MLIR_CACHE");
+      root && !root->empty()) {
+    dir = *root;
+  } else if (!llvm::sys::path::home_directory(dir)) {
+    return "";
+  } else {
+    llvm::sys::path::append(dir, ".cache", "moe_mlir");
+  }
+  llvm::sys::path::append(dir, "kernels");
+  return std::string(dir);
+}
+
 LogicalResult writeFile(StringRef path, StringRef contents) {
   std::string error;
   std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(path, &error);
@@ -654,6 +684,7 @@ int compile() {
   options.chip = kChip.str();
   options.format = format;
   options.optLevel = optLevel;
+  options.kernelCache = kernelCacheDir();
   // The plan options go through the pipeline's own parsers (units, policies).
   std::string planOptions = "policy=" + policy;
   if (!memoryBudget.empty())

@@ -143,6 +143,38 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
   ];
 }
 
+def MoESerializeKernelsCached : Pass<"moe-serialize-kernels-cached", "::mlir::ModuleOp"> {
+  let summary = "gpu-module-to-binary with an on-disk cache of the kernel binaries";
+  let description = [{
+    Serializes every `gpu.module` as `gpu-module-to-binary` does, but first
+    looks each one up in `cache-dir` by a SHA-256 of its printed (already
+    lowered) form, the format, toolkit and command-line options, the LLVM
+    version, and, for `bin` and `fatbin`, the size and time of the
+    toolkit's `ptxas`. A hit becomes the `gpu.binary` that was stored; a
+    miss is compiled and stored (written to a temporary file and renamed, so
+    concurrent compiles never see half a file). Every layer shares the GPU
+    library's kernels, so only the first compile on a machine pays for
+    NVPTX code generation and ptxas. Without `cache-dir` it is
+    `gpu-module-to-binary`. A cache that cannot be read or written is
+    skipped with a warning, never an error. Statistics: `cache-hits`,
+    `cache-misses`.
+  }];
+  let options = [
+    Option<"cacheDir", "cache-dir", "std::string", /*default=*/"\"\"",
+           "directory of the cached binaries (empty: no cache)">,
+    Option<"toolkitPath", "toolkit", "std::string", /*default=*/"\"\"",
+           "CUDA toolkit path (gpu-module-to-binary's toolkit)">,
+    Option<"cmdOptions", "opts", "std::string", /*default=*/"\"\"",
+           "extra options for the target compiler">,
+    Option<"compilationTarget", "format", "std::string", /*default=*/"\"fatbin\"",
+           "bin, isa or fatbin">
+  ];
+  let statistics = [
+    Statistic<"numHits", "cache-hits", "kernel modules found in the cache">,
+    Statistic<"numMisses", "cache-misses", "kernel modules compiled and stored">
+  ];
+}
+
 def MoEAlignDynamicSharedMemory
     : Pass<"moe-align-dynamic-shared-memory", "::mlir::gpu::GPUModuleOp"> {
   let summary = "make the dynamic shared memory of lowered kernels one external, aligned array";

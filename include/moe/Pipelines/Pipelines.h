@@ -85,6 +85,12 @@ struct MoETrainingPipelineOptions
       *this, "opt-level",
       llvm::cl::desc("LLVM optimisation level of the kernels (0-3)"),
       llvm::cl::init(3)};
+  PassOptions::Option<std::string> kernelCache{
+      *this, "kernel-cache",
+      llvm::cl::desc("With chip set, a directory where compiled kernel "
+                     "binaries are kept and found again "
+                     "(moe-serialize-kernels-cached); empty: none"),
+      llvm::cl::init("")};
 };
 
 /// The whole compiler: a forward `moe` layer in, training code out. Without
@@ -108,10 +114,13 @@ buildMoETrainingPipeline(OpPassManager &pm,
 
 /// The part of moe-training-pipeline{chip=...} after convert-moe-to-gpu:
 /// inlining of the library's host functions, the kernels to `binary`'s format
-/// for `chip`, the host code to the LLVM dialect (mgpu* calls).
+/// for `chip`, the host code to the LLVM dialect (mgpu* calls). With a
+/// `kernelCache` directory the kernels are serialized by
+/// moe-serialize-kernels-cached, else by gpu-module-to-binary.
 void addMoEGPULowering(OpPassManager &pm, llvm::StringRef chip,
                        unsigned optLevel,
-                       const GpuModuleToBinaryPassOptions &binary);
+                       const GpuModuleToBinaryPassOptions &binary,
+                       llvm::StringRef kernelCache = "");
 
 /// The ptxas moe-training-pipeline gives gpu-module-to-binary (as its
 /// toolkit): from PATH, then $CUDA_ROOT/bin, then /usr/local/cuda/bin; empty

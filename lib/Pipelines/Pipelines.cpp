@@ -111,11 +111,15 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   // Without one, building the pipeline still works (--dump-pass-pipeline on
   // a machine without CUDA); gpu-module-to-binary then reports the missing
   // ptxas, and moe-compile checks for it first.
-  if (format != "isa")
+  if (format != "isa") {
     if (std::string ptxas = findPtxas(); !ptxas.empty())
       binary.toolkitPath =
           llvm::sys::path::parent_path(llvm::sys::path::parent_path(ptxas))
               .str();
+    // ptxas optimises the kernels on every core: half of a 2-core compile,
+    // with the same SASS (cuobjdump -sass, CUDA 13.0).
+    binary.cmdOptions = "--split-compile=0";
+  }
 
   StringRef policy = options.policy;
   if (policy != "keep" && policy != "recompute" && policy != "offload" &&

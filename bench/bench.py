@@ -399,6 +399,23 @@ def bench_liger(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
     return res
 
 
+def time_peer(entry: Dict[str, Any], key: str, label: str, run) -> Optional[Dict[str, Any]]:
+    """entry[key] = run() (a peer's timing, median_ms), with its TFLOP/s and ours / peer time
+    as entry["ours_over_<key>_time"]; a failure is entry["<key>_error"], logged, and the
+    other peers still run."""
+    try:
+        res = run()
+    except Exception as e:  # noqa: BLE001
+        entry[f"{key}_error"] = f"{type(e).__name__}: {e}"
+        log(f"  {label} failed: {entry[key + '_error']}")
+        return None
+    entry[key] = res
+    res["tflops"] = entry["useful_flops"] / (res["median_ms"] * 1e-3) / 1e12
+    if "ours" in entry:
+        entry[f"ours_over_{key}_time"] = entry["ours"]["median_ms"] / res["median_ms"]
+    return res
+
+
 # --------------------------------------------------------------------------- main
 
 def open_layer(path: str, opts):
@@ -520,52 +537,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             torch.cuda.empty_cache()
             trim_runtime_pool()
         if not opts.no_hf and args is not None:
-            try:
-                log(f"  HF MixtralSparseMoeBlock ({opts.hf_implementation}) ...")
-                hf = bench_hf(torch, cfg, args, device, timer, opts)
-                entry["hf"] = hf
-                hf["tflops"] = entry["useful_flops"] / (hf["median_ms"] * 1e-3) / 1e12
+            log(f"  HF MixtralSparseMoeBlock ({opts.hf_implementation}) ...")
+            hf = time_peer(entry, "hf", "HF",
+                           lambda: bench_hf(torch, cfg, args, device, timer, opts))
+            if hf:
                 hf["fraction_of_ceiling"] = hf["tflops"] / ceiling["tflops"]
                 log(f"  HF: {hf['median_ms']:.2f} ms, {hf['tflops']:.0f} TFLOP/s")
-                if "ours" in entry:
-                    entry["ours_over_hf_time"] = entry["ours"]["median_ms"] / hf["median_ms"]
-            except Exception as e:  # noqa: BLE001
-                entry["hf_error"] = f"{type(e).__name__}: {e}"
-                log(f"  HF failed: {entry['hf_error']}")
             if hf_full_block_applies(cfg):
                 # BENCH.md times the Mixtral block for deepseek-v3 (no group router, no
                 # shared expert, which ours runs); the real DeepseekV3MoE is the fair one
-                try:
-                    log(f"  HF DeepseekV3MoE ({opts.hf_implementation}) ...")
-                    full = bench_hf(torch, cfg, args, device, timer, opts, hf_deepseek_block)
-                    entry["hf_full"] = full
-                    full["tflops"] = entry["useful_flops"] / (full["median_ms"] * 1e-3) / 1e12
+                log(f"  HF DeepseekV3MoE ({opts.hf_implementation}) ...")
+                full = time_peer(entry, "hf_full", "HF DeepseekV3MoE", lambda: bench_hf(
+                    torch, cfg, args, device, timer, opts, hf_deepseek_block))
+                if full:
                     log(f"  HF DeepseekV3MoE: {full['median_ms']:.2f} ms")
-                    if "ours" in entry:
-                        entry["ours_over_hf_full_time"] = (entry["ours"]["median_ms"]
-                                                           / full["median_ms"])
-                except Exception as e:  # noqa: BLE001
-                    entry["hf_full_error"] = f"{type(e).__name__}: {e}"
-                    log(f"  HF DeepseekV3MoE failed: {entry['hf_full_error']}")
         if "liger" in opts.peer and args is not None:
             if not liger_applies(cfg):
                 entry["liger_skipped"] = "no Liger block for a sigmoid group router or a shared expert"
             elif opts.deadline and time.time() - started > opts.deadline:
                 entry["liger_skipped"] = f"deadline of {opts.deadline:.0f} s reached"
             else:
-                try:
-                    log("  Liger fused MoE (autotunes first) ...")
-                    lg = bench_liger(torch, cfg, args, device, timer, opts)
-                    entry["liger"] = lg
-                    lg["tflops"] = entry["useful_flops"] / (lg["median_ms"] * 1e-3) / 1e12
+                log("  Liger fused MoE (autotunes first) ...")
+                lg = time_peer(entry, "liger", "Liger",
+                               lambda: bench_liger(torch, cfg, args, device, timer, opts))
+                if lg:
                     log(f"  Liger: {lg['median_ms']:.2f} ms, {lg['tflops']:.0f} TFLOP/s "
                         f"(autotuning {lg['autotune_s']:.0f} s)")
-                    if "ours" in entry:
-                        entry["ours_over_liger_time"] = (entry["ours"]["median_ms"]
-                                                         / lg["median_ms"])
-                except Exception as e:  # noqa: BLE001
-                    entry["liger_error"] = f"{type(e).__name__}: {e}"
-                    log(f"  Liger failed: {entry['liger_error']}")
             if "liger_skipped" in entry:
                 log(f"  Liger skipped: {entry['liger_skipped']}")
         args = None

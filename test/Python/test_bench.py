@@ -60,3 +60,25 @@ def test_hf_deepseek_block_computes_our_layer():
     hf = block(args["x"].float().view(1, cfg.tokens, cfg.hidden)).view(cfg.tokens, cfg.hidden)
     err = (hf - ours.out).norm() / ours.out.norm()
     assert err < 1e-4, err
+
+
+def test_dry_run_with_peers(tmp_path, capsys):
+    """The HF block (eager experts on the CPU) timed beside ours with its ratio; a peer that
+    cannot run (Liger without its package, or without a GPU) is an error in its entry, and
+    the run goes on."""
+    pytest.importorskip("transformers")
+    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+                        str(tmp_path / "mixtral-8x7b"))
+    rc = bench.main(["--emulate", "--device", "cpu", "--layers-dir", str(tmp_path),
+                     "--layer", str(tmp_path / "mixtral-8x7b"), "--ceiling-size", "64",
+                     "--iters", "5", "--warmup", "1", "--hf-implementation", "eager",
+                     "--peer", "liger", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    entry = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"][0]
+    assert entry["hf"]["tflops"] > 0
+    assert entry["ours_over_hf_time"] == pytest.approx(
+        entry["ours"]["median_ms"] / entry["hf"]["median_ms"])
+    assert ("liger" in entry) != ("liger_error" in entry)
+    if "liger_error" in entry:
+        assert "Liger failed" in out

@@ -94,7 +94,8 @@ void stripKernelBodies(ModuleOp module) {
     while (body.getBlocks().size() > 1)
       body.back().erase();
     body.front().clear();
-    OpBuilder::atBlockEnd(&body.front()).create<gpu::ReturnOp>(kernel.getLoc());
+    OpBuilder builder = OpBuilder::atBlockEnd(&body.front());
+    gpu::ReturnOp::create(builder, kernel.getLoc());
   });
 }
 

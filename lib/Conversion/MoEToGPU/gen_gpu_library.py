@@ -369,6 +369,9 @@ def gen_gemm(g):
         # K-major rows
         b_tile0 = gep3(sptr, c(A_TILE_BYTES, I32))
         bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s
+
+        def full_bar(slot32):
+            return gep3(bars, e.mul(slot32, c(8, I32), I32))
         is_t0 = e.cmp("eq", tid, c(0))
         e.if_begin(is_t0)
         for st in range(stages):
@@ -591,7 +594,7 @@ def gen_gemm(g):
         if g.tma_b:
             on = e.op(f"arith.andi {is_t0}, {enabled} : i1")
             if_begin(on)
-            bar = gep3(bars, e.mul(i32(slot), c(8, I32), I32))
+            bar = full_bar(i32(slot))
             e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(B_TILE_BYTES, I32)} : {P3}, i32")
             btile = gep3(b_tile0, slot_bytes)
             n0, ex = S["n0_32"], S["e32"]
@@ -651,7 +654,7 @@ def gen_gemm(g):
         if g.tma_b:
             rs32 = i32(rs)
             parity = e.op(f"arith.andi {e.op(f'arith.shrui {ph}, {rs32} : i32')}, {c(1, I32)} : i32")
-            bar = gep3(bars, e.mul(rs32, c(8, I32), I32))
+            bar = full_bar(rs32)
             e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
             ph_next = e.op(f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32")
         e.emit("gpu.barrier")
@@ -690,8 +693,9 @@ def gen_gemm(g):
     def write_half(S, stage, h):
         """Half h of C from the staging buffer to global memory in 16-byte stores.
         A thread keeps one column group and walks rows 16 (SwiGLU: 32) apart, so its
-        addresses are one pointer and a fixed step and its staging offsets constants: index math here cost a quarter of a small-K weight
-        gradient's time (Nsight Compute, deepseek-v3)."""
+        addresses are one pointer and a fixed step and its staging offsets constants:
+        index math here cost a quarter of a small-K weight gradient's time (Nsight
+        Compute, deepseek-v3)."""
         m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
         base = h * BM * BN // 2
 
@@ -1986,60 +1990,36 @@ def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
     h.dealloc(a, "bf16")
 
 
-def host_expert_ffn():
-    h = Host("expert_ffn", [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V),
-                            ("wgu", M3), ("wd", M3), ("act", "i32"), ("y", M2["bf16"]),
-                            ("h", M2["bf16"])])
-    e = h.e
+def host_expert_ffn(with_y=True):
+    """expert_ffn, or without y expert_ffn_h: a recomputation in backward wants only H
+    (docs/memory.md)."""
+    y = [("y", M2["bf16"])] if with_y else []
+    h = Host("expert_ffn" if with_y else "expert_ffn_h",
+             [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V), ("wgu", M3),
+              ("wd", M3), ("act", "i32")] + y + [("h", M2["bf16"])])
     d = h.dim("%x", M2["bf16"], 1)
     R = h.dim("%token_ids", I32V, 0)
     E = h.dim("%wd", M3, 0)
     n = h.dim("%wd", M3, 1)
     ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
-                h.flat("%wd", M3), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]), R, d, n,
-                "moe_gemm_up_gather")
+                h.flat("%wd", M3), h.flat("%y", M2["bf16"]) if with_y else None,
+                h.flat("%h", M2["bf16"]), R, d, n, "moe_gemm_up_gather")
     return h.text()
 
 
-def host_expert_ffn_h():
-    """expert_ffn without y: a recomputation in backward wants only H (docs/memory.md)."""
-    h = Host("expert_ffn_h", [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V),
-                              ("wgu", M3), ("wd", M3), ("act", "i32"), ("h", M2["bf16"])])
-    d = h.dim("%x", M2["bf16"], 1)
-    R = h.dim("%token_ids", I32V, 0)
-    E = h.dim("%wd", M3, 0)
-    n = h.dim("%wd", M3, 1)
-    ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
-                h.flat("%wd", M3), None, h.flat("%h", M2["bf16"]), R, d, n,
-                "moe_gemm_up_gather")
-    return h.text()
-
-
-def host_shared_expert_h():
-    """shared_expert without y (recomputation of H)."""
-    h = Host("shared_expert_h", [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]),
-                                 ("act", "i32"), ("h", M2["bf16"])])
+def host_shared_expert(with_y=True):
+    """shared_expert, or without y shared_expert_h (the recomputation of H)."""
+    y = [("y", M2["bf16"])] if with_y else []
+    h = Host("shared_expert" if with_y else "shared_expert_h",
+             [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]), ("act", "i32")]
+             + y + [("h", M2["bf16"])])
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
     m = h.dim("%wd", M2["bf16"], 0)
     offs = single_offsets(h, T)
     ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
-                h.flat("%wd", M2["bf16"]), None, h.flat("%h", M2["bf16"]), T, d, m,
-                "moe_gemm_up_rows")
-    h.dealloc(offs, "i32")
-    return h.text()
-
-
-def host_shared_expert():
-    h = Host("shared_expert", [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]),
-                               ("act", "i32"), ("y", M2["bf16"]), ("h", M2["bf16"])])
-    T = h.dim("%x", M2["bf16"], 0)
-    d = h.dim("%x", M2["bf16"], 1)
-    m = h.dim("%wd", M2["bf16"], 0)
-    offs = single_offsets(h, T)
-    ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
-                h.flat("%wd", M2["bf16"]), h.flat("%y", M2["bf16"]), h.flat("%h", M2["bf16"]),
-                T, d, m, "moe_gemm_up_rows")
+                h.flat("%wd", M2["bf16"]), h.flat("%y", M2["bf16"]) if with_y else None,
+                h.flat("%h", M2["bf16"]), T, d, m, "moe_gemm_up_rows")
     h.dealloc(offs, "i32")
     return h.text()
 
@@ -2056,6 +2036,17 @@ def host_combine():
               (h.flat("%weights", M2["f32"]), F32V), (h.c(1, "i1"), "i1"), (T, IDX), (k, IDX),
               (d, IDX), (h.flat("%out", M2["bf16"]), BF16V)])
     return h.text()
+
+
+def launch_wgrad(h, gathered, queue_arg, queue, values):
+    """A weight gradient, a GEMM over each expert's tokens (varlen K): the kernel
+    `gathered` with the dispatch queue as its `queue_arg` (the operand whose rows are
+    tokens), or, without a queue, the rows in order."""
+    kernel = gathered if queue else "moe_gemm_wgrad_rows"
+    if queue:
+        values = dict(values, **{queue_arg: queue})
+    h.launch_gemm(kernel, h.ceil(values["dim_m"], BM), h.ceil(values["dim_n"], BN),
+                  values["num_experts"], gemm_args(h, kernel, values))
 
 
 def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dwguf, dwdf,
@@ -2076,18 +2067,14 @@ def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dw
              gemm_args(h, "moe_gemm_rows_k_bf16", dict(
                  offsets=offs, num_experts=E, amat=dh, lda=two_n, bmat=wguf, ldb=two_n,
                  dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)))
-    wk = "moe_gemm_wgrad_gather" if experts else "moe_gemm_wgrad_rows"
-    values = dict(offsets=offs, num_experts=E, amat=wa, lda=n, bmat=dout, ldb=d, dim_m=n,
-                  dim_n=d, dim_k=h.c(0), cout=dwdf, ldc=d)
-    if experts:
-        values["bids"] = ids
-    h.launch_gemm(wk, h.ceil(n, BM), h.ceil(d, BN), E, gemm_args(h, wk, values))
-    wk = "moe_gemm_wgrad_gather_a" if experts else "moe_gemm_wgrad_rows"
-    values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=dh, ldb=two_n, dim_m=d,
-                  dim_n=two_n, dim_k=h.c(0), cout=dwguf, ldc=two_n)
-    if experts:
-        values["ids"] = ids
-    h.launch_gemm(wk, h.ceil(d, BM), h.ceil(two_n, BN), E, gemm_args(h, wk, values))
+    queue = ids if experts else None
+    # dW_down = (w A)^T dOut[q]: the token rows are B; dW_gate_up = x[q]^T dH: they are A
+    launch_wgrad(h, "moe_gemm_wgrad_gather", "bids", queue, dict(
+        offsets=offs, num_experts=E, amat=wa, lda=n, bmat=dout, ldb=d, dim_m=n, dim_n=d,
+        dim_k=h.c(0), cout=dwdf, ldc=d))
+    launch_wgrad(h, "moe_gemm_wgrad_gather_a", "ids", queue, dict(
+        offsets=offs, num_experts=E, amat=x, lda=d, bmat=dh, ldb=two_n, dim_m=d, dim_n=two_n,
+        dim_k=h.c(0), cout=dwguf, ldc=two_n))
     h.dealloc(dh, "bf16")
     h.dealloc(wa, "bf16")
 
@@ -2179,10 +2166,9 @@ def host_router_grad():
                  dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
     dwrp = h.alloc(e.mul(d, E8), "bf16")
     # dW_r = x^T dlogits, [d, E8] (the padding columns are dropped by the repack)
-    h.launch_gemm("moe_gemm_wgrad_rows", h.ceil(d, BM), h.ceil(E, BN), one,
-             gemm_args(h, "moe_gemm_wgrad_rows", dict(
-                 offsets=offs, num_experts=one, amat=xf, lda=d, bmat=dl,
-                 ldb=E8, dim_m=d, dim_n=E, dim_k=h.c(0), cout=dwrp, ldc=E8)))
+    launch_wgrad(h, None, None, None, dict(
+        offsets=offs, num_experts=one, amat=xf, lda=d, bmat=dl, ldb=E8, dim_m=d, dim_n=E,
+        dim_k=h.c(0), cout=dwrp, ldc=E8))
     repack(h, dwrp, h.flat("%d_wr", M2["bf16"]), d, E8, E, E, "bf16")
     for buf, ty in ((dl, "bf16"), (offs, "i32"), (wrp, "bf16"),
                     (dwrp, "bf16")):
@@ -2212,8 +2198,9 @@ def main():
     # libmoe_runtime (runtime/include/moe/Runtime/Runtime.h)
     out.append("  func.func private @moeTensorMapDeviceBf16(!llvm.ptr" + ", i64" * 12
                + ") -> !llvm.ptr")
-    for fn in (host_router, host_dispatch, host_expert_ffn, host_expert_ffn_h, host_combine,
-               host_shared_expert, host_shared_expert_h, host_expert_combine_grad,
+    for fn in (host_router, host_dispatch, host_expert_ffn,
+               lambda: host_expert_ffn(with_y=False), host_combine, host_shared_expert,
+               lambda: host_shared_expert(with_y=False), host_expert_combine_grad,
                host_shared_expert_grad, host_router_grad, host_add):
         out.append(fn())
     out.append("}")

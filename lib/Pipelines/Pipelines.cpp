@@ -153,14 +153,15 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   }
   pm.addPass(createConvertMoEToGPU());
   addMoEGPULowering(pm, options.chip, options.optLevel, binary,
-                    options.kernelCache);
+                    options.kernelCache, options.kernelLibrary);
   return success();
 }
 
 void mlir::moe::addMoEGPULowering(OpPassManager &pm, StringRef chip,
                                   unsigned optLevel,
                                   const GpuModuleToBinaryPassOptions &binary,
-                                  StringRef kernelCache) {
+                                  StringRef kernelCache,
+                                  StringRef kernelLibrary) {
   pm.addPass(createInlinerPass());
   pm.addPass(createSymbolDCEPass());
   pm.addPass(createCanonicalizerPass());
@@ -181,11 +182,13 @@ void mlir::moe::addMoEGPULowering(OpPassManager &pm, StringRef chip,
   pm.addPass(createGpuToLLVMConversionPass());
   pm.addPass(createConvertToLLVMPass());
   pm.addPass(createReconcileUnrealizedCastsPass());
-  if (kernelCache.empty()) {
+  if (kernelCache.empty() && kernelLibrary.empty()) {
     pm.addPass(createGpuModuleToBinaryPass(binary));
   } else {
     MoESerializeKernelsCachedOptions cached;
     cached.cacheDir = kernelCache.str();
+    if (!kernelLibrary.empty())
+      cached.libraryDirs.push_back(kernelLibrary.str());
     cached.toolkitPath = binary.toolkitPath;
     cached.cmdOptions = binary.cmdOptions;
     cached.compilationTarget = binary.compilationTarget;

@@ -99,6 +99,13 @@ cl::opt<std::string> kernelCache(
              "$MOE_MLIR_CACHE/kernels, else ~/.cache/moe_mlir/kernels; "
              "'none': compile the kernels every time)"),
     cl::init(""));
+cl::opt<std::string> kernelLibrary(
+    "kernel-library",
+    cl::desc("Read-only directory of prebuilt kernel binaries, searched after "
+             "the kernel cache: the kernel library the project's build "
+             "compiles (default: share/moe_mlir/kernels beside this "
+             "program's bin/, when it exists; 'none': not searched)"),
+    cl::init(""));
 cl::list<std::string>
     emit("emit",
          cl::desc("What to write: obj (NAME.o), header (NAME.h), manifest "
@@ -574,6 +581,25 @@ std::string kernelCacheDir() {
   return std::string(dir);
 }
 
+/// The path of this program (for the kernel library beside it).
+std::string mainExecutable;
+
+/// --kernel-library, or its default: <prefix>/share/moe_mlir/kernels for
+/// <prefix>/bin/moe-compile, in the build tree and once installed, when it
+/// exists. Empty when 'none' or absent.
+std::string kernelLibraryDir() {
+  if (kernelLibrary == "none")
+    return "";
+  if (!kernelLibrary.empty())
+    return kernelLibrary;
+  if (mainExecutable.empty())
+    return "";
+  SmallString<256> dir(llvm::sys::path::parent_path(
+      llvm::sys::path::parent_path(mainExecutable)));
+  llvm::sys::path::append(dir, "share", "moe_mlir", "kernels");
+  return llvm::sys::fs::is_directory(dir) ? std::string(dir) : "";
+}
+
 LogicalResult writeFile(StringRef path, StringRef contents) {
   std::string error;
   std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(path, &error);
@@ -685,6 +711,7 @@ int compile() {
   options.format = format;
   options.optLevel = optLevel;
   options.kernelCache = kernelCacheDir();
+  options.kernelLibrary = kernelLibraryDir();
   // The plan options go through the pipeline's own parsers (units, policies).
   std::string planOptions = "policy=" + policy;
   if (!memoryBudget.empty())
@@ -791,6 +818,9 @@ int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   llvm::install_fatal_error_handler(onFatalError);
   moe::registerAllMoEPasses();
+  // The address of a function of this program finds it on disk.
+  static int anchor;
+  mainExecutable = llvm::sys::fs::getMainExecutable(argv[0], &anchor);
   cl::ParseCommandLineOptions(
       argc, argv,
       "moe-compile: a moe layer to NAME.o (x86-64 host code, sm_90a kernels "

@@ -156,12 +156,18 @@ def MoESerializeKernelsCached : Pass<"moe-serialize-kernels-cached", "::mlir::Mo
     library's kernels, so only the first compile on a machine pays for
     NVPTX code generation and ptxas. Without `cache-dir` it is
     `gpu-module-to-binary`. A cache that cannot be read or written is
-    skipped with a warning, never an error. Statistics: `cache-hits`,
+    skipped with a warning, never an error. `library` directories hold
+    binaries stored the same way by the project's build (the kernel
+    library, `share/moe_mlir/kernels`): they are searched after `cache-dir`
+    and never written. Statistics: `cache-hits` (of them `library-hits`),
     `cache-misses`.
   }];
   let options = [
     Option<"cacheDir", "cache-dir", "std::string", /*default=*/"\"\"",
            "directory of the cached binaries (empty: no cache)">,
+    ListOption<"libraryDirs", "library", "std::string",
+               "read-only directories of prebuilt binaries, searched after "
+               "cache-dir">,
     Option<"toolkitPath", "toolkit", "std::string", /*default=*/"\"\"",
            "CUDA toolkit path (gpu-module-to-binary's toolkit)">,
     Option<"cmdOptions", "opts", "std::string", /*default=*/"\"\"",
@@ -171,6 +177,8 @@ def MoESerializeKernelsCached : Pass<"moe-serialize-kernels-cached", "::mlir::Mo
   ];
   let statistics = [
     Statistic<"numHits", "cache-hits", "kernel modules found in the cache">,
+    Statistic<"numLibraryHits", "library-hits",
+              "kernel modules found in a library directory">,
     Statistic<"numMisses", "cache-misses", "kernel modules compiled and stored">
   ];
 }

@@ -91,6 +91,12 @@ struct MoETrainingPipelineOptions
                      "binaries are kept and found again "
                      "(moe-serialize-kernels-cached); empty: none"),
       llvm::cl::init("")};
+  PassOptions::Option<std::string> kernelLibrary{
+      *this, "kernel-library",
+      llvm::cl::desc("With chip set, a read-only directory of prebuilt "
+                     "kernel binaries searched after kernel-cache (the "
+                     "project's kernel library); empty: none"),
+      llvm::cl::init("")};
 };
 
 /// The whole compiler: a forward `moe` layer in, training code out. Without
@@ -115,12 +121,13 @@ buildMoETrainingPipeline(OpPassManager &pm,
 /// The part of moe-training-pipeline{chip=...} after convert-moe-to-gpu:
 /// inlining of the library's host functions, the kernels to `binary`'s format
 /// for `chip`, the host code to the LLVM dialect (mgpu* calls). With a
-/// `kernelCache` directory the kernels are serialized by
+/// `kernelCache` or `kernelLibrary` directory the kernels are serialized by
 /// moe-serialize-kernels-cached, else by gpu-module-to-binary.
 void addMoEGPULowering(OpPassManager &pm, llvm::StringRef chip,
                        unsigned optLevel,
                        const GpuModuleToBinaryPassOptions &binary,
-                       llvm::StringRef kernelCache = "");
+                       llvm::StringRef kernelCache = "",
+                       llvm::StringRef kernelLibrary = "");
 
 /// The ptxas moe-training-pipeline gives gpu-module-to-binary (as its
 /// toolkit): from PATH, then $CUDA_ROOT/bin, then /usr/local/cuda/bin; empty

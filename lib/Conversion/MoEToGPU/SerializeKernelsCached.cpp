@@ -55,7 +55,7 @@ struct MoESerializeKernelsCachedPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     llvm::StringMap<std::string> misses; // gpu.module name -> cache file
-    if (!cacheDir.empty())
+    if (!cacheDir.empty() || !libraryDirs.empty())
       lookUp(module, misses);
 
     if (!module.getOps<gpu::GPUModuleOp>().empty()) {
@@ -77,9 +77,9 @@ struct MoESerializeKernelsCachedPass
     }
   }
 
-  /// The cache file of `kernels`: a hash of its printed form and of what
-  /// else the binary depends on.
-  std::string cachePath(gpu::GPUModuleOp kernels) {
+  /// The cache file name of `kernels`: a hash of its printed form and of
+  /// what else the binary depends on.
+  std::string cacheFileName(gpu::GPUModuleOp kernels) {
     llvm::SHA256 hash;
     std::string text;
     llvm::raw_string_ostream os(text);
@@ -100,34 +100,58 @@ struct MoESerializeKernelsCachedPass
       hash.update(part);
     }
     hash.update(fileStamp(ptxas));
-    SmallString<128> path(cacheDir);
-    llvm::sys::path::append(
-        path, llvm::toHex(hash.final(), /*LowerCase=*/true) + ".mlir");
-    return std::string(path);
+    return llvm::toHex(hash.final(), /*LowerCase=*/true) + ".mlir";
   }
 
-  /// Replaces each gpu.module whose binary is stored by that binary; the
-  /// others go into `misses`.
+  /// The objects stored at `path`, or null when there is no file there or
+  /// it cannot be read (which is warned about).
+  ArrayAttr readEntry(gpu::GPUModuleOp kernels, StringRef path) {
+    llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> file =
+        llvm::MemoryBuffer::getFile(path);
+    if (!file)
+      return nullptr;
+    ArrayAttr objects;
+    {
+      // A damaged entry is recompiled: its parse errors are not the user's.
+      ScopedDiagnosticHandler quiet(&getContext(),
+                                    [](Diagnostic &) { return success(); });
+      objects = llvm::dyn_cast_or_null<ArrayAttr>(
+          parseAttribute((*file)->getBuffer(), &getContext()));
+    }
+    if (objects && !objects.empty())
+      return objects;
+    emitWarning(kernels.getLoc(), "moe-serialize-kernels-cached: "
+                                  "ignoring the unreadable cache entry ")
+        << path;
+    return nullptr;
+  }
+
+  /// Replaces each gpu.module whose binary is stored (in cache-dir, then in
+  /// a library directory) by that binary; the others go into `misses`, to
+  /// be stored in cache-dir when there is one.
   void lookUp(ModuleOp module, llvm::StringMap<std::string> &misses) {
     for (gpu::GPUModuleOp kernels :
          llvm::make_early_inc_range(module.getOps<gpu::GPUModuleOp>())) {
-      std::string path = cachePath(kernels);
-      llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> file =
-          llvm::MemoryBuffer::getFile(path);
+      std::string name = cacheFileName(kernels);
+      std::string path;
       ArrayAttr objects;
-      if (file) {
-        // A damaged entry is recompiled: its parse errors are not the user's.
-        ScopedDiagnosticHandler quiet(&getContext(),
-                                      [](Diagnostic &) { return success(); });
-        objects = llvm::dyn_cast_or_null<ArrayAttr>(
-            parseAttribute((*file)->getBuffer(), &getContext()));
+      if (!cacheDir.empty()) {
+        SmallString<128> cached(cacheDir);
+        llvm::sys::path::append(cached, name);
+        path = std::string(cached);
+        objects = readEntry(kernels, path);
       }
-      if (!objects || objects.empty()) {
-        if (file)
-          emitWarning(kernels.getLoc(), "moe-serialize-kernels-cached: "
-                                        "ignoring the unreadable cache entry ")
-              << path;
-        misses[kernels.getName()] = path;
+      for (const std::string &dir : libraryDirs) {
+        if (objects)
+          break;
+        SmallString<128> prebuilt(dir);
+        llvm::sys::path::append(prebuilt, name);
+        if ((objects = readEntry(kernels, prebuilt)))
+          ++numLibraryHits;
+      }
+      if (!objects) {
+        if (!path.empty())
+          misses[kernels.getName()] = path;
         continue;
       }
       OpBuilder builder(kernels);

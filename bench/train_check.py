@@ -79,7 +79,8 @@ def model_config(name: str, size: str):
 
 
 def build_model(name: str, size: str, experts: str, seed: int, device, dtype):
-    """The causal LM, seeded; `experts` = "grouped_mm" or "eager" (HF's two expert
+    """The causal LM, seeded (the same initial weights for every `experts` and `dtype`: they
+    are drawn in f32, then cast); `experts` = "grouped_mm" or "eager" (HF's two expert
     implementations) or "moe_mlir" (blocks swapped)."""
     from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM  # noqa: PLC0415
     cfg = model_config(name, size)
@@ -113,8 +114,9 @@ def make_batches(vocab: int, batch: int, seq: int, steps: int, seed: int):
     return out
 
 
-def train(model, batches, lr: float, device, warmup: int):
-    """AdamW over the batches; per-step losses, tokens/s after `warmup` steps, peak bytes."""
+def train(model, batches, lr: float, device, warmup: int, autocast: bool = False):
+    """AdamW over the batches; per-step losses, tokens/s after `warmup` steps, peak bytes.
+    `autocast`: mixed precision, the forward under torch.autocast(bf16) (f32 parameters)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     cuda = torch.device(device).type == "cuda"
     if cuda:
@@ -129,7 +131,8 @@ def train(model, batches, lr: float, device, warmup: int):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
         ids = ids.to(device)
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -266,7 +269,8 @@ def prebuild(folder: str, size: str) -> int:
 
 def layer_check(device) -> int:
     """CHECK_LAYERS through MoELayer (eager and torch.compile) against the fp32 torch reference
-    with the same routing: BENCH.md's tolerances (1e-2 output, 2e-2 gradients)."""
+    with the same routing: BENCH.md's tolerances (1e-2 output, 2e-2 gradients); and an f32 copy
+    under torch.autocast against the bf16 layer (bitwise)."""
     from moe_mlir import torch_reference as TR  # noqa: PLC0415
     from moe_mlir.config import LayerConfig  # noqa: PLC0415
     from moe_mlir.layer import MoELayer  # noqa: PLC0415
@@ -314,11 +318,61 @@ def layer_check(device) -> int:
                 print(f"FAIL layer {name} ({mode}): {bad[0]}")
             passed += not bad
             failed += bool(bad)
+        # Mixed precision: an f32 copy of the layer under torch.autocast(bf16) computes the
+        # same bf16 kernels on the same rounded values, so its output and gradients are the
+        # bf16 layer's, bit for bit, in f32 (on CUDA: the CPU path computes bf16 in f32).
+        if device.type != "cuda":
+            continue
+        try:
+            master = copy.deepcopy(layer).float()
+            xa = x.float().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out_a = master(xa)
+            out_a.backward(d_out.float())
+            xb = x.clone().requires_grad_(True)
+            layer.zero_grad(set_to_none=True)
+            out_b = layer(xb)
+            out_b.backward(d_out)
+            same = {"out": out_a.dtype == torch.float32 and torch.equal(out_a, out_b.float()),
+                    "x": torch.equal(xa.grad, xb.grad.float())}
+            for (n, pa), (_, pb) in zip(master.named_parameters(), layer.named_parameters()):
+                same[n] = pa.grad.dtype == torch.float32 and torch.equal(pa.grad, pb.grad.float())
+            bad = [k for k, v in same.items() if not v]
+            print(f"{'FAIL' if bad else 'PASS'} layer {name} (autocast, f32 parameters): " +
+                  ("bitwise the bf16 layer's output and gradients" if not bad else
+                   "differs from the bf16 layer in " + ", ".join(bad)))
+        except Exception as e:  # noqa: BLE001
+            bad = [f"{type(e).__name__}: {e}"]
+            print(f"FAIL layer {name} (autocast, f32 parameters): {bad[0]}")
+        passed += not bad
+        failed += bool(bad)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
 
 # --------------------------------------------------------------------------- main
+
+# The runs of one model: (key, experts, parameter dtype or None for --precision's, autocast).
+# "fp32" (--reference): HF's eager experts, all in f32 and without autocast, the most exact of
+# the implementations: how far each bf16 run is from it says whose rounding a difference is.
+def planned_runs(args, dtype):
+    amp = args.precision == "amp"
+    runs = [("grouped_mm", "grouped_mm", dtype, amp), ("moe_mlir", "moe_mlir", dtype, amp)]
+    if args.control:
+        runs.append(("eager", "eager", dtype, amp))
+    if args.reference:
+        runs.append(("fp32", "eager", torch.float32, False))
+    return runs
+
+
+def max_abs_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b)) if a and b else float("nan")
+
+
+def first_step_over(a, b, tol):
+    """The first step (1-based) whose |a - b| exceeds tol, or None."""
+    return next((i + 1 for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > tol), None)
+
 
 def run_model(name, args, device, dtype):
     size = SIZES[args.size]
@@ -329,10 +383,10 @@ def run_model(name, args, device, dtype):
     # With --control, HF's eager experts too: two correct bf16 implementations of the same
     # model, whose loss difference is the noise floor the 1e-2 check is read against
     # (top-k routing flips on near-ties amplify rounding differences over the steps).
-    for experts in ("grouped_mm", "moe_mlir") + (("eager",) if args.control else ()):
-        model = build_model(name, args.size, experts, args.seed, device, dtype)
-        results[experts] = train(model, batches, args.lr, device, min(args.warmup,
-                                                                      args.steps - 1))
+    for key, experts, run_dtype, autocast in planned_runs(args, dtype):
+        model = build_model(name, args.size, experts, args.seed, device, run_dtype)
+        results[key] = train(model, batches, args.lr, device,
+                             min(args.warmup, args.steps - 1), autocast)
         del model
         gc.collect()
         if device.type == "cuda":
@@ -344,11 +398,23 @@ def run_model(name, args, device, dtype):
         and worst <= args.tol
     out = {"model": name, "config": SIZES[args.size][name],
            "batch": args.batch or size["batch"], "seq": args.seq or size["seq"],
-           "results": results, "loss_diffs": diffs, "max_abs_diff": worst, "tol": args.tol,
-           "passed": ok}
+           "precision": args.precision, "results": results, "loss_diffs": diffs,
+           "max_abs_diff": worst, "first_step_over_tol": first_step_over(a, b, args.tol),
+           "tol": args.tol, "passed": ok}
     if "eager" in results:
-        out["control_max_abs_diff"] = max(
-            abs(x - y) for x, y in zip(a, results["eager"]["losses"]))
+        out["control_max_abs_diff"] = max_abs_diff(a, results["eager"]["losses"])
+    if "fp32" in results:
+        ref = results["fp32"]["losses"]
+        out["max_abs_diff_to_fp32"] = {k: max_abs_diff(r["losses"], ref)
+                                       for k, r in results.items() if k != "fp32"}
+        out["mean_abs_diff_to_fp32"] = {
+            k: sum(abs(x - y) for x, y in zip(r["losses"], ref)) / max(len(ref), 1)
+            for k, r in results.items() if k != "fp32"}
+        # Beside the 1e-2 check (which decides the exit status): is ours any further from
+        # the f32 model than HF's own bf16 runs are?
+        far = out["max_abs_diff_to_fp32"]
+        hf_worst = max(v for k, v in far.items() if k != "moe_mlir")
+        out["no_further_from_fp32_than_hf"] = far["moe_mlir"] <= hf_worst
     return out
 
 
@@ -368,6 +434,12 @@ def main(argv=None) -> int:
     p.add_argument("--control", action="store_true",
                    help="also train with HF eager experts and report max |grouped_mm - eager| "
                         "(the noise floor between two correct implementations)")
+    p.add_argument("--reference", action="store_true",
+                   help="also train the model all in f32 (HF eager experts, no autocast) and "
+                        "report each run's distance to it")
+    p.add_argument("--precision", choices=("bf16", "amp"), default="bf16",
+                   help="bf16: bf16 parameters and activations (default); amp: f32 parameters "
+                        "with the forward under torch.autocast(bf16), mixed precision")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--prebuild", metavar="DIR",
@@ -383,12 +455,16 @@ def main(argv=None) -> int:
     if args.layer_check:
         return layer_check(device)
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[
-        args.dtype or ("bf16" if device.type == "cuda" else "f32")]
+        args.dtype or ("bf16" if device.type == "cuda" and args.precision == "bf16" else "f32")]
+    if args.precision == "amp" and dtype != torch.float32:
+        print("train_check: --precision amp trains f32 parameters (--dtype f32)")
+        return 2
     os.makedirs(args.out, exist_ok=True)
     import transformers  # noqa: PLC0415
     env = {"torch": torch.__version__, "transformers": transformers.__version__,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "dtype": str(dtype), "steps": args.steps, "lr": args.lr, "size": args.size}
+           "dtype": str(dtype), "precision": args.precision, "steps": args.steps,
+           "lr": args.lr, "size": args.size}
     print("train_check:", json.dumps(env))
     reports, passed, failed = [], 0, 0
     for name in [m for m in args.models.split(",") if m]:
@@ -408,10 +484,13 @@ def main(argv=None) -> int:
             a = rep["results"]["grouped_mm"]["losses"]
             b = rep["results"]["moe_mlir"]["losses"]
             c = rep["results"].get("eager", {}).get("losses")
+            r = rep["results"].get("fp32", {}).get("losses")
             print(f"\n{name}: step  hf_grouped_mm   moe_mlir    |diff|" +
-                  ("   hf_eager  |eager-grouped_mm|" if c else ""))
+                  ("   hf_eager  |eager-grouped_mm|" if c else "") +
+                  ("      fp32" if r else ""))
             for i, (x, y) in enumerate(zip(a, b)):
                 extra = f"  {c[i]:12.6f}  {abs(c[i] - x):.2e}" if c else ""
+                extra += f"  {r[i]:12.6f}" if r else ""
                 print(f"{name}: {i + 1:4d}  {x:12.6f} {y:12.6f}  {abs(x - y):.2e}{extra}")
     with open(os.path.join(args.out, "train_check.json"), "w") as f:
         json.dump({"env": env, "models": reports}, f, indent=1)
@@ -421,9 +500,12 @@ def main(argv=None) -> int:
         series.append((f"{rep['model']} HF grouped_mm", rep["results"]["grouped_mm"]["losses"],
                        c1))
         series.append((f"{rep['model']} moe_mlir", rep["results"]["moe_mlir"]["losses"], c2))
+        if "fp32" in rep["results"]:
+            series.append((f"{rep['model']} HF f32", rep["results"]["fp32"]["losses"],
+                           (127, 127, 127)))
     if series:
         write_png(os.path.join(args.out, "train_check.png"), series,
-                  title=f"loss, {args.steps} AdamW steps ({env['device']}, {dtype})")
+                  title=f"loss, {args.steps} AdamW steps ({env['device']}, {args.precision})")
     print("\nmodel    max|dloss|  control  tokens/s HF  tokens/s ours  ours/HF  peak GiB HF  "
           "peak GiB ours")
     for rep in reports:
@@ -438,6 +520,22 @@ def main(argv=None) -> int:
         print(f"{rep['model']:8s} {rep['max_abs_diff']:.2e}  {ctl}  {hf_r['tokens_per_s']:11.0f}  "
               f"{ours['tokens_per_s']:13.0f}  {ours['tokens_per_s'] / hf_r['tokens_per_s']:7.3f}"
               f"  {gib(hf_r)}  {gib(ours)}  {'PASS' if rep['passed'] else 'FAIL'}")
+    for rep in reports:
+        # Whose rounding a difference is: each run's distance to the all-f32 run.
+        for stat in ("max", "mean"):
+            far = rep.get(f"{stat}_abs_diff_to_fp32")
+            if far:
+                print(f"{rep['model']:8s} {stat} |loss - fp32|: " +
+                      ", ".join(f"{k} {v:.2e}" for k, v in far.items()))
+        if "no_further_from_fp32_than_hf" in rep:
+            far = rep["max_abs_diff_to_fp32"]
+            hf_worst = max(v for k, v in far.items() if k != "moe_mlir")
+            print(f"{rep['model']:8s} ours no further from fp32 than HF's runs: "
+                  f"{'yes' if rep['no_further_from_fp32_than_hf'] else 'no'} "
+                  f"(ours {far['moe_mlir']:.2e}, HF worst {hf_worst:.2e})")
+        if "first_step_over_tol" in rep:
+            print(f"{rep['model']:8s} first step with |diff| > {rep['tol']:g}: "
+                  f"{rep['first_step_over_tol'] or 'none'}")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

@@ -4,7 +4,9 @@
 # bench/train_check.py's two training models (T = batch x seq, read from the models) and its
 # --layer-check layers, compiled with build/bin/moe-compile into
 #   gpu-inputs/torch-cache/sm_90a/<config key>/<compiler key>/   (NAME.o NAME.h NAME.json meta.json)
-# (the MOE_MLIR_CACHE layout, docs/python.md). Needs torch and transformers (the CPU build is
+# (the MOE_MLIR_CACHE layout, docs/python.md); and, when gpu-inputs/layers exists
+# (build-gpu-inputs.sh), bench/long_context.py's plan and layers into gpu-inputs/long-context
+# (the largest T of each benchmark layer in 4 GiB). Needs torch and transformers (the CPU build is
 # enough) and ptxas (as scripts/build-gpu-inputs.sh). gpu-inputs/ must stay under 60 MiB.
 #
 #   bash scripts/build-torch-inputs.sh [--size full|tiny]
@@ -39,6 +41,11 @@ mkdir -p "$out"
 export MOE_COMPILE="$build/bin/moe-compile" MOE_BUILD_DIR="$build"
 "$python" "$root/bench/train_check.py" --prebuild "$out" --size "$size"
 rc=$?
+if [ -d "$root/gpu-inputs/layers" ]; then
+  rm -rf "$root/gpu-inputs/long-context"
+  "$python" "$root/bench/long_context.py" --prebuild "$root/gpu-inputs/long-context" \
+    --layers "$root/gpu-inputs/layers" || rc=1
+fi
 total_kib=$(du -sk "$root/gpu-inputs" | cut -f1)
 echo "gpu-inputs/: $((total_kib / 1024)) MiB of 60 MiB (torch-cache: $(du -sh "$out" | cut -f1))"
 if [ "$total_kib" -gt $((60 * 1024)) ]; then

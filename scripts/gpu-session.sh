@@ -11,7 +11,10 @@
 #   sanitize  the quick op checks under compute-sanitizer (MOE_SANITIZE_TOOLS, default
 #             "memcheck racecheck") on gpu-inputs/ops;
 #   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
-#   torch     gpu-torch-check.sh (MoELayer, torch.compile, 50 AdamW steps against HF);
+#   torch     gpu-torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
+#             HF in bf16 and mixed precision, with the f32 model as the reference);
+#   long      gpu-torch-check.sh --only build,long: the largest T in 4 GiB of activations,
+#             ours against HF (bench/long_context.py; gpu-inputs/long-context);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run (its Triton autotuning takes minutes a configuration).
@@ -27,7 +30,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac
@@ -90,7 +93,10 @@ for step in ${steps//,/ }; do
     run layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,example,check,bench,recompute \
       --deadline $(($(left) - 20)) ;;
   torch)
-    run torch 240 bash "$root/scripts/gpu-torch-check.sh" --deadline $(($(left) - 20)) ;;
+    run torch 330 bash "$root/scripts/gpu-torch-check.sh" --deadline $(($(left) - 20)) ;;
+  long)
+    run long 300 bash "$root/scripts/gpu-torch-check.sh" --only build,long \
+      --deadline $(($(left) - 20)) ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)
     run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \

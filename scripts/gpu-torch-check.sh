@@ -11,9 +11,16 @@
 #   train   bench/train_check.py: small Mixtral-style and Qwen3-MoE-style models from config,
 #           50 AdamW steps with moe_mlir layers against HF grouped_mm experts; losses step by
 #           step (max |diff| <= 1e-2), tokens/s, peak memory; train_check.json, train_check.png;
-#           with HF's eager experts as a control (max |grouped_mm - eager|: the noise floor).
+#           with HF's eager experts as a control (max |grouped_mm - eager|: the noise floor)
+#           and the model all in f32 as the reference each run's distance is measured to;
+#           twice: bf16 parameters (train-bf16) and mixed precision, f32 parameters under
+#           torch.autocast(bf16) (train-amp);
+#   long    bench/long_context.py --run gpu-inputs/long-context (not in the default steps):
+#           the largest T whose layer holds at most 4 GiB from forward to backward, ours
+#           (H kept, H recomputed; planned and compiled on the LLVM machine with
+#           long_context.py --prebuild) against HF grouped_mm (measured), long_context.json.
 # Output in $OUT (default /tmp/moe-torch-out): gpu-torch-check.log, summary.txt ("N passed,
-# M failed" last), train_check.json, train_check.png.
+# M failed" last), {bf16,amp}/train_check.json and train_check.png.
 #
 #   bash scripts/gpu-torch-check.sh [--only STEP[,STEP...]] [--steps N] [--deadline SECONDS]
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-torch-build), PYTHON (python3),
@@ -36,7 +43,7 @@ while [ $# -gt 0 ]; do
   --steps=*) steps=${1#--steps=}; shift ;;
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
   *) echo "gpu-torch-check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -87,16 +94,32 @@ if wants layer; then
   else fail "layer check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
 fi
 
-if wants train; then
+for precision in bf16 amp; do
+  wants train || wants "train-$precision" || continue
   mark=$(lines)
-  run 420 "train_check.py" "$python" "$root/bench/train_check.py" --device cuda \
-    --steps "$steps" --control --out "$out"
+  run 300 "train_check.py --precision $precision" "$python" "$root/bench/train_check.py" \
+    --device cuda --steps "$steps" --precision "$precision" --control --reference \
+    --out "$out/$precision"
   rc=$?
-  # The table (last lines) into the summary too.
-  since "$mark" | grep -A4 '^model    max' | grep -v '^model' | \
-    grep -vE '^[0-9]+ passed' | sed 's/^/  /' | tee -a "$out/summary.txt"
-  if [ $rc -eq 0 ]; then pass "training check: $(tally "$mark")"
-  else fail "training check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+  # The tables (last lines) into the summary too.
+  since "$mark" | grep -A12 '^model    max' | grep -v '^model    max' | \
+    grep -vE '^[0-9]+ passed' | sed "s/^/  $precision /" | tee -a "$out/summary.txt"
+  if [ $rc -eq 0 ]; then pass "training check ($precision): $(tally "$mark")"
+  else fail "training check ($precision): $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+done
+if wants long; then
+  mark=$(lines)
+  if [ -f "$inputs/long-context/plan.json" ]; then
+    run 300 "long_context.py --run" "$python" "$root/bench/long_context.py" --run \
+      "$inputs/long-context" --out "$out"
+    rc=$?
+    since "$mark" | grep -A8 '^largest T' | grep -vE '^[0-9]+ passed' | sed 's/^/  /' | \
+      tee -a "$out/summary.txt"
+    if [ $rc -eq 0 ]; then pass "long context: $(tally "$mark")"
+    else fail "long context: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+  else
+    fail "no $inputs/long-context/plan.json: run bench/long_context.py --prebuild on the LLVM machine"
+  fi
 fi
 note "elapsed $(($(date +%s) - start)) s; log: $log"
 finish

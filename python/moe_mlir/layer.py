@@ -362,7 +362,10 @@ class MoELayer(nn.Module):
                 "w_gate_up": self.w_gate_up, "w_down": self.w_down,
                 "shared_gate_up": self.shared_gate_up, "shared_down": self.shared_down}
 
-    def _check(self, x: torch.Tensor, weights: Dict[str, Optional[torch.Tensor]]) -> None:
+    def _check(self, x: torch.Tensor, weights: Dict[str, Optional[torch.Tensor]],
+               autocast: bool = False) -> None:
+        """Raises for inputs the layer cannot run. `autocast`: the weights and x are about to
+        be cast to the autocast dtype, so only their devices and shapes must match."""
         c = self.config
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MoELayer expects a torch.Tensor, got {type(x).__name__}")
@@ -376,9 +379,10 @@ class MoELayer(nn.Module):
             raise ValueError(f"MoELayer: input on {x.device}; supported devices: cuda "
                              f"(bf16, the sm_90a kernels) and cpu (f32 reference path)")
         if dev == "cuda":
-            if x.dtype != GPU_DTYPE:
+            if x.dtype != GPU_DTYPE and not autocast:
                 raise TypeError(f"MoELayer: input dtype {x.dtype} on CUDA; the CUDA path runs "
-                                f"torch.bfloat16 only (cast the model with .bfloat16())")
+                                f"torch.bfloat16 only (cast the model with .bfloat16(), or "
+                                f"run it under torch.autocast('cuda', dtype=torch.bfloat16))")
             check_gpu_config(c)
         elif x.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"MoELayer: input dtype {x.dtype} on the CPU; the CPU path runs "
@@ -393,6 +397,11 @@ class MoELayer(nn.Module):
             if tuple(w.shape) != tuple(shapes[name]):
                 raise ValueError(f"MoELayer: {name} has shape {tuple(w.shape)}, expected "
                                  f"{tuple(shapes[name])}")
+            if autocast and name != "router_bias":
+                if not w.is_floating_point():
+                    raise TypeError(f"MoELayer: {name} is {w.dtype}; weights must be "
+                                    f"floating point")
+                continue
             want = torch.float32 if name == "router_bias" else x.dtype
             if w.dtype != want:
                 raise TypeError(f"MoELayer: {name} is {w.dtype} but the input is {x.dtype}; "
@@ -400,14 +409,31 @@ class MoELayer(nn.Module):
                                 f"float32)")
 
     def forward(self, hidden_states: torch.Tensor, return_router_logits: bool = False):
+        """y (x's shape and dtype), and the router logits [T, E] (f32) when asked.
+
+        Under `torch.autocast` (mixed precision: f32 parameters, the layer computed in the
+        autocast dtype) x and the weights are cast to bf16 on CUDA, to f32 on the CPU, with
+        autograd casts, so the f32 parameters get f32 gradients; y comes back in x's dtype.
+        CUDA autocast to another dtype than bf16 raises TypeError."""
         weights = self.layer_weights()
-        self._check(hidden_states, weights)
+        if not isinstance(hidden_states, torch.Tensor):
+            raise TypeError(f"MoELayer expects a torch.Tensor, got "
+                            f"{type(hidden_states).__name__}")
+        autocast = _autocast_dtype(hidden_states.device) is not None
+        self._check(hidden_states, weights, autocast)
         shape, dtype = hidden_states.shape, hidden_states.dtype
         x = hidden_states.reshape(-1, self.config.hidden)
-        if x.device.type == "cpu" and dtype != CPU_DTYPE:
-            x = x.to(CPU_DTYPE)
-            weights = {n: (w if w is None or n == "router_bias" else w.to(CPU_DTYPE))
-                       for n, w in weights.items()}
+        compute = GPU_DTYPE if x.device.type == "cuda" else (
+            CPU_DTYPE if autocast or dtype != CPU_DTYPE else None)
+        if compute is not None:
+            # Outside autocast's own region, so the casts are not themselves autocast.
+            with torch.autocast(x.device.type, enabled=False):
+                x = x.to(compute)
+                # One copy per weight: the cast writes the contiguous layout the kernels read
+                # (HF-shared weights arrive as transposed views).
+                weights = {n: (w if w is None or n == "router_bias" else
+                               w.to(compute, memory_format=torch.contiguous_format))
+                           for n, w in weights.items()}
         outs = layer_forward(self.spec_key, x.contiguous(), weights["w_router"].contiguous(),
                              weights["router_bias"], weights["w_gate_up"].contiguous(),
                              weights["w_down"].contiguous(),
@@ -430,6 +456,19 @@ class MoELayer(nn.Module):
         """Compiles (or loads from the cache) the layer for `tokens` tokens on `device` now,
         rather than at the first forward."""
         kernel_for(self.spec_key, int(tokens), torch.device(device))
+
+
+def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype of `device`'s type when autocast is on there, else None. CUDA
+    autocast to another dtype than bf16 raises TypeError (the kernels are bf16)."""
+    kind = device.type
+    if kind not in ("cuda", "cpu") or not torch.is_autocast_enabled(kind):
+        return None
+    dtype = torch.get_autocast_dtype(kind)
+    if kind == "cuda" and dtype != GPU_DTYPE:
+        raise TypeError(f"MoELayer: torch.autocast('cuda', dtype={dtype}); the CUDA path runs "
+                        f"torch.bfloat16 only (use dtype=torch.bfloat16)")
+    return dtype
 
 
 def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

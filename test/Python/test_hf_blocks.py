@@ -175,3 +175,32 @@ def test_train_check_tiny_on_the_cpu(tmp_path):
     for cfg in configs.values():
         assert cfg.hidden % 64 == 0 and cfg.ffn % 64 == 0 and cfg.dtype == "bf16"
     assert configs["mixtral"].tokens == 4096 and configs["qwen3"].experts == 64
+
+
+def test_train_check_amp_with_control_and_f32_reference(tmp_path):
+    """--precision amp (f32 parameters under torch.autocast(bf16), here the CPU's) with the
+    eager control and the all-f32 reference run: every run trains, and the report says how far
+    each is from the f32 one."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import train_check
+    finally:
+        sys.path.pop(0)
+    rc = train_check.main(["--size", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                           "--models", "mixtral", "--precision", "amp", "--control",
+                           "--reference", "--tol", "5e-2", "--out", str(tmp_path)])
+    assert rc == 0
+    import json
+    data = json.loads((tmp_path / "train_check.json").read_text())
+    (m,) = data["models"]
+    assert data["env"]["precision"] == "amp" and m["precision"] == "amp"
+    assert sorted(m["results"]) == ["eager", "fp32", "grouped_mm", "moe_mlir"]
+    far = m["max_abs_diff_to_fp32"]
+    assert sorted(far) == ["eager", "grouped_mm", "moe_mlir"]
+    # Under autocast the runs differ from the f32 one (bf16 attention), but not by much.
+    assert all(0 < v < 5e-2 for v in far.values()), far
+    assert m["first_step_over_tol"] is None
+    assert isinstance(m["no_further_from_fp32_than_hf"], bool)
+    assert train_check.main(["--size", "tiny", "--device", "cpu", "--precision", "amp",
+                             "--dtype", "bf16", "--out", str(tmp_path)]) == 2
+

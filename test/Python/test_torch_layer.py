@@ -91,6 +91,72 @@ def test_bf16_on_the_cpu_is_computed_in_f32():
     assert rel(out.float(), ref32(x.detach().float())) < 1e-2
 
 
+def test_autocast_on_the_cpu_gives_f32_gradients_to_f32_parameters():
+    """Mixed precision (f32 parameters under torch.autocast): the layer casts to its compute
+    type with autograd casts; y keeps x's dtype and the f32 parameters get f32 gradients equal
+    to those of the same layer without autocast (the CPU path computes in f32 either way)."""
+    cfg = CONFIGS["deepseek"]
+    torch.manual_seed(4)
+    layer = MoELayer(cfg, init_std=0.2)
+    layer.router_bias.normal_(0, 0.1)
+    x = torch.randn(9, cfg.hidden)
+    d_out = torch.randn(9, cfg.hidden)
+    plain = layer(x)
+    plain.backward(d_out)
+    want = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.float32 and torch.equal(out, plain)
+    out.backward(d_out)
+    for n, p in layer.named_parameters():
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, want[n]), n
+    # A bf16 activation (what autocast's own ops return) with the f32 parameters.
+    xb = x.bfloat16().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outb = layer(xb)
+    assert outb.dtype == torch.bfloat16
+    outb.float().sum().backward()
+    assert xb.grad.dtype == torch.bfloat16
+    assert rel(outb.float(), layer(xb.detach().float())) < 1e-2
+    # Outside autocast the dtypes must still agree.
+    with pytest.raises(TypeError, match="share a dtype"):
+        layer(xb)
+
+
+def test_cuda_autocast_casts_to_bf16_and_refuses_f16(monkeypatch):
+    """The CUDA side of autocast without a GPU: FakeTensorMode, with torch told that CUDA
+    autocast is on (it is disabled on a machine without CUDA)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cfg = LayerConfig(0, 64, 64, 4, 2, renormalize=True)
+    seen = []
+
+    def layer_forward(spec, x, *weights):
+        seen.append([t.dtype for t in (x, *weights) if t is not None])
+        return [x.new_empty(x.shape), x.new_empty((x.shape[0], cfg.experts),
+                                                  dtype=torch.float32)]
+
+    monkeypatch.setattr(L, "layer_forward", layer_forward)
+    real = L._autocast_dtype
+    monkeypatch.setattr(L, "_autocast_dtype", lambda device: torch.bfloat16)
+    with FakeTensorMode():
+        layer = MoELayer(cfg, device="cuda", dtype=torch.float32)
+        x = torch.empty(2, 8, 64, device="cuda")
+        out, logits = layer(x, return_router_logits=True)
+        assert out.shape == x.shape and out.dtype == torch.float32
+        assert logits.dtype == torch.float32
+    assert seen == [[torch.bfloat16] * 4]
+    # What decides it (torch's own state patched, no autocast region entered: entering one
+    # with the patch in place would leave CUDA autocast switched on).
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda kind=None: kind == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda kind: torch.bfloat16)
+    assert real(torch.device("cuda")) == torch.bfloat16
+    assert real(torch.device("cpu")) is None
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda kind: torch.float16)
+    with pytest.raises(TypeError, match="bfloat16 only"):
+        real(torch.device("cuda"))
+
+
 def test_torch_compile_fullgraph_matches_eager():
     cfg = CONFIGS["deepseek"]
     torch.manual_seed(2)

@@ -140,4 +140,9 @@
 // CHECK: .maxntid 128, 1, 1
 // CHECK-LABEL: .entry moe_add(
 // CHECK: .maxntid 128, 1, 1
+// Eight elements a thread: 16-byte loads and store, and the partial group's tail.
+// CHECK-DAG: ld.global.b16
+// CHECK-DAG: st.global.b16
+// CHECK-DAG: ld.global.v4.b32
+// CHECK-DAG: st.global.v4.b32
 // CHECK-NOT: .entry

@@ -13,7 +13,8 @@ In one process:
    deepseek-v3, which it cannot express, the Mixtral block with E=256, k=8, as BENCH.md did;
    and for a layer with a sigmoid group router and a shared expert also transformers'
    `DeepseekV3MoE`, the real block of that configuration, reported beside it);
-3. ratio ours / HF time, TFLOP/s of the useful FLOPs 18·T·k·d·n + 6·T·d·E and their fraction
+3. ratio ours / HF time, TFLOP/s of the useful FLOPs 18·T·k·d·n + 18·T·d·m + 6·T·d·E (m: the
+   shared expert's width; the Mixtral block's rate without it, as it has none) and their fraction
    of the ceiling, saved activation bytes (ours: the manifest's saved tensors that are not
    inputs, and what torch saw allocated after forward; HF: allocated after forward minus
    before) against the floor 2·T·d + 4·T·k·n + 12·T·k.
@@ -48,6 +49,9 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_LAYERS = ["mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3"]
+# deepseek-v3 without its shared expert: the same work as BENCH.md's baseline for deepseek-v3
+# (the Mixtral block with E = 256, k = 8); scripts/build-gpu-inputs.sh builds it.
+ROUTED_LAYERS = ["deepseek-v3-routed"]
 GIB = float(1 << 30)
 
 
@@ -101,8 +105,10 @@ class Timer:
                 "first_ms": first}
 
 
-def useful_flops(T: int, d: int, n: int, E: int, k: int) -> float:
-    return 18.0 * T * k * d * n + 6.0 * T * d * E
+def useful_flops(T: int, d: int, n: int, E: int, k: int, shared: int = 0) -> float:
+    """Forward + backward FLOPs of the layer: the routed experts, a shared expert of width
+    `shared` (every token, 18 T d m) and the router."""
+    return 18.0 * T * k * d * n + 18.0 * T * d * shared + 6.0 * T * d * E
 
 
 def floor_bytes(T: int, d: int, n: int, k: int) -> int:
@@ -399,10 +405,11 @@ def bench_liger(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
     return res
 
 
-def time_peer(entry: Dict[str, Any], key: str, label: str, run) -> Optional[Dict[str, Any]]:
-    """entry[key] = run() (a peer's timing, median_ms), with its TFLOP/s and ours / peer time
-    as entry["ours_over_<key>_time"]; a failure is entry["<key>_error"], logged, and the
-    other peers still run."""
+def time_peer(entry: Dict[str, Any], key: str, label: str, run,
+              flops: Optional[float] = None) -> Optional[Dict[str, Any]]:
+    """entry[key] = run() (a peer's timing, median_ms), with its TFLOP/s (of `flops`, by
+    default the layer's) and ours / peer time as entry["ours_over_<key>_time"]; a failure is
+    entry["<key>_error"], logged, and the other peers still run."""
     try:
         res = run()
     except Exception as e:  # noqa: BLE001
@@ -410,7 +417,7 @@ def time_peer(entry: Dict[str, Any], key: str, label: str, run) -> Optional[Dict
         log(f"  {label} failed: {entry[key + '_error']}")
         return None
     entry[key] = res
-    res["tflops"] = entry["useful_flops"] / (res["median_ms"] * 1e-3) / 1e12
+    res["tflops"] = (flops or entry["useful_flops"]) / (res["median_ms"] * 1e-3) / 1e12
     if "ours" in entry:
         entry[f"ours_over_{key}_time"] = entry["ours"]["median_ms"] / res["median_ms"]
     return res
@@ -458,7 +465,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     opts = p.parse_args(argv)
     if opts.iters < 5:
         p.error("--iters must be at least 5 (BENCH.md: median of at least 5)")
-    layers = opts.layer or [os.path.join(opts.layers_dir, n) for n in DEFAULT_LAYERS]
+    layers = opts.layer or [os.path.join(opts.layers_dir, n)
+                            for n in DEFAULT_LAYERS + ROUTED_LAYERS]
     layers = [l[:-3] if l.endswith(".so") else l for l in layers]
 
     from check_layer import import_torch
@@ -508,7 +516,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
             entry["config"] = dict(T=T, d=d, n=n, E=E, k=k, scoring=cfg.scoring,
                                    groups=cfg.num_groups, shared_n=cfg.shared_ffn)
-            entry["useful_flops"] = useful_flops(T, d, n, E, k)
+            entry["useful_flops"] = useful_flops(T, d, n, E, k, cfg.shared_ffn)
+            # what the Mixtral block computes: no shared expert
+            entry["useful_flops_routed"] = useful_flops(T, d, n, E, k)
             entry["floor_saved_bytes"] = floor_bytes(T, d, n, k)
             gen = torch.Generator(device=device)
             gen.manual_seed(opts.seed)
@@ -539,7 +549,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not opts.no_hf and args is not None:
             log(f"  HF MixtralSparseMoeBlock ({opts.hf_implementation}) ...")
             hf = time_peer(entry, "hf", "HF",
-                           lambda: bench_hf(torch, cfg, args, device, timer, opts))
+                           lambda: bench_hf(torch, cfg, args, device, timer, opts),
+                           entry["useful_flops_routed"])
             if hf:
                 hf["fraction_of_ceiling"] = hf["tflops"] / ceiling["tflops"]
                 log(f"  HF: {hf['median_ms']:.2f} ms, {hf['tflops']:.0f} TFLOP/s")

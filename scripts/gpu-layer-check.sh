@@ -20,7 +20,8 @@
 # bench with 1 warm-up and 5 steps.
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (python3),
 # MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger),
-# MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of BENCH.md).
+# MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of BENCH.md and
+# deepseek-v3-routed, deepseek-v3 without its shared expert as BENCH.md's baseline has it).
 
 set -u -o pipefail
 
@@ -74,7 +75,7 @@ start=$(date +%s)
 layers_dir=$inputs/layers
 small_layers=(small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny)
 # MOE_BENCH_LAYERS: another order or subset (comma-separated)
-bench_list=${MOE_BENCH_LAYERS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3}
+bench_list=${MOE_BENCH_LAYERS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3,deepseek-v3-routed}
 read -r -a bench_layers <<<"${bench_list//,/ }"
 lib=$work/runtime/lib
 

@@ -82,3 +82,11 @@ def test_dry_run_with_peers(tmp_path, capsys):
     assert ("liger" in entry) != ("liger_error" in entry)
     if "liger_error" in entry:
         assert "Liger failed" in out
+
+
+def test_useful_flops_count_the_shared_expert():
+    # routed experts, a shared expert on every token, the router
+    assert bench.useful_flops(8, 64, 32, 4, 2, shared=16) == (
+        18.0 * 8 * 2 * 64 * 32 + 18.0 * 8 * 64 * 16 + 6.0 * 8 * 64 * 4)
+    assert bench.useful_flops(8, 64, 32, 4, 2) == 18.0 * 8 * 2 * 64 * 32 + 6.0 * 8 * 64 * 4
+    assert "deepseek-v3-routed" in bench.ROUTED_LAYERS

@@ -6,7 +6,8 @@
 #   gpu-inputs/torch-cache/sm_90a/<config key>/<compiler key>/   (NAME.o NAME.h NAME.json meta.json)
 # (the MOE_MLIR_CACHE layout, docs/python.md); and, when gpu-inputs/layers exists
 # (build-gpu-inputs.sh), bench/long_context.py's plan and layers into gpu-inputs/long-context
-# (the largest T of each benchmark layer in 4 GiB). Needs torch and transformers (the CPU build is
+# (the largest T of each benchmark layer in 4 GiB) and bench/offload_stack.py's layer into
+# gpu-inputs/offload. Needs torch and transformers (the CPU build is
 # enough) and ptxas (as scripts/build-gpu-inputs.sh). gpu-inputs/ must stay under 60 MiB.
 #
 #   bash scripts/build-torch-inputs.sh [--size full|tiny]
@@ -44,6 +45,9 @@ rc=$?
 if [ -d "$root/gpu-inputs/layers" ]; then
   rm -rf "$root/gpu-inputs/long-context"
   "$python" "$root/bench/long_context.py" --prebuild "$root/gpu-inputs/long-context" \
+    --layers "$root/gpu-inputs/layers" || rc=1
+  rm -rf "$root/gpu-inputs/offload"
+  "$python" "$root/bench/offload_stack.py" --prebuild "$root/gpu-inputs/offload" \
     --layers "$root/gpu-inputs/layers" || rc=1
 fi
 total_kib=$(du -sk "$root/gpu-inputs" | cut -f1)

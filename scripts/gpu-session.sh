@@ -15,6 +15,8 @@
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
 #   long      gpu-torch-check.sh --only build,long: the largest T in 4 GiB of activations,
 #             ours against HF (bench/long_context.py; gpu-inputs/long-context);
+#   offload   gpu-torch-check.sh --only build,offload: H offloaded in a stack of deepseek-v3
+#             layers, the copy time hidden (bench/offload_stack.py; gpu-inputs/offload);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run (its Triton autotuning takes minutes a configuration).
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac
@@ -96,6 +98,9 @@ for step in ${steps//,/ }; do
     run torch 330 bash "$root/scripts/gpu-torch-check.sh" --deadline $(($(left) - 20)) ;;
   long)
     run long 300 bash "$root/scripts/gpu-torch-check.sh" --only build,long \
+      --deadline $(($(left) - 20)) ;;
+  offload)
+    run offload 300 bash "$root/scripts/gpu-torch-check.sh" --only build,offload \
       --deadline $(($(left) - 20)) ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)

@@ -18,7 +18,10 @@
 #   long    bench/long_context.py --run gpu-inputs/long-context (not in the default steps):
 #           the largest T whose layer holds at most 4 GiB from forward to backward, ours
 #           (H kept, H recomputed; planned and compiled on the LLVM machine with
-#           long_context.py --prebuild) against HF grouped_mm (measured), long_context.json.
+#           long_context.py --prebuild) against HF grouped_mm (measured), long_context.json;
+#   offload bench/offload_stack.py --run gpu-inputs/offload (not in the default steps): a
+#           stack of deepseek-v3 layers with H kept and with H offloaded (policy="offload"),
+#           the share of the copy time hidden, bitwise equality; offload_stack.json.
 # Output in $OUT (default /tmp/moe-torch-out): gpu-torch-check.log, summary.txt ("N passed,
 # M failed" last), {bf16,amp}/train_check.json and train_check.png.
 #
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
   --steps=*) steps=${1#--steps=}; shift ;;
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
   *) echo "gpu-torch-check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -119,6 +122,19 @@ if wants long; then
     else fail "long context: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
   else
     fail "no $inputs/long-context/plan.json: run bench/long_context.py --prebuild on the LLVM machine"
+  fi
+fi
+if wants offload; then
+  mark=$(lines)
+  if [ -f "$inputs/offload/stack.json" ]; then
+    run 300 "offload_stack.py --run" "$python" "$root/bench/offload_stack.py" --run \
+      "$inputs/offload" --out "$out"
+    rc=$?
+    since "$mark" | grep -E 'layers; keep' | sed 's/^/  /' | tee -a "$out/summary.txt"
+    if [ $rc -eq 0 ]; then pass "offload stack: $(tally "$mark")"
+    else fail "offload stack: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+  else
+    fail "no $inputs/offload/stack.json: run bench/offload_stack.py --prebuild on the LLVM machine"
   fi
 fi
 note "elapsed $(($(date +%s) - start)) s; log: $log"

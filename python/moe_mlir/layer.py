@@ -112,6 +112,8 @@ class _Kernel:
         self.target = target
         self.arg_names = self.config.arg_names()
         self.grad_names = [n for n in self.arg_names if n != "router_bias"]
+        # indices (into the saved tensors) that moe_mlir.offload moves to the host (CUDA)
+        self.offload, self.offloaded = False, []
         if target == "cpu":
             self.cpu = cc.get_cpu_layer(self.config, spec.options)
             sig = self.cpu.module.signatures[f"{self.cpu.name}_forward"]
@@ -121,12 +123,25 @@ class _Kernel:
         else:
             from . import gpu  # noqa: PLC0415
             check_gpu_config(self.config)
-            self.entry = cc.find_gpu_entry(self.config, spec.options)
+            options = spec.options
+            # policy="offload" on CUDA: the sm_90a layer keeps H (convert-moe-to-gpu has no
+            # lowering of moe.offload yet) and moe_mlir.offload moves it to the host.
+            self.offload = options.policy == "offload"
+            if self.offload:
+                if options.memory_budget is not None:
+                    raise NotImplementedError(
+                        "policy='offload' on CUDA offloads every H and takes no memory_budget "
+                        "(give one with policy='auto', 'keep' or 'recompute')")
+                options = dataclasses.replace(options, policy="keep")
+            self.entry = cc.find_gpu_entry(self.config, options)
             self.manifest = gpu.Manifest.load(str(self.entry.path / f"{self.entry.name}.json"))
             fwd = self.manifest.forward
             outs = fwd.by_role("output")
             saved = fwd.by_role("saved")
             self.saved_params = [p.name for p in saved]
+            from .offload import is_offloaded_name  # noqa: PLC0415
+            self.offloaded = [i for i, n in enumerate(self.saved_params)
+                              if self.offload and is_offloaded_name(n)]
             # The forward's inputs are the layer function's arguments, in order (arg0, ...).
             inputs = [p.name for p in fwd.by_role("input")]
             if len(inputs) != len(self.arg_names):
@@ -271,7 +286,22 @@ def _setup_context(ctx, inputs, output):
     ctx.present = [a is not None for a in args]
     ctx.n_inputs = len(present)
     ctx.out_meta = (output[0].shape, output[0].dtype)
-    ctx.save_for_backward(*present, *output[2:])
+    saved = list(output[2:])
+    # policy="offload" on CUDA: H goes to pinned host memory until backward (moe_mlir.offload)
+    ctx.offloaded = {}
+    if present[0].device.type == "cuda":
+        kernel = kernel_for(spec, present[0].shape[0], present[0].device)
+        if kernel.offloaded:
+            if torch.compiler.is_compiling():
+                raise NotImplementedError("policy='offload' runs in eager mode only: its copies "
+                                          "are side effects a compiled graph does not hold")
+            from .offload import offloader  # noqa: PLC0415
+            mover = offloader(present[0].device)
+            entries = mover.offload_layer([saved[i] for i in kernel.offloaded])
+            ctx.offloaded = dict(zip(kernel.offloaded, entries))
+            saved = [t for i, t in enumerate(saved) if i not in ctx.offloaded]
+    ctx.n_saved = len(output) - 2
+    ctx.save_for_backward(*present, *saved)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(*output[2:])
 
@@ -279,7 +309,14 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grads):
     d_out, d_logits = grads[0], grads[1]
     tensors = ctx.saved_tensors
-    inputs, saved = list(tensors[:ctx.n_inputs]), list(tensors[ctx.n_inputs:])
+    inputs, kept = list(tensors[:ctx.n_inputs]), iter(tensors[ctx.n_inputs:])
+    fetched = {}
+    if ctx.offloaded:
+        from .offload import offloader  # noqa: PLC0415
+        order = sorted(ctx.offloaded)
+        back = offloader(inputs[0].device).fetch([ctx.offloaded[i] for i in order])
+        fetched = dict(zip(order, back))
+    saved = [fetched[i] if i in fetched else next(kept) for i in range(ctx.n_saved)]
     if d_out is None:
         if d_logits is None:
             return (None,) * 8
@@ -307,7 +344,10 @@ class MoELayer(nn.Module):
     `config.tokens` and `config.dtype` are ignored: T comes from the input, the element type
     from the parameters (bf16 on CUDA; f32 or bf16 on the CPU). `memory_budget` / `policy`: the
     activation plan (`moe-plan-activations`, docs/memory.md), on both paths (CUDA: through
-    moe-compile --policy / --memory-budget)."""
+    moe-compile --policy / --memory-budget). `policy="offload"` on CUDA keeps H in pinned host
+    memory from forward to backward, copied on a stream of its own and prefetched one layer
+    ahead in backward (moe_mlir.offload; eager mode; no memory_budget); on the CPU, where the
+    host is the device, it is the offload plan of moe-plan-activations, which keeps H."""
 
     def __init__(self, config: LayerConfig, *, memory_budget: Optional[str] = None,
                  policy: str = "auto", init_std: float = 0.02,
@@ -317,8 +357,9 @@ class MoELayer(nn.Module):
         if config.tokens < 0:
             config.tokens = 0
         config.validate()
-        if policy not in ("auto", "keep", "recompute"):
-            raise ValueError(f"policy must be 'auto', 'keep' or 'recompute', got {policy!r}")
+        if policy not in ("auto", "keep", "recompute", "offload"):
+            raise ValueError(f"policy must be 'auto', 'keep', 'recompute' or 'offload', got "
+                             f"{policy!r}")
         if memory_budget is not None and not isinstance(memory_budget, str):
             memory_budget = f"{int(memory_budget)}B"
         self.config = config

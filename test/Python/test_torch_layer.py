@@ -208,7 +208,7 @@ def test_bad_configs():
     with pytest.raises(ValueError, match="top_k"):
         MoELayer(LayerConfig(0, 32, 32, 4, 5))
     with pytest.raises(ValueError, match="policy"):
-        MoELayer(CONFIGS["softmax"], policy="offload")
+        MoELayer(CONFIGS["softmax"], policy="host")
     with pytest.raises(NotImplementedError, match="swiglu.*multiple of 64|multiple of 64"):
         L.check_gpu_config(LayerConfig(0, 96, 64, 4, 2))
     with pytest.raises(NotImplementedError, match="activation 'gelu'.*capacity_factor"):

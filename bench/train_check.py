@@ -14,10 +14,13 @@ Sizes (--size full, the H200 run; every GEMM dimension a multiple of 64 as the G
 | mixtral | 1024 | 1024 | 8 | 2 | softmax, renormalised | 4 | 16 (4), head 64 | 8192 | 4 x 1024 |
 | qwen3 | 1024 | 768 | 64 | 8 | softmax, renormalised | 4 | 16 (4), head 64 | 8192 | 4 x 1024 |
 
-bf16 parameters and activations on CUDA (the GPU path runs bf16 only), AdamW (lr 3e-4, weight
+bf16 parameters and activations on CUDA (the GPU path computes bf16; `--precision amp`: f32
+parameters with the forward under torch.autocast(bf16), and `--reference` adds the model all in
+f32, each run's distance to it reported), AdamW (lr 3e-4, weight
 decay 0.01). Data: token sequences of a fixed random bigram chain (80 % follow the chain, 20 %
 random), so that the loss falls; one fixed batch per step, the same for both runs.
-`--size tiny --device cpu` (f32, 3 steps) is what test/Python/test_hf_train_check.py runs.
+`--size tiny --device cpu` (f32, 3 steps; amp with the control and the reference) is what
+test/Python/test_hf_blocks.py runs.
 
     python bench/train_check.py --device cuda --out $OUT          # needs MOE_MLIR_PREBUILT and
                                                                   # MOE_RUNTIME_LIB (see
@@ -352,7 +355,7 @@ def layer_check(device) -> int:
 
 # --------------------------------------------------------------------------- main
 
-# The runs of one model: (key, experts, parameter dtype or None for --precision's, autocast).
+# The runs of one model: (key, experts, parameter dtype, autocast).
 # "fp32" (--reference): HF's eager experts, all in f32 and without autocast, the most exact of
 # the implementations: how far each bf16 run is from it says whose rounding a difference is.
 def planned_runs(args, dtype):

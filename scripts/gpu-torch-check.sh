@@ -110,32 +110,28 @@ for precision in bf16 amp; do
   if [ $rc -eq 0 ]; then pass "training check ($precision): $(tally "$mark")"
   else fail "training check ($precision): $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
 done
-if wants long; then
+# prebuilt_step TITLE SCRIPT FOLDER MARKER FILTER: bench/SCRIPT --run on gpu-inputs/FOLDER (whose
+# MARKER file the LLVM machine's SCRIPT --prebuild wrote); the log lines FILTER (grep -E) picks
+# go to the summary.
+prebuilt_step() {
+  local title=$1 script=$2 folder=$3 marker=$4 filter=$5 mark rc
   mark=$(lines)
-  if [ -f "$inputs/long-context/plan.json" ]; then
-    run 300 "long_context.py --run" "$python" "$root/bench/long_context.py" --run \
-      "$inputs/long-context" --out "$out"
-    rc=$?
-    since "$mark" | grep -A8 '^largest T' | grep -vE '^[0-9]+ passed' | sed 's/^/  /' | \
-      tee -a "$out/summary.txt"
-    if [ $rc -eq 0 ]; then pass "long context: $(tally "$mark")"
-    else fail "long context: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
-  else
-    fail "no $inputs/long-context/plan.json: run bench/long_context.py --prebuild on the LLVM machine"
+  if [ ! -f "$inputs/$folder/$marker" ]; then
+    fail "no $inputs/$folder/$marker: run bench/$script --prebuild on the LLVM machine"
+    return
   fi
+  run 300 "$script --run" "$python" "$root/bench/$script" --run "$inputs/$folder" --out "$out"
+  rc=$?
+  since "$mark" | grep -E "$filter" | sed 's/^/  /' | tee -a "$out/summary.txt"
+  if [ $rc -eq 0 ]; then pass "$title: $(tally "$mark")"
+  else fail "$title: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+}
+if wants long; then
+  prebuilt_step "long context" long_context.py long-context plan.json \
+    '^largest T|^layer |^[a-z0-9.-]+ +[0-9]+ +[0-9]+ +[0-9]+ '
 fi
 if wants offload; then
-  mark=$(lines)
-  if [ -f "$inputs/offload/stack.json" ]; then
-    run 300 "offload_stack.py --run" "$python" "$root/bench/offload_stack.py" --run \
-      "$inputs/offload" --out "$out"
-    rc=$?
-    since "$mark" | grep -E 'layers; keep' | sed 's/^/  /' | tee -a "$out/summary.txt"
-    if [ $rc -eq 0 ]; then pass "offload stack: $(tally "$mark")"
-    else fail "offload stack: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
-  else
-    fail "no $inputs/offload/stack.json: run bench/offload_stack.py --prebuild on the LLVM machine"
-  fi
+  prebuilt_step "offload stack" offload_stack.py offload stack.json 'layers; keep'
 fi
 note "elapsed $(($(date +%s) - start)) s; log: $log"
 finish

@@ -248,6 +248,12 @@ def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str,
     res.update(timer.measure(step, opts.warmup, opts.iters, opts.budget))
     if timer.cuda:
         res["peak_bytes_torch"] = torch.cuda.max_memory_allocated() - base
+    if timer.cuda and opts.gaps:
+        import step_gaps
+        held = {}
+        res["gaps"] = step_gaps.report(torch, layer.name, [
+            ("forward", lambda: held.update(f=layer.forward(inputs))),
+            ("backward", lambda: layer.backward(held.pop("f"), cots))])
     return res
 
 
@@ -456,6 +462,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--hf-implementation", default="grouped_mm")
     p.add_argument("--peer", action="append", default=[], choices=["liger"],
                    help="also time this peer (liger: liger-kernel's fused MoE)")
+    p.add_argument("--gaps", action="store_true",
+                   help="after timing ours, one step under the profiler: host time, GPU span "
+                        "and idle stretches of forward and backward (bench/step_gaps.py)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/moe-bench-out"))
     p.add_argument("--json-name", default="bench.json")

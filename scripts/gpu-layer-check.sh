@@ -21,7 +21,8 @@
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (python3),
 # MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger),
 # MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of BENCH.md and
-# deepseek-v3-routed, deepseek-v3 without its shared expert as BENCH.md's baseline has it).
+# deepseek-v3-routed, deepseek-v3 without its shared expert as BENCH.md's baseline has it),
+# MOE_BENCH_GAPS (1: bench.py --gaps, where our step's time goes besides kernels).
 
 set -u -o pipefail
 
@@ -209,6 +210,8 @@ if wants bench; then
   # MOE_BENCH_PEERS=liger: Liger-Kernel's fused MoE too (bench.py --peer)
   peers=${MOE_BENCH_PEERS:-}
   for peer in ${peers//,/ }; do bench_opts+=(--peer "$peer"); done
+  # MOE_BENCH_GAPS=1: one more step of ours under the profiler (bench.py --gaps)
+  [ -n "${MOE_BENCH_GAPS:-}" ] && bench_opts+=(--gaps)
   bench_step "bench.py" "" "" "$bench_limit" "${bench_opts[@]}"
 fi
 

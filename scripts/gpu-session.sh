@@ -17,6 +17,9 @@
 #             ours against HF (bench/long_context.py; gpu-inputs/long-context);
 #   offload   gpu-torch-check.sh --only build,offload: H offloaded in a stack of deepseek-v3
 #             layers, the copy time hidden (bench/offload_stack.py; gpu-inputs/offload);
+#   gaps      where a step's time goes besides kernels (MOE_GAPS_CONFIGS, default mixtral-8x7b
+#             and deepseek-v3): the op sequence with MOE_PROFILE=1, then the layers with
+#             bench.py --gaps (host time, GPU idle stretches and the API calls meanwhile);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run (its Triton autotuning takes minutes a configuration).
@@ -101,6 +104,14 @@ for step in ${steps//,/ }; do
       --deadline $(($(left) - 20)) ;;
   offload)
     run offload 300 bash "$root/scripts/gpu-torch-check.sh" --only build,offload \
+      --deadline $(($(left) - 20)) ;;
+  gaps)
+    # where the step's time goes besides kernels: the op sequence (ops_check.py GAPS lines)
+    # and the layers (bench.py --gaps), host time and GPU idle stretches with the API calls
+    MOE_PROFILE=1 run gaps-ops 150 bash "$root/scripts/gpu-ops-check.sh" \
+      --bench="${MOE_GAPS_CONFIGS:-mixtral-8x7b,deepseek-v3}"
+    MOE_BENCH_GAPS=1 MOE_BENCH_LAYERS=${MOE_GAPS_CONFIGS:-mixtral-8x7b,deepseek-v3} \
+      run gaps-layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,bench \
       --deadline $(($(left) - 20)) ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)

@@ -514,42 +514,12 @@ def main():
 
 
 def gaps(name, ops):
-    """Where an op's time goes besides its kernels: each op run as the timed loop runs it
-    (events, then a synchronization), a marker kernel between ops, under the profiler; per op
-    the span from its first kernel's start to its last kernel's end, the kernels' busy time,
-    and the longest idle gaps between its kernels (which kernels they follow and precede)."""
-    from torch.profiler import ProfilerActivity, profile
-    marker = torch.zeros(1, device=DEV)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _, fn in ops:
-            marker.add_(1)
-            torch.cuda.synchronize()
-            fn()
-            torch.cuda.synchronize()
-        marker.add_(1)
-        torch.cuda.synchronize()
-    kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                      if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start),
-                     key=lambda k: k[0])
-    segments, cur = [], None
-    for k in kernels:
-        if "elementwise" in k[2] or "add" == k[2]:  # the marker
-            if cur is not None:
-                segments.append(cur)
-            cur = []
-        elif cur is not None:
-            cur.append(k)
-    for (op_name, _), seg in zip(ops, segments):
-        if not seg:
-            continue
-        span = (seg[-1][1] - seg[0][0]) / 1e3
-        busy = sum(e - s for s, e, _ in seg) / 1e3
-        holes = sorted(((seg[i + 1][0] - seg[i][1]) / 1e3, seg[i][2], seg[i + 1][2])
-                       for i in range(len(seg) - 1))[::-1][:3]
-        print(f"GAPS {name} {op_name}: {len(seg)} kernels, span {span:.3f} ms, busy "
-              f"{busy:.3f} ms, idle {span - busy:.3f} ms; longest: " +
-              "; ".join(f"{g:.3f} ms after {a[:40]} before {b[:40]}" for g, a, b in holes),
-              flush=True)
+    """Where each op's time goes besides its kernels: the op sequence once under the
+    profiler, with host time, GPU span and idle stretches per op (bench/step_gaps.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "bench"))
+    import step_gaps
+    step_gaps.report(torch, name, ops)
 
 
 def add_case(lib, n=4096):

@@ -10,7 +10,9 @@
 #   - tiny: T=37, d=128, n=128, E=4, k=2, softmax, renormalised (for compute-sanitizer);
 #   - example: the same shape, the C++ example's layer (examples/cpp);
 #   - NAME-recompute: the four benchmark layers with H recomputed in backward
-#     (moe-compile --policy=recompute).
+#     (moe-compile --policy=recompute);
+#   - NAME-offload: the same with H offloaded to pinned host memory (--policy=offload), and
+#     sigmoid-groups-shared-offload (both H offloaded, a shared expert's too).
 # The generated .mlir files go to gpu-inputs/mlir/. gpu-inputs/ must stay under 60 MiB (the
 # device tool carries at most 64 MiB): the script fails when it does not.
 #
@@ -126,6 +128,12 @@ for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   compile_one "$root/examples/$example.mlir" "$example-recompute" --policy=recompute
 done
 compile_one "$mlir/deepseek-v3-routed.mlir" deepseek-v3-routed-recompute --policy=recompute
+# and with H offloaded to pinned host memory between forward and backward (issue 5:
+# offload-H through the compiled entry points), and a small one for the checks
+for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
+  compile_one "$root/examples/$example.mlir" "$example-offload" --policy=offload
+done
+compile_one "$mlir/sigmoid-groups-shared.mlir" sigmoid-groups-shared-offload --policy=offload
 
 total_kib=$(du -sk "$out" | cut -f1)
 {

@@ -9,6 +9,9 @@
 #   bench     bench/bench.py on the four BENCH.md configurations;
 #   recompute bench/bench.py on the same layers compiled with H recomputed in backward
 #             (NAME-recompute, no HF baseline; JSON in $OUT/recompute/bench.json);
+#   offload   check_layer.py on layers compiled with H offloaded (--policy=offload), then
+#             bench/offload_compiled.py: stacks of them against the kept layers (JSON in
+#             $OUT/offload/);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
 #             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
@@ -48,8 +51,8 @@ while [ $# -gt 0 ]; do
 done
 for step in ${only//,/ }; do
   case "$step" in
-  build | example | check | sanitize | bench | recompute) ;;
-  *) echo "gpu-layer-check.sh: unknown step '$step' (build, example, check, sanitize, bench, recompute)" >&2
+  build | example | check | sanitize | bench | recompute | offload) ;;
+  *) echo "gpu-layer-check.sh: unknown step '$step' (build, example, check, sanitize, bench, recompute, offload)" >&2
     exit 2 ;;
   esac
 done
@@ -82,7 +85,7 @@ lib=$work/runtime/lib
 
 # ---------------------------------------------------------------- build
 built_runtime=0
-if wants build || wants example || wants check || wants sanitize || wants bench; then
+if wants build || wants example || wants check || wants sanitize || wants bench || wants offload; then
   if [ ! -d "$layers_dir" ]; then
     fail "no $layers_dir: run scripts/build-gpu-inputs.sh on the LLVM machine and carry gpu-inputs"
     finish
@@ -220,6 +223,38 @@ if wants recompute; then
   remaining=$(left)
   bench_step "bench.py recompute" -recompute recompute/ \
     $((remaining > 150 ? remaining - 30 : 120)) --no-hf
+fi
+
+# ---------------------------------------------------------------- offload
+# Layers compiled with --policy=offload (H in pinned host memory between forward and
+# backward, copied by the entry points): checked against the reference, then as stacks
+# against the kept layers, bitwise and in time (bench/offload_compiled.py).
+if wants offload; then
+  args=()
+  for name in sigmoid-groups-shared-offload olmoe-1b-7b-offload; do
+    if have "$name"; then
+      args+=(--layer "$layers_dir/$name")
+    else
+      fail "offload check $name: $name.so or $name.json missing"
+    fi
+  done
+  if [ ${#args[@]} -gt 0 ]; then
+    mark=$(lines)
+    run 150 "check_layer.py (offload)" "$python" "$root/bench/check_layer.py" "${args[@]}" \
+      --routing random --out "$out/offload" --json-name check_layer_offload.json
+    rc=$?
+    line=$(tally "$mark")
+    if [ $rc -eq 0 ]; then pass "check_layer.py offload: $line"
+    else fail "check_layer.py offload: ${line:-$(why $rc)} (log: gpu-layer-check.log)"; fi
+  fi
+  remaining=$(left)
+  mark=$(lines)
+  run $((remaining > 150 ? remaining - 30 : 120)) "offload_compiled.py" "$python" \
+    "$root/bench/offload_compiled.py" --layers "$layers_dir" --out "$out/offload"
+  rc=$?
+  line=$(tally "$mark")
+  if [ $rc -eq 0 ]; then pass "offload_compiled.py: $line"
+  else fail "offload_compiled.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"; fi
 fi
 
 # ---------------------------------------------------------------- sanitize

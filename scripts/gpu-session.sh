@@ -20,6 +20,8 @@
 #   gaps      where a step's time goes besides kernels (MOE_GAPS_CONFIGS, default mixtral-8x7b
 #             and deepseek-v3): the op sequence with MOE_PROFILE=1, then the layers with
 #             bench.py --gaps (host time, GPU idle stretches and the API calls meanwhile);
+#   offload-compiled  gpu-layer-check.sh --only build,offload: layers compiled with H
+#             offloaded, checked and timed as stacks against the kept ones;
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run (its Triton autotuning takes minutes a configuration).
@@ -112,6 +114,10 @@ for step in ${steps//,/ }; do
       --bench="${MOE_GAPS_CONFIGS:-mixtral-8x7b,deepseek-v3}"
     MOE_BENCH_GAPS=1 MOE_BENCH_LAYERS=${MOE_GAPS_CONFIGS:-mixtral-8x7b,deepseek-v3} \
       run gaps-layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,bench \
+      --deadline $(($(left) - 20)) ;;
+  offload-compiled)
+    # layers compiled with --policy=offload: the reference check, then stacks against keep
+    run offload-compiled 330 bash "$root/scripts/gpu-layer-check.sh" --only build,offload \
       --deadline $(($(left) - 20)) ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)

@@ -83,6 +83,11 @@ class ParamSpec:
     shape: Tuple[int, ...]
     forward_param: Optional[str] = None  # backward saved params: the forward's name
     of: Optional[str] = None  # cotangents: the result; gradients: the input
+    memory: str = "device"  # "host": pinned host memory (an offloaded saved tensor)
+
+    @property
+    def on_host(self) -> bool:
+        return self.memory == "host"
 
     @property
     def numel(self) -> int:
@@ -96,7 +101,8 @@ class ParamSpec:
         return self.numel * element_size(self.dtype)
 
     def describe(self) -> str:
-        return f"{self.dtype}[{', '.join(str(s) for s in self.shape)}]"
+        text = f"{self.dtype}[{', '.join(str(s) for s in self.shape)}]"
+        return text + " in pinned host memory" if self.on_host else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +157,15 @@ def _parse_param(raw: Any, where: str) -> ParamSpec:
     for key, value in (("forward_param", fp), ("of", of)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"manifest: {where}.{key} must be a string, got {value!r}")
+    memory = raw.get("memory", "device")
+    if memory not in ("device", "host"):
+        raise ValueError(f"manifest: {where}.memory is {memory!r}, expected 'device' or "
+                         f"'host'")
+    if memory == "host" and role != "saved":
+        raise ValueError(f"manifest: {where} is in host memory, but only saved tensors can "
+                         f"be (its role is {role!r})")
     return ParamSpec(name=name, role=role, dtype=dtype, shape=tuple(shape), forward_param=fp,
-                     of=of)
+                     of=of, memory=memory)
 
 
 def _parse_entry(kind: str, raw: Any) -> EntryPoint:
@@ -212,7 +225,7 @@ class Manifest:
                             f"manifest: backward saved parameter {p.name!r} names the forward "
                             f"parameter {src!r}, which the forward does not have")
                     fp = forward.param(src)
-                    if (fp.dtype, fp.shape) != (p.dtype, p.shape):
+                    if (fp.dtype, fp.shape, fp.memory) != (p.dtype, p.shape, p.memory):
                         raise ValueError(
                             f"manifest: backward saved parameter {p.name!r} is "
                             f"{p.describe()} but the forward's {src!r} is {fp.describe()}")
@@ -294,7 +307,15 @@ def check_tensor(tensor: Any, spec: ParamSpec, where: str, *, require_cuda: bool
     if not tensor.is_contiguous():
         raise ValueError(f"{where}: {spec.name} is not contiguous (strides "
                          f"{tuple(tensor.stride())}); pass .contiguous()")
-    if require_cuda:
+    if spec.on_host:
+        # an offloaded saved tensor: the copies are asynchronous only from pinned memory
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{where}: {spec.name} is on {tensor.device}, expected pinned "
+                             f"host memory (a CPU tensor with pin_memory=True)")
+        if require_cuda and not tensor.is_pinned():
+            raise ValueError(f"{where}: {spec.name} is a CPU tensor in pageable memory; the "
+                             f"offload copies need pinned memory (pin_memory=True)")
+    elif require_cuda:
         if tensor.device.type != "cuda":
             raise ValueError(f"{where}: {spec.name} is on {tensor.device}, expected a CUDA "
                              f"device")
@@ -351,6 +372,9 @@ class CompiledLayer:
         self.require_cuda = require_cuda
         self._lib: Optional[ctypes.CDLL] = None
         self._fns: Dict[str, Any] = {}
+        # Host tensors that offload copies (--policy=offload) may still be writing: held
+        # until synchronize_offloads, so torch cannot give their pinned memory to others.
+        self._offloads_in_flight: List[Any] = []
         if so_path is not None:
             self._load(so_path)
 
@@ -383,7 +407,10 @@ class CompiledLayer:
                     self._fns[kind + "_workspace"] = ws
         for sym, res, args in (("moeGetLastErrorMessage", ctypes.c_char_p, []),
                                ("moeStatusString", ctypes.c_char_p, [ctypes.c_int]),
-                               ("moeSetDevice", ctypes.c_int, [ctypes.c_int])):
+                               ("moeSetDevice", ctypes.c_int, [ctypes.c_int]),
+                               ("moeOffloadSynchronize", ctypes.c_int, []),
+                               ("moePrefetchSaved", ctypes.c_int,
+                                [ctypes.c_void_p, ctypes.c_size_t])):
             f = getattr(lib, sym, None)
             if f is not None:
                 f.restype = res
@@ -437,6 +464,8 @@ class CompiledLayer:
         device = self._device_index()
         if device is not None:
             for spec in specs:
+                if spec.on_host:
+                    continue
                 index = given[spec.name].device.index
                 if index != device:
                     raise ValueError(f"{where}: {spec.name} is on cuda:{index}, but the "
@@ -445,8 +474,11 @@ class CompiledLayer:
 
     def _empty(self, spec: ParamSpec, device: Optional[int], zero: bool = False):
         torch = _torch()
-        dev = torch.device("cuda", device) if self.require_cuda else torch.device("cpu")
         make = torch.zeros if zero else torch.empty
+        if spec.on_host:
+            return make(spec.shape, dtype=torch_dtype(spec.dtype), device="cpu",
+                        pin_memory=self.require_cuda)
+        dev = torch.device("cuda", device) if self.require_cuda else torch.device("cpu")
         return make(spec.shape, dtype=torch_dtype(spec.dtype), device=dev)
 
     def _call(self, kind: str, ep: EntryPoint, tensors: Dict[str, Any],
@@ -500,7 +532,42 @@ class CompiledLayer:
             if spec.role in ("output", "saved"):
                 tensors[spec.name] = self._empty(spec, device)
         self._call("forward", ep, tensors, device)
+        self._offloads_in_flight += [tensors[p.name] for p in ep.params if p.on_host]
         return tensors
+
+    def prefetch(self, saved: Mapping[str, Any]) -> None:
+        """Starts bringing the offloaded saved tensors of `saved` (what forward returned)
+        back to the device now, for the backward that takes them next: called before the
+        backward of the layer after this one, the copies overlap that backward."""
+        ep = self.manifest.entry("backward")
+        fn = self._fns.get("moePrefetchSaved")
+        if fn is None or not self.require_cuda:
+            return
+        for spec in ep.by_role("saved"):
+            if not spec.on_host:
+                continue
+            tensor = saved[spec.forward_param or spec.name]
+            status = fn(ctypes.c_void_p(tensor.data_ptr()), spec.nbytes)
+            if status != 0:
+                raise RuntimeError(f"moePrefetchSaved failed: {self._status_name(status)}: "
+                                   f"{self._last_message()}")
+
+    def synchronize_offloads(self) -> None:
+        """Waits for the copies of offloaded saved tensors (a layer compiled with
+        --policy=offload) in flight on the current device: the host tensors forward returned
+        are complete after it. backward calls it before returning."""
+        self._synchronize_offloads()
+
+    def _synchronize_offloads(self, always: bool = False) -> None:
+        if not self._offloads_in_flight and not always:
+            return
+        fn = self._fns.get("moeOffloadSynchronize")
+        if fn is not None and self.require_cuda:
+            status = fn()
+            if status != 0:
+                raise RuntimeError(f"moeOffloadSynchronize failed: "
+                                   f"{self._status_name(status)}: {self._last_message()}")
+        self._offloads_in_flight.clear()
 
     def backward(self, saved: Mapping[str, Any],
                  cotangents: Union[Mapping[str, Any], Sequence[Any]]) -> Dict[str, Any]:
@@ -546,4 +613,8 @@ class CompiledLayer:
         for spec in ep.by_role("gradient"):
             grads[spec.name] = tensors[spec.name] = self._empty(spec, device)
         self._call("backward", ep, tensors, device)
+        if any(p.on_host for p in ep.params):
+            # the prefetches read host memory on the copy stream: the host waits for them
+            # (the GPU has the rest of backward queued), then the host tensors may go
+            self._synchronize_offloads(always=True)
         return grads

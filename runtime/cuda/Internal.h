@@ -14,6 +14,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <string>
 
 namespace moe::runtime {
 
@@ -34,6 +35,31 @@ moeStatus failCuda(CUresult result, const char *call,
 /// failCuda with the status given instead of the one the CUresult maps to.
 moeStatus failCudaAs(moeStatus status, CUresult result, const char *call,
                      const char *detail = nullptr);
+
+/// True when a failure is pending: the work that depends on earlier results
+/// is skipped (see MgpuABI.h).
+inline bool failurePending() { return moeGetLastStatus() != MOE_SUCCESS; }
+
+/// Keeps a pending failure as the last error across a call that still runs
+/// (a free, a synchronization), so the first cause is what the caller reads.
+class KeepFirstFailure {
+public:
+  KeepFirstFailure() : status(moeGetLastStatus()) {
+    if (status != MOE_SUCCESS)
+      message = moeGetLastErrorMessage();
+  }
+  ~KeepFirstFailure() {
+    if (status != MOE_SUCCESS &&
+        (moeGetLastStatus() != status || message != moeGetLastErrorMessage()))
+      moeSetErrorMessage(status, message.c_str());
+  }
+  KeepFirstFailure(const KeepFirstFailure &) = delete;
+  KeepFirstFailure &operator=(const KeepFirstFailure &) = delete;
+
+private:
+  moeStatus status;
+  std::string message;
+};
 
 /// True when MOE_RUNTIME_VERBOSE is set (and not "0").
 bool verboseEnabled();
@@ -74,6 +100,7 @@ moeStatus statusFromCuda(CUresult result);
   X(cuEventCreate)                                                             \
   X(cuEventRecord)                                                             \
   X(cuEventSynchronize)                                                        \
+  X(cuEventQuery)                                                              \
   X(cuEventElapsedTime)                                                        \
   X(cuEventDestroy)                                                            \
   X(cuMemAlloc)                                                                \
@@ -154,6 +181,25 @@ void reportMgpuFailure(const char *function);
 /// Forgets the mgpu* layer's state (stream-ordered allocations, the last
 /// module load failure). For moeRuntimeResetForTesting.
 void resetMgpuForTesting();
+
+/// The stream of the generated call in progress on this thread (what its
+/// mgpuStreamCreate returned), or null outside one.
+void *callStream();
+
+/// Whether that stream is the caller's, lent through moeSetLaunchStream.
+bool callStreamIsLent();
+
+/// Records `ptr` (from cuMemAllocAsync) as a stream-ordered allocation, which
+/// mgpuMemFree then frees with cuMemFreeAsync.
+void adoptPoolPointer(void *ptr);
+
+/// Forgets `ptr` as a stream-ordered allocation of mgpuMemAlloc; true when
+/// it was one (the caller then frees it with cuMemFreeAsync).
+bool releasePoolPointer(void *ptr);
+
+/// Forgets the copy streams and the copies in flight (Offload.cpp). For
+/// moeRuntimeResetForTesting.
+void resetOffloadForTesting();
 
 /// Forgets the cached device tensor maps (moeTensorMapDeviceBf16). For
 /// moeRuntimeResetForTesting.

@@ -25,6 +25,9 @@ namespace {
 
 // The caller's stream of a generated call (moeSetLaunchStream).
 thread_local void *tlsLaunchStream = nullptr;
+// The stream of the generated call in progress (its mgpuStreamCreate), for
+// the offload copies (Offload.cpp).
+thread_local void *tlsCallStream = nullptr;
 
 struct MgpuState {
   std::mutex mutex;
@@ -42,31 +45,6 @@ MgpuState &mgpuState() {
   static MgpuState *state = new MgpuState;
   return *state;
 }
-
-// True when a failure is pending: the work that depends on earlier results
-// is skipped (see MgpuABI.h).
-bool failurePending() { return moeGetLastStatus() != MOE_SUCCESS; }
-
-// Keeps a pending failure as the last error across a call that still runs
-// (a free, a synchronization), so the first cause is what the caller reads.
-class KeepFirstFailure {
-public:
-  KeepFirstFailure() : status(moeGetLastStatus()) {
-    if (status != MOE_SUCCESS)
-      message = moeGetLastErrorMessage();
-  }
-  ~KeepFirstFailure() {
-    if (status != MOE_SUCCESS &&
-        (moeGetLastStatus() != status || message != moeGetLastErrorMessage()))
-      moeSetErrorMessage(status, message.c_str());
-  }
-  KeepFirstFailure(const KeepFirstFailure &) = delete;
-  KeepFirstFailure &operator=(const KeepFirstFailure &) = delete;
-
-private:
-  moeStatus status;
-  std::string message;
-};
 
 bool isLaunchStream(void *stream) {
   return stream && stream == tlsLaunchStream;
@@ -188,7 +166,7 @@ void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 
 void *mgpuStreamCreate(void) {
   if (tlsLaunchStream)
-    return tlsLaunchStream;
+    return tlsCallStream = tlsLaunchStream;
   // A call given no stream runs on one of its own and waits for it; a
   // blocking stream also waits for the caller's work on the legacy default
   // stream (inputs still being written there), which a non-blocking one
@@ -198,7 +176,7 @@ void *mgpuStreamCreate(void) {
     check(status, "mgpuStreamCreate");
     return nullptr;
   }
-  return stream;
+  return tlsCallStream = stream;
 }
 
 void mgpuStreamSynchronize(void *stream) {
@@ -209,6 +187,8 @@ void mgpuStreamSynchronize(void *stream) {
 }
 
 void mgpuStreamDestroy(void *stream) {
+  if (stream == tlsCallStream)
+    tlsCallStream = nullptr;
   if (isLaunchStream(stream))
     return;
   KeepFirstFailure keep;
@@ -347,6 +327,24 @@ void *moeGetLaunchStream(void) { return tlsLaunchStream; }
 
 } // extern "C"
 
+void *moe::runtime::callStream() { return tlsCallStream; }
+
+bool moe::runtime::callStreamIsLent() {
+  return tlsCallStream && tlsCallStream == tlsLaunchStream;
+}
+
+void moe::runtime::adoptPoolPointer(void *ptr) {
+  MgpuState &state = mgpuState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  state.pointers.insert(reinterpret_cast<uintptr_t>(ptr));
+}
+
+bool moe::runtime::releasePoolPointer(void *ptr) {
+  MgpuState &state = mgpuState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.pointers.erase(reinterpret_cast<uintptr_t>(ptr)) != 0;
+}
+
 void moe::runtime::resetMgpuForTesting() {
   MgpuState &state = mgpuState();
   std::lock_guard<std::mutex> lock(state.mutex);
@@ -354,4 +352,5 @@ void moe::runtime::resetMgpuForTesting() {
   state.moduleLoadStatus = MOE_SUCCESS;
   state.moduleLoadMessage.clear();
   tlsLaunchStream = nullptr;
+  tlsCallStream = nullptr;
 }

@@ -302,6 +302,7 @@ void moeRuntimeResetForTesting(void) {
     }
     cache.modules.clear();
   }
+  resetOffloadForTesting();
   resetMgpuForTesting();
   resetTensorMapsForTesting();
   resetDriverForTesting();

@@ -11,9 +11,9 @@
 // RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=recompute" 2>&1 | FileCheck %s --check-prefix=PLAN
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=fast" 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90" 2>&1 | FileCheck %s --check-prefix=CHIP
-// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=offload" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
-// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa offload=always" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
-// RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa offload=auto memory-budget=7000 host-gbps=1e9" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=offload" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa offload=always" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa offload=auto memory-budget=7000 host-gbps=1e9" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa policy=keep offload=always" 2>&1 | FileCheck %s --check-prefix=CONTRADICT
 // RUN: not moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa memory-budget=1KiB" 2>&1 | FileCheck %s --check-prefix=BUDGET
 // RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa memory-report=-" -o /dev/null | FileCheck %s --check-prefix=REPORT
@@ -30,10 +30,16 @@
 // POLICY: error: moe-training-pipeline: unknown policy 'fast' (expected keep, recompute, offload or auto)
 
 // Offload plans (asked for, or chosen by auto when offload=auto and the link
-// is fast) reach convert-moe-to-gpu, which does not run them yet: an error
-// at the layer, nothing half-compiled.
-// OFFLOAD: moe-training-pipeline-gpu.mlir:[[# @LINE + 86]]:19: error: moe.offload is not supported on the GPU path yet
-// OFFLOAD: moe-training-pipeline-gpu.mlir:[[# @LINE + 85]]:19: error: moe.prefetch is not supported on the GPU path yet
+// is fast): forward copies h to the host after the expert FFN's launches, and
+// backward brings it back before the gradient's.
+// OFFLOAD: llvm.func @layer_forward(
+// OFFLOAD: @moe_kernels::@moe_gemm_up_gather
+// OFFLOAD: llvm.call @mgpuMoeOffload(
+// OFFLOAD: llvm.call @mgpuMoeOffloadsFinish()
+// OFFLOAD: llvm.func @layer_backward(
+// OFFLOAD: llvm.call @mgpuMoePrefetch(
+// OFFLOAD: llvm.call @mgpuMoeAwaitPrefetch(
+// OFFLOAD: @moe_kernels::@moe_gemm_
 // CONTRADICT: error: moe-training-pipeline: offload=always contradicts policy=keep
 // BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 80]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
 

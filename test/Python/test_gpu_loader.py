@@ -135,6 +135,13 @@ def test_manifest_parses(tmp_path):
      "which the forward does not have"),
     (lambda m: m["entry_points"]["backward"]["params"][0].update(shape=[T, D + 1]),
      "but the forward's 'arg0'"),
+    (lambda m: m["entry_points"]["forward"]["params"][4].update(memory="disk"),
+     "memory is 'disk', expected 'device' or 'host'"),
+    (lambda m: m["entry_points"]["forward"]["params"][0].update(memory="host"),
+     "only saved tensors can be"),
+    # an offloaded saved tensor must be in host memory on both sides
+    (lambda m: m["entry_points"]["forward"]["params"][4].update(memory="host"),
+     "in pinned host memory but the forward's|but the forward's .* in pinned host memory"),
     (lambda m: m["entry_points"]["backward"]["params"][2].update(of="arg0"),
      "not a forward output"),
     (lambda m: m["entry_points"]["backward"]["params"][4].update(of="result0"),
@@ -145,6 +152,36 @@ def test_manifest_errors(tmp_path, mutate, message):
     mutate(data)
     with pytest.raises(ValueError, match=message):
         gpu.Manifest.load(write_manifest(tmp_path, data))
+
+
+def offloading_manifest():
+    """MANIFEST with the saved experts in pinned host memory, as --policy=offload writes an
+    offloaded h."""
+    data = copy.deepcopy(MANIFEST)
+    data["entry_points"]["forward"]["params"][4]["memory"] = "host"
+    data["entry_points"]["backward"]["params"][1]["memory"] = "host"
+    return data
+
+
+def test_manifest_host_memory(tmp_path):
+    m = gpu.Manifest.load(write_manifest(tmp_path, offloading_manifest()))
+    saved = m.forward.param("moe.router.experts")
+    assert saved.on_host and saved.memory == "host"
+    assert "pinned host memory" in saved.describe()
+    assert m.backward.param("moe.router.experts").on_host
+    assert not m.forward.param("arg0").on_host
+
+
+def test_host_parameter_takes_a_cpu_tensor(tmp_path):
+    torch = pytest.importorskip("torch")
+    m = gpu.Manifest.load(write_manifest(tmp_path, offloading_manifest()))
+    spec = m.forward.param("moe.router.experts")
+    gpu.check_tensor(torch.zeros(T, K, dtype=torch.int32), spec, "f", require_cuda=False)
+    with pytest.raises(ValueError, match="pageable memory; the offload copies need pinned"):
+        gpu.check_tensor(torch.zeros(T, K, dtype=torch.int32), spec, "f", require_cuda=True)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="expected pinned host memory"):
+            gpu.check_tensor(torch.zeros(T, K, dtype=torch.int32, device="cuda"), spec, "f")
 
 
 def test_manifest_file_errors(tmp_path):
@@ -253,8 +290,7 @@ def test_manifest_only_layer_cannot_run(tmp_path):
 
 # --------------------------------------------------------------------------- a stand-in
 
-@pytest.fixture
-def fake_layer(tmp_path):
+def build_fake_layer(tmp_path, manifest):
     need_torch()
     cc = shutil.which("cc") or shutil.which("clang-22") or shutil.which("gcc")
     if cc is None:
@@ -263,8 +299,29 @@ def fake_layer(tmp_path):
     src.write_text(FAKE_C % dict(T=T, D=D, E=E, K=K))
     so = tmp_path / "fake_layer.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True)
-    write_manifest(tmp_path, MANIFEST)  # fake_layer.json beside fake_layer.so
+    write_manifest(tmp_path, manifest)  # fake_layer.json beside fake_layer.so
     return gpu.CompiledLayer(str(so), require_cuda=False)
+
+
+@pytest.fixture
+def fake_layer(tmp_path):
+    return build_fake_layer(tmp_path, MANIFEST)
+
+
+def test_offloaded_saved_tensor_lives_on_the_host(tmp_path):
+    """A layer compiled with --policy=offload: forward allocates its offloaded saved tensor
+    in host memory (pinned when it runs on CUDA), and backward takes it from there."""
+    layer = build_fake_layer(tmp_path, offloading_manifest())
+    x = torch.randn(T, D)
+    fwd = layer.forward([x, torch.randn(D, E)])
+    experts = fwd["moe.router.experts"]
+    assert experts.device.type == "cpu"
+    assert torch.equal(experts, (torch.arange(T)[:, None] + torch.arange(K)) % E)
+    # held while the copy may still write it, and let go once backward read it back
+    assert layer._offloads_in_flight == [experts]
+    grads = layer.backward(fwd, {"result0": torch.ones(T, D)})
+    assert torch.allclose(grads["d_arg0"], 3 + experts[:, :1].float())
+    assert layer._offloads_in_flight == []
 
 
 def test_forward_and_backward_through_the_stand_in(fake_layer):

@@ -10,6 +10,12 @@
 // RUN: moe-compile %s -o %t/recompute --format=isa --emit=header --policy=recompute 2>&1 | FileCheck %s --check-prefix=PLAN
 // RUN: not grep moe_expert_ffn_h %t/recompute.h
 // RUN: grep -c "saved" %t/recompute.h | FileCheck %s --check-prefix=RSAVED
+// With H offloaded (--policy=offload): the saved h in pinned host memory,
+// and the entry points call the runtime's offload functions.
+// RUN: moe-compile %s -o %t/offload --format=isa --emit=llvm,header,manifest --policy=offload 2>&1 | FileCheck %s --check-prefix=PLAN-OFFLOAD
+// RUN: FileCheck %s --check-prefix=HEADER-OFFLOAD < %t/offload.h
+// RUN: FileCheck %s --check-prefix=MANIFEST-OFFLOAD < %t/offload.json
+// RUN: FileCheck %s --check-prefix=LLVM-OFFLOAD < %t/offload.ll
 // With ptxas: the default cubin, and an object with the four C symbols.
 // RUN: %if ptxas %{ moe-compile %s -o %t/cubin %}
 // RUN: %if ptxas %{ llvm-nm %t/cubin.o | FileCheck %s --check-prefix=NM %}
@@ -160,3 +166,28 @@ func.func @tiny_layer(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
 
 // PLAN: remark: activation plan 'recompute' (policy recompute)
 // RSAVED: {{^[0-9]+$}}
+
+// PLAN-OFFLOAD: remark: activation plan 'offload' (policy offload):{{.*}}1 offloaded of 1 expert FFNs
+// HEADER-OFFLOAD: /* Saved tensors in pinned host memory (moeHostAlloc): forward copies them there
+// HEADER-OFFLOAD: int tiny_layer_forward(void *stream,
+// HEADER-OFFLOAD: void *moe_expert_ffn_h /* saved, bf16 [74, 256] in pinned host memory */);
+// HEADER-OFFLOAD: int tiny_layer_backward(void *stream,
+// HEADER-OFFLOAD: void *moe_expert_ffn_h /* saved, bf16 [74, 256] in pinned host memory */,
+// MANIFEST-OFFLOAD: "forward": {
+// MANIFEST-OFFLOAD: "name": "moe.expert_ffn.h",
+// MANIFEST-OFFLOAD-NEXT: "c_name": "moe_expert_ffn_h",
+// MANIFEST-OFFLOAD-NEXT: "role": "saved",
+// MANIFEST-OFFLOAD-NEXT: "memory": "host",
+// MANIFEST-OFFLOAD: "backward": {
+// MANIFEST-OFFLOAD: "name": "moe.expert_ffn.h",
+// MANIFEST-OFFLOAD-NEXT: "c_name": "moe_expert_ffn_h",
+// MANIFEST-OFFLOAD-NEXT: "role": "saved",
+// MANIFEST-OFFLOAD-NEXT: "forward_param": "moe.expert_ffn.h",
+// MANIFEST-OFFLOAD-NEXT: "memory": "host",
+// LLVM-OFFLOAD-DAG: declare void @mgpuMoeOffload(i64, i64, i64, i32)
+// LLVM-OFFLOAD-DAG: declare i64 @mgpuMoePrefetch(i64, i64)
+// LLVM-OFFLOAD-DAG: declare void @mgpuMoeAwaitPrefetch(i64)
+// LLVM-OFFLOAD-DAG: declare void @mgpuMoeOffloadsFinish()
+// LLVM-OFFLOAD-DAG: call void @mgpuMoeOffload({{.*}}, i64 37888, i32 1)
+// LLVM-OFFLOAD-DAG: %[[PREFETCHED:.*]] = call i64 @mgpuMoePrefetch(i64 %{{.*}}, i64 37888)
+// LLVM-OFFLOAD-DAG: call void @mgpuMoeAwaitPrefetch(i64 %[[PREFETCHED]])

@@ -12,7 +12,6 @@
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy=frugal 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=4GiX 2>&1 | FileCheck %s --check-prefix=UNIT
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=1KiB 2>&1 | FileCheck %s --check-prefix=BUDGET
-// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy=offload 2>&1 | FileCheck %s --check-prefix=OFFLOAD
 // RUN: not test -e %t/out
 
 // MISSING: moe-compile: error: cannot read '{{.*}}missing.mlir': {{.*}}
@@ -30,8 +29,6 @@
 // UNIT: moe-compile: error: bad --memory-budget '4GiX'
 // BUDGET: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: memory-budget 1024 B {{.*}} cannot be met with policy=auto: the smallest budget it can meet is 6532 B
 // BUDGET: moe-compile: error: compiling '{{.*}}compile.mlir' failed
-// OFFLOAD: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: {{.*}}offload
-// OFFLOAD: moe-compile: error: compiling '{{.*}}compile.mlir' failed
 
 //--- invalid.mlir
 func.func @f(%x: tensor<4x64xbf16>) -> tensor<4x64xbf16> {

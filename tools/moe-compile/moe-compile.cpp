@@ -85,7 +85,8 @@ cl::opt<unsigned> optLevel("opt-level",
 cl::opt<std::string> policy(
     "policy",
     cl::desc("Activation plan (moe-plan-activations, docs/memory.md): auto, "
-             "keep or recompute; offload does not compile for sm_90a yet"),
+             "keep, recompute or offload (H in pinned host memory between "
+             "forward and backward)"),
     cl::init("auto"));
 cl::opt<std::string>
     memoryBudget("memory-budget",
@@ -145,6 +146,9 @@ struct Param {
   SmallVector<int64_t> shape;
   std::string forwardParam;
   std::string of;
+  /// "host" for a tensor in pinned host memory (an offloaded saved tensor);
+  /// empty for device memory.
+  std::string memory;
 };
 
 struct Entry {
@@ -181,10 +185,11 @@ FailureOr<Entry> readEntry(LLVM::LLVMFuncOp func) {
     auto shape = dict ? dict.getAs<DenseI64ArrayAttr>("shape") : nullptr;
     if (!shape)
       return func.emitError("malformed moe.gpu.params entry ") << attr;
-    entry.params.push_back(
-        {getString(dict, "name"), getString(dict, "role"),
-         getString(dict, "dtype"), llvm::to_vector(shape.asArrayRef()),
-         getString(dict, "forward_param"), getString(dict, "of")});
+    entry.params.push_back({getString(dict, "name"), getString(dict, "role"),
+                            getString(dict, "dtype"),
+                            llvm::to_vector(shape.asArrayRef()),
+                            getString(dict, "forward_param"),
+                            getString(dict, "of"), getString(dict, "memory")});
   }
   return entry;
 }
@@ -209,7 +214,10 @@ std::string describe(const Param &param) {
   text += llvm::join(
       llvm::map_range(param.shape, [](int64_t d) { return std::to_string(d); }),
       ", ");
-  return text + "]";
+  text += "]";
+  if (param.memory == "host")
+    text += " in pinned host memory";
+  return text;
 }
 
 //===----------------------------------------------------------------------===//
@@ -461,6 +469,12 @@ std::string makeHeader(StringRef cName, ArrayRef<Entry> entries,
       os << "the saved tensors (a saved input is the forward's input "
             "again), the gradients of the results, then the gradients of "
             "the inputs. */\n";
+    if (llvm::any_of(entry.params,
+                     [](const Param &param) { return param.memory == "host"; }))
+      os << "/* Saved tensors in pinned host memory (moeHostAlloc): forward "
+            "copies them there\n   on a copy stream, overlapping the work "
+            "after it, and backward brings them\n   back; "
+            "moeOffloadSynchronize() waits for the copies in flight. */\n";
     os << "int " << cName << "_" << entry.kind << "(void *stream";
     for (const Param &param : entry.params)
       os << ",\n    void *" << sanitize(param.name) << " /* " << describe(param)
@@ -541,6 +555,8 @@ std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
                 j.attribute("forward_param", param.forwardParam);
               if (!param.of.empty())
                 j.attribute("of", param.of);
+              if (!param.memory.empty())
+                j.attribute("memory", param.memory);
               j.attribute("dtype", param.dtype);
               j.attributeArray("shape", [&] {
                 for (int64_t size : param.shape)

@@ -19,6 +19,7 @@
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/Transforms/InlinerInterfaceImpl.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Builders.h"
@@ -141,9 +142,28 @@ LogicalResult checkSupported(Operation *op) {
            << " is not supported on the GPU path: only the fused "
               "moe.expert_combine_grad is (moe.combine must read the expert "
               "outputs directly)";
-  if (isa<OffloadOp, PrefetchOp>(op))
-    return op->emitError() << op->getName()
-                           << " is not supported on the GPU path yet";
+  if (auto offload = dyn_cast<OffloadOp>(op)) {
+    // The copy goes into the forward's out-parameter for the saved tensor.
+    auto func = op->getParentOfType<func::FuncOp>();
+    bool saved =
+        func && func->hasAttr(kNumSavedAttr) && op->getParentOp() == func &&
+        llvm::any_of(offload.getHost().getUsers(),
+                     [](Operation *user) { return isa<func::ReturnOp>(user); });
+    if (!saved || !offload.getHost().hasOneUse())
+      return op->emitError("the GPU path offloads a tensor only into a saved "
+                           "result of a training forward (moe-offload), "
+                           "returned and used nowhere else");
+    return success();
+  }
+  if (auto prefetch = dyn_cast<PrefetchOp>(op)) {
+    auto arg = dyn_cast<BlockArgument>(prefetch.getHost());
+    auto func = op->getParentOfType<func::FuncOp>();
+    if (!arg || !func || arg.getOwner() != &func.front() ||
+        !func.getArgAttr(arg.getArgNumber(), kSavedAttr))
+      return op->emitError("the GPU path prefetches only a saved argument "
+                           "of a training backward (moe-offload)");
+    return success();
+  }
   bool isAdd = isa<arith::AddFOp>(op);
   if (!isAdd &&
       !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp, CombineOp,
@@ -202,6 +222,8 @@ StringRef dtypeName(Type type) {
 }
 
 MemRefType getBufferType(Type type) {
+  if (auto host = dyn_cast<HostTensorType>(type))
+    return MemRefType::get(host.getShape(), host.getElementType());
   auto tensor = cast<RankedTensorType>(type);
   return MemRefType::get(tensor.getShape(), tensor.getElementType());
 }
@@ -214,6 +236,8 @@ struct Param {
   StringRef relation;
   std::string related;
   MemRefType type;
+  /// Pinned host memory (an offloaded saved tensor) instead of the device's.
+  bool host = false;
 
   DictionaryAttr getAttr(MLIRContext *context) const {
     Builder b(context);
@@ -225,6 +249,8 @@ struct Param {
         b.getNamedAttr("shape", b.getDenseI64ArrayAttr(type.getShape()))};
     if (!relation.empty())
       entries.push_back(b.getNamedAttr(relation, b.getStringAttr(related)));
+    if (host)
+      entries.push_back(b.getNamedAttr("memory", b.getStringAttr("host")));
     return b.getDictionaryAttr(entries);
   }
 };
@@ -282,8 +308,12 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
   FunctionType type = func.getFunctionType();
   for (Type input :
        llvm::concat<const Type>(type.getInputs(), type.getResults())) {
-    auto tensor = dyn_cast<RankedTensorType>(input);
-    if (!tensor || !tensor.hasStaticShape())
+    bool isStatic = false;
+    if (auto tensor = dyn_cast<RankedTensorType>(input))
+      isStatic = tensor.hasStaticShape();
+    else if (auto host = dyn_cast<HostTensorType>(input))
+      isStatic = !ShapedType::isDynamicShape(host.getShape());
+    if (!isStatic)
       return func.emitError("the GPU path needs functions on statically "
                             "shaped tensors, got ")
              << input;
@@ -302,6 +332,11 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
     plan.layerName = name.str();
   }
 
+  auto refuseHost = [&](Type t) {
+    return func.emitError("only the saved tensors of a training forward and "
+                          "backward pair can be host tensors, got ")
+           << t;
+  };
   auto returnOp = cast<func::ReturnOp>(func.front().getTerminator());
   switch (plan.kind) {
   case EntryKind::Forward: {
@@ -311,12 +346,17 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
       return func.emitError("moe.num_saved exceeds the number of results");
     SmallVector<std::string> savedNames = getSavedNames(
         symbols.lookup<func::FuncOp>(plan.layerName + "_backward"));
-    for (auto [i, input] : llvm::enumerate(type.getInputs()))
+    for (auto [i, input] : llvm::enumerate(type.getInputs())) {
+      if (isa<HostTensorType>(input))
+        return refuseHost(input);
       plan.inputs.push_back(
           {indexed("arg", i), "input", "", "", getBufferType(input)});
+    }
     for (auto [i, result] : llvm::enumerate(type.getResults())) {
       int64_t index = static_cast<int64_t>(i);
       MemRefType bufferType = getBufferType(result);
+      if (index < original && isa<HostTensorType>(result))
+        return refuseHost(result);
       if (index < original) {
         plan.outputs.push_back(
             Param{indexed("result", i), "output", "", "", bufferType});
@@ -331,7 +371,8 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
       std::string savedName = s < static_cast<int64_t>(savedNames.size())
                                   ? savedNames[s]
                                   : indexed("saved", static_cast<unsigned>(s));
-      plan.outputs.push_back(Param{savedName, "saved", "", "", bufferType});
+      plan.outputs.push_back(Param{savedName, "saved", "", "", bufferType,
+                                   isa<HostTensorType>(result)});
     }
     break;
   }
@@ -354,10 +395,13 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
     for (auto [i, input] : llvm::enumerate(type.getInputs())) {
       MemRefType bufferType = getBufferType(input);
       if (auto saved = func.getArgAttrOfType<StringAttr>(i, kSavedAttr)) {
-        plan.inputs.push_back(
-            {saved.str(), "saved", "forward_param", saved.str(), bufferType});
+        plan.inputs.push_back({saved.str(), "saved", "forward_param",
+                               saved.str(), bufferType,
+                               isa<HostTensorType>(input)});
         continue;
       }
+      if (isa<HostTensorType>(input))
+        return refuseHost(input);
       unsigned of =
           cotangent < floatResults.size() ? floatResults[cotangent] : cotangent;
       ++cotangent;
@@ -369,6 +413,8 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
       return func.emitError("moe.gradient_args must name one argument per "
                             "result");
     for (auto [i, result] : llvm::enumerate(type.getResults())) {
+      if (isa<HostTensorType>(result))
+        return refuseHost(result);
       unsigned arg = static_cast<unsigned>(args[i]);
       plan.outputs.push_back(Param{indexed("d_arg", arg), "gradient", "of",
                                    indexed("arg", arg), getBufferType(result)});
@@ -376,6 +422,9 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
     break;
   }
   case EntryKind::Plain:
+    for (Type t : llvm::concat<const Type>(type.getInputs(), type.getResults()))
+      if (isa<HostTensorType>(t))
+        return refuseHost(t);
     for (auto [i, input] : llvm::enumerate(type.getInputs()))
       plan.inputs.push_back(
           {indexed("arg", i), "input", "", "", getBufferType(input)});
@@ -537,8 +586,70 @@ public:
     token = op.getResult(0);
   }
 
+  /// The address of `buffer`'s first element, as the runtime's pointers.
+  Value address(Value buffer) {
+    Value index =
+        memref::ExtractAlignedPointerAsIndexOp::create(b, loc, buffer);
+    return arith::IndexCastOp::create(b, loc, b.getI64Type(), index);
+  }
+
+  /// A call of the runtime function `callee` (declared in `module` on first
+  /// use) between the launches: it acts on the call's stream in host order.
+  /// Returns its result, if `result` names a type.
+  Value callRuntime(ModuleOp module, StringRef callee, ValueRange operands,
+                    Type result = {}) {
+    SmallVector<Type> results;
+    if (result)
+      results.push_back(result);
+    if (!module.lookupSymbol(callee)) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(module.getBody());
+      auto decl = func::FuncOp::create(
+          b, loc, callee,
+          b.getFunctionType(TypeRange(ValueRange(operands)), results));
+      decl.setPrivate();
+    }
+    auto call = func::CallOp::create(b, loc, callee, results, operands);
+    return result ? call.getResult(0) : Value();
+  }
+
+  /// A memref of `type` (identity layout) on the device buffer at `address`
+  /// (an i64 from the runtime): its descriptor in the LLVM dialect, which the
+  /// lowering to LLVM takes as the memref's.
+  Value memrefAt(Value address, MemRefType type) {
+    MLIRContext *context = b.getContext();
+    auto ptrType = LLVM::LLVMPointerType::get(context);
+    Type i64 = b.getI64Type();
+    auto array = LLVM::LLVMArrayType::get(i64, type.getRank());
+    auto descriptorType = LLVM::LLVMStructType::getLiteral(
+        context, {ptrType, ptrType, i64, array, array});
+    Value pointer = LLVM::IntToPtrOp::create(b, loc, ptrType, address);
+    Value descriptor = LLVM::PoisonOp::create(b, loc, descriptorType);
+    auto insert = [&](Value value, ArrayRef<int64_t> position) {
+      descriptor =
+          LLVM::InsertValueOp::create(b, loc, descriptor, value, position);
+    };
+    auto constant = [&](int64_t value) {
+      return LLVM::ConstantOp::create(b, loc, i64, b.getI64IntegerAttr(value));
+    };
+    insert(pointer, {0});
+    insert(pointer, {1});
+    insert(constant(0), {2});
+    int64_t stride = 1;
+    for (int64_t i = type.getRank() - 1; i >= 0; --i) {
+      insert(constant(type.getDimSize(i)), {3, i});
+      insert(constant(stride), {4, i});
+      stride *= type.getDimSize(i);
+    }
+    return UnrealizedConversionCastOp::create(b, loc, type, descriptor)
+        .getResult(0);
+  }
+
   Value i1(bool value) {
     return arith::ConstantIntOp::create(b, loc, b.getI1Type(), value);
+  }
+  Value i64(int64_t value) {
+    return arith::ConstantIntOp::create(b, loc, b.getI64Type(), value);
   }
   Value i32(int64_t value) {
     return arith::ConstantIntOp::create(b, loc, b.getI32Type(), value);
@@ -635,11 +746,47 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
   }
 }
 
+/// Whether `op` reads, directly or through the ops before it, the result of
+/// a moe.prefetch of `body`.
+DenseSet<Operation *> getPrefetchDependents(Block &body) {
+  DenseSet<Operation *> dependent;
+  for (Operation &op : body.without_terminator()) {
+    bool reads = isa<PrefetchOp>(op);
+    for (Value operand : op.getOperands())
+      if (Operation *def = operand.getDefiningOp())
+        reads |= dependent.contains(def);
+    if (reads)
+      dependent.insert(&op);
+  }
+  return dependent;
+}
+
+/// Moves the work that does not need a prefetched tensor ahead of the work
+/// that does (a stable partition, so every operand is still defined before
+/// its use), for the copies to overlap it. Ops with side effects keep the
+/// order.
+void scheduleAroundPrefetches(Block &body) {
+  if (body.getOps<PrefetchOp>().empty())
+    return;
+  for (Operation &op : body.without_terminator())
+    if (!isa<PrefetchOp>(op) && !isPure(&op))
+      return;
+  DenseSet<Operation *> dependent = getPrefetchDependents(body);
+  SmallVector<Operation *> later;
+  for (Operation &op : body.without_terminator())
+    if (dependent.contains(&op))
+      later.push_back(&op);
+  for (Operation *op : later)
+    op->moveBefore(body.getTerminator());
+}
+
 /// Replaces `plan.func` with a host function on device memrefs.
 void convertFunction(FunctionPlan &plan) {
   func::FuncOp func = plan.func;
   MLIRContext *context = func.getContext();
+  auto module = func->getParentOfType<ModuleOp>();
   Block &body = func.front();
+  scheduleAroundPrefetches(body);
   auto returnOp = cast<func::ReturnOp>(body.getTerminator());
 
   SmallVector<Param> params(plan.inputs);
@@ -692,13 +839,79 @@ void convertFunction(FunctionPlan &plan) {
       freeAfter[last].push_back(result);
     }
 
+  // Prefetches start before everything else, into buffers of their own;
+  // the call's stream waits for one right before its first reader.
+  SmallVector<Value> prefetching;
+  DenseMap<Value, Value> prefetchAddress;
+  for (auto prefetch : body.getOps<PrefetchOp>()) {
+    h.loc = prefetch.getLoc();
+    MemRefType type = getBufferType(prefetch.getType());
+    int64_t bytes = HostFunctionBuilder::getBytes(type);
+    // The runtime allocates the buffer on its copy stream: the copy then
+    // need not wait for the work enqueued before this call.
+    Value address = h.callRuntime(
+        module, "mgpuMoePrefetch",
+        {h.address(buffers.lookup(prefetch.getHost())), h.i64(bytes)},
+        b.getI64Type());
+    buffers[prefetch.getDevice()] = h.memrefAt(address, type);
+    h.liveBytes += bytes;
+    h.peakBytes = std::max(h.peakBytes, h.liveBytes);
+    prefetchAddress[prefetch.getDevice()] = address;
+    prefetching.push_back(prefetch.getDevice());
+  }
+  auto awaitPrefetches = [&](ValueRange values) {
+    for (Value value : values) {
+      auto *it = llvm::find(prefetching, value);
+      if (it == prefetching.end())
+        continue;
+      h.callRuntime(module, "mgpuMoeAwaitPrefetch",
+                    {prefetchAddress.lookup(value)});
+      prefetching.erase(it);
+    }
+  };
+
+  bool offloaded = false;
   IRMapping scalars;
   for (Operation &op : body.without_terminator()) {
     h.loc = op.getLoc();
+    if (isa<PrefetchOp>(op)) {
+      // Started above; freed here only when nothing reads it.
+      for (Value value : freeAfter.lookup(&op)) {
+        awaitPrefetches(value);
+        h.dealloc(buffers.lookup(value));
+      }
+      continue;
+    }
+    if (auto offload = dyn_cast<OffloadOp>(op)) {
+      // The runtime frees h once it is copied, when nothing reads it after.
+      Value source = offload.getSource();
+      Value device = buffers.lookup(source);
+      SmallVector<Value> &freed = freeAfter[&op];
+      auto *last = llvm::find(freed, source);
+      bool handOver = last != freed.end();
+      if (handOver) {
+        freed.erase(last);
+        h.liveBytes -=
+            HostFunctionBuilder::getBytes(cast<MemRefType>(device.getType()));
+      }
+      awaitPrefetches(source);
+      h.callRuntime(module, "mgpuMoeOffload",
+                    {h.address(buffers.lookup(offload.getHost())),
+                     h.address(device),
+                     h.i64(HostFunctionBuilder::getBytes(
+                         cast<MemRefType>(device.getType()))),
+                     h.i32(handOver)});
+      offloaded = true;
+      for (Value value : freed)
+        if (Value buffer = buffers.lookup(value))
+          h.dealloc(buffer);
+      continue;
+    }
     if (!hasTensors(&op)) {
       b.clone(op, scalars);
       continue;
     }
+    awaitPrefetches(op.getOperands());
     // An expert FFN whose y nobody reads (H recomputed in backward) gets no
     // buffer for y, and emitCall runs only its up projection.
     bool onlyH = isa<ExpertFFNOp, SharedExpertOp>(op) &&
@@ -712,8 +925,11 @@ void convertFunction(FunctionPlan &plan) {
         h.dealloc(buffer);
   }
   h.loc = returnOp.getLoc();
+  awaitPrefetches(SmallVector<Value>(prefetching));
   for (auto [param, value] : copies)
     h.copy(param, buffers.lookup(value));
+  if (offloaded)
+    h.callRuntime(module, "mgpuMoeOffloadsFinish", {});
   gpu::WaitOp::create(b, h.loc, Type(), ValueRange{h.token});
   func::ReturnOp::create(b, h.loc);
 

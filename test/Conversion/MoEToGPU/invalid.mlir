@@ -78,12 +78,44 @@ func.func @expert_ffn_grad(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offset
 
 // -----
 
+// Offload and prefetch only between a training forward and its backward
+// (what moe-offload makes): not within one function.
 func.func @offload(%h: tensor<74x128xbf16>) -> tensor<74x128xbf16> {
-  // expected-error @+1 {{moe.offload is not supported on the GPU path yet}}
+  // expected-error @+1 {{the GPU path offloads a tensor only into a saved result of a training forward (moe-offload), returned and used nowhere else}}
   %host = moe.offload %h : tensor<74x128xbf16> -> !moe.host_tensor<74x128xbf16>
-  // expected-error @+1 {{moe.prefetch is not supported on the GPU path yet}}
+  // expected-error @+1 {{the GPU path prefetches only a saved argument of a training backward (moe-offload)}}
   %back = moe.prefetch %host : !moe.host_tensor<74x128xbf16> -> tensor<74x128xbf16>
   return %back : tensor<74x128xbf16>
+}
+
+// -----
+
+// A saved result that is offloaded, but read on the host again.
+func.func @twice_forward(%h: tensor<74x128xbf16>)
+    -> (tensor<74x128xbf16>, !moe.host_tensor<74x128xbf16>, !moe.host_tensor<74x128xbf16>)
+    attributes {moe.num_saved = 2 : i64} {
+  // expected-error @+1 {{the GPU path offloads a tensor only into a saved result of a training forward (moe-offload), returned and used nowhere else}}
+  %host = moe.offload %h : tensor<74x128xbf16> -> !moe.host_tensor<74x128xbf16>
+  return %h, %host, %host : tensor<74x128xbf16>, !moe.host_tensor<74x128xbf16>, !moe.host_tensor<74x128xbf16>
+}
+
+// -----
+
+// A prefetch of an argument that is not a saved tensor.
+func.func @g_backward(%host: !moe.host_tensor<74x128xbf16>) -> tensor<74x128xbf16>
+    attributes {moe.gradient_args = array<i64: 0>} {
+  // expected-error @+1 {{the GPU path prefetches only a saved argument of a training backward (moe-offload)}}
+  %h = moe.prefetch %host : !moe.host_tensor<74x128xbf16> -> tensor<74x128xbf16>
+  return %h : tensor<74x128xbf16>
+}
+
+// -----
+
+// A host tensor that is not a saved tensor of a training pair.
+// expected-error @+1 {{only the saved tensors of a training forward and backward pair can be host tensors, got '!moe.host_tensor<74x128xbf16>'}}
+func.func @plain(%host: !moe.host_tensor<74x128xbf16>, %x: tensor<4xbf16>) -> tensor<4xbf16> {
+  %y = arith.addf %x, %x : tensor<4xbf16>
+  return %y : tensor<4xbf16>
 }
 
 // -----

@@ -307,8 +307,9 @@ CUresult cuStreamSynchronize(CUstream) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int) {
+CUresult cuStreamWaitEvent(CUstream stream, CUevent, unsigned int) {
   ++state.streamWaitEventCalls;
+  state.lastWaitStream = stream;
   return CUDA_SUCCESS;
 }
 
@@ -321,12 +322,19 @@ CUresult cuEventCreate(CUevent *event, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuEventRecord(CUevent, CUstream) {
+CUresult cuEventRecord(CUevent, CUstream stream) {
   ++state.eventRecordCalls;
+  state.lastRecordStream = stream;
   return CUDA_SUCCESS;
 }
 
 CUresult cuEventSynchronize(CUevent) { return CUDA_SUCCESS; }
+
+// Copies happen at once here: every event has completed.
+CUresult cuEventQuery(CUevent) {
+  ++state.eventQueryCalls;
+  return CUDA_SUCCESS;
+}
 
 CUresult cuEventElapsedTime(float *milliseconds, CUevent start, CUevent end) {
   if ((reinterpret_cast<FakeEvent *>(start)->flags |
@@ -429,14 +437,19 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
 }
 
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t bytes,
-                           CUstream) {
+                           CUstream stream) {
   ++state.memcpyCalls;
+  ++state.memcpyHtoDCalls;
+  state.lastMemcpyStream = stream;
   std::memcpy(reinterpret_cast<void *>(dst), src, bytes);
   return CUDA_SUCCESS;
 }
 
-CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t bytes, CUstream) {
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t bytes,
+                           CUstream stream) {
   ++state.memcpyCalls;
+  ++state.memcpyDtoHCalls;
+  state.lastMemcpyStream = stream;
   std::memcpy(dst, reinterpret_cast<void *>(src), bytes);
   return CUDA_SUCCESS;
 }

@@ -72,6 +72,9 @@ struct FakeCudaState {
   unsigned lastEventFlags = 0;
   int eventDestroyCalls = 0;
   int eventRecordCalls = 0;
+  int eventQueryCalls = 0;
+  void *lastRecordStream = nullptr;
+  void *lastWaitStream = nullptr;
   int streamWaitEventCalls = 0;
   int memAllocCalls = 0;
   int managedAllocCalls = 0;
@@ -88,6 +91,9 @@ struct FakeCudaState {
   unsigned lastHostAllocFlags = 0;
   long liveHostAllocations = 0;
   int memcpyCalls = 0;
+  int memcpyHtoDCalls = 0;
+  int memcpyDtoHCalls = 0;
+  void *lastMemcpyStream = nullptr;
   int memsetCalls = 0;
   int tensorMapEncodeCalls = 0;
   int tensorMapReplaceCalls = 0;

@@ -99,6 +99,33 @@ MOE_RUNTIME_EXPORT void mgpuMemset32(void *dst, uint32_t value, size_t count,
 /* void (i32): this thread's device, as moeSetDevice. */
 MOE_RUNTIME_EXPORT void mgpuSetDefaultDevice(int32_t device);
 
+/* Offload of saved tensors (moe.offload and moe.prefetch on the GPU path,
+   docs/gpu-path.md), called by generated code between the launches of a
+   call, on the call's stream (what its mgpuStreamCreate returned). The
+   copies run on a copy stream of the device, one per device, ordered after
+   the work the call enqueued so far, so they overlap the work after them.
+
+   void (ptr host, ptr device, i64 bytes, i32 freeDevice): copies `device` to
+   the pinned `host` buffer; with freeDevice, frees `device` (an mgpuMemAlloc
+   buffer) on the copy stream once the copy is done. The copy stays in flight
+   after the call returns; mgpuMoePrefetch of `host` waits for it. */
+MOE_RUNTIME_EXPORT void mgpuMoeOffload(void *host, void *device, uint64_t bytes,
+                                       int32_t freeDevice);
+/* i64 (ptr host, i64 bytes): a device buffer (stream-ordered, freed with
+   mgpuMemFree) into which `host` is being copied back, after the offload into
+   `host` if one is in flight; 0 after a failure. The buffer and the copy
+   belong to the copy stream, so the copy does not wait for the call's earlier
+   work; one moePrefetchSaved started for `host` is taken over instead. Work
+   that reads the buffer waits with mgpuMoeAwaitPrefetch; the work between the
+   two overlaps the copy. */
+MOE_RUNTIME_EXPORT uint64_t mgpuMoePrefetch(void *host, uint64_t bytes);
+/* void (ptr device): the call's stream waits for the prefetch into `device`. */
+MOE_RUNTIME_EXPORT void mgpuMoeAwaitPrefetch(void *device);
+/* void (): the end of a call that offloaded. Without a lent stream (a call
+   that returns when its work is done) waits for its copies; with one, the
+   copies stay in flight (moeOffloadSynchronize waits for them). */
+MOE_RUNTIME_EXPORT void mgpuMoeOffloadsFinish(void);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

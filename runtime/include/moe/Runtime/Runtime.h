@@ -268,6 +268,21 @@ MOE_RUNTIME_EXPORT moeStatus moeMemcpyDtoDAsync(moeDevicePtr dst,
 MOE_RUNTIME_EXPORT moeStatus moeMemsetD32Async(moeDevicePtr dst, uint32_t value,
                                                size_t count, moeStream stream);
 
+/* Waits until every offload copy of a saved tensor (a layer compiled with
+   policy=offload, docs/memory.md) that this thread's device has in flight is
+   done: the pinned host buffers its forward entry points wrote may then be
+   read or freed. A backward entry point waits for its own saved tensors; a
+   forward called without a lent stream waits before it returns. */
+MOE_RUNTIME_EXPORT moeStatus moeOffloadSynchronize(void);
+
+/* Starts bringing the offloaded saved tensor in the pinned buffer `host`
+   (`bytes` long, as the manifest gives it) back to the device now, on the
+   copy stream, for the backward entry point that takes `host` next: called
+   before the backward of the layer after it, the copy overlaps that backward.
+   The backward takes the buffer over; without that backward, the device
+   memory stays held. */
+MOE_RUNTIME_EXPORT moeStatus moePrefetchSaved(void *host, size_t bytes);
+
 /*===----------------------------------------------------------------------===*/
 /* Device arena: one cuMemAlloc block, bump allocation                        */
 /*===----------------------------------------------------------------------===*/
@@ -374,10 +389,11 @@ MOE_RUNTIME_EXPORT moeStatus moeTensorMapReplaceAddress(void *tensorMap,
    while a failure is pending. Returns null on failure, with the status and
    a message (the broken rule of moeTensorMapValidate) as the last error. */
 #define MOE_TENSOR_MAP_CACHE_LIMIT 4096
-MOE_RUNTIME_EXPORT void *moeTensorMapDeviceBf16(
-    void *globalAddress, int64_t rank, int64_t dim0, int64_t dim1, int64_t dim2,
-    int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3,
-    int64_t box0, int64_t box1, int64_t box2, int64_t box3);
+MOE_RUNTIME_EXPORT void *
+moeTensorMapDeviceBf16(void *globalAddress, int64_t rank, int64_t dim0,
+                       int64_t dim1, int64_t dim2, int64_t dim3,
+                       int64_t stride1, int64_t stride2, int64_t stride3,
+                       int64_t box0, int64_t box1, int64_t box2, int64_t box3);
 
 /* Maps moeTensorMapDeviceBf16 holds on this thread's device (for tests). */
 MOE_RUNTIME_EXPORT size_t moeTensorMapDeviceCacheSize(void);

@@ -18,7 +18,9 @@ from typing import Any, Callable, List, Sequence, Tuple
 
 
 def _gpu_activity(e) -> bool:
-    return e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+    # kernels, copies and memsets; not the ranges' own annotations on the GPU timeline
+    return (e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+            and not e.name.startswith("gaps:"))
 
 
 def _api_call(e) -> bool:
@@ -63,6 +65,10 @@ def report(torch, label: str, parts: Sequence[Tuple[str, Callable[[], Any]]],
             f"first {(first - lo) / 1e3:.3f} ms after the call began, span "
             f"{(last - first) / 1e3:.3f} ms, busy {busy:.3f} ms; the call returned "
             f"{(lo + host * 1e3 - last) / 1e3:+.3f} ms after the GPU's last activity")
+        lines.append(f"GAPS {label} {name}:   timeline (ms from the call's start): " +
+                     ", ".join(f"{e.name[:28]} {(e.time_range.start - lo) / 1e3:.3f}+"
+                               f"{(e.time_range.end - e.time_range.start) / 1e3:.3f}"
+                               for e in mine[:16]))
         # idle stretches: from the call's start to the first activity, then between
         idle = []
         cursor, before = lo, "(call start)"

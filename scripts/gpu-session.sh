@@ -18,7 +18,8 @@
 #   offload   gpu-torch-check.sh --only build,offload: H offloaded in a stack of deepseek-v3
 #             layers, the copy time hidden (bench/offload_stack.py; gpu-inputs/offload);
 #   gaps      where a step's time goes besides kernels (MOE_GAPS_CONFIGS, default mixtral-8x7b
-#             and deepseek-v3): the op sequence with MOE_PROFILE=1, then the layers with
+#             and deepseek-v3): the op sequence with MOE_PROFILE=1 (and the runtime's calls
+#             over MOE_RUNTIME_TRACE us, default 100), then the layers with
 #             bench.py --gaps (host time, GPU idle stretches and the API calls meanwhile);
 #   offload-compiled  gpu-layer-check.sh --only build,offload: layers compiled with H
 #             offloaded, checked and timed as stacks against the kept ones;
@@ -110,7 +111,8 @@ for step in ${steps//,/ }; do
   gaps)
     # where the step's time goes besides kernels: the op sequence (ops_check.py GAPS lines)
     # and the layers (bench.py --gaps), host time and GPU idle stretches with the API calls
-    MOE_PROFILE=1 run gaps-ops 150 bash "$root/scripts/gpu-ops-check.sh" \
+    MOE_PROFILE=1 MOE_RUNTIME_TRACE=${MOE_RUNTIME_TRACE:-100} run gaps-ops 150 \
+      bash "$root/scripts/gpu-ops-check.sh" \
       --bench="${MOE_GAPS_CONFIGS:-mixtral-8x7b,deepseek-v3}"
     MOE_BENCH_GAPS=1 MOE_BENCH_LAYERS=${MOE_GAPS_CONFIGS:-mixtral-8x7b,deepseek-v3} \
       run gaps-layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,bench \

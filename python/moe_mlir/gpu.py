@@ -372,9 +372,14 @@ class CompiledLayer:
         self.require_cuda = require_cuda
         self._lib: Optional[ctypes.CDLL] = None
         self._fns: Dict[str, Any] = {}
-        # Host tensors that offload copies (--policy=offload) may still be writing: held
-        # until synchronize_offloads, so torch cannot give their pinned memory to others.
+        # Host tensors that offload copies (--policy=offload) may still use: held so torch
+        # cannot give their pinned memory to others. Those of forwards since the last backward
+        # (no event yet), then per backward: its host tensors and every earlier one, with an
+        # event on the caller's stream after it. That stream waited for the backward's
+        # prefetches, which the copy stream ran after every earlier offload; so past the
+        # event, none of them is in use.
         self._offloads_in_flight: List[Any] = []
+        self._offloads_until: List[Tuple[Any, List[Any]]] = []
         if so_path is not None:
             self._load(so_path)
 
@@ -555,12 +560,7 @@ class CompiledLayer:
     def synchronize_offloads(self) -> None:
         """Waits for the copies of offloaded saved tensors (a layer compiled with
         --policy=offload) in flight on the current device: the host tensors forward returned
-        are complete after it. backward calls it before returning."""
-        self._synchronize_offloads()
-
-    def _synchronize_offloads(self, always: bool = False) -> None:
-        if not self._offloads_in_flight and not always:
-            return
+        are complete after it."""
         fn = self._fns.get("moeOffloadSynchronize")
         if fn is not None and self.require_cuda:
             status = fn()
@@ -568,6 +568,19 @@ class CompiledLayer:
                 raise RuntimeError(f"moeOffloadSynchronize failed: "
                                    f"{self._status_name(status)}: {self._last_message()}")
         self._offloads_in_flight.clear()
+        self._offloads_until.clear()
+
+    def _release_offloads(self, saved_host: List[Any]) -> None:
+        """After a backward: its host tensors and those of earlier forwards wait for an event
+        on the current stream; those of earlier backwards whose event passed are let go."""
+        self._offloads_until = [(e, held) for e, held in self._offloads_until
+                                if not e.query()]
+        held = self._offloads_in_flight + saved_host
+        self._offloads_in_flight = []
+        if self.require_cuda:
+            event = _torch().cuda.Event()
+            event.record()
+            self._offloads_until.append((event, held))
 
     def backward(self, saved: Mapping[str, Any],
                  cotangents: Union[Mapping[str, Any], Sequence[Any]]) -> Dict[str, Any]:
@@ -613,8 +626,7 @@ class CompiledLayer:
         for spec in ep.by_role("gradient"):
             grads[spec.name] = tensors[spec.name] = self._empty(spec, device)
         self._call("backward", ep, tensors, device)
-        if any(p.on_host for p in ep.params):
-            # the prefetches read host memory on the copy stream: the host waits for them
-            # (the GPU has the rest of backward queued), then the host tensors may go
-            self._synchronize_offloads(always=True)
+        saved_host = [tensors[p.name] for p in ep.params if p.on_host]
+        if saved_host or self._offloads_in_flight:
+            self._release_offloads(saved_host)
         return grads

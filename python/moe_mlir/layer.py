@@ -124,8 +124,10 @@ class _Kernel:
             from . import gpu  # noqa: PLC0415
             check_gpu_config(self.config)
             options = spec.options
-            # policy="offload" on CUDA: the sm_90a layer keeps H (convert-moe-to-gpu has no
-            # lowering of moe.offload yet) and moe_mlir.offload moves it to the host.
+            # policy="offload" on CUDA: the sm_90a layer keeps H and moe_mlir.offload moves it
+            # to the host. The layer compiled with --policy=offload copies H itself, but its
+            # backward can only start the copy back when it is called; moe_mlir.offload
+            # starts it one layer ahead, under the backward of the layer after.
             self.offload = options.policy == "offload"
             if self.offload:
                 if options.memory_budget is not None:
@@ -220,6 +222,22 @@ def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
         return _KERNELS[k]
 
 
+_OFFLOADS: Dict[str, bool] = {}
+
+
+def _offloads(spec_key: str) -> bool:
+    """Whether the registered spec offloads H on CUDA (policy="offload"). Specs never change
+    once registered, so the answer is kept: the forward asks on every call."""
+    known = _OFFLOADS.get(spec_key)
+    if known is None:
+        with _LOCK:
+            spec = _SPECS.get(spec_key)
+        if spec is None:
+            return False  # kernel_for says it is unknown
+        known = _OFFLOADS[spec_key] = spec.options.policy == "offload"
+    return known
+
+
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """t itself when contiguous and 16-byte aligned (what the entry points need), else a copy."""
     if not t.is_contiguous() or t.data_ptr() % 16:
@@ -289,7 +307,7 @@ def _setup_context(ctx, inputs, output):
     saved = list(output[2:])
     # policy="offload" on CUDA: H goes to pinned host memory until backward (moe_mlir.offload)
     ctx.offloaded = {}
-    if present[0].device.type == "cuda":
+    if present[0].device.type == "cuda" and _offloads(spec):
         kernel = kernel_for(spec, present[0].shape[0], present[0].device)
         if kernel.offloaded:
             if torch.compiler.is_compiling():

@@ -62,9 +62,8 @@ class Offloader:
         self.stream = torch.cuda.Stream(device=device)
         self.order: List[weakref.ref] = []  # Offloaded, forward order
         self.lock = threading.Lock()
-        # totals of this process, for reports and tests
+        # the bytes copied out in this process, for reports (bench/offload_stack.py)
         self.offloaded_bytes = 0
-        self.prefetched_bytes = 0
 
     def offload_layer(self, tensors: List[torch.Tensor]) -> List[Offloaded]:
         """Entries for one layer's tensors, after the work queued so far on the current stream.
@@ -108,8 +107,6 @@ class Offloader:
             done = torch.cuda.Event()
             done.record(self.stream)
         entry.on_device, entry.h2d_done = dev, done
-        with self.lock:
-            self.prefetched_bytes += entry.bytes
 
     def fetch(self, entries: List[Offloaded]) -> List[torch.Tensor]:
         """The device copies of a layer's offloaded tensors for its backward, on the current

@@ -13,7 +13,9 @@
 #include "Internal.h"
 #include "moe/Runtime/MgpuABI.h"
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -45,6 +47,48 @@ MgpuState &mgpuState() {
   static MgpuState *state = new MgpuState;
   return *state;
 }
+
+// MOE_RUNTIME_TRACE=<microseconds>: every mgpu* call that takes at least that
+// long on the host goes to stderr ("moe-trace: <call> <us> us [<bytes> B]"),
+// to find host-side stalls between launches (0 or unset: off).
+double traceThresholdUs() {
+  static const double threshold = [] {
+    const char *value = std::getenv("MOE_RUNTIME_TRACE");
+    return value ? std::atof(value) : 0.0;
+  }();
+  return threshold;
+}
+
+class TraceScope {
+public:
+  explicit TraceScope(const char *call, uint64_t bytes = 0)
+      : call(call), bytes(bytes), on(traceThresholdUs() > 0) {
+    if (on)
+      start = std::chrono::steady_clock::now();
+  }
+  ~TraceScope() {
+    if (!on)
+      return;
+    double us = std::chrono::duration<double, std::micro>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+    if (us < traceThresholdUs())
+      return;
+    if (bytes)
+      std::fprintf(stderr, "moe-trace: %s %.1f us %llu B\n", call, us,
+                   static_cast<unsigned long long>(bytes));
+    else
+      std::fprintf(stderr, "moe-trace: %s %.1f us\n", call, us);
+  }
+  TraceScope(const TraceScope &) = delete;
+  TraceScope &operator=(const TraceScope &) = delete;
+
+private:
+  const char *call;
+  uint64_t bytes;
+  bool on;
+  std::chrono::steady_clock::time_point start;
+};
 
 bool isLaunchStream(void *stream) {
   return stream && stream == tlsLaunchStream;
@@ -83,6 +127,7 @@ void rememberModuleLoad(moeStatus status) {
 extern "C" {
 
 void *mgpuModuleLoad(void *data, uint64_t size) {
+  TraceScope trace("mgpuModuleLoad", size);
   moeModule module = nullptr;
   moeStatus status = loadImage(data, size, &module);
   rememberModuleLoad(status);
@@ -133,6 +178,7 @@ void mgpuLaunchKernel(void *function, intptr_t gridX, intptr_t gridY,
                       intptr_t gridZ, intptr_t blockX, intptr_t blockY,
                       intptr_t blockZ, int32_t smem, void *stream,
                       void **params, void **extra, size_t /*paramsCount*/) {
+  TraceScope trace("mgpuLaunchKernel");
   if (failurePending())
     return;
   const int64_t grid[3] = {gridX, gridY, gridZ};
@@ -148,6 +194,7 @@ void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
                              intptr_t blockX, intptr_t blockY, intptr_t blockZ,
                              int32_t smem, void *stream, void **params,
                              void **extra) {
+  TraceScope trace("mgpuLaunchClusterKernel");
   if (failurePending())
     return;
   const int64_t grid[3] = {gridX, gridY, gridZ};
@@ -165,6 +212,7 @@ void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 }
 
 void *mgpuStreamCreate(void) {
+  TraceScope trace("mgpuStreamCreate");
   if (tlsLaunchStream)
     return tlsCallStream = tlsLaunchStream;
   // A call given no stream runs on one of its own and waits for it; a
@@ -180,6 +228,7 @@ void *mgpuStreamCreate(void) {
 }
 
 void mgpuStreamSynchronize(void *stream) {
+  TraceScope trace("mgpuStreamSynchronize");
   if (isLaunchStream(stream))
     return;
   KeepFirstFailure keep;
@@ -187,6 +236,7 @@ void mgpuStreamSynchronize(void *stream) {
 }
 
 void mgpuStreamDestroy(void *stream) {
+  TraceScope trace("mgpuStreamDestroy");
   if (stream == tlsCallStream)
     tlsCallStream = nullptr;
   if (isLaunchStream(stream))
@@ -225,6 +275,7 @@ void mgpuEventDestroy(void *event) {
 }
 
 void *mgpuMemAlloc(uint64_t sizeBytes, void *stream, bool hostShared) {
+  TraceScope trace("mgpuMemAlloc", sizeBytes);
   if (sizeBytes == 0 || failurePending())
     return nullptr;
   const DriverApi *api;
@@ -260,6 +311,7 @@ void *mgpuMemAlloc(uint64_t sizeBytes, void *stream, bool hostShared) {
 }
 
 void mgpuMemFree(void *ptr, void *stream) {
+  TraceScope trace("mgpuMemFree");
   if (!ptr)
     return;
   KeepFirstFailure keep;
@@ -286,6 +338,7 @@ void mgpuMemFree(void *ptr, void *stream) {
 }
 
 void mgpuMemcpy(void *dst, void *src, size_t sizeBytes, void *stream) {
+  TraceScope trace("mgpuMemcpy", sizeBytes);
   if (sizeBytes == 0 || failurePending())
     return;
   if (!dst || !src) {
@@ -307,6 +360,7 @@ void mgpuMemcpy(void *dst, void *src, size_t sizeBytes, void *stream) {
 }
 
 void mgpuMemset32(void *dst, uint32_t value, size_t count, void *stream) {
+  TraceScope trace("mgpuMemset32", 4 * count);
   if (count == 0 || failurePending())
     return;
   check(moeMemsetD32Async(reinterpret_cast<moeDevicePtr>(dst), value, count,

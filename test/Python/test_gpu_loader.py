@@ -317,10 +317,15 @@ def test_offloaded_saved_tensor_lives_on_the_host(tmp_path):
     experts = fwd["moe.router.experts"]
     assert experts.device.type == "cpu"
     assert torch.equal(experts, (torch.arange(T)[:, None] + torch.arange(K)) % E)
-    # held while the copy may still write it, and let go once backward read it back
+    # held while the copy may still write it; after backward, until an event on the stream
+    # (none without CUDA: let go at once)
     assert layer._offloads_in_flight == [experts]
     grads = layer.backward(fwd, {"result0": torch.ones(T, D)})
     assert torch.allclose(grads["d_arg0"], 3 + experts[:, :1].float())
+    assert layer._offloads_in_flight == [] and layer._offloads_until == []
+    layer.forward([x, torch.randn(D, E)])
+    assert len(layer._offloads_in_flight) == 1
+    layer.synchronize_offloads()
     assert layer._offloads_in_flight == []
 
 

@@ -72,8 +72,12 @@ def run_stack(torch, layer, weights: Dict[str, Any], x_param: str, x, d_out, dep
     held = torch.cuda.memory_allocated() - base
     grads, d = [], d_out
     for i in reversed(range(depth)):
-        if early and i > 0:
-            layer.prefetch(saved[i - 1])
+        if early:
+            # this layer's own copy first (a no-op when it started a layer ago): the copy
+            # stream runs in order, and this backward needs its H before the next one does
+            layer.prefetch(saved[i])
+            if i > 0:
+                layer.prefetch(saved[i - 1])
         g = layer.backward(saved[i], {"d_result0": d})
         saved[i] = None
         d = g["d_" + x_param]

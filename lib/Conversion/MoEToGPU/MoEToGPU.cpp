@@ -14,6 +14,7 @@
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Checkpoint.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
+#include "moe/Support/ArenaPlacement.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
@@ -50,6 +51,9 @@ constexpr int64_t kTile = 64;
 /// Experts a layer may have on the GPU path (gen_gpu_library.py: DISPATCH_CHUNK
 /// and TABLE_EXPERTS).
 constexpr int64_t kMaxExperts = 1024;
+/// The alignment of the temporaries in a host function's arena (as
+/// moe-plan-memory's default): more than the kernels' 16 bytes.
+constexpr uint64_t kArenaAlignment = 256;
 
 //===----------------------------------------------------------------------===//
 // What this version runs
@@ -780,6 +784,58 @@ void scheduleAroundPrefetches(Block &body) {
     op->moveBefore(body.getTerminator());
 }
 
+/// The results of `op` that become temporaries of the host function (a
+/// gpu.alloc each): neither parameters nor a y nobody reads.
+SmallVector<Value> getTemporaries(Operation &op,
+                                  const DenseMap<Value, Value> &buffers) {
+  SmallVector<Value> temporaries;
+  if (isa<PrefetchOp, OffloadOp>(op) || !hasTensors(&op))
+    return temporaries;
+  bool onlyH = isa<ExpertFFNOp, SharedExpertOp>(op) &&
+               op.getResult(0).use_empty() && !buffers.count(op.getResult(0));
+  for (Value result : op.getResults())
+    if (!buffers.count(result) && !(onlyH && result == op.getResult(0)))
+      temporaries.push_back(result);
+  return temporaries;
+}
+
+/// Byte offsets in one arena for the temporaries of `body` that can live
+/// there (not an offloaded tensor, which the runtime frees after its copy),
+/// from their lifetimes in this order (ArenaPlacement.h, as moe-plan-memory
+/// places a step), 256-byte aligned; the arena's size in `arenaBytes`.
+DenseMap<Value, int64_t>
+getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
+                const DenseMap<Operation *, SmallVector<Value>> &freeAfter,
+                int64_t &arenaBytes) {
+  DenseMap<Operation *, unsigned> position;
+  for (Operation &op : body.without_terminator())
+    position[&op] = position.size();
+  DenseMap<Value, unsigned> lastUse;
+  for (auto &[op, values] : freeAfter)
+    for (Value value : values)
+      lastUse[value] = position.lookup(op);
+  SmallVector<Value> values;
+  SmallVector<ArenaBuffer> requests;
+  for (Operation &op : body.without_terminator())
+    for (Value value : getTemporaries(op, buffers)) {
+      if (llvm::any_of(value.getUsers(),
+                       [](Operation *user) { return isa<OffloadOp>(user); }))
+        continue;
+      values.push_back(value);
+      requests.push_back({static_cast<uint64_t>(HostFunctionBuilder::getBytes(
+                              getBufferType(value.getType()))),
+                          position.lookup(&op), lastUse.lookup(value)});
+    }
+  SmallVector<uint64_t> offsets;
+  arenaBytes =
+      static_cast<int64_t>(placeInArena(requests, kArenaAlignment, offsets));
+  assert(!findArenaOverlap(requests, offsets) && "overlapping temporaries");
+  DenseMap<Value, int64_t> result;
+  for (auto [value, offset] : llvm::zip(values, offsets))
+    result[value] = static_cast<int64_t>(offset);
+  return result;
+}
+
 /// Replaces `plan.func` with a host function on device memrefs.
 void convertFunction(FunctionPlan &plan) {
   func::FuncOp func = plan.func;
@@ -838,6 +894,20 @@ void convertFunction(FunctionPlan &plan) {
           last = user;
       freeAfter[last].push_back(result);
     }
+
+  // The temporaries in one arena at static offsets: one allocation a call.
+  int64_t arenaBytes = 0;
+  DenseMap<Value, int64_t> arenaOffsets =
+      getArenaOffsets(body, buffers, freeAfter, arenaBytes);
+  Value arena;
+  if (arenaBytes > 0)
+    arena = h.alloc(MemRefType::get({arenaBytes}, b.getI8Type()));
+  auto deallocTemporaries = [&](ArrayRef<Value> values) {
+    for (Value value : values)
+      if (Value buffer = buffers.lookup(value);
+          buffer && !arenaOffsets.count(value))
+        h.dealloc(buffer);
+  };
 
   // Prefetches start before everything else, into buffers of their own;
   // the call's stream waits for one right before its first reader.
@@ -902,9 +972,7 @@ void convertFunction(FunctionPlan &plan) {
                          cast<MemRefType>(device.getType()))),
                      h.i32(handOver)});
       offloaded = true;
-      for (Value value : freed)
-        if (Value buffer = buffers.lookup(value))
-          h.dealloc(buffer);
+      deallocTemporaries(freed);
       continue;
     }
     if (!hasTensors(&op)) {
@@ -913,21 +981,26 @@ void convertFunction(FunctionPlan &plan) {
     }
     awaitPrefetches(op.getOperands());
     // An expert FFN whose y nobody reads (H recomputed in backward) gets no
-    // buffer for y, and emitCall runs only its up projection.
-    bool onlyH = isa<ExpertFFNOp, SharedExpertOp>(op) &&
-                 op.getResult(0).use_empty() && !buffers.count(op.getResult(0));
-    for (Value result : op.getResults())
-      if (!buffers.count(result) && !(onlyH && result == op.getResult(0)))
-        buffers[result] = h.alloc(getBufferType(result.getType()));
+    // buffer for y (getTemporaries), and emitCall runs only its up projection.
+    for (Value result : getTemporaries(op, buffers)) {
+      MemRefType type = getBufferType(result.getType());
+      auto planned = arenaOffsets.find(result);
+      buffers[result] =
+          planned == arenaOffsets.end()
+              ? h.alloc(type)
+              : memref::ViewOp::create(b, h.loc, type, arena,
+                                       h.index(planned->second), ValueRange{})
+                    .getResult();
+    }
     emitCall(&op, h, [&](Value value) { return buffers.lookup(value); });
-    for (Value value : freeAfter.lookup(&op))
-      if (Value buffer = buffers.lookup(value))
-        h.dealloc(buffer);
+    deallocTemporaries(freeAfter.lookup(&op));
   }
   h.loc = returnOp.getLoc();
   awaitPrefetches(SmallVector<Value>(prefetching));
   for (auto [param, value] : copies)
     h.copy(param, buffers.lookup(value));
+  if (arena)
+    h.dealloc(arena);
   if (offloaded)
     h.callRuntime(module, "mgpuMoeOffloadsFinish", {});
   gpu::WaitOp::create(b, h.loc, Type(), ValueRange{h.token});

@@ -1,7 +1,7 @@
 // convert-moe-to-gpu on the output of moe-decompose + moe-generate-backward:
 // host functions on device memrefs, results as out-parameters, one async
-// token through every library call, temporaries allocated before their
-// producer and freed after their last use (docs/gpu-path.md section 1).
+// token through every library call, temporaries in one arena at offsets from
+// their lifetimes (docs/gpu-path.md section 1).
 // RUN: moe-opt %s --split-input-file --convert-moe-to-gpu | FileCheck %s
 
 // A DeepSeek-like layer: selection bias, grouped sigmoid routing, a shared
@@ -29,7 +29,10 @@
 // The peak is y [74x64] and the combine output [37x64]: 9472 + 4736 bytes
 // (y is freed before the shared expert's output is allocated).
 // CHECK-SAME: moe.gpu.workspace_bytes = 14208 : i64
-// CHECK: %[[T0:.*]] = gpu.wait async
+// The temporaries live in one arena at static offsets (ArenaPlacement.h):
+// its allocation comes first and its free last.
+// CHECK: %[[T0W:.*]] = gpu.wait async
+// CHECK-NEXT: %[[ARENA:.*]], %[[T0:.*]] = gpu.alloc async [%[[T0W]]] () : memref<14208xi8>
 // CHECK-DAG: %[[XD:.*]] = memref.cast %[[X]] : memref<37x64xbf16> to memref<?x?xbf16>
 // CHECK-DAG: %[[BIASD:.*]] = memref.cast %[[BIAS]] : memref<8xf32> to memref<?xf32>
 // CHECK-DAG: %[[SIGMOID:.*]] = arith.constant 1 : i32
@@ -40,23 +43,23 @@
 // CHECK-DAG: %[[NOROUND:.*]] = arith.constant false
 // CHECK: %[[T1:.*]] = call @__moe_gpu_router(%[[T0]], %[[XD]], %{{.*}}, %[[BIASD]], %[[SIGMOID]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]], %[[NOROUND]], %{{.*}}, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?x?xbf16>, memref<?xf32>, i32, i1, index, index, f32, i1, memref<?x?xf32>, memref<?x?xi32>, memref<?x?xf32>) -> !gpu.async.token
 // CHECK: %[[T2:.*]] = call @__moe_gpu_dispatch(%[[T1]],
-// The expert outputs y are neither returned nor saved: a temporary.
-// CHECK: %[[Y:.*]], %[[T3:.*]] = gpu.alloc async [%[[T2]]] () : memref<74x64xbf16>
+// The expert outputs y are neither returned nor saved: a temporary at 0.
+// CHECK: %[[Y:.*]] = memref.view %[[ARENA]][%c0{{.*}}][] : memref<14208xi8> to memref<74x64xbf16>
 // CHECK: %[[YD:.*]] = memref.cast %[[Y]] : memref<74x64xbf16> to memref<?x?xbf16>
 // CHECK: %[[HD:.*]] = memref.cast %[[H]] : memref<74x128xbf16> to memref<?x?xbf16>
-// CHECK: %[[T4:.*]] = call @__moe_gpu_expert_ffn(%[[T3]], {{.*}}, %[[YD]], %[[HD]])
-// CHECK: %[[C:.*]], %[[T5:.*]] = gpu.alloc async [%[[T4]]] () : memref<37x64xbf16>
-// CHECK: %[[T6:.*]] = call @__moe_gpu_combine(%[[T5]],
-// CHECK: %[[T7:.*]] = gpu.dealloc async [%[[T6]]] %[[Y]] : memref<74x64xbf16>
-// CHECK: %[[S:.*]], %[[T8:.*]] = gpu.alloc async [%[[T7]]] () : memref<37x64xbf16>
-// CHECK: %[[T9:.*]] = call @__moe_gpu_shared_expert(%[[T8]],
+// CHECK: %[[T4:.*]] = call @__moe_gpu_expert_ffn(%[[T2]], {{.*}}, %[[YD]], %[[HD]])
+// CHECK: %[[C:.*]] = memref.view %[[ARENA]][%c9472{{.*}}][] : memref<14208xi8> to memref<37x64xbf16>
+// CHECK: %[[T6:.*]] = call @__moe_gpu_combine(%[[T4]],
+// The shared expert's output reuses y's bytes: y is dead by then.
+// CHECK-NOT: gpu.dealloc
+// CHECK: %[[S:.*]] = memref.view %[[ARENA]][%c0{{.*}}][] : memref<14208xi8> to memref<37x64xbf16>
+// CHECK: %[[T9:.*]] = call @__moe_gpu_shared_expert(%[[T6]],
 // The sum goes straight into the out-parameter.
 // CHECK-DAG: memref.collapse_shape %[[C]] {{\[\[}}0, 1]] : memref<37x64xbf16> into memref<2368xbf16>
 // CHECK-DAG: memref.collapse_shape %[[S]] {{\[\[}}0, 1]] : memref<37x64xbf16> into memref<2368xbf16>
 // CHECK-DAG: memref.collapse_shape %[[OUT]] {{\[\[}}0, 1]] : memref<37x64xbf16> into memref<2368xbf16>
 // CHECK: %[[T10:.*]] = call @__moe_gpu_add(%[[T9]], %{{.*}}, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?xbf16>, memref<?xbf16>, memref<?xbf16>) -> !gpu.async.token
-// CHECK: %[[T11:.*]] = gpu.dealloc async [%[[T10]]] %[[C]]
-// CHECK: %[[T12:.*]] = gpu.dealloc async [%[[T11]]] %[[S]]
+// CHECK-NEXT: %[[T12:.*]] = gpu.dealloc async [%[[T10]]] %[[ARENA]] : memref<14208xi8>
 // CHECK: gpu.wait [%[[T12]]]
 // CHECK-NEXT: return{{$}}
 
@@ -135,7 +138,8 @@ func.func @ds_backward(%arg0: tensor<37x64xbf16> {moe.saved = "arg0"}, %arg1: te
 // CHECK-SAME: %[[RESULT1:[a-z0-9]+]]: memref<37x4xf32>, %[[W:[a-z0-9]+]]: memref<37x2xf32>, %{{.*}}: memref<37x2xi32>, %[[SAVEDL:[a-z0-9]+]]: memref<37x4xf32>,
 // CHECK-SAME: moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, has_bias = false, inputs = {w_down = "arg3", w_gate_up = "arg2", w_router = "arg1", x = "arg0"}, k = 2 : i64, n = 128 : i64, num_groups = 1 : i64, renormalize = true, round_logits = true, scaling_factor = 1.000000e+00 : f64, scoring = "softmax", shared_n = 0 : i64, topk_groups = 1 : i64}
 // CHECK-SAME: {dtype = "f32", name = "result1", role = "output", shape = array<i64: 37, 4>}, {dtype = "f32", name = "moe.router.weights", role = "saved"
-// CHECK: %[[T0:.*]] = gpu.wait async
+// CHECK: gpu.wait async
+// CHECK: %[[ARENA:.*]], %[[T0:.*]] = gpu.alloc async
 // CHECK: %[[NOBIAS:.*]] = memref.reinterpret_cast %[[W]] to offset: [0], sizes: [0], strides: [1] : memref<37x2xf32> to memref<0xf32>
 // CHECK: %[[NOBIASD:.*]] = memref.cast %[[NOBIAS]] : memref<0xf32> to memref<?xf32>
 // CHECK: %[[SOFTMAX:.*]] = arith.constant 0 : i32
@@ -143,9 +147,9 @@ func.func @ds_backward(%arg0: tensor<37x64xbf16> {moe.saved = "arg0"}, %arg1: te
 // round_logits = true reaches the router (the i1 after the scaling factor).
 // CHECK: call @__moe_gpu_router(%[[T0]], %{{.*}}, %{{.*}}, %[[NOBIASD]], %[[SOFTMAX]], {{.*}}, %cst{{[_0-9]*}}, %true{{[_0-9]*}}, %{{.*}}, %{{.*}}, %[[LD]])
 // CHECK: %[[TC:.*]] = call @__moe_gpu_combine(
-// CHECK: %[[TF:.*]] = gpu.dealloc async [%[[TC]]]
-// CHECK: %[[TM:.*]] = gpu.memcpy async [%[[TF]]] %[[SAVEDL]], %[[RESULT1]] : memref<37x4xf32>, memref<37x4xf32>
-// CHECK: gpu.wait [%[[TM]]]
+// CHECK: %[[TM:.*]] = gpu.memcpy async [%[[TC]]] %[[SAVEDL]], %[[RESULT1]] : memref<37x4xf32>, memref<37x4xf32>
+// CHECK: %[[TF:.*]] = gpu.dealloc async [%[[TM]]] %[[ARENA]]
+// CHECK: gpu.wait [%[[TF]]]
 
 // CHECK-LABEL: func.func @layer_backward(
 // CHECK-SAME: %[[DOUT:[a-z0-9]+]]: memref<37x64xbf16>, %[[DLOGITS:[a-z0-9]+]]: memref<37x4xf32>, %{{.*}}: memref<37x64xbf16>, %{{.*}}: memref<64x4xbf16>,

@@ -7,7 +7,9 @@
 // LLVM descriptor), and the call's stream waits for one
 // (mgpuMoeAwaitPrefetch) right before the first op that reads it; the buffer
 // is freed after its last reader like any temporary.
-// Work that needs no prefetched tensor runs before work that does.
+// Work that needs no prefetched tensor runs before work that does. The
+// offloaded h is not in the temporaries' arena (the runtime frees it after
+// its copy).
 // RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu | FileCheck %s
 
 // Both H offloaded (policy=offload).
@@ -34,6 +36,8 @@
 // CHECK-NEXT: return
 // CHECK-LABEL: func.func @ds_like_backward(
 // CHECK-SAME: {dtype = "bf16", forward_param = "moe.expert_ffn.h", memory = "host", name = "moe.expert_ffn.h", role = "saved", shape = array<i64: 74, 128>}
+// The arena of the temporaries, then no device buffer for the prefetches:
+// CHECK: gpu.alloc async {{.*}} : memref<{{[0-9]+}}xi8>
 // CHECK-NOT: gpu.alloc
 // CHECK: %[[SP:.*]] = call @mgpuMoePrefetch(%{{.*}}, %c18944_i64{{.*}}) : (i64, i64) -> i64
 // CHECK: %[[SPTR:.*]] = llvm.inttoptr %[[SP]] : i64 to !llvm.ptr

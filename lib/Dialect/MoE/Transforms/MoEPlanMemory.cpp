@@ -16,6 +16,7 @@
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
+#include "moe/Support/ArenaPlacement.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -219,57 +220,24 @@ LogicalResult StepPlanner::collect() {
 
 LogicalResult StepPlanner::assign() {
   SmallVector<Buffer *> order;
+  SmallVector<ArenaBuffer> requests;
   for (auto &entry : buffers)
-    if (!entry.second.host)
+    if (!entry.second.host) {
       order.push_back(&entry.second);
-  auto position = [&](Buffer *buffer) {
-    return std::make_tuple(
-        ~buffer->size, buffer->first,
-        static_cast<uint64_t>(buffers.find(buffer->value) - buffers.begin()));
-  };
-  llvm::sort(order,
-             [&](Buffer *a, Buffer *b) { return position(a) < position(b); });
-  auto alignUp = [&](uint64_t offset) {
-    return (offset + alignment - 1) / alignment * alignment;
-  };
-  auto overlapsInTime = [](const Buffer *a, const Buffer *b) {
-    return a->first <= b->last && b->first <= a->last;
-  };
-  SmallVector<Buffer *> placed;
-  for (Buffer *buffer : order) {
-    SmallVector<Buffer *> live;
-    for (Buffer *other : placed)
-      if (overlapsInTime(buffer, other))
-        live.push_back(other);
-    llvm::sort(live, [](Buffer *a, Buffer *b) {
-      return std::make_pair(a->offset, a->size) <
-             std::make_pair(b->offset, b->size);
-    });
-    // Best fit: the smallest gap between live buffers that holds it.
-    std::optional<std::pair<uint64_t, uint64_t>> best; // (gap, offset)
-    uint64_t end = 0;
-    for (Buffer *other : live) {
-      uint64_t start = alignUp(end);
-      if (other->offset >= start && other->offset - start >= buffer->size) {
-        uint64_t gap = other->offset - start;
-        if (!best || gap < best->first)
-          best = std::make_pair(gap, start);
-      }
-      end = std::max(end, other->offset + other->size);
+      requests.push_back(
+          {entry.second.size, entry.second.first, entry.second.last});
     }
-    buffer->offset = best ? best->second : alignUp(end);
-    placed.push_back(buffer);
-    arenaSize = std::max(arenaSize, buffer->offset + buffer->size);
-  }
-
+  SmallVector<uint64_t> offsets;
+  arenaSize = placeInArena(requests, alignment, offsets);
+  for (auto [buffer, offset] : llvm::zip(order, offsets))
+    buffer->offset = offset;
   // The check: no two buffers live at one op share a byte.
-  for (auto [i, a] : llvm::enumerate(placed))
-    for (Buffer *b : ArrayRef(placed).drop_front(i + 1))
-      if (overlapsInTime(a, b) && a->size && b->size &&
-          a->offset < b->offset + b->size && b->offset < a->offset + a->size)
-        return forward.emitOpError("moe-plan-memory placed ")
-               << valueName(a->value) << " and " << valueName(b->value)
-               << " at overlapping offsets while both are live (a bug)";
+  if (auto overlap = findArenaOverlap(requests, offsets))
+    return forward.emitOpError("moe-plan-memory placed ")
+           << valueName(order[overlap->first]->value) << " and "
+           << valueName(order[overlap->second]->value)
+           << " at overlapping offsets while both are live (a bug)";
+  SmallVector<Buffer *> placed(order);
 
   // The peak: the most bytes live at one op.
   SmallVector<uint64_t> live(ops.size(), 0);
@@ -298,11 +266,11 @@ void StepPlanner::annotate() {
       any |= inArena;
     }
     if (any)
-      op->setAttr("moe.arena_offsets", builder.getDenseI64ArrayAttr(offsets));
+      op->setAttr(kArenaOffsetsAttr, builder.getDenseI64ArrayAttr(offsets));
   }
   for (func::FuncOp func : {forward, backward})
     if (func)
-      func->setAttr("moe.arena_size",
+      func->setAttr(kArenaSizeAttr,
                     builder.getI64IntegerAttr(static_cast<int64_t>(arenaSize)));
 }
 

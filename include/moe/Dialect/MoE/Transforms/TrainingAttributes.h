@@ -20,6 +20,10 @@ constexpr llvm::StringLiteral kSavedAttr = "moe.saved";
 /// On an op or checkpoint: what the activation plan decided ("recompute",
 /// "offload").
 constexpr llvm::StringLiteral kPlanAttr = "moe.plan";
+/// moe-plan-memory's arena: each op's result offsets (-1 outside it) and the
+/// step's arena size, on both functions of the pair.
+constexpr llvm::StringLiteral kArenaOffsetsAttr = "moe.arena_offsets";
+constexpr llvm::StringLiteral kArenaSizeAttr = "moe.arena_size";
 
 } // namespace mlir::moe
 

@@ -3,8 +3,9 @@
 // Functions on tensors become host functions on device memrefs whose moe ops
 // are calls of the host functions of the embedded library MoEGPULibrary.mlir
 // (docs/gpu-path.md section 1). Buffers are planned here: results go straight
-// into out-parameters, everything else is a gpu.alloc freed after its last
-// use, and one async token orders every call.
+// into out-parameters, the other values share one arena at static offsets from
+// their lifetimes, and one async token orders every call. Offloaded saved
+// tensors go to pinned host memory through the runtime's copy stream.
 //
 //===----------------------------------------------------------------------===//
 

@@ -39,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from offload_stack import copy_time  # noqa: E402  (H out and back on a stream alone)
+
 GIB = float(1 << 30)
 CONFIGS = ["deepseek-v3", "mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b"]
 
@@ -52,7 +54,8 @@ def digest(torch, t, chunk: int = 1 << 26):
     for start in range(0, bits.numel(), chunk):
         part = bits[start:start + chunk].to(torch.int64)
         plain += int(part.sum())
-        weights = torch.arange(part.numel(), device=part.device, dtype=torch.int64) % 65521 + 1
+        weights = torch.arange(start, start + part.numel(), device=part.device,
+                               dtype=torch.int64) % 65521 + 1
         weighted += int((part * weights).sum())
     return (tuple(t.shape), str(t.dtype), plain, weighted)
 
@@ -98,24 +101,6 @@ def time_stack(torch, layer, weights, x_param, x, d_out, depth: int, early: bool
         if i:
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), times
-
-
-def copy_time(torch, nbytes: int, iters: int) -> float:
-    """ms to copy `nbytes` device -> pinned host -> device on a stream of its own."""
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    stream = torch.cuda.Stream()
-    times = []
-    for i in range(iters + 1):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            host.copy_(dev, non_blocking=True)
-            dev.copy_(host, non_blocking=True)
-        stream.synchronize()
-        if i:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def same_bits(torch, a, b) -> bool:

@@ -90,3 +90,24 @@ def test_useful_flops_count_the_shared_expert():
         18.0 * 8 * 2 * 64 * 32 + 18.0 * 8 * 64 * 16 + 6.0 * 8 * 64 * 4)
     assert bench.useful_flops(8, 64, 32, 4, 2) == 18.0 * 8 * 2 * 64 * 32 + 6.0 * 8 * 64 * 4
     assert "deepseek-v3-routed" in bench.ROUTED_LAYERS
+
+
+def test_offload_compiled_digest_tells_bitwise_equality():
+    """bench/offload_compiled.py compares the stacks' gradients by digest (they are too large
+    to keep): equal bits give equal digests, in any chunking; one changed element does not."""
+    torch = pytest.importorskip("torch")
+    import offload_compiled  # noqa: PLC0415
+    g = torch.Generator().manual_seed(0)
+    for t in (torch.randn(300, 70, generator=g).to(torch.bfloat16),
+              torch.randn(40, 9, generator=g)):
+        assert offload_compiled.digest(torch, t) == offload_compiled.digest(torch, t.clone())
+        assert (offload_compiled.digest(torch, t, chunk=1000)
+                == offload_compiled.digest(torch, t.clone(), chunk=7))
+        u = t.clone()
+        u.view(-1)[5] = u.view(-1)[6]
+        if not torch.equal(u, t):
+            assert offload_compiled.digest(torch, u) != offload_compiled.digest(torch, t)
+        # the same bits in another order differ too (the position-weighted sum)
+        v = t.clone().view(-1).flip(0).view(t.shape)
+        if not torch.equal(v, t):
+            assert offload_compiled.digest(torch, v) != offload_compiled.digest(torch, t)

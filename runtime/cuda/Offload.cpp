@@ -165,22 +165,28 @@ moeStatus prefetch(const DriverApi *api, void *host, uint64_t bytes,
     return failCuda(result, pooled ? "cuMemAllocAsync" : "cuMemAlloc", detail);
   if (pooled)
     adoptPoolPointer(reinterpret_cast<void *>(*device));
+  // After the offload into `host`: in order on this copy stream, and through
+  // its event when another device's copy stream made it.
   OffloadState &state = offloadState();
+  moeStatus status = MOE_SUCCESS;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     auto it = state.offloads.find(reinterpret_cast<uintptr_t>(host));
     if (it != state.offloads.end()) {
+      if (CUresult waited = api->cuStreamWaitEvent(copy, it->second, 0))
+        status = failCuda(waited, "cuStreamWaitEvent", "the offload's copy");
       (void)api->cuEventDestroy(it->second);
       state.offloads.erase(it);
     }
   }
-  CUevent done;
-  moeStatus status = MOE_SUCCESS;
-  if (CUresult copied = api->cuMemcpyHtoDAsync(*device, host, bytes, copy))
-    status =
-        failCuda(copied, "cuMemcpyHtoDAsync", "prefetch of a saved tensor");
-  else
-    status = recordEvent(api, copy, &done);
+  CUevent done = nullptr;
+  if (!status) {
+    if (CUresult copied = api->cuMemcpyHtoDAsync(*device, host, bytes, copy))
+      status =
+          failCuda(copied, "cuMemcpyHtoDAsync", "prefetch of a saved tensor");
+    else
+      status = recordEvent(api, copy, &done);
+  }
   if (status) {
     KeepFirstFailure keep;
     (void)api->cuStreamSynchronize(copy);

@@ -220,6 +220,28 @@ TEST_F(RuntimeOffload, PendingFailureCopiesNothingButFrees) {
   mgpuStreamDestroy(call);
 }
 
+TEST_F(RuntimeOffload, PrefetchWaitsForTheOffloadInFlight) {
+  std::vector<uint32_t> host(kWords);
+  moeSetLaunchStream(kCallerStream);
+  void *call = mgpuStreamCreate();
+  mgpuMoeOffload(host.data(), filledDeviceBuffer(call), kBytes, 1);
+  void *copy = fake->lastMemcpyStream;
+  mgpuMoeOffloadsFinish(); // lent: the copy stays in flight
+  // The backward's prefetch of the same buffer waits for that copy's event
+  // (in order on one device's copy stream anyway; needed across devices).
+  int waits = fake->streamWaitEventCalls;
+  void *back = reinterpret_cast<void *>(mgpuMoePrefetch(host.data(), kBytes));
+  ASSERT_NE(back, nullptr) << lastMessage();
+  EXPECT_EQ(fake->streamWaitEventCalls, waits + 1);
+  EXPECT_EQ(fake->lastWaitStream, copy);
+  mgpuMoeAwaitPrefetch(back);
+  mgpuMemFree(back, call);
+  mgpuStreamDestroy(call);
+  moeSetLaunchStream(nullptr);
+  EXPECT_EQ(moeGetLastStatus(), MOE_SUCCESS) << lastMessage();
+  EXPECT_EQ(fake->eventCreateCalls, fake->eventDestroyCalls);
+}
+
 TEST_F(RuntimeOffload, EarlyPrefetchIsTakenOver) {
   std::vector<uint32_t> host(kWords);
   void *call = mgpuStreamCreate();

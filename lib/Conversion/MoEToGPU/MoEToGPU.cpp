@@ -591,7 +591,9 @@ public:
     token = op.getResult(0);
   }
 
-  /// The address of `buffer`'s first element, as the runtime's pointers.
+  /// The address of `buffer`'s first element (its aligned pointer: the
+  /// buffers here have offset 0; a view's shift is in that pointer), as an
+  /// i64 for the runtime.
   Value address(Value buffer) {
     Value index =
         memref::ExtractAlignedPointerAsIndexOp::create(b, loc, buffer);
@@ -751,8 +753,8 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
   }
 }
 
-/// Whether `op` reads, directly or through the ops before it, the result of
-/// a moe.prefetch of `body`.
+/// The ops of `body` that read the result of one of its moe.prefetch ops,
+/// directly or through the ops before them (and the prefetches themselves).
 DenseSet<Operation *> getPrefetchDependents(Block &body) {
   DenseSet<Operation *> dependent;
   for (Operation &op : body.without_terminator()) {
@@ -785,8 +787,9 @@ void scheduleAroundPrefetches(Block &body) {
     op->moveBefore(body.getTerminator());
 }
 
-/// The results of `op` that become temporaries of the host function (a
-/// gpu.alloc each): neither parameters nor a y nobody reads.
+/// The results of `op` that become temporaries of the host function (in its
+/// arena, or an allocation of their own): neither parameters nor a y nobody
+/// reads.
 SmallVector<Value> getTemporaries(Operation &op,
                                   const DenseMap<Value, Value> &buffers) {
   SmallVector<Value> temporaries;

@@ -545,13 +545,21 @@ class CompiledLayer:
         back to the device now, for the backward that takes them next: called before the
         backward of the layer after this one, the copies overlap that backward."""
         ep = self.manifest.entry("backward")
-        fn = self._fns.get("moePrefetchSaved")
-        if fn is None or not self.require_cuda:
-            return
+        host = []
         for spec in ep.by_role("saved"):
             if not spec.on_host:
                 continue
-            tensor = saved[spec.forward_param or spec.name]
+            src = spec.forward_param or spec.name
+            if src not in saved:
+                raise ValueError(f"prefetch: saved has no {src!r} ({spec.describe()}); pass "
+                                 f"the dict that forward returned")
+            # the copy reads spec.nbytes from the pointer: the tensor must be what it says
+            check_tensor(saved[src], spec, "prefetch", require_cuda=self.require_cuda)
+            host.append((saved[src], spec))
+        fn = self._fns.get("moePrefetchSaved")
+        if fn is None or not self.require_cuda:
+            return  # without CUDA there is nothing to copy
+        for tensor, spec in host:
             status = fn(ctypes.c_void_p(tensor.data_ptr()), spec.nbytes)
             if status != 0:
                 raise RuntimeError(f"moePrefetchSaved failed: {self._status_name(status)}: "

@@ -323,10 +323,16 @@ def test_offloaded_saved_tensor_lives_on_the_host(tmp_path):
     grads = layer.backward(fwd, {"result0": torch.ones(T, D)})
     assert torch.allclose(grads["d_arg0"], 3 + experts[:, :1].float())
     assert layer._offloads_in_flight == [] and layer._offloads_until == []
-    layer.forward([x, torch.randn(D, E)])
+    fwd = layer.forward([x, torch.randn(D, E)])
     assert len(layer._offloads_in_flight) == 1
     layer.synchronize_offloads()
     assert layer._offloads_in_flight == []
+    # prefetch refuses what it cannot copy from: a missing or mis-shaped saved tensor
+    with pytest.raises(ValueError, match="saved has no 'moe.router.experts'"):
+        layer.prefetch({})
+    with pytest.raises(ValueError, match="has shape"):
+        layer.prefetch({"moe.router.experts": torch.zeros(T, K + 1, dtype=torch.int32)})
+    layer.prefetch(fwd)  # without CUDA: nothing to start
 
 
 def test_forward_and_backward_through_the_stand_in(fake_layer):

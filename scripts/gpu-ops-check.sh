@@ -9,7 +9,8 @@
 # --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck
 # (MOE_SANITIZE_TOOLS: a subset);
 # --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel, and
-#            GAPS lines: each op's kernel span, busy and idle time);
+#            GAPS lines from bench/step_gaps.py: each op's host time, GPU timeline and idle
+#            stretches);
 # with --ncu=REGEX, Nsight Compute profiles the launches (MOE_NCU_LAUNCHES, 12) matching REGEX
 # in one untimed step instead (speed of light, warp states, scheduler, memory, sampled
 # stalls) into ncu.txt and ncu-raw.csv, and for each REGEX2 in MOE_NCU_SOURCE the SASS

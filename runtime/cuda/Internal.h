@@ -178,6 +178,13 @@ moeStatus launchKernel(moeFunction function, const int64_t grid[3],
 /// MOE_RUNTIME_VERBOSE is set).
 void reportMgpuFailure(const char *function);
 
+/// The status of an mgpu* entry point's work: nothing new on success; on
+/// failure (already recorded) lets MOE_RUNTIME_VERBOSE print it.
+inline void check(moeStatus status, const char *function) {
+  if (status != MOE_SUCCESS)
+    reportMgpuFailure(function);
+}
+
 /// Forgets the mgpu* layer's state (stream-ordered allocations, the last
 /// module load failure). For moeRuntimeResetForTesting.
 void resetMgpuForTesting();

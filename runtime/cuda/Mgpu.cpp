@@ -94,12 +94,6 @@ bool isLaunchStream(void *stream) {
   return stream && stream == tlsLaunchStream;
 }
 
-// Records nothing new on success; on failure lets MOE_RUNTIME_VERBOSE print.
-void check(moeStatus status, const char *function) {
-  if (status != MOE_SUCCESS)
-    reportMgpuFailure(function);
-}
-
 // The mgpu* handles are the runtime's own; a stream is a CUstream.
 moeStream asStream(void *stream) { return static_cast<moeStream>(stream); }
 

@@ -42,11 +42,6 @@ OffloadState &offloadState() {
   return *state;
 }
 
-void check(moeStatus status, const char *function) {
-  if (status != MOE_SUCCESS)
-    reportMgpuFailure(function);
-}
-
 /// This thread's device's copy stream, created on first use.
 moeStatus getCopyStream(const DriverApi *api, CUstream *stream) {
   OffloadState &state = offloadState();

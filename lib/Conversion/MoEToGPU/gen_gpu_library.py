@@ -41,6 +41,24 @@ GROUP_M = int(os.environ.get("MOE_GEMM_GROUP_M", "16"))  # M-tiles per raster gr
 PERSISTENT_EPILOGUES = ("store_bf16", "store_bf16_w", "swiglu")
 P_STAGES = int(os.environ.get("MOE_GEMM_PSTAGES", "3"))
 NUM_CTAS = 132  # SMs of an H100 / H200; any count is correct, this one is the fastest
+# Warp specialisation (CODEGEN.md lead 1): the persistent kernels named by MOE_GEMM_WS
+# ("all" of them, the "gather"ed-operand ones, or "none") add a producer warpgroup that
+# issues every copy of the ring; the two consumer warpgroups only wait on the ring's
+# full[s] mbarriers, run wgmma, release slots on empty[s] and write C out. No block-wide
+# barrier is left in the k-loop, and the next tile's loads fill the whole ring while the
+# consumers run the epilogue (C has a staging buffer of its own).
+WS_KERNELS = os.environ.get("MOE_GEMM_WS", "all")
+assert WS_KERNELS in ("all", "gather", "none"), WS_KERNELS
+WS_THREADS = GEMM_THREADS + 128
+# setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
+# it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
+# free at least what the consumers take: 128 (168 - P) >= 256 (C - 168). More hangs in
+# setmaxnreg.inc. P = 40 and 56 spill in the row-wise producers (ptxas -v); the consumers
+# need 128 for the accumulator.
+WS_PRODUCER_REGS, WS_CONSUMER_REGS = (int(x) for x in os.environ.get("MOE_GEMM_WS_REGS", "72,216").split(","))
+WS_LAUNCH_REGS = 65536 // WS_THREADS // 8 * 8
+assert 128 * (WS_LAUNCH_REGS - WS_PRODUCER_REGS) >= GEMM_THREADS * (WS_CONSUMER_REGS - WS_LAUNCH_REGS), \
+    "MOE_GEMM_WS_REGS: the consumers would wait for registers the producer never frees"
 STAGE_C_BYTES = BM * BN * 2
 # varlen_m: each CTA sums the experts' M-tiles into a table in shared memory once and
 # finds a tile's expert by binary search; past TABLE_EXPERTS experts it scans offsets.
@@ -180,10 +198,17 @@ class Gemm:
         # next tile's first stages while it writes this tile's C through a half-tile
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
         self.persistent = epi in PERSISTENT_EPILOGUES
+        self.ws = self.persistent and (
+            WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b)))
+        self.threads = WS_THREADS if self.ws else GEMM_THREADS
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
-        if self.persistent:
+        if self.ws:
+            # C's staging buffer follows the ring: the producer may refill every slot
+            # while the consumers write C out
+            self.cum_offset = ring + STAGE_C_BYTES
+        elif self.persistent:
             self.cum_offset = max(ring, ring - STAGE_BYTES + STAGE_C_BYTES)
         else:
             self.cum_offset = ring + 1024  # after the dS row sums of the dact epilogue
@@ -194,10 +219,11 @@ class Gemm:
         # gathered or row-wise A operand stays on cp.async, which TMA cannot gather on
         # sm_90a (CODEGEN.md 5.1).
         self.tma_b = b in ("w_mn", "w_mn_swiglu", "w_k")
-        if self.tma_b:
-            assert sched == "varlen_m", name
-            self.bar_offset = self.cum_offset + CUM_BYTES  # 8-aligned
-            self.launch_smem += 8 * self.stages
+        if self.tma_b or self.ws:
+            assert sched == "varlen_m" or not self.tma_b, name
+            # full[s] at bar_offset + 8 s; with warp specialisation empty[s] follows
+            self.bar_offset = self.cum_offset + (CUM_BYTES if sched == "varlen_m" else 0)  # 8-aligned
+            self.launch_smem += 8 * self.stages * (2 if self.ws else 1)
 
 def gemm_signature(g):
     """Kernel arguments: (name, type) pairs."""
@@ -248,6 +274,11 @@ def gen_gemm(g):
     warp = e.div(tid, c(32))
     lane = e.rem(tid, c(32))
     wg = e.div(tid, c(128))
+
+    def consumer_barrier():
+        """bar.sync 1 over the 256 consumer threads (warp specialisation: the
+        producer warpgroup never takes part)."""
+        e.emit(f"nvvm.barrier id = {c(1, I32)} number_of_threads = {c(GEMM_THREADS, I32)}")
     bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
     ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
     # M-tiles as the host counts them: varlen_m adds one tile an expert for the rounding
@@ -277,27 +308,36 @@ def gen_gemm(g):
         return e.op(f"arith.ori {field}, {c(const, 'i64')} : i64")
 
     # ---- per-thread copy assignments (the same for every tile) --------------
+    # The copies are made by all 256 threads, or with warp specialisation by the
+    # producer warpgroup's 128 (ctid = tid - 256; the consumers never use these).
+    ncopy = 128 if g.ws else GEMM_THREADS
+    ctid = e.sub(tid, c(GEMM_THREADS)) if g.ws else tid
     # K-major tile (A: 128 rows, B w_k: 256 rows) x 8 chunks of 16 B; thread t
-    # copies chunk t%8 of rows t/8 + 32 i. The 128B swizzle puts chunk c of row
+    # copies chunk t%8 of rows t/8 + RS_K i. The 128B swizzle puts chunk c of row
     # r at c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
-    kchunk = e.rem(tid, c(8))
-    krow = e.div(tid, c(8))
+    RS_K, RS_A, RS_B = ncopy // 8, ncopy // 16, ncopy // 32
+    kchunk = e.rem(ctid, c(8))
+    krow = e.div(ctid, c(8))
     kswz = e.xor(kchunk, e.rem(krow, c(8)))
     k_soff = e.add(e.mul(krow, c(64)), e.mul(kswz, c(8)))
-    # MN-major tile (B w_mn / rows_mn): 64 K-rows x 4 boxes of 64 columns x 8
-    # chunks; thread t copies chunk t%32 (box (t%32)/8) of K-rows t/32 + 8 i.
-    mchunk = e.rem(tid, c(32))
+    # MN-major tile (B rows_mn): 64 K-rows x 4 boxes of 64 columns x 8 chunks;
+    # thread t copies chunk t%32 (box (t%32)/8) of K-rows t/32 + RS_B i. With 128
+    # copying threads RS_B = 4, so the swizzle of odd i differs from even i.
+    mchunk = e.rem(ctid, c(32))
     mbox = e.div(mchunk, c(8))
     mcc = e.rem(mchunk, c(8))
-    mrow = e.div(tid, c(32))
-    mswz = e.xor(mcc, e.rem(mrow, c(8)))
-    m_soff = e.add(e.add(e.mul(mbox, c(4096)), e.mul(mrow, c(64))), e.mul(mswz, c(8)))
+    mrow = e.div(ctid, c(32))
+
+    def m_soff(first_row):
+        row = e.add(mrow, c(first_row))
+        swz = e.xor(mcc, e.rem(row, c(8)))
+        return e.add(e.add(e.mul(mbox, c(4096)), e.mul(row, c(64))), e.mul(swz, c(8)))
     # MN-major A tile (mn): 64 K-rows x 2 boxes of 64 columns x 8 chunks; thread t
-    # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + 16 i.
-    achunk = e.rem(tid, c(16))
+    # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + RS_A i.
+    achunk = e.rem(ctid, c(16))
     abox = e.div(achunk, c(8))
-    acc8 = e.rem(tid, c(8))
-    arow = e.div(tid, c(16))
+    acc8 = e.rem(ctid, c(8))
+    arow = e.div(ctid, c(16))
     a_soff_mn = e.add(e.add(e.mul(abox, c(4096)), e.mul(arow, c(64))),
                       e.mul(e.xor(acc8, e.rem(arow, c(8))), c(8)))
 
@@ -362,29 +402,43 @@ def gen_gemm(g):
     a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
     if g.a == "mn":
         arow32 = i32(arow)
-        a_step = wide(c(16, I32), lda2)  # K-rows 16 apart
+        a_step = wide(c(RS_A, I32), lda2)  # K-rows RS_A apart
     if g.tma_b:
         # the B tile of ring slot 0; the TMA boxes write the same 128B-swizzled image
         # as the copies: 64-column boxes 8 KiB apart (MN-major), or one box of 256
         # K-major rows
         b_tile0 = gep3(sptr, c(A_TILE_BYTES, I32))
-        bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s
+    else:
+        # rows_mn: this thread's chunk of K-rows mrow + RS_B i (two swizzles if RS_B = 4)
+        b_dst0 = [gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(A_TILE_BYTES, I32), I32))
+                  for p in range(1 if RS_B % 8 == 0 else 8 // RS_B)]
+    if g.tma_b or g.ws:
+        bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s, empty[s] after
 
         def full_bar(slot32):
             return gep3(bars, e.mul(slot32, c(8, I32), I32))
-        is_t0 = e.cmp("eq", tid, c(0))
-        e.if_begin(is_t0)
+
+        def empty_bar(slot32):
+            return gep3(bars, e.mul(e.add(slot32, c(stages, I32), I32), c(8, I32), I32))
+        # the thread that arms full[s] and issues the TMA boxes
+        is_t0 = e.cmp("eq", tid, c(GEMM_THREADS if g.ws else 0))
+        e.if_begin(e.cmp("eq", tid, c(0)))
+        # full[s]: the TMA thread's arrive.expect_tx, and with warp specialisation one
+        # arrival of each producer thread when its cp.async copies land; empty[s]:
+        # lane 0 of each consumer warp once its wgmma have read the slot
+        full_count = (ncopy if g.ws else 0) + (1 if g.tma_b else 0)
         for st in range(stages):
             bar = e.op(f"llvm.getelementptr {bars}[{8 * st}] : ({P3}) -> {P3}, i8")
-            e.emit(f"nvvm.mbarrier.init {bar}, {c(1, I32)} : {P3}, i32")
+            e.emit(f"nvvm.mbarrier.init {bar}, {c(full_count, I32)} : {P3}, i32")
+            if g.ws:
+                bar = e.op(f"llvm.getelementptr {bars}[{8 * (stages + st)}] : ({P3}) -> {P3}, i8")
+                e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
-        e.emit(f"nvvm.prefetch tensormap, {A['bmap']} : !llvm.ptr")
+        if g.tma_b:
+            e.emit(f"nvvm.prefetch tensormap, {A['bmap']} : !llvm.ptr")
         e.if_end()
         e.emit("gpu.barrier")
-    else:
-        # rows_mn: this thread's chunk of K-rows mrow + 8 i
-        b_dst0 = gep3(sptr, e.add(i32(e.mul(m_soff, c(2))), c(A_TILE_BYTES, I32), I32))
     # wgmma descriptors of ring slot 0, k-step 0: a slot or a k-step moves only the
     # start-address field (address / 16; shared addresses stay below 2^18)
     b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
@@ -401,9 +455,18 @@ def gen_gemm(g):
         use_table = e.cmp("ule", A["num_experts"], c(TABLE_EXPERTS))
         e.emit(f"scf.if {use_table} {{")
         e.indent += "  "
-        build_tile_table(e, A, cumv, tid)
+        if g.ws:
+            # the consumer warpgroups build it (a thread sums 4 experts) and
+            # synchronise on barrier 1; the gpu.barrier below publishes it to all
+            e.if_begin(e.cmp("ult", tid, c(GEMM_THREADS)))
+            build_tile_table(e, A, cumv, tid, consumer_barrier)
+            e.if_end()
+        else:
+            build_tile_table(e, A, cumv, tid, lambda: e.emit("gpu.barrier"))
         e.indent = e.indent[:-2]
         e.emit("}")
+        if g.ws:
+            e.emit("gpu.barrier")
 
     def setup(t):
         """Tile t of the schedule, as straight-line code: every index is clamped so a
@@ -498,8 +561,8 @@ def gen_gemm(g):
         else:
             col_bytes = zext(e.mul(kchunk8, c(2, I32), I32))
             S["a_rows"] = []
-            for i in range(BM // 32):
-                r = e.add(m0, e.add(krow, c(32 * i)))
+            for i in range(BM // RS_K):
+                r = e.add(m0, e.add(krow, c(RS_K * i)))
                 ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {valid} : i1")
                 if g.a == "gather":
                     src = guarded_load_i32(ok, gep1(idsptr, e.mul(i64(r), c(4, "i64"), "i64")))
@@ -531,28 +594,28 @@ def gen_gemm(g):
         rows = {}
         k0 = e.mul(i32(kt), c(BK, I32), I32)
         if g.gather_a:
-            # K-rows k0 + t/16 + 16 i; past the expert's end there is no token id
+            # K-rows k0 + t/16 + RS_A i; past the expert's end there is no token id
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
             stage_ids = gep1(S["aids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
             rows["a"] = []
-            for i in range(4):
-                kok = e.cmp("sgt", kleft, c(16 * i, I32), I32)
-                p = e.op(f"llvm.getelementptr {stage_ids}[{64 * i}] : ({P1}) -> {P1}, i8")
+            for i in range(64 // RS_A):
+                kok = e.cmp("sgt", kleft, c(RS_A * i, I32), I32)
+                p = e.op(f"llvm.getelementptr {stage_ids}[{4 * RS_A * i}] : ({P1}) -> {P1}, i8")
                 rows["a"].append((guarded_load_i32(kok, p), kok))
         if g.b == "rows_mn":
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
             if g.gather_b:
                 stage_ids = gep1(S["bids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
             rows["b"] = []
-            for i in range(8):
-                kok = e.cmp("sgt", kleft, c(8 * i, I32), I32)
+            for i in range(64 // RS_B):
+                kok = e.cmp("sgt", kleft, c(RS_B * i, I32), I32)
                 if g.gather_b:
                     # only rows of the expert: past its end (an empty last expert,
                     # T = 0) there is no token id to read
-                    p = e.op(f"llvm.getelementptr {stage_ids}[{32 * i}] : ({P1}) -> {P1}, i8")
+                    p = e.op(f"llvm.getelementptr {stage_ids}[{4 * RS_B * i}] : ({P1}) -> {P1}, i8")
                     src = guarded_load_i32(kok, p)
                 else:
-                    src = e.add(e.add(S["brow0"], k0, I32), c(8 * i, I32), I32)
+                    src = e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32)
                 rows["b"].append((src, kok))
         return rows
 
@@ -566,21 +629,21 @@ def gen_gemm(g):
         koff = zext(e.mul(k0, c(2, I32), I32))
         adst = gep3(a_dst0, slot_bytes)
         if g.a == "mn":
-            # K-rows k0 + t/16 + 16 i of the expert; those past its end copy nothing
+            # K-rows k0 + t/16 + RS_A i of the expert; those past its end copy nothing
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
             on = e.op(f"arith.andi {S['acol_ok']}, {enabled} : i1")
             abytes = e.select(on, c(16, I32), c(0, I32), I32)
             if not g.gather_a:
                 src = gep1(S["a_ptr"], wide(k0, lda2))
-            for i in range(4):
+            for i in range(64 // RS_A):
                 if g.gather_a:
                     row, kok = srcs["a"][i]
                     src = gep1(S["a_ptr"], wide(row, lda2))
                 else:
                     if i:
                         src = gep1(src, a_step)
-                    kok = e.cmp("sgt", kleft, c(16 * i, I32), I32)
-                dst = e.op(f"llvm.getelementptr {adst}[{i * 16 * 128}] : ({P3}) -> {P3}, i8")
+                    kok = e.cmp("sgt", kleft, c(RS_A * i, I32), I32)
+                dst = e.op(f"llvm.getelementptr {adst}[{i * RS_A * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, src, e.select(kok, abytes, c(0, I32), I32))
         else:
             # the K columns left past this thread's chunk, as bytes to copy (0-16)
@@ -588,7 +651,7 @@ def gen_gemm(g):
             kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
             kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
             for i, (row, ok) in enumerate(S["a_rows"]):
-                dst = e.op(f"llvm.getelementptr {adst}[{i * 32 * 128}] : ({P3}) -> {P3}, i8")
+                dst = e.op(f"llvm.getelementptr {adst}[{i * RS_K * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, gep1(row, koff), e.select(ok, kbytes, c(0, I32), I32))
         # B
         if g.tma_b:
@@ -616,19 +679,45 @@ def gen_gemm(g):
                        f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr")
             if_end()
         else:
-            bdst = gep3(b_dst0, slot_bytes)
+            bdst = [gep3(b, slot_bytes) for b in b_dst0]
             on = e.op(f"arith.andi {S['bcol_ok']}, {enabled} : i1")
             bbytes = e.select(on, c(16, I32), c(0, I32), I32)
-            for i in range(8):
+            for i in range(64 // RS_B):
                 row, kok = srcs["b"][i]
                 src = gep1(S["b_ptr"], wide(row, ldb2))
-                dst = e.op(f"llvm.getelementptr {bdst}[{i * 8 * 128}] : ({P3}) -> {P3}, i8")
+                p = i % len(bdst)
+                dst = e.op(f"llvm.getelementptr {bdst[p]}[{(i - p) * RS_B * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, src, e.select(kok, bbytes, c(0, I32), I32))
-        e.emit("nvvm.cp.async.commit.group")
+        if g.ws:
+            # full[slot] gets this thread's arrival when its copies have landed
+            e.emit(f"nvvm.cp.async.mbarrier.arrive {full_bar(i32(slot))} {{noinc = true}} : {P3}")
+        else:
+            e.emit("nvvm.cp.async.commit.group")
 
     def prologue(S):
         for s in range(stages - 1):
             issue_stage(S, c(s), c(s), e.cmp("ult", c(s), S["numk"]))
+
+    def wgmma_stage(acc, rs):
+        """The 4 wgmma of ring slot rs on acc, committed; waits until only this group
+        is in flight, so the slot of the step before may be refilled."""
+        a_layout = "col" if g.a == "mn" else "row"
+        b_layout = "col" if g.b == "w_k" else "row"
+        soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
+        da_s = e.add(desc_a0, soff, "i64")
+        db_s = e.add(desc_b0, soff, "i64")
+        e.emit("nvvm.wgmma.fence.aligned")
+        for kk in range(4):
+            aoff = kk * 128 if g.a == "mn" else kk * 2  # 16 K-rows of 128 B, or 32 B
+            da = e.add(da_s, c(aoff, "i64"), "i64") if kk else da_s
+            boff = kk * 2 if g.b == "w_k" else kk * 128  # 32 B or 16 K-rows of 128 B
+            db = e.add(db_s, c(boff, "i64"), "i64") if kk else db_s
+            acc = e.op(
+                f"nvvm.wgmma.mma_async {da}, {db}, {acc}, <m = 64, n = {BN}, k = 16>, "
+                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <{a_layout}>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
+        e.emit("nvvm.wgmma.commit.group.sync.aligned")
+        e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
+        return acc
 
     def mainloop(S, phases):
         """The k-loop over the ring; returns the accumulator (wgmma still in flight)
@@ -636,8 +725,6 @@ def gen_gemm(g):
         phase of full[s] to wait for: a slot is filled as often as it is waited on, so
         the bits carry from tile to tile."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
-        a_layout = "col" if g.a == "mn" else "row"
-        b_layout = "col" if g.b == "w_k" else "row"
         res, kt, a0, rs, ph = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph"))
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
         e.emit(f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
@@ -658,21 +745,7 @@ def gen_gemm(g):
             e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
             ph_next = e.op(f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32")
         e.emit("gpu.barrier")
-        soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
-        da_s = e.add(desc_a0, soff, "i64")
-        db_s = e.add(desc_b0, soff, "i64")
-        e.emit("nvvm.wgmma.fence.aligned")
-        cur = a0
-        for kk in range(4):
-            aoff = kk * 128 if g.a == "mn" else kk * 2  # 16 K-rows of 128 B, or 32 B
-            da = e.add(da_s, c(aoff, "i64"), "i64") if kk else da_s
-            boff = kk * 2 if g.b == "w_k" else kk * 128  # 32 B or 16 K-rows of 128 B
-            db = e.add(db_s, c(boff, "i64"), "i64") if kk else db_s
-            cur = e.op(
-                f"nvvm.wgmma.mma_async {da}, {db}, {cur}, <m = 64, n = {BN}, k = 16>, "
-                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <{a_layout}>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
-        e.emit("nvvm.wgmma.commit.group.sync.aligned")
-        e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
+        cur = wgmma_stage(a0, rs)
         e.emit("gpu.barrier")
         issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_srcs)
         rs_next = e.select(e.cmp("eq", rs, c(stages - 1)), c(0), e.add(rs, c(1)))
@@ -771,11 +844,105 @@ def gen_gemm(g):
             ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(16 * j, I32), I32)} : i1")
             gstore(vec, ptr, ok)
 
+    def advance(slot, ph):
+        """The ring slot after `slot` and its phase parity (flipped on wrapping)."""
+        nxt = e.add(slot, c(1))
+        wrap = e.cmp("eq", nxt, c(stages))
+        return e.select(wrap, c(0), nxt), e.select(wrap, e.xor(ph, c(1, I32), I32), ph, I32)
+
+    def mainloop_ws(S, slot0, ph0):
+        """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
+        the step before once its wgmma have completed. Returns the accumulator and the
+        ring position (slot, parity) after the tile."""
+        acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
+        res, kt, a0, rs, ph, prev = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph", "prev"))
+        e.emit(f"{res}:4 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+               f"iter_args({a0} = {acc0}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(0)}) "
+               f"-> ({ACC}, index, i32, index) {{")
+        outer = e.indent
+        e.indent = outer + "  "
+        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
+        # the producer's cp.async wrote through the generic proxy; wgmma reads
+        # through the async proxy
+        e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+        cur = wgmma_stage(a0, rs)
+        # the step before has been read: lane 0 of each warp releases its slot
+        rel = e.op(f"arith.andi {e.cmp('ugt', kt, c(0))}, {e.cmp('eq', lane, c(0))} : i1")
+        if_begin(rel)
+        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(prev))} : {P3}")
+        if_end()
+        nslot, nph = advance(rs, ph)
+        e.emit(f"scf.yield {cur}, {nslot}, {nph}, {rs} : {ACC}, index, i32, index")
+        e.indent = outer
+        e.emit("}")
+        e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
+        last = e.op(f"arith.andi {e.cmp('ugt', S['numk'], c(0))}, {e.cmp('eq', lane, c(0))} : i1")
+        if_begin(last)
+        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(f'{res}#3'))} : {P3}")
+        if_end()
+        return f"{res}#0", f"{res}#1", f"{res}#2"
+
     if g.persistent:
+        # write_half's destinations
         if g.epi == "swiglu":
             hout_ptr, aout_ptr = gptr(A["hout"], "memref<?xbf16>"), gptr(A["aout"], "memref<?xbf16>")
         else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
+    if g.ws:
+        stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
+        # Both roles walk the same tiles in the same order; a tile's k-steps go round
+        # the ring, each slot's phase parity flipping on every wrap.
+        e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
+        e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
+        t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("pt")
+        e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
+               f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
+        loop_indent = e.indent
+        e.indent += "  "
+        S = setup(t)
+        kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
+        e.emit(f"{kout}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+               f"iter_args({ksl} = {sl}, {kph} = {ph}) -> (index, i32) {{")
+        e.indent += "  "
+        # the token ids first: their loads overlap the wait for the slot
+        srcs = load_rows(S, kt)
+        # a fresh barrier's phase before the first (parity 1) counts as complete
+        e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(ksl))}, {e.xor(kph, c(1, I32), I32)}, "
+               f"{c(0x989680, I32)} : {P3}, i32, i32")
+        issue_stage(S, kt, ksl, c(1, "i1"), srcs)
+        nslot, nph = advance(ksl, kph)
+        e.emit(f"scf.yield {nslot}, {nph} : index, i32")
+        e.indent = e.indent[:-2]
+        e.emit("}")
+        e.emit(f"scf.yield {kout}#0, {kout}#1 : index, i32")
+        e.indent = loop_indent
+        e.emit("}")
+        # the last copies land before the warpgroup exits
+        e.emit("nvvm.cp.async.commit.group")
+        e.emit("nvvm.cp.async.wait.group 0")
+        e.emit("} else {")
+        e.indent += "  "
+        e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
+        t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("ct")
+        e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
+               f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
+        loop_indent = e.indent
+        e.indent += "  "
+        S = setup(t)
+        acc, nsl, nph = mainloop_ws(S, sl, ph)
+        if_begin(S["valid"])
+        consumer_barrier()  # the last tile's stores have read the staging buffer
+        for h in (0, 1):
+            stage_half(e, g, stage, acc, h, qrow, qcol, lane)
+        consumer_barrier()
+        for h in (0, 1):
+            write_half(S, stage, h)
+        if_end()
+        e.emit(f"scf.yield {nsl}, {nph} : index, i32")
+        e.indent = loop_indent
+        e.emit("}")
+        e.if_end()
+    elif g.persistent:
         S0 = setup(bid)
         prologue(S0)
         t, ph = e.fresh("t"), e.fresh("ph")
@@ -816,13 +983,14 @@ def gen_gemm(g):
     e.emit("gpu.return")
     args = ", ".join(f"%{n}: {t}" for n, t in sig)
     head = (f"    gpu.func @{g.name}({args}) kernel attributes "
-            f"{{known_block_size = array<i32: {GEMM_THREADS}, 1, 1>}} {{")
+            f"{{known_block_size = array<i32: {g.threads}, 1, 1>}} {{")
     return "\n".join([head] + e.const_lines + e.lines + ["    }"])
 
 
-def build_tile_table(e, A, cumv, tid):
-    """cum[x] = M-tiles of experts [0, x) for x <= E (E <= TABLE_EXPERTS), and barriers:
-    thread t sums experts 4t..4t+3, warps scan with shuffles, warp totals go through
+def build_tile_table(e, A, cumv, tid, barrier):
+    """cum[x] = M-tiles of experts [0, x) for x <= E (E <= TABLE_EXPERTS), by
+    GEMM_THREADS threads that synchronise with barrier(): thread t sums experts
+    4t..4t+3, warps scan with shuffles, warp totals go through
     cum[TABLE_EXPERTS + 1 + warp]."""
     c = e.const
     SI = f"memref<?xi32, {WG}>"
@@ -854,7 +1022,7 @@ def build_tile_table(e, A, cumv, tid):
     e.emit(f"scf.if {e.cmp('eq', lane, c(31))} {{")
     e.emit(f"  memref.store {s}, {cumv}[{e.add(warp, c(TABLE_EXPERTS + 1))}] : {SI}")
     e.emit("}")
-    e.emit("gpu.barrier")
+    barrier()
     w, acc, acc2 = e.fresh("w"), e.fresh("wp"), e.fresh("wq")
     e.emit(f"{acc} = scf.for {w} = {c(0)} to {warp} step {c(1)} iter_args({acc2} = {c(0, 'i32')}) -> (i32) {{")
     e.indent += "  "
@@ -869,7 +1037,7 @@ def build_tile_table(e, A, cumv, tid):
     e.emit(f"scf.if {e.cmp('eq', tid, c(0))} {{")
     e.emit(f"  memref.store {c(0, 'i32')}, {cumv}[{c(0)}] : {SI}")
     e.emit("}")
-    e.emit("gpu.barrier")
+    barrier()
 
 
 # ---- epilogues of the persistent kernels ------------------------------------
@@ -914,6 +1082,50 @@ def silu_parts(e, g32):
     ex = e.op(f"func.call @__moe_gpu_exp({ng}) : (f32) -> f32")
     sgm = e.op(f"arith.divf {c(1.0, 'f32')}, {e.fadd(ex, c(1.0, 'f32'))} : f32")
     return sgm, e.fmul(g32, sgm)
+
+
+def dswiglu_group(e, g, A, r, col, a_accs):
+    """dSwiGLU of row r, columns col + [0, V) of h: a_accs = dA there (unscaled, f32),
+    w = wrow[r] (1 without routing weights). Stores dH (gate and up) and w*a, and
+    returns the row's part of dS: sum of dA * a over the V columns."""
+    c = e.const
+    half = A["dim_n"]
+
+    def bf16(x):
+        return e.op(f"arith.truncf {x} : f32 to bf16")
+
+    def vload_bf16(mem, idx):
+        v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
+        return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                for u in range(V)]
+
+    def vstore(vals, idx, mem):
+        vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xbf16>")
+        e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
+
+    if g.has_w:
+        w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>")
+    else:
+        w = c(1.0, "f32")
+    hrow = e.mul(r, e.mul(half, c(2)))
+    gs = vload_bf16(A["hsaved"], e.add(hrow, col))
+    us = vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col)))
+    dgs, dus, was = [], [], []
+    part = c(0.0, "f32")
+    for u in range(V):
+        sgm, silu = silu_parts(e, gs[u])
+        a = e.fmul(silu, us[u])
+        da = e.fmul(a_accs[u], w)
+        # d silu / dg = s (1 + g (1 - s))
+        dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
+        dgs.append(bf16(e.fmul(e.fmul(da, us[u]), dsilu)))
+        dus.append(bf16(e.fmul(da, silu)))
+        was.append(bf16(e.fmul(w, a)))
+        part = e.fadd(part, e.fmul(a_accs[u], a))
+    vstore(dgs, e.add(hrow, col), A["dh"])
+    vstore(dus, e.add(hrow, e.add(half, col)), A["dh"])
+    vstore(was, e.add(e.mul(r, half), col), A["wa"])
+    return part
 
 
 # ---- epilogues of the other kernels (fp32 C through the ring) -----------------
@@ -991,32 +1203,7 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
         ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
         e.emit(f"%dsv = scf.if {ok} -> (f32) {{")
         e.indent += "  "
-        if g.has_w:
-            w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>")
-        else:
-            w = c(1.0, "f32")
-        hrow = e.mul(r, two_half)
-        gs = vload_bf16(A["hsaved"], e.add(hrow, col))
-        us = vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col)))
-        dgs, dus, was = [], [], []
-        part = c(0.0, "f32")
-        for u in range(V):
-            a_acc = staged(lr, e.add(lc, c(u)))
-            sgm, silu = silu_parts(e, gs[u])
-            a = e.fmul(silu, us[u])
-            da = e.fmul(a_acc, w)
-            # d silu / dg = s (1 + g (1 - s))
-            dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
-            dgs.append(bf16(e.fmul(e.fmul(da, us[u]), dsilu)))
-            dus.append(bf16(e.fmul(da, silu)))
-            was.append(bf16(e.fmul(w, a)))
-            part = e.fadd(part, e.fmul(a_acc, a))
-        dgv = e.op(f"vector.from_elements {', '.join(dgs)} : vector<{V}xbf16>")
-        duv = e.op(f"vector.from_elements {', '.join(dus)} : vector<{V}xbf16>")
-        vstore(dgv, A["dh"], e.add(hrow, col), "bf16")
-        vstore(duv, A["dh"], e.add(hrow, e.add(half, col)), "bf16")
-        wav = e.op(f"vector.from_elements {', '.join(was)} : vector<{V}xbf16>")
-        vstore(wav, A["wa"], e.add(e.mul(r, half), col), "bf16")
+        part = dswiglu_group(e, g, A, r, col, [staged(lr, e.add(lc, c(u))) for u in range(V)])
         e.emit(f"scf.yield {part} : f32")
         e.indent = e.indent[:-2]
         e.emit("} else {")
@@ -1867,7 +2054,7 @@ class Host:
         if g.persistent:
             tiles = e.minu(e.mul(tiles, gz), self.c(NUM_CTAS))
             gz = self.c(1)
-        self.launch(kernel, tiles, self.c(1), gz, args, g.launch_smem, GEMM_THREADS)
+        self.launch(kernel, tiles, self.c(1), gz, args, g.launch_smem, g.threads)
 
     def launch(self, kernel, gx, gy, gz, args, smem=0, threads=THREADS):
         e = self.e

@@ -2,7 +2,12 @@
 // (docs/gpu-path.md): each grouped GEMM copies its A tiles (gathered, row-wise or
 // MN-major) with cp.async into the 1024-aligned dynamic buffer, loads the expert
 // weights (B of the varlen-M GEMMs) by TMA boxes that complete on one mbarrier a ring
-// slot, and multiplies with m64n256k16 wgmma on two warpgroups.
+// slot, and multiplies with m64n256k16 wgmma on two warpgroups. The persistent
+// GEMMs (all but dSwiGLU's and the fp32 router GEMM) are warp-specialised: a producer
+// warpgroup (setmaxnreg down) issues the copies and signals full[s] through
+// cp.async.mbarrier.arrive.noinc; the consumers (setmaxnreg up) wait on full[s], fence
+// the generic-proxy writes for wgmma, release the slot of the step before on empty[s]
+// and synchronise among themselves only (bar.sync 1, 256).
 // RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
 // RUN: FileCheck %s --input-file=%t.moe_kernels.ptx
@@ -10,41 +15,65 @@
 // CHECK: .target sm_90a
 // CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
 // CHECK-LABEL: .entry moe_gemm_up_gather(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: mbarrier.init.shared.b64
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
 // CHECK: prefetch.tensormap
-// CHECK: cp.async.cg.shared.global
-// CHECK: mbarrier.arrive.expect_tx.shared.b64
-// CHECK-COUNT-4: cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK-DAG: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-DAG: cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
 // CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_up_rows(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: mbarrier.init.shared.b64
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
 // CHECK: prefetch.tensormap
-// CHECK: cp.async.cg.shared.global
-// CHECK: mbarrier.arrive.expect_tx.shared.b64
-// CHECK-COUNT-4: cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK-DAG: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-DAG: cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
 // CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_rows_mn_bf16(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: mbarrier.init.shared.b64
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
 // CHECK: prefetch.tensormap
-// CHECK: cp.async.cg.shared.global
-// CHECK: mbarrier.arrive.expect_tx.shared.b64
-// CHECK-COUNT-4: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK-DAG: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-DAG: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
 // CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_rows_mn_f32(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: mbarrier.init.shared.b64
@@ -58,17 +87,25 @@
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_rows_k_bf16(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: mbarrier.init.shared.b64
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
 // CHECK: prefetch.tensormap
-// CHECK: cp.async.cg.shared.global
-// CHECK: mbarrier.arrive.expect_tx.shared.b64
-// CHECK: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK-DAG: mbarrier.arrive.expect_tx.shared.b64
+// CHECK-DAG: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
 // CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 0
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_dact_gather(
 // CHECK: .maxntid 256, 1, 1
 // CHECK: mbarrier.init.shared.b64
@@ -94,26 +131,59 @@
 // CHECK: wgmma.commit_group.sync.aligned
 // CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_wgrad_gather(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: cp.async.cg.shared.global
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
+// CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_wgrad_gather_a(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: cp.async.cg.shared.global
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
+// CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_wgrad_rows(
-// CHECK: .maxntid 256, 1, 1
-// CHECK: cp.async.cg.shared.global
+// CHECK: .maxntid 384, 1, 1
+// CHECK-COUNT-6: mbarrier.init.shared.b64
+// CHECK: setmaxnreg.dec.sync.aligned.u32 72;
+// CHECK-DAG: mbarrier.try_wait.parity.shared.b64
+// CHECK-DAG: cp.async.cg.shared.global
+// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
+// CHECK: setmaxnreg.inc.sync.aligned.u32 216;
+// CHECK: mbarrier.try_wait.parity.shared.b64
+// CHECK: fence.proxy.async.shared::cta;
 // CHECK: wgmma.fence.sync.aligned
 // Both operands MN-major (transposed by wgmma: imm-trans-a = imm-trans-b = 1).
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{.*}}, p, 1, 1, 1, 1;
 // CHECK: wgmma.commit_group.sync.aligned
+// CHECK: wgmma.wait_group.sync.aligned 1
+// CHECK-DAG: mbarrier.arrive.shared.b64
+// CHECK-DAG: wgmma.wait_group.sync.aligned 0
+// CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_router_scores(
 // CHECK: .maxntid 128, 1, 1
 // CHECK-LABEL: .entry moe_router_select(

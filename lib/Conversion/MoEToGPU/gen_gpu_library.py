@@ -197,19 +197,17 @@ class Gemm:
         # bf16 epilogues run persistent: one CTA an SM walks the tiles and prefetches the
         # next tile's first stages while it writes this tile's C through a half-tile
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
-        # warp-specialised kernels run persistent, the dSwiGLU GEMM too
-        self.ws = (epi in PERSISTENT_EPILOGUES or epi == "dswiglu") and (
+        self.persistent = epi in PERSISTENT_EPILOGUES
+        self.ws = self.persistent and (
             WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b)))
-        self.persistent = epi in PERSISTENT_EPILOGUES or self.ws
         self.threads = WS_THREADS if self.ws else GEMM_THREADS
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
         if self.ws:
             # C's staging buffer follows the ring: the producer may refill every slot
-            # while the consumers write C out (dSwiGLU: and the rows' first-half dS)
-            self.ds_offset = ring + STAGE_C_BYTES
-            self.cum_offset = self.ds_offset + (4 * BM if epi == "dswiglu" else 0)
+            # while the consumers write C out
+            self.cum_offset = ring + STAGE_C_BYTES
         elif self.persistent:
             self.cum_offset = max(ring, ring - STAGE_BYTES + STAGE_C_BYTES)
         else:
@@ -884,75 +882,11 @@ def gen_gemm(g):
         if_end()
         return f"{res}#0", f"{res}#1", f"{res}#2"
 
-    def dswiglu_ws_epilogue(S, acc):
-        """dSwiGLU from the accumulator through the staging buffer, half a tile (128
-        columns of fp32) at a time: chunk q of 8 columns of row r sits at q ^ (r % 16),
-        so the fragments go in as pairs and a thread reads its 8 columns as two
-        16-byte loads. Thread t walks rows t/16 + 16 i at columns 8 (t % 16) of the half
-        in a loop: unrolled, ptxas hoisted every row's H loads and spilled. The 16
-        threads of a row sum their dS parts in a fixed order; the first half's sum waits
-        in shared memory for the second's."""
-        SF = f"memref<?xf32, {WG}>"
-        stagef = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(BM * BN // 2)}] : {SMEM} to {SF}", "stf")
-        ds_stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ds_offset))}][{c(BM)}] : {SMEM} to {SF}", "sds")
-        half = A["dim_n"]
-        lr0, lc = e.div(tid, c(16)), e.mul(e.rem(tid, c(16)), c(V))
-        row_lead = e.cmp("eq", e.rem(tid, c(16)), c(0))
-        for h in (0, 1):
-            consumer_barrier()  # the half before (or the last tile) has been read
-            for j in range(16 * h, 16 * h + 16):
-                for i in range(2):
-                    row = e.add(qrow, c(8 * i))
-                    chunk = e.xor(c(j - 16 * h), e.rem(row, c(16)))
-                    idx = e.add(e.mul(row, c(BN // 2)), e.add(e.mul(chunk, c(V)), qcol))
-                    vals = [e.op(f"llvm.extractvalue {acc}[{4 * j + 2 * i + cc}] : {ACC}", "f") for cc in range(2)]
-                    vec = e.op(f"vector.from_elements {vals[0]}, {vals[1]} : vector<2xf32>")
-                    e.emit(f"vector.store {vec}, {stagef}[{idx}] {{alignment = 8}} : {SF}, vector<2xf32>")
-            consumer_barrier()
-            col = e.add(S["n0"], e.add(c(128 * h), lc))
-            col_ok = e.cmp("ult", col, half)
-            it = e.fresh("it")
-            e.emit(f"scf.for {it} = {c(0)} to {c(BM // 16)} step {c(1)} {{")
-            e.indent += "  "
-            lr = e.add(lr0, e.mul(it, c(16)))
-            r = e.add(S["m0"], lr)
-            row_ok = e.cmp("ult", r, S["m_end"])
-            ok = e.op(f"arith.andi {row_ok}, {col_ok} : i1")
-            part = e.fresh("dsp")
-            e.emit(f"{part} = scf.if {ok} -> (f32) {{")
-            e.indent += "  "
-            base = e.add(e.mul(lr, c(BN // 2)), e.mul(e.xor(e.div(lc, c(V)), e.rem(lr, c(16))), c(V)))
-            accs = []
-            for q in range(2):
-                v4 = e.op(f"vector.load {stagef}[{e.add(base, c(4 * q))}] {{alignment = 16}} : {SF}, vector<4xf32>")
-                accs += [e.op(f"vector.extract {v4}[{u}] : f32 from vector<4xf32>") for u in range(4)]
-            e.emit(f"scf.yield {dswiglu_group(e, g, A, r, col, accs)} : f32")
-            e.indent = e.indent[:-2]
-            e.emit("} else {")
-            e.emit(f"  scf.yield {c(0.0, 'f32')} : f32")
-            e.emit("}")
-            if g.has_ds:
-                total = part
-                for mask in (8, 4, 2, 1):
-                    name = e.fresh("sh")
-                    e.emit(f"{name}, {name}ok = gpu.shuffle xor {total}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
-                    total = e.fadd(total, name)
-                if h == 0:
-                    if_begin(row_lead)
-                    e.emit(f"memref.store {total}, {ds_stage}[{lr}] : {SF}")
-                else:
-                    if_begin(e.op(f"arith.andi {row_lead}, {row_ok} : i1"))
-                    first = e.op(f"memref.load {ds_stage}[{lr}] : {SF}")
-                    e.emit(f"memref.store {e.fadd(first, total)}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
-                if_end()
-            e.indent = e.indent[:-2]
-            e.emit("}")
-
     if g.persistent:
         # write_half's destinations
         if g.epi == "swiglu":
             hout_ptr, aout_ptr = gptr(A["hout"], "memref<?xbf16>"), gptr(A["aout"], "memref<?xbf16>")
-        elif g.epi != "dswiglu":
+        else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
     if g.ws:
         stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
@@ -997,15 +931,12 @@ def gen_gemm(g):
         S = setup(t)
         acc, nsl, nph = mainloop_ws(S, sl, ph)
         if_begin(S["valid"])
-        if g.epi == "dswiglu":
-            dswiglu_ws_epilogue(S, acc)
-        else:
-            consumer_barrier()  # the last tile's stores have read the staging buffer
-            for h in (0, 1):
-                stage_half(e, g, stage, acc, h, qrow, qcol, lane)
-            consumer_barrier()
-            for h in (0, 1):
-                write_half(S, stage, h)
+        consumer_barrier()  # the last tile's stores have read the staging buffer
+        for h in (0, 1):
+            stage_half(e, g, stage, acc, h, qrow, qcol, lane)
+        consumer_barrier()
+        for h in (0, 1):
+            write_half(S, stage, h)
         if_end()
         e.emit(f"scf.yield {nsl}, {nph} : index, i32")
         e.indent = loop_indent

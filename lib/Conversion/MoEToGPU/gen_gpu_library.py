@@ -41,6 +41,7 @@ GROUP_M = int(os.environ.get("MOE_GEMM_GROUP_M", "16"))  # M-tiles per raster gr
 PERSISTENT_EPILOGUES = ("store_bf16", "store_bf16_w", "swiglu")
 P_STAGES = int(os.environ.get("MOE_GEMM_PSTAGES", "3"))
 NUM_CTAS = 132  # SMs of an H100 / H200; any count is correct, this one is the fastest
+MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may ask for on sm_90
 # Warp specialisation (CODEGEN.md lead 1): the persistent kernels named by MOE_GEMM_WS
 # ("all" of them, the "gather"ed-operand ones, or "none") add a producer warpgroup that
 # issues every copy of the ring; the two consumer warpgroups only wait on the ring's
@@ -48,17 +49,39 @@ NUM_CTAS = 132  # SMs of an H100 / H200; any count is correct, this one is the f
 # barrier is left in the k-loop, and the next tile's loads fill the whole ring while the
 # consumers run the epilogue (C has a staging buffer of its own).
 WS_KERNELS = os.environ.get("MOE_GEMM_WS", "all")
-assert WS_KERNELS in ("all", "gather", "none"), WS_KERNELS
+if WS_KERNELS not in ("all", "gather", "none"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS={WS_KERNELS!r}: expected all, gather or none")
 WS_THREADS = GEMM_THREADS + 128
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168). More hangs in
 # setmaxnreg.inc. P = 40 and 56 spill in the row-wise producers (ptxas -v); the consumers
 # need 128 for the accumulator.
-WS_PRODUCER_REGS, WS_CONSUMER_REGS = (int(x) for x in os.environ.get("MOE_GEMM_WS_REGS", "72,216").split(","))
 WS_LAUNCH_REGS = 65536 // WS_THREADS // 8 * 8
-assert 128 * (WS_LAUNCH_REGS - WS_PRODUCER_REGS) >= GEMM_THREADS * (WS_CONSUMER_REGS - WS_LAUNCH_REGS), \
-    "MOE_GEMM_WS_REGS: the consumers would wait for registers the producer never frees"
+
+
+def ws_register_split(text):
+    """(producer, consumer) registers from MOE_GEMM_WS_REGS ("P,C"), or exits saying why
+    the split cannot work."""
+    try:
+        producer, consumer = (int(x) for x in text.split(","))
+    except ValueError:
+        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: expected two integers, P,C")
+    for n in (producer, consumer):
+        if n % 8 or not 24 <= n <= 256:
+            sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: setmaxnreg takes multiples "
+                     "of 8 from 24 to 256")
+    if not producer <= WS_LAUNCH_REGS <= consumer:
+        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the producer gives registers "
+                 f"away and the consumers take them (P <= {WS_LAUNCH_REGS} <= C)")
+    if 128 * (WS_LAUNCH_REGS - producer) < GEMM_THREADS * (consumer - WS_LAUNCH_REGS):
+        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the consumers would wait for "
+                 f"registers the producer never frees (128 ({WS_LAUNCH_REGS} - P) must be >= "
+                 f"256 (C - {WS_LAUNCH_REGS}))")
+    return producer, consumer
+
+
+WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # varlen_m: each CTA sums the experts' M-tiles into a table in shared memory once and
 # finds a tile's expert by binary search; past TABLE_EXPERTS experts it scans offsets.
@@ -224,6 +247,9 @@ class Gemm:
             # full[s] at bar_offset + 8 s; with warp specialisation empty[s] follows
             self.bar_offset = self.cum_offset + (CUM_BYTES if sched == "varlen_m" else 0)  # 8-aligned
             self.launch_smem += 8 * self.stages * (2 if self.ws else 1)
+        if self.launch_smem > MAX_SMEM:
+            sys.exit(f"gen_gpu_library.py: {name} needs {self.launch_smem} bytes of shared memory, "
+                     f"over the {MAX_SMEM} a CTA gets on sm_90a (MOE_GEMM_PSTAGES={self.stages}?)")
 
 def gemm_signature(g):
     """Kernel arguments: (name, type) pairs."""

@@ -1,0 +1,121 @@
+"""The GPU library generator (lib/Conversion/MoEToGPU/gen_gpu_library.py): its knobs, the
+warp-specialised GEMMs' layout and synchronisation, and its errors. The kernels themselves
+are checked by lit (PTX, ptxas) and on the GPU (test/GPU/ops_check.py)."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GENERATOR = os.path.join(ROOT, "lib", "Conversion", "MoEToGPU", "gen_gpu_library.py")
+
+
+def load(monkeypatch, **env):
+    """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
+    are read at import)."""
+    for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = importlib.util.spec_from_file_location("gen_gpu_library_under_test", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def generate(tmp_path, **env):
+    out = tmp_path / "library.mlir"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_GEMM_")}
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, GENERATOR, "-o", str(out)], env=full_env,
+                          capture_output=True, text=True)
+    return proc, (out.read_text() if proc.returncode == 0 else "")
+
+
+def kernel_bodies(text):
+    """{name: text} of every gpu.func in the library."""
+    heads = list(re.finditer(r"^    gpu\.func @(\w+)\(", text, re.M))
+    return {m.group(1): text[m.start():(heads[i + 1].start() if i + 1 < len(heads) else len(text))]
+            for i, m in enumerate(heads)}
+
+
+@pytest.mark.parametrize("ws", ["all", "gather", "none"])
+def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws):
+    gen = load(monkeypatch, MOE_GEMM_WS=ws)
+    selected = []
+    for g in gen.GEMMS:
+        assert g.launch_smem <= gen.MAX_SMEM, g.name
+        if not g.ws:
+            assert g.threads == gen.GEMM_THREADS, g.name
+            continue
+        selected.append(g.name)
+        assert g.persistent and g.threads == 384, g.name
+        # ring, then C's staging buffer, then the tile table (varlen_m), then full[s] and
+        # empty[s]; the launch asks for 1 KiB of alignment on top
+        assert g.cum_offset >= g.ring_bytes + gen.STAGE_C_BYTES, g.name
+        table = gen.CUM_BYTES if g.sched == "varlen_m" else 0
+        assert g.bar_offset >= g.cum_offset + table and g.bar_offset % 8 == 0, g.name
+        assert g.bar_offset + 16 * g.stages + 1024 <= g.launch_smem, g.name
+    persistent = [g.name for g in gen.GEMMS if g.persistent]
+    if ws == "all":
+        assert selected == persistent
+    elif ws == "gather":
+        assert selected == [n for n in persistent if "gather" in n]
+    else:
+        assert selected == []
+
+
+def test_warp_specialised_kernels_synchronise_safely(tmp_path):
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    ws = [n for n, body in bodies.items() if "setmaxregister" in body]
+    assert sorted(ws) == sorted(["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_rows_mn_bf16",
+                                 "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
+                                 "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"])
+    for name in ws:
+        body = bodies[name]
+        assert "known_block_size = array<i32: 384, 1, 1>" in body, name
+        split = body.index("nvvm.setmaxregister decrease 72")
+        assert body.index("nvvm.setmaxregister increase 216") > split, name
+        # a block-wide barrier after the roles split would wait for threads that never come
+        assert body.rfind("gpu.barrier") < split, name
+        after = body[split:]
+        assert "nvvm.cp.async.mbarrier.arrive" in after and "{noinc = true}" in after, name
+        assert after.count("nvvm.mbarrier.try_wait.parity") == 2, name  # empty[s], full[s]
+        assert "nvvm.barrier id = " in after, name  # the consumers' own barrier 1
+        # full[s] counts the 128 producers (+1 for the TMA thread), empty[s] the 8 consumer warps
+        consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
+        counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
+        full = 129 if "cp.async.bulk.tensor" in body else 128
+        assert counts == [full, 8] * 3, (name, counts)
+    for name, body in bodies.items():
+        if name.startswith("moe_gemm") and name not in ws:
+            assert "known_block_size = array<i32: 256, 1, 1>" in body, name
+            assert "setmaxregister" not in body and "cp.async.mbarrier.arrive" not in body, name
+
+
+def test_variants_generate(tmp_path):
+    for ws in ("gather", "none"):
+        proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
+        assert proc.returncode == 0, proc.stderr
+        assert ("setmaxregister" in text) == (ws == "gather")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"MOE_GEMM_WS": "some"}, "expected all, gather or none"),
+    ({"MOE_GEMM_WS_REGS": "80,216"}, "registers the producer never frees"),
+    ({"MOE_GEMM_WS_REGS": "72"}, "expected two integers"),
+    ({"MOE_GEMM_WS_REGS": "70,216"}, "multiples of 8 from 24 to 256"),
+    ({"MOE_GEMM_WS_REGS": "216,72"}, "P <= 168 <= C"),
+    ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
+])
+def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
+    proc, _ = generate(tmp_path, **env)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,27 @@
+// The generator's GEMM variants that docs/perf.md times beside the default
+// (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised;
+// MOE_GEMM_WS=none: none of them) still compile for sm_90a with no spill, no local
+// stack and no wgmma serialisation warning (check_ptxas.py fails on any).
+// REQUIRES: ptxas
+// RUN: env MOE_GEMM_WS=gather %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
+// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
+// RUN: mlir-opt %t.gather.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.gather.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.gather.isa.mlir %t.gather
+// RUN: %ptxas -arch=sm_90a -v %t.gather.moe_kernels.ptx -o %t.gather.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.gather.txt
+// RUN: FileCheck %s --check-prefix=GATHER < %t.gather.txt
+// RUN: env MOE_GEMM_WS=none %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.none.mlir
+// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.none.mlir > %t.none.ops.mlir
+// RUN: mlir-opt %t.none.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.none.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.none.isa.mlir %t.none
+// RUN: %ptxas -arch=sm_90a -v %t.none.moe_kernels.ptx -o %t.none.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.none.txt
+// RUN: FileCheck %s --check-prefix=NONE < %t.none.txt
+// RUN: not grep "Used 168 registers" %t.none.txt
+
+// The gathered kernels launch with 168 registers a thread (384 threads) and move them
+// with setmaxnreg; the row-wise ones keep the 256-thread kernel.
+// GATHER-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
+// GATHER-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
+// GATHER-DAG: Compiling entry function 'moe_gemm_rows_k_bf16' for 'sm_90a'
+// GATHER-DAG: Used 168 registers
+// NONE-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
+// NONE-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'

@@ -6,6 +6,10 @@
 #   GPU machine: bash scripts/gpu-ops-compare.sh CONFIGS DIR...
 # Runs every op check on the first DIR, then times the BENCH.md configurations CONFIGS
 # (comma-separated) with each DIR in turn (MOE_PROFILE=1 adds per-kernel CUDA times).
+# MOE_COMPARE_ROUNDS=N (default 1) repeats the timing N times, every other round in the
+# reverse order, so a drift of the GPU's speed over the call (clocks, temperature) does not
+# favour the variant that runs first; the summary then ends with each variant's mean step
+# time per configuration over the rounds.
 # Writes $OUT/summary.txt (the BENCH lines) and $OUT/compare.tgz (every log and JSON).
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,16 +17,29 @@ out=${OUT:-/tmp/moe-gpu-out}
 configs=$1
 shift
 mkdir -p "$out/compare"
+rounds=${MOE_COMPARE_ROUNDS:-1}
+case "$rounds" in '' | *[!0-9]* | 0)
+  echo "gpu-ops-compare.sh: MOE_COMPARE_ROUNDS=$rounds: expected a positive integer" >&2
+  exit 2 ;;
+esac
 status=0
-first=1
-for dir in "$@"; do
-  name=$(basename "$dir")
-  if [ $first = 1 ]; then
-    OUT="$out/compare/check-$name" bash "$root/scripts/gpu-ops-check.sh" --ops="$dir" | tail -3 || status=1
-    first=0
+name=$(basename "$1")
+OUT="$out/compare/check-$name" bash "$root/scripts/gpu-ops-check.sh" --ops="$1" | tail -3 || status=1
+dirs=("$@")
+for ((r = 1; r <= rounds; r++)); do
+  order=("${dirs[@]}")
+  if [ $((r % 2)) = 0 ]; then
+    order=()
+    for ((i = ${#dirs[@]} - 1; i >= 0; i--)); do order+=("${dirs[i]}"); done
   fi
-  OUT="$out/compare/bench-$name" bash "$root/scripts/gpu-ops-check.sh" --ops="$dir" --bench="$configs" |
-    grep -E "^BENCH|FAIL" || status=1
+  for dir in "${order[@]}"; do
+    name=$(basename "$dir")
+    # round 1 keeps the folder names of a single round
+    tag=$name
+    [ "$rounds" = 1 ] || tag=$name-r$r
+    OUT="$out/compare/bench-$tag" bash "$root/scripts/gpu-ops-check.sh" --ops="$dir" --bench="$configs" |
+      grep -E "^BENCH|FAIL" || status=1
+  done
 done
 {
   for f in "$out"/compare/bench-*/ops.log; do
@@ -30,6 +47,15 @@ done
     grep -E "^BENCH|^generator" "$f"
   done
   grep -hE "passed, .* failed|^FAIL" "$out"/compare/check-*/ops.log
+  if [ "$rounds" != 1 ]; then
+    echo "== mean step (ms) over $rounds rounds, alternating order"
+    for dir in "${dirs[@]}"; do
+      name=$(basename "$dir")
+      cat "$out"/compare/bench-"$name"-r*/ops.log 2>/dev/null |
+        awk -v v="$name" '/^BENCH/ { c = $2; sub(":", "", c); t[c] += $3; n[c]++ }
+          END { for (c in t) printf "MEAN %s %s: %.2f ms over %d\n", v, c, t[c] / n[c], n[c] }' | sort
+    done
+  fi
 } >"$out/summary.txt"
 tar -C "$out" -czf "$out/compare.tgz" compare && rm -rf "$out/compare"
 cat "$out/summary.txt"

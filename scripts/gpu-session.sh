@@ -7,7 +7,8 @@
 # build-torch-inputs.sh; carry gpu-inputs, and .whl for liger):
 #   ops       every op check on gpu-inputs/ops, then the op sequence of each BENCH.md step
 #             timed with gpu-inputs/ops and each other gpu-inputs/ops-* variant in turn
-#             (MOE_PROFILE=1: per kernel) (gpu-ops-compare.sh);
+#             (MOE_PROFILE=1: per kernel; MOE_COMPARE_ROUNDS=N: N rounds, every other one in
+#             reverse order, and each variant's mean) (gpu-ops-compare.sh);
 #   sanitize  the quick op checks under compute-sanitizer (MOE_SANITIZE_TOOLS, default
 #             "memcheck racecheck") on gpu-inputs/ops;
 #   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac

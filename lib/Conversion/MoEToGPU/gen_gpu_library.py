@@ -918,55 +918,60 @@ def gen_gemm(g):
         stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
         # Both roles walk the same tiles in the same order; a tile's k-steps go round
         # the ring, each slot's phase parity flipping on every wrap.
+        def tile_loop(role, tile):
+            """scf.for over this CTA's tiles carrying the ring position (slot, parity);
+            tile(t, slot, parity) emits one tile and returns the position after it."""
+            t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh(role)
+            e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
+                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
+            loop_indent = e.indent
+            e.indent += "  "
+            nsl, nph = tile(t, sl, ph)
+            e.emit(f"scf.yield {nsl}, {nph} : index, i32")
+            e.indent = loop_indent
+            e.emit("}")
+
+        def producer_tile(t, sl, ph):
+            S = setup(t)
+            kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
+            e.emit(f"{kout}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+                   f"iter_args({ksl} = {sl}, {kph} = {ph}) -> (index, i32) {{")
+            e.indent += "  "
+            # the token ids first: their loads overlap the wait for the slot
+            srcs = load_rows(S, kt)
+            # a fresh barrier's phase before the first (parity 1) counts as complete
+            e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(ksl))}, {e.xor(kph, c(1, I32), I32)}, "
+                   f"{c(0x989680, I32)} : {P3}, i32, i32")
+            issue_stage(S, kt, ksl, c(1, "i1"), srcs)
+            nslot, nph = advance(ksl, kph)
+            e.emit(f"scf.yield {nslot}, {nph} : index, i32")
+            e.indent = e.indent[:-2]
+            e.emit("}")
+            return f"{kout}#0", f"{kout}#1"
+
+        def consumer_tile(t, sl, ph):
+            S = setup(t)
+            acc, nsl, nph = mainloop_ws(S, sl, ph)
+            if_begin(S["valid"])
+            consumer_barrier()  # the last tile's stores have read the staging buffer
+            for h in (0, 1):
+                stage_half(e, g, stage, acc, h, qrow, qcol, lane)
+            consumer_barrier()
+            for h in (0, 1):
+                write_half(S, stage, h)
+            if_end()
+            return nsl, nph
+
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
-        t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("pt")
-        e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
-               f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
-        loop_indent = e.indent
-        e.indent += "  "
-        S = setup(t)
-        kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
-        e.emit(f"{kout}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-               f"iter_args({ksl} = {sl}, {kph} = {ph}) -> (index, i32) {{")
-        e.indent += "  "
-        # the token ids first: their loads overlap the wait for the slot
-        srcs = load_rows(S, kt)
-        # a fresh barrier's phase before the first (parity 1) counts as complete
-        e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(ksl))}, {e.xor(kph, c(1, I32), I32)}, "
-               f"{c(0x989680, I32)} : {P3}, i32, i32")
-        issue_stage(S, kt, ksl, c(1, "i1"), srcs)
-        nslot, nph = advance(ksl, kph)
-        e.emit(f"scf.yield {nslot}, {nph} : index, i32")
-        e.indent = e.indent[:-2]
-        e.emit("}")
-        e.emit(f"scf.yield {kout}#0, {kout}#1 : index, i32")
-        e.indent = loop_indent
-        e.emit("}")
+        tile_loop("pt", producer_tile)
         # the last copies land before the warpgroup exits
         e.emit("nvvm.cp.async.commit.group")
         e.emit("nvvm.cp.async.wait.group 0")
         e.emit("} else {")
         e.indent += "  "
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
-        t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("ct")
-        e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
-               f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
-        loop_indent = e.indent
-        e.indent += "  "
-        S = setup(t)
-        acc, nsl, nph = mainloop_ws(S, sl, ph)
-        if_begin(S["valid"])
-        consumer_barrier()  # the last tile's stores have read the staging buffer
-        for h in (0, 1):
-            stage_half(e, g, stage, acc, h, qrow, qcol, lane)
-        consumer_barrier()
-        for h in (0, 1):
-            write_half(S, stage, h)
-        if_end()
-        e.emit(f"scf.yield {nsl}, {nph} : index, i32")
-        e.indent = loop_indent
-        e.emit("}")
+        tile_loop("ct", consumer_tile)
         e.if_end()
     elif g.persistent:
         S0 = setup(bid)

@@ -24,6 +24,10 @@
 #             bench.py --gaps (host time, GPU idle stretches and the API calls meanwhile);
 #   offload-compiled  gpu-layer-check.sh --only build,offload: layers compiled with H
 #             offloaded, checked and timed as stacks against the kept ones;
+#   ncu       Nsight Compute on one step's GEMMs of MOE_NCU_CONFIG (default mixtral-8x7b)
+#             matching MOE_NCU_REGEX (default: the gathered ones, dSwiGLU's and dX's), with
+#             the sampled stalls per SASS instruction of dW_gate_up's and dSwiGLU's
+#             GEMMs (gpu-ops-check.sh --ncu);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run (its Triton autotuning takes minutes a configuration).
@@ -39,7 +43,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac
@@ -122,6 +126,10 @@ for step in ${steps//,/ }; do
     # layers compiled with --policy=offload: the reference check, then stacks against keep
     run offload-compiled 330 bash "$root/scripts/gpu-layer-check.sh" --only build,offload \
       --deadline $(($(left) - 20)) ;;
+  ncu)
+    MOE_NCU_SOURCE=${MOE_NCU_SOURCE:-wgrad_gather_a dact_gather} \
+      run ncu 400 bash "$root/scripts/gpu-ops-check.sh" --bench="${MOE_NCU_CONFIG:-mixtral-8x7b}" \
+      --ncu="${MOE_NCU_REGEX:-moe_gemm_(wgrad_gather|dact_gather|up_gather|rows_k)}" ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)
     run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \

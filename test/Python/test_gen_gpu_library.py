@@ -17,7 +17,8 @@ GENERATOR = os.path.join(ROOT, "lib", "Conversion", "MoEToGPU", "gen_gpu_library
 def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
-    for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M"):
+    for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
+                "MOE_GEMM_ROWS_TMA"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -99,6 +100,31 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
             assert "setmaxregister" not in body and "cp.async.mbarrier.arrive" not in body, name
 
 
+def test_rows_by_tma_variant(tmp_path):
+    """MOE_GEMM_ROWS_TMA=1: the weight gradients with a gathered operand take the other one
+    by TMA boxes of a per-call map in whole k-steps (full[s] then counts the TMA thread too)
+    and by cp.async in an expert's partial last k-step."""
+    proc, text = generate(tmp_path, MOE_GEMM_ROWS_TMA="1")
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name, mapname, boxes in (("moe_gemm_wgrad_gather", "%amap", 2),
+                                 ("moe_gemm_wgrad_gather_a", "%browmap", 4)):
+        body = bodies[name]
+        assert f"{mapname}: !llvm.ptr" in body.splitlines()[0], name
+        assert body.count(f"nvvm.cp.async.bulk.tensor.shared.cluster.global") == boxes, name
+        assert f"nvvm.prefetch tensormap, {mapname}" not in body, name  # null without rows
+        consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
+        counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
+        assert counts == [129, 8] * 3, (name, counts)
+        # the TMA thread arrives without bytes when the k-step is partial
+        tma = body.index("nvvm.mbarrier.arrive.expect_tx")
+        assert re.search(r"\} else \{\s+nvvm\.mbarrier\.arrive %", body[tma:]), name
+    # the host functions pass the maps: one per call of each weight gradient
+    assert text.count("func.call @moeTensorMapDeviceBf16") > \
+        generate(tmp_path)[1].count("func.call @moeTensorMapDeviceBf16")
+    assert "%amap" not in bodies["moe_gemm_wgrad_rows"] and "%browmap" not in bodies["moe_gemm_wgrad_rows"]
+
+
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
@@ -113,6 +139,7 @@ def test_variants_generate(tmp_path):
     ({"MOE_GEMM_WS_REGS": "70,216"}, "multiples of 8 from 24 to 256"),
     ({"MOE_GEMM_WS_REGS": "216,72"}, "P <= 168 <= C"),
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
+    ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

@@ -52,6 +52,13 @@ WS_KERNELS = os.environ.get("MOE_GEMM_WS", "all")
 if WS_KERNELS not in ("all", "gather", "none"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS={WS_KERNELS!r}: expected all, gather or none")
 WS_THREADS = GEMM_THREADS + 128
+# MOE_GEMM_ROWS_TMA=1: the warp-specialised weight gradients with a gathered operand load
+# the other one, an expert's contiguous rows (w*A of dW_down, dH of dW_gate_up), by TMA
+# boxes of a per-call map, and by cp.async only in an expert's last, partial k-step (a box
+# would read the next expert's rows there). Off until measured (docs/perf.md).
+ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "0")
+if ROWS_TMA not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168). More hangs in
@@ -224,6 +231,9 @@ class Gemm:
         self.ws = self.persistent and (
             WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b)))
         self.threads = WS_THREADS if self.ws else GEMM_THREADS
+        rows_tma = self.ws and ROWS_TMA == "1" and sched == "varlen_k"
+        self.tma_rows_a = rows_tma and gather_b and a == "mn"
+        self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
@@ -263,11 +273,16 @@ def gemm_signature(g):
     args += [("amat", "memref<?xbf16>"), ("lda", "index")]
     if g.b == "rows_mn" and g.gather_b:
         args += [("bids", "memref<?xi32>")]
+    if g.tma_rows_a:
+        # the tensor map of A's rows (Host.rows_map); amat serves partial k-steps
+        args += [("amap", "!llvm.ptr")]
     if g.tma_b:
         # the device address of W's tensor map (moeTensorMapDeviceBf16, Host.weight_map)
         args += [("bmap", "!llvm.ptr")]
     else:
         args += [("bmat", "memref<?xbf16>"), ("ldb", "index")]
+        if g.tma_rows_b:
+            args += [("browmap", "!llvm.ptr")]
     # M, N, K of one problem (varlen dims are read from offsets)
     args += [("dim_m", "index"), ("dim_n", "index"), ("dim_k", "index")]
     if g.epi == "swiglu":
@@ -452,7 +467,8 @@ def gen_gemm(g):
         # full[s]: the TMA thread's arrive.expect_tx, and with warp specialisation one
         # arrival of each producer thread when its cp.async copies land; empty[s]:
         # lane 0 of each consumer warp once its wgmma have read the slot
-        full_count = (ncopy if g.ws else 0) + (1 if g.tma_b else 0)
+        row_maps = [A[m] for m, on in (("amap", g.tma_rows_a), ("browmap", g.tma_rows_b)) if on]
+        full_count = (ncopy if g.ws else 0) + (1 if g.tma_b or row_maps else 0)
         for st in range(stages):
             bar = e.op(f"llvm.getelementptr {bars}[{8 * st}] : ({P3}) -> {P3}, i8")
             e.emit(f"nvvm.mbarrier.init {bar}, {c(full_count, I32)} : {P3}, i32")
@@ -461,6 +477,7 @@ def gen_gemm(g):
                 e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
+        # (not the row maps: with no rows they are null, and no k-step reads them)
         if g.tma_b:
             e.emit(f"nvvm.prefetch tensormap, {A['bmap']} : !llvm.ptr")
         e.if_end()
@@ -645,6 +662,41 @@ def gen_gemm(g):
                 rows["b"].append((src, kok))
         return rows
 
+    def rows_by_tma(S, k0, slot, slot_bytes):
+        """MOE_GEMM_ROWS_TMA: the TMA thread loads the expert's rows [k0, k0 + 64) of the
+        non-gathered operand as 64x64 boxes (the image the copies write) when the k-step
+        is whole, and only arrives when it is not. Returns `partial`, the condition under
+        which the caller copies the operand by cp.async instead."""
+        full = e.cmp("sge", e.sub(S["kcnt"], k0, I32), c(BK, I32), I32)
+        if_begin(is_t0)
+        bar = full_bar(i32(slot))
+        e.emit(f"scf.if {full} {{")
+        e.indent += "  "
+        tx = (A_TILE_BYTES if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
+        # the slot may last have been written by cp.async (generic proxy); the boxes write
+        # it through the async proxy
+        e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+        e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(tx, I32)} : {P3}, i32")
+        row = e.add(i32(S["elo"]), k0, I32)
+        boxes = []
+        if g.tma_rows_a:  # A: 128 columns m0 + 64 j, MN-major
+            boxes += [(A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
+                      for j in range(2)]
+        if g.tma_rows_b:  # B: 256 columns n0 + 64 j
+            boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), A_TILE_BYTES + j * 64 * 64 * 2)
+                      for j in range(4)]
+        for tmap, col, off in boxes:
+            dst = gep3(sptr, e.add(slot_bytes, c(off, I32), I32))
+            dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
+            e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {tmap}, {bar}, "
+                   f"box[{col}, {row}] : !llvm.ptr<7>, !llvm.ptr")
+        e.indent = e.indent[:-2]
+        e.emit("} else {")
+        e.emit(f"  nvvm.mbarrier.arrive {bar} : {P3}")
+        e.emit("}")
+        if_end()
+        return e.cmp("slt", e.sub(S["kcnt"], k0, I32), c(BK, I32), I32)
+
     def issue_stage(S, kt, slot, enabled, srcs=None):
         """The loads of k-tile kt into ring slot `slot` (both index values): cp.async
         copies of A (and of token-row B), TMA boxes of weight B."""
@@ -654,6 +706,11 @@ def gen_gemm(g):
         slot_bytes = e.mul(i32(slot), c(STAGE_BYTES, I32), I32)
         koff = zext(e.mul(k0, c(2, I32), I32))
         adst = gep3(a_dst0, slot_bytes)
+        partial = None
+        if g.tma_rows_a or g.tma_rows_b:
+            partial = rows_by_tma(S, k0, slot, slot_bytes)
+        if g.tma_rows_a:
+            if_begin(partial)
         if g.a == "mn":
             # K-rows k0 + t/16 + RS_A i of the expert; those past its end copy nothing
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
@@ -671,6 +728,8 @@ def gen_gemm(g):
                     kok = e.cmp("sgt", kleft, c(RS_A * i, I32), I32)
                 dst = e.op(f"llvm.getelementptr {adst}[{i * RS_A * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, src, e.select(kok, abytes, c(0, I32), I32))
+            if g.tma_rows_a:
+                if_end()
         else:
             # the K columns left past this thread's chunk, as bytes to copy (0-16)
             krem = e.sub(e.sub(dimk32, k0, I32), kchunk8, I32)
@@ -705,6 +764,8 @@ def gen_gemm(g):
                        f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr")
             if_end()
         else:
+            if g.tma_rows_b:
+                if_begin(partial)
             bdst = [gep3(b, slot_bytes) for b in b_dst0]
             on = e.op(f"arith.andi {S['bcol_ok']}, {enabled} : i1")
             bbytes = e.select(on, c(16, I32), c(0, I32), I32)
@@ -714,6 +775,8 @@ def gen_gemm(g):
                 p = i % len(bdst)
                 dst = e.op(f"llvm.getelementptr {bdst[p]}[{(i - p) * RS_B * 128}] : ({P3}) -> {P3}, i8")
                 cp_async(dst, src, e.select(kok, bbytes, c(0, I32), I32))
+            if g.tma_rows_b:
+                if_end()
         if g.ws:
             # full[slot] gets this thread's arrival when its copies have landed
             e.emit(f"nvvm.cp.async.mbarrier.arrive {full_bar(i32(slot))} {{noinc = true}} : {P3}")
@@ -2056,21 +2119,44 @@ class Host:
         e = self.e
         N, K, E, ldb = v["dim_n"], v["dim_k"], v["num_experts"], v["ldb"]
         row = e.mul(ldb, self.c(2))  # bytes
-
-        def i64(x):
-            return e.op(f"arith.index_cast {x} : index to i64")
-
         if g.b == "w_mn":  # [E][K][N]
             dims, strides, box = [N, K, E], [row, e.mul(K, row)], [64, 64, 1]
         elif g.b == "w_k":  # [E][N][K]
             dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, BN, 1]
         else:  # w_mn_swiglu: [E][K][2][h], gate and up halves of each row
             dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
+        return self.tensor_map(v["bmat"], dims, strides, box)
+
+    def rows_map(self, mat, rows, cols, ld):
+        """The tensor map of a [rows, cols] bf16 matrix with rows ld elements apart, in
+        64x64 boxes (MOE_GEMM_ROWS_TMA); a per-call buffer costs an upload the first time
+        its address is seen. No rows (T = 0): a null map, which no k-step reads (a map
+        cannot have an empty dimension)."""
+        e = self.e
+        out = e.fresh("rmap")
+        e.emit(f"{out} = scf.if {e.cmp('ugt', rows, self.c(0))} -> (!llvm.ptr) {{")
+        e.indent += "  "
+        tmap = self.tensor_map(mat, [cols, rows], [e.mul(ld, self.c(2))], [64, 64])
+        e.emit(f"scf.yield {tmap} : !llvm.ptr")
+        e.indent = e.indent[:-2]
+        e.emit("} else {")
+        e.emit(f"  {out}z = llvm.mlir.zero : !llvm.ptr")
+        e.emit(f"  scf.yield {out}z : !llvm.ptr")
+        e.emit("}")
+        return out
+
+    def tensor_map(self, mat, dims, strides, box):
+        """moeTensorMapDeviceBf16 of `mat`: dims innermost first, strides in bytes."""
+        e = self.e
+
+        def i64(x):
+            return e.op(f"arith.index_cast {x} : index to i64")
+
         zero = self.c(0, "i64")
         dims = [i64(x) for x in dims] + [zero] * (4 - len(dims))
         strides = [i64(x) for x in strides] + [zero] * (3 - len(strides))
         box = [self.c(b, "i64") for b in box] + [zero] * (4 - len(box))
-        addr = e.op(f"memref.extract_aligned_pointer_as_index {v['bmat']} : memref<?xbf16> -> index")
+        addr = e.op(f"memref.extract_aligned_pointer_as_index {mat} : memref<?xbf16> -> index")
         ptr = e.op(f"llvm.inttoptr {i64(addr)} : i64 to !llvm.ptr")
         args = [ptr, self.c(len(box) - box.count(zero), "i64")] + dims + strides + box
         return e.op(f"func.call @moeTensorMapDeviceBf16({', '.join(args)}) : "
@@ -2115,6 +2201,10 @@ def gemm_args(h, kernel, values):
     g = next(x for x in GEMMS if x.name == kernel)
     if g.tma_b:
         values = dict(values, bmap=h.weight_map(g, values))
+    if g.tma_rows_a:
+        values = dict(values, amap=h.rows_map(values["amat"], values["rows"], values["dim_m"], values["lda"]))
+    if g.tma_rows_b:
+        values = dict(values, browmap=h.rows_map(values["bmat"], values["rows"], values["dim_n"], values["ldb"]))
     out = []
     for name, ty in gemm_signature(g):
         out.append((values[name], ty))
@@ -2307,12 +2397,13 @@ def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dw
                  dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)))
     queue = ids if experts else None
     # dW_down = (w A)^T dOut[q]: the token rows are B; dW_gate_up = x[q]^T dH: they are A
+    # (rows: of w A and dH, for MOE_GEMM_ROWS_TMA's maps)
     launch_wgrad(h, "moe_gemm_wgrad_gather", "bids", queue, dict(
         offsets=offs, num_experts=E, amat=wa, lda=n, bmat=dout, ldb=d, dim_m=n, dim_n=d,
-        dim_k=h.c(0), cout=dwdf, ldc=d))
+        dim_k=h.c(0), cout=dwdf, ldc=d, rows=M))
     launch_wgrad(h, "moe_gemm_wgrad_gather_a", "ids", queue, dict(
         offsets=offs, num_experts=E, amat=x, lda=d, bmat=dh, ldb=two_n, dim_m=d, dim_n=two_n,
-        dim_k=h.c(0), cout=dwguf, ldc=two_n))
+        dim_k=h.c(0), cout=dwguf, ldc=two_n, rows=M))
     h.dealloc(dh, "bf16")
     h.dealloc(wa, "bf16")
 

@@ -1,6 +1,7 @@
 // The generator's GEMM variants that docs/perf.md times beside the default
 // (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised;
-// MOE_GEMM_WS=none: none of them) still compile for sm_90a with no spill, no local
+// MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1: the weight gradients' row-wise
+// operand by TMA) still compile for sm_90a with no spill, no local
 // stack and no wgmma serialisation warning (check_ptxas.py fails on any).
 // REQUIRES: ptxas
 // RUN: env MOE_GEMM_WS=gather %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
@@ -16,6 +17,12 @@
 // RUN: %ptxas -arch=sm_90a -v %t.none.moe_kernels.ptx -o %t.none.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.none.txt
 // RUN: FileCheck %s --check-prefix=NONE < %t.none.txt
 // RUN: not grep "Used 168 registers" %t.none.txt
+// RUN: env MOE_GEMM_ROWS_TMA=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
+// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.rows.mlir > %t.rows.ops.mlir
+// RUN: mlir-opt %t.rows.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.rows.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
+// RUN: %ptxas -arch=sm_90a -v %t.rows.moe_kernels.ptx -o %t.rows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.rows.txt
+// RUN: FileCheck %s --check-prefix=ROWS --input-file=%t.rows.moe_kernels.ptx
 
 // The gathered kernels launch with 168 registers a thread (384 threads) and move them
 // with setmaxnreg; the row-wise ones keep the 256-thread kernel.
@@ -25,3 +32,18 @@
 // GATHER-DAG: Used 168 registers
 // NONE-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
 // NONE-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
+
+// The row-wise operand of the two gathered weight gradients comes as 2D boxes (w*A: two
+// of 64 columns, dH: four), armed by the TMA thread's expect_tx. Their maps are not
+// prefetched: without rows the host passes a null map.
+// ROWS-LABEL: .entry moe_gemm_wgrad_gather(
+// ROWS-NOT: prefetch.tensormap
+// ROWS: mbarrier.arrive.expect_tx.shared.b64
+// ROWS-COUNT-2: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// ROWS-LABEL: .entry moe_gemm_wgrad_gather_a(
+// ROWS-NOT: prefetch.tensormap
+// ROWS: mbarrier.arrive.expect_tx.shared.b64
+// ROWS-COUNT-4: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// ROWS-LABEL: .entry moe_gemm_wgrad_rows(
+// ROWS-NOT: cp.async.bulk.tensor
+// ROWS: .entry

@@ -61,9 +61,9 @@ if ROWS_TMA not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
-# free at least what the consumers take: 128 (168 - P) >= 256 (C - 168). More hangs in
-# setmaxnreg.inc. P = 40 and 56 spill in the row-wise producers (ptxas -v); the consumers
-# need 128 for the accumulator.
+# free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
+# for more wait in setmaxnreg.inc forever. P = 40 and 56 spill in the row-wise producers
+# (ptxas -v); the consumers need 128 for the accumulator.
 WS_LAUNCH_REGS = 65536 // WS_THREADS // 8 * 8
 
 

@@ -219,29 +219,28 @@ LogicalResult StepPlanner::collect() {
 }
 
 LogicalResult StepPlanner::assign() {
-  SmallVector<Buffer *> order;
+  SmallVector<Buffer *> inArena;
   SmallVector<ArenaBuffer> requests;
   for (auto &entry : buffers)
     if (!entry.second.host) {
-      order.push_back(&entry.second);
+      inArena.push_back(&entry.second);
       requests.push_back(
           {entry.second.size, entry.second.first, entry.second.last});
     }
   SmallVector<uint64_t> offsets;
   arenaSize = placeInArena(requests, alignment, offsets);
-  for (auto [buffer, offset] : llvm::zip(order, offsets))
+  for (auto [buffer, offset] : llvm::zip(inArena, offsets))
     buffer->offset = offset;
   // The check: no two buffers live at one op share a byte.
   if (auto overlap = findArenaOverlap(requests, offsets))
     return forward.emitOpError("moe-plan-memory placed ")
-           << valueName(order[overlap->first]->value) << " and "
-           << valueName(order[overlap->second]->value)
+           << valueName(inArena[overlap->first]->value) << " and "
+           << valueName(inArena[overlap->second]->value)
            << " at overlapping offsets while both are live (a bug)";
-  SmallVector<Buffer *> placed(order);
 
   // The peak: the most bytes live at one op.
   SmallVector<uint64_t> live(ops.size(), 0);
-  for (Buffer *buffer : placed)
+  for (Buffer *buffer : inArena)
     for (unsigned i = buffer->first; i <= buffer->last; ++i)
       live[i] += buffer->size;
   for (auto [index, bytes] : llvm::enumerate(live))

@@ -4,7 +4,7 @@
 #   here:        bash scripts/build-ops-harness.sh gpu-inputs/ops-base /tmp/old_generator.py
 #                bash scripts/build-ops-harness.sh                 # gpu-inputs/ops
 #   GPU machine: bash scripts/gpu-ops-compare.sh CONFIGS DIR...
-# Runs every op check on the first DIR, then times the BENCH.md configurations CONFIGS
+# Runs every op check on each DIR (a variant that is timed must be right), then times the BENCH.md configurations CONFIGS
 # (comma-separated) with each DIR in turn (MOE_PROFILE=1 adds per-kernel CUDA times).
 # MOE_COMPARE_ROUNDS=N (default 1) repeats the timing N times, every other round in the
 # reverse order, so a drift of the GPU's speed over the call (clocks, temperature) does not
@@ -23,9 +23,14 @@ case "$rounds" in '' | *[!0-9]* | 0)
   exit 2 ;;
 esac
 status=0
-name=$(basename "$1")
-OUT="$out/compare/check-$name" bash "$root/scripts/gpu-ops-check.sh" --ops="$1" | tail -3 || status=1
 dirs=("$@")
+for dir in "${dirs[@]}"; do
+  name=$(basename "$dir")
+  echo "== check $name"
+  # a variant that hangs loses its own check, not the others' timing
+  OUT="$out/compare/check-$name" timeout -k 5 "${MOE_COMPARE_CHECK_LIMIT:-150}" \
+    bash "$root/scripts/gpu-ops-check.sh" --ops="$dir" | tail -3 || status=1
+done
 for ((r = 1; r <= rounds; r++)); do
   order=("${dirs[@]}")
   if [ $((r % 2)) = 0 ]; then
@@ -46,16 +51,32 @@ done
     echo "== $f"
     grep -E "^BENCH|^generator" "$f"
   done
-  grep -hE "passed, .* failed|^FAIL" "$out"/compare/check-*/ops.log
+  for dir in "${dirs[@]}"; do
+    name=$(basename "$dir")
+    echo "check $name: $(grep -hE "passed, .* failed" "$out/compare/check-$name/ops.log")"
+    grep -hE "^FAIL" "$out/compare/check-$name/ops.log"
+  done
   if [ "$rounds" != 1 ]; then
     echo "== mean step (ms) over $rounds rounds, alternating order"
     for dir in "${dirs[@]}"; do
       name=$(basename "$dir")
-      cat "$out"/compare/bench-"$name"-r*/ops.log 2>/dev/null |
+      # -r[0-9]*: not the rounds of a variant whose name extends this one (ops, ops-rows)
+      cat "$out"/compare/bench-"$name"-r[0-9]*/ops.log 2>/dev/null |
         awk -v v="$name" '/^BENCH/ { c = $2; sub(":", "", c); t[c] += $3; n[c]++ }
           END { for (c in t) printf "MEAN %s %s: %.2f ms over %d\n", v, c, t[c] / n[c], n[c] }' | sort
     done
   fi
+  # MOE_PROFILE=1: each GEMM's CUDA time (ms, all its launches in a step), mean over the
+  # rounds; a configuration's profile table comes before its BENCH line
+  for dir in "${dirs[@]}"; do
+    name=$(basename "$dir")
+    cat "$out"/compare/bench-"$name"/ops.log "$out"/compare/bench-"$name"-r[0-9]*/ops.log 2>/dev/null |
+      awk -v v="$name" '$1 ~ /^moe_gemm_/ { t = $(NF - 2); ms = t + 0; if (t ~ /us$/) ms /= 1000
+            k[$1] += ms }
+          /^BENCH/ { c = $2; sub(":", "", c); for (g in k) { s[c " " g] += k[g]; n[c " " g]++ }
+            delete k }
+          END { for (x in s) printf "KERNEL %s %s %.3f ms over %d\n", v, x, s[x] / n[x], n[x] }' | sort
+  done
 } >"$out/summary.txt"
 tar -C "$out" -czf "$out/compare.tgz" compare && rm -rf "$out/compare"
 cat "$out/summary.txt"

@@ -10,7 +10,7 @@
 #             (MOE_PROFILE=1: per kernel; MOE_COMPARE_ROUNDS=N: N rounds, every other one in
 #             reverse order, and each variant's mean) (gpu-ops-compare.sh);
 #   sanitize  the quick op checks under compute-sanitizer (MOE_SANITIZE_TOOLS, default
-#             "memcheck racecheck") on gpu-inputs/ops;
+#             "memcheck racecheck") on gpu-inputs/ops (MOE_SANITIZE_OPS: another variant);
 #   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
 #   torch     gpu-torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
@@ -24,7 +24,8 @@
 #             bench.py --gaps (host time, GPU idle stretches and the API calls meanwhile);
 #   offload-compiled  gpu-layer-check.sh --only build,offload: layers compiled with H
 #             offloaded, checked and timed as stacks against the kept ones;
-#   ncu       Nsight Compute on one step's GEMMs of MOE_NCU_CONFIG (default mixtral-8x7b)
+#   ncu       Nsight Compute on one step's GEMMs of MOE_NCU_CONFIG (default mixtral-8x7b;
+#             the library of MOE_NCU_OPS, default gpu-inputs/ops)
 #             matching MOE_NCU_REGEX (default: the gathered ones, dSwiGLU's and dX's), with
 #             the sampled stalls per SASS instruction of dW_gate_up's and dSwiGLU's
 #             GEMMs (gpu-ops-check.sh --ncu);
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac
@@ -101,7 +102,8 @@ for step in ${steps//,/ }; do
     MOE_PROFILE=1 run ops 330 bash "$root/scripts/gpu-ops-compare.sh" "$configs" $(variants) ;;
   sanitize)
     MOE_SANITIZE_TOOLS=${MOE_SANITIZE_TOOLS:-memcheck racecheck} \
-      run sanitize 200 bash "$root/scripts/gpu-ops-check.sh" --quick --sanitize ;;
+      run sanitize 200 bash "$root/scripts/gpu-ops-check.sh" --quick --sanitize \
+      --ops="$root/${MOE_SANITIZE_OPS:-gpu-inputs/ops}" ;;
   layer)
     run layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,example,check,bench,recompute \
       --deadline $(($(left) - 20)) ;;
@@ -129,6 +131,7 @@ for step in ${steps//,/ }; do
   ncu)
     MOE_NCU_SOURCE=${MOE_NCU_SOURCE:-wgrad_gather_a dact_gather} \
       run ncu 400 bash "$root/scripts/gpu-ops-check.sh" --bench="${MOE_NCU_CONFIG:-mixtral-8x7b}" \
+      --ops="$root/${MOE_NCU_OPS:-gpu-inputs/ops}" \
       --ncu="${MOE_NCU_REGEX:-moe_gemm_(wgrad_gather|dact_gather|up_gather|rows_k)}" ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)

@@ -18,7 +18,7 @@ def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA"):
+                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_WGRAD_STAGES"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -44,9 +44,11 @@ def kernel_bodies(text):
             for i, m in enumerate(heads)}
 
 
-@pytest.mark.parametrize("ws", ["all", "gather", "none"])
-def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws):
-    gen = load(monkeypatch, MOE_GEMM_WS=ws)
+@pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
+                                       ("all", {"MOE_GEMM_WGRAD_STAGES": "4"}),
+                                       ("all", {"MOE_GEMM_BULK_STORE": "1"})])
+def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
+    gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
     selected = []
     for g in gen.GEMMS:
         assert g.launch_smem <= gen.MAX_SMEM, g.name
@@ -57,7 +59,8 @@ def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws):
         assert g.persistent and g.threads == 384, g.name
         # ring, then C's staging buffer, then the tile table (varlen_m), then full[s] and
         # empty[s]; the launch asks for 1 KiB of alignment on top
-        assert g.cum_offset >= g.ring_bytes + gen.STAGE_C_BYTES, g.name
+        assert g.cum_offset >= g.ring_bytes + g.stage_c_bytes, g.name
+        assert g.ring_bytes == g.stages * gen.STAGE_BYTES, g.name
         table = gen.CUM_BYTES if g.sched == "varlen_m" else 0
         assert g.bar_offset >= g.cum_offset + table and g.bar_offset % 8 == 0, g.name
         assert g.bar_offset + 16 * g.stages + 1024 <= g.launch_smem, g.name
@@ -125,6 +128,73 @@ def test_rows_by_tma_variant(tmp_path):
     assert "%amap" not in bodies["moe_gemm_wgrad_rows"] and "%browmap" not in bodies["moe_gemm_wgrad_rows"]
 
 
+def test_bulk_store_variant(tmp_path):
+    """MOE_GEMM_BULK_STORE=1: the warp-specialised kernels with a plain bf16 C stage it by
+    stmatrix (16 x4 a consumer thread: 128 rows x 256 columns) and copy it out by one bulk
+    copy a row; a thread waits for its copy to have read the staging row before the next
+    tile's barrier, and for all of them before it exits. SwiGLU's epilogue is unchanged."""
+    proc, text = generate(tmp_path, MOE_GEMM_BULK_STORE="1")
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name in ("moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
+                 "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"):
+        body = bodies[name]
+        assert body.count("nvvm.stmatrix") == 16, name
+        assert body.count("nvvm.cp.async.bulk.global.shared.cta") == 1, name
+        read_wait = body.index("nvvm.cp.async.bulk.wait_group 0 {read}")
+        assert read_wait < body.index("nvvm.stmatrix"), name
+        assert body.index("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>",
+                          body.index("nvvm.stmatrix")) < body.index("nvvm.cp.async.bulk.global"), name
+        # the wait for the writes too, after the tile loop
+        assert re.search(r"nvvm\.cp\.async\.bulk\.wait_group 0\n", body[read_wait:]), name
+        assert "llvm.store" not in body, name  # no per-thread stores of C left
+    for name in ("moe_gemm_up_gather", "moe_gemm_dact_gather"):
+        assert "nvvm.stmatrix" not in bodies[name] and "cp.async.bulk.global" not in bodies[name]
+    assert "nvvm.stmatrix" not in generate(tmp_path)[1]
+
+
+def test_gathered_ids_come_a_k_step_ahead(tmp_path):
+    """The warp-specialised weight gradients' producer loads the token ids of the next
+    k-step (one a lane, carried across the k-loop and from a tile's last k-step to the next
+    tile) before it waits for this step's slot, and spreads them with shuffles: 8 rows a
+    warp of the gathered A, 16 of the gathered B."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name, shuffles in (("moe_gemm_wgrad_gather_a", 8), ("moe_gemm_wgrad_gather", 16)):
+        body = bodies[name]
+        producer = body[body.index("setmaxregister decrease"):body.index("setmaxregister increase")]
+        assert producer.count("gpu.shuffle idx") == shuffles, name
+        # tile loop and k-loop both carry one id (i32) beside the ring position
+        assert len(re.findall(r"scf\.for .*-> \(index, i32, i32\)", producer)) == 2, name
+        kloop = producer[[m.start() for m in re.finditer(r"scf\.for ", producer)][1]:]
+        wait = kloop.index("nvvm.mbarrier.try_wait.parity")
+        assert re.search(r"llvm\.load %\w+ : !llvm\.ptr<1> -> i32", kloop[:wait]), name
+        assert "gpu.shuffle" not in kloop[:wait], name
+    # the row-wise weight gradient has no ids to carry
+    assert "gpu.shuffle idx" not in bodies["moe_gemm_wgrad_rows"]
+
+
+def test_four_stage_weight_gradients(tmp_path):
+    """MOE_GEMM_WGRAD_STAGES=4: the warp-specialised weight gradients run a 4-slot ring and
+    write C half a tile at a time through one 32 KiB buffer (each half waits for the
+    consumers' barrier before it overwrites the one before); the other kernels keep 3."""
+    proc, text = generate(tmp_path, MOE_GEMM_WGRAD_STAGES="4")
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name, body in bodies.items():
+        if "setmaxregister" not in body:
+            continue
+        consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
+        counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
+        stages = 4 if name.startswith("moe_gemm_wgrad") else 3
+        assert len(counts) == 2 * stages, (name, counts)
+        consumer = body[body.index("setmaxregister increase"):]
+        if stages == 4:
+            # barrier after the k-loop, then stage / barrier / write twice
+            assert consumer.count("nvvm.barrier id = ") == 4, name
+
+
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
@@ -140,6 +210,8 @@ def test_variants_generate(tmp_path):
     ({"MOE_GEMM_WS_REGS": "216,72"}, "P <= 168 <= C"),
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
     ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
+    ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0 or 1"),
+    ({"MOE_GEMM_WGRAD_STAGES": "5"}, "expected 3 or 4"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

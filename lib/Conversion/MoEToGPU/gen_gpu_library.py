@@ -59,6 +59,24 @@ WS_THREADS = GEMM_THREADS + 128
 ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "0")
 if ROWS_TMA not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
+# MOE_GEMM_WGRAD_STAGES=4: the warp-specialised weight gradients (varlen K) get a 4-stage
+# ring (192 KiB) and stage C half a tile (32 KiB) at a time, where 3 stages and a whole-tile
+# staging buffer fill the 227 KiB. Nsight Compute on mixtral's dW_gate_up: the producer waits
+# for free slots while the consumers wait for full ones, so the copies' latency, not their
+# issue, is what is left; a fourth slot in flight is 1.5x the latency covered. Off until
+# measured (docs/perf.md).
+WGRAD_STAGES = os.environ.get("MOE_GEMM_WGRAD_STAGES", "3")
+if WGRAD_STAGES not in ("3", "4"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_WGRAD_STAGES={WGRAD_STAGES!r}: expected 3 or 4")
+# MOE_GEMM_BULK_STORE=1: the warp-specialised kernels with a plain bf16 C (down, dX, the
+# weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank conflicts) and
+# write it out by one cp.async.bulk a row: the consumers go on to the next tile's wgmma while
+# the copy engine stores this one, where they issued 16 loads and 16 stores each before.
+# The staging buffer is rewritten a tile later, after the copies have read it. Off until
+# measured (docs/perf.md).
+BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "0")
+if BULK_STORE not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0 or 1")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -90,6 +108,10 @@ def ws_register_split(text):
 
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
+# MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
+# of an stmatrix fragment start in 8 different 16-byte bank groups
+BULK_ROW = BN + 8
+BULK_STAGE_C_BYTES = BM * BULK_ROW * 2
 # varlen_m: each CTA sums the experts' M-tiles into a table in shared memory once and
 # finds a tile's expert by binary search; past TABLE_EXPERTS experts it scans offsets.
 TABLE_EXPERTS = 4 * GEMM_THREADS
@@ -234,13 +256,19 @@ class Gemm:
         rows_tma = self.ws and ROWS_TMA == "1" and sched == "varlen_k"
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
-        self.stages = P_STAGES if self.persistent else STAGES
+        # C staged half a tile at a time, so a fourth ring stage fits
+        self.half_staging = self.ws and WGRAD_STAGES == "4" and sched == "varlen_k"
+        self.bulk_store = (self.ws and BULK_STORE == "1" and epi in ("store_bf16", "store_bf16_w")
+                           and not self.half_staging)
+        self.stage_c_bytes = (BULK_STAGE_C_BYTES if self.bulk_store else
+                              STAGE_C_BYTES // 2 if self.half_staging else STAGE_C_BYTES)
+        self.stages = 4 if self.half_staging else P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
         if self.ws:
             # C's staging buffer follows the ring: the producer may refill every slot
             # while the consumers write C out
-            self.cum_offset = ring + STAGE_C_BYTES
+            self.cum_offset = ring + self.stage_c_bytes
         elif self.persistent:
             self.cum_offset = max(ring, ring - STAGE_BYTES + STAGE_C_BYTES)
         else:
@@ -598,6 +626,7 @@ def gen_gemm(g):
                 # the rows come per stage (load_rows)
                 S["a_ptr"] = gep1(aptr, e.mul(i64(acol), c(2, "i64"), "i64"))
                 S["aids_ptr"] = gep1(idsptr, e.mul(i64(e.add(elo, arow)), c(4, "i64"), "i64"))
+                S["ids_a"] = gep1(idsptr, e.mul(i64(elo), c(4, "i64"), "i64"))
             else:
                 first = e.add(e.mul(e.add(elo, arow), A["lda"]), acol)
                 S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
@@ -626,9 +655,69 @@ def gen_gemm(g):
             first = e.add(i32(S["elo"]), mrow32, I32)
             if g.gather_b:
                 S["bids_ptr"] = gep1(bidsptr, e.mul(zext(first), c(4, "i64"), "i64"))
+                S["ids_b"] = gep1(bidsptr, e.mul(i64(S["elo"]), c(4, "i64"), "i64"))
             else:
                 S["brow0"] = first
         return S
+
+    # Warp specialisation: a gathered operand's token ids of a k-step are loaded one a
+    # lane (16 lanes a warp) a k-step ahead, carried in a register and spread with
+    # shuffles. Loading them in the step that used them left their latency in every
+    # k-step (Nsight Compute, mixtral's dW_gate_up: the producer stalled on the id, the
+    # consumers waited for full[s] in 30% of the samples).
+    if g.ws and g.sched == "varlen_k" and (g.gather_a or g.gather_b):
+        pwarp, plane = e.div(ctid, c(32)), lane
+        id_lane_ok = e.cmp("ult", plane, c(16))
+        if g.gather_a:
+            # warp w copies K-rows 2w + lane/16 + RS_A i; lane j loads row 2w + j%2 + 8 (j/2)
+            assert RS_A == 8
+            id_row_a = i32(e.add(e.add(e.mul(pwarp, c(2)), e.rem(plane, c(2))),
+                                 e.mul(e.div(plane, c(2)), c(RS_A))))
+        if g.gather_b:
+            # warp w copies K-rows w + RS_B i; lane j loads row w + RS_B j
+            assert RS_B == 4
+            id_row_b = i32(e.add(pwarp, e.mul(plane, c(RS_B))))
+
+    def lane_ids_at(pick):
+        """The ids this lane loads, one a gathered operand (0 where none): pick(name) gives
+        (pointer to the expert's first id, ids left there) of the k-step to load."""
+        ids = []
+        for name in ("a", "b"):
+            if not (g.gather_a if name == "a" else g.gather_b):
+                continue
+            row = id_row_a if name == "a" else id_row_b
+            ptr, left = pick(name)
+            ok = e.op(f"arith.andi {id_lane_ok}, {e.cmp('sgt', left, row, I32)} : i1")
+            ids.append(guarded_load_i32(ok, gep1(ptr, zext(e.mul(row, c(4, I32), I32)))))
+        return ids
+
+    def rows_from_lane_ids(S, kt, ids):
+        """load_rows' (row, valid) lists of k-tile kt from the lanes' ids."""
+        rows = {}
+        k0 = e.mul(i32(kt), c(BK, I32), I32)
+        ids = list(ids)
+        if g.gather_a:
+            ida = ids.pop(0)
+            kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
+            rows["a"] = []
+            half = i32(e.div(lane, c(16)))
+            for i in range(64 // RS_A):
+                src = e.add(c(2 * i, I32), half, I32)
+                row = e.fresh("ida")
+                e.emit(f"{row}, {row}ok = gpu.shuffle idx {ida}, {src}, {c(32, I32)} : i32")
+                rows["a"].append((row, e.cmp("sgt", kleft, c(RS_A * i, I32), I32)))
+        if g.b == "rows_mn":
+            idb = ids.pop(0) if g.gather_b else None
+            kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
+            rows["b"] = []
+            for i in range(64 // RS_B):
+                if g.gather_b:
+                    row = e.fresh("idb")
+                    e.emit(f"{row}, {row}ok = gpu.shuffle idx {idb}, {c(i, I32)}, {c(32, I32)} : i32")
+                else:
+                    row = e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32)
+                rows["b"].append((row, e.cmp("sgt", kleft, c(RS_B * i, I32), I32)))
+        return rows
 
     def load_rows(S, kt):
         """Source rows of the gathered A and B tiles of k-tile kt, as (row, valid)
@@ -852,14 +941,14 @@ def gen_gemm(g):
     qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
 
-    def write_half(S, stage, h):
+    def write_half(S, stage, h, at=None):
         """Half h of C from the staging buffer to global memory in 16-byte stores.
         A thread keeps one column group and walks rows 16 (SwiGLU: 32) apart, so its
         addresses are one pointer and a fixed step and its staging offsets constants:
         index math here cost a quarter of a small-K weight gradient's time (Nsight
         Compute, deepseek-v3)."""
         m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-        base = h * BM * BN // 2
+        base = (h if at is None else at) * BM * BN // 2
 
         def sload(idx):
             return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
@@ -933,6 +1022,50 @@ def gen_gemm(g):
             ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(16 * j, I32), I32)} : i1")
             gstore(vec, ptr, ok)
 
+    def stage_rows_stmatrix(stage_ptr, acc):
+        """MOE_GEMM_BULK_STORE: the warp's 16 rows of C into the padded staging rows, two
+        column groups of both 8-row halves an stmatrix.x4. The accumulator fragment is
+        stmatrix's: lane l holds row l/4, columns 2 (l%4) + [0, 2) of each 8x8 matrix, and
+        gives the address of row l%8 of matrix l/8 (matrices: rows 0-7 and 8-15 of group
+        j, then of group j + 1)."""
+        row = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))),
+                    e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
+        off = e.add(e.mul(row, c(BULK_ROW)), e.mul(e.div(lane, c(16)), c(V)))
+        base = gep3(stage_ptr, i32(e.mul(off, c(2))))
+
+        def packed(v):
+            lo = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
+            hi = e.op(f"llvm.extractvalue {acc}[{v + 1}] : {ACC}", "f")
+            pair = e.op(f"vector.from_elements {lo}, {hi} : vector<2xf32>")
+            bf = e.op(f"arith.truncf {pair} : vector<2xf32> to vector<2xbf16>")
+            return e.op(f"llvm.bitcast {bf} : vector<2xbf16> to i32")
+        for j in range(0, BN // V, 2):
+            regs = [packed(4 * j), packed(4 * j + 2), packed(4 * j + 4), packed(4 * j + 6)]
+            dst = gep3(base, c(j * V * 2, I32)) if j else base
+            e.emit(f"nvvm.stmatrix {dst}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
+                   "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
+                   f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32")
+
+    def bulk_store_rows(S, stage_ptr):
+        """MOE_GEMM_BULK_STORE: consumer thread t < BM copies staging row t to row m0 + t of
+        C (of expert e's block for the weight gradients) in one cp.async.bulk, if that row
+        is the tile's. A partial last N tile copies its columns rounded up to 8 (a bulk
+        copy moves multiples of 16 bytes): as write_half's 16-byte groups, into the row's
+        padding up to ldc (the router's gradient, N = E, ldc = E rounded up to 8)."""
+        m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
+        obase = e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"]) if g.epi != "store_bf16" else c(0)
+        row = e.add(m0, tid)
+        ok = e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', row, m_end)} : i1")
+        if_begin(ok)
+        first = e.add(obase, e.add(e.mul(row, A["ldc"]), n0))
+        dst = gep1(cout_ptr, e.mul(i64(first), c(2, "i64"), "i64"))
+        src = gep3(stage_ptr, i32(e.mul(tid, c(BULK_ROW * 2))))
+        cols8 = e.mul(e.div(e.add(e.sub(A["dim_n"], n0), c(V - 1)), c(V)), c(V))
+        size = i32(e.mul(e.minu(cols8, c(BN)), c(2)))
+        e.emit(f"nvvm.cp.async.bulk.global.shared.cta {dst}, {src}, {size} : {P1}, {P3}")
+        e.emit("nvvm.cp.async.bulk.commit.group")
+        if_end()
+
     def advance(slot, ph):
         """The ring slot after `slot` and its phase parity (flipped on wrapping)."""
         nxt = e.add(slot, c(1))
@@ -978,7 +1111,8 @@ def gen_gemm(g):
         else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
     if g.ws:
-        stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
+        stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(g.stage_c_bytes // 2)}] : {SMEM} to {SBF16}", "stg")
+        stage_ptr = gep3(sptr, c(g.ring_bytes, I32))
         # Both roles walk the same tiles in the same order; a tile's k-steps go round
         # the ring, each slot's phase parity flipping on every wrap.
         def tile_loop(role, tile):
@@ -992,6 +1126,65 @@ def gen_gemm(g):
             nsl, nph = tile(t, sl, ph)
             e.emit(f"scf.yield {nsl}, {nph} : index, i32")
             e.indent = loop_indent
+            e.emit("}")
+
+        def ids_of(S, kt):
+            """pick for lane_ids_at: k-tile kt of tile S"""
+            k0 = e.mul(i32(kt), c(BK, I32), I32)
+            return lambda name: (gep1(S["ids_" + name], zext(e.mul(k0, c(4, I32), I32))),
+                                 e.sub(S["kcnt"], k0, I32))
+
+        def producer_tiles_pipelined():
+            """The producer's tiles with the gathered ids a k-step ahead: the last k-step
+            of a tile loads the next tile's first (and a tile with no k-steps passes its
+            own first on, which are none)."""
+            S0 = setup(bid)
+            ids0 = lane_ids_at(ids_of(S0, c(0)))
+            nid = len(ids0)
+            id_ty = ", ".join(["i32"] * nid)
+            t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("pt")
+            ids = [e.fresh("ids") for _ in range(nid)]
+            carried = ", ".join(f"{v} = {v0}" for v, v0 in zip(ids, ids0))
+            e.emit(f"{out}:{2 + nid} = scf.for {t} = {bid} to {total} step {gridx} "
+                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}, {carried}) -> (index, i32, {id_ty}) {{")
+            e.indent += "  "
+            S = setup(t)
+            Sn = setup(e.add(t, gridx))
+            kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
+            kids = [e.fresh("kid") for _ in range(nid)]
+            kcarried = ", ".join(f"{v} = {v0}" for v, v0 in zip(kids, ids))
+            e.emit(f"{kout}:{2 + nid} = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+                   f"iter_args({ksl} = {sl}, {kph} = {ph}, {kcarried}) -> (index, i32, {id_ty}) {{")
+            e.indent += "  "
+            # the next k-step's ids first: their latency overlaps this step's wait and copies
+            kn = e.add(kt, c(1))
+            last = e.cmp("eq", kn, S["numk"])
+            here, there = ids_of(S, kn), ids_of(Sn, c(0))
+
+            def pick(name):
+                (p1, l1), (p2, l2) = here(name), there(name)
+                return (e.op(f"arith.select {last}, {p2}, {p1} : {P1}"), e.select(last, l2, l1, I32))
+            nxt = lane_ids_at(pick)
+            e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(ksl))}, {e.xor(kph, c(1, I32), I32)}, "
+                   f"{c(0x989680, I32)} : {P3}, i32, i32")
+            issue_stage(S, kt, ksl, c(1, "i1"), rows_from_lane_ids(S, kt, kids))
+            nslot, nph = advance(ksl, kph)
+            e.emit(f"scf.yield {nslot}, {nph}, {', '.join(nxt)} : index, i32, {id_ty}")
+            e.indent = e.indent[:-2]
+            e.emit("}")
+            # no k-steps: this tile loaded nothing, the next one's first ids are still due
+            empty = e.cmp("eq", S["numk"], c(0))
+            res = [f"{kout}#{2 + j}" for j in range(nid)]
+            fresh = e.fresh("first")
+            e.emit(f"{fresh}:{nid} = scf.if {empty} -> ({id_ty}) {{")
+            e.indent += "  "
+            e.emit(f"scf.yield {', '.join(lane_ids_at(ids_of(Sn, c(0))))} : {id_ty}")
+            e.indent = e.indent[:-2]
+            e.emit("} else {")
+            e.emit(f"  scf.yield {', '.join(res)} : {id_ty}")
+            e.emit("}")
+            e.emit(f"scf.yield {kout}#0, {kout}#1, {', '.join(f'{fresh}#{j}' for j in range(nid))} : index, i32, {id_ty}")
+            e.indent = e.indent[:-2]
             e.emit("}")
 
         def producer_tile(t, sl, ph):
@@ -1016,18 +1209,39 @@ def gen_gemm(g):
             S = setup(t)
             acc, nsl, nph = mainloop_ws(S, sl, ph)
             if_begin(S["valid"])
+            if g.bulk_store:
+                # this thread's copy of the last tile has read its staging row
+                e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
             consumer_barrier()  # the last tile's stores have read the staging buffer
-            for h in (0, 1):
-                stage_half(e, g, stage, acc, h, qrow, qcol, lane)
-            consumer_barrier()
-            for h in (0, 1):
-                write_half(S, stage, h)
+            if g.bulk_store:
+                stage_rows_stmatrix(stage_ptr, acc)
+                # the generic-proxy writes, visible to the bulk copies (async proxy)
+                e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+                consumer_barrier()
+                bulk_store_rows(S, stage_ptr)
+            elif g.half_staging:
+                # one half-tile buffer: each half waits for the stores of the one before
+                for h in (0, 1):
+                    if h:
+                        consumer_barrier()
+                    stage_half(e, g, stage, acc, h, qrow, qcol, lane, at=0)
+                    consumer_barrier()
+                    write_half(S, stage, h, at=0)
+            else:
+                for h in (0, 1):
+                    stage_half(e, g, stage, acc, h, qrow, qcol, lane)
+                consumer_barrier()
+                for h in (0, 1):
+                    write_half(S, stage, h)
             if_end()
             return nsl, nph
 
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
-        tile_loop("pt", producer_tile)
+        if g.sched == "varlen_k" and (g.gather_a or g.gather_b):
+            producer_tiles_pipelined()
+        else:
+            tile_loop("pt", producer_tile)
         # the last copies land before the warpgroup exits
         e.emit("nvvm.cp.async.commit.group")
         e.emit("nvvm.cp.async.wait.group 0")
@@ -1035,6 +1249,9 @@ def gen_gemm(g):
         e.indent += "  "
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
         tile_loop("ct", consumer_tile)
+        if g.bulk_store:
+            # the last tile's copies complete before the CTA (and its shared memory) goes
+            e.emit("nvvm.cp.async.bulk.wait_group 0")
         e.if_end()
     elif g.persistent:
         S0 = setup(bid)
@@ -1152,9 +1369,10 @@ def half_groups(g, h):
     return [(16 * h + q, q) for q in range(16)]
 
 
-def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
+def stage_half(e, g, stage, acc, h, qrow, qcol, lane, at=None):
+    """Half h of the accumulator into the staging buffer, at half `at` of it (default h)."""
     c = e.const
-    base = c(h * BM * BN // 2)
+    base = c((h if at is None else at) * BM * BN // 2)
     swz = e.div(lane, c(4))  # (fragment row) % 8
     for j, jl in half_groups(g, h):
         for i in range(2):

@@ -18,7 +18,7 @@ def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_WGRAD_STAGES"):
+                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -45,7 +45,6 @@ def kernel_bodies(text):
 
 
 @pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
-                                       ("all", {"MOE_GEMM_WGRAD_STAGES": "4"}),
                                        ("all", {"MOE_GEMM_BULK_STORE": "1"})])
 def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
     gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
@@ -103,11 +102,11 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
             assert "setmaxregister" not in body and "cp.async.mbarrier.arrive" not in body, name
 
 
-def test_rows_by_tma_variant(tmp_path):
-    """MOE_GEMM_ROWS_TMA=1: the weight gradients with a gathered operand take the other one
-    by TMA boxes of a per-call map in whole k-steps (full[s] then counts the TMA thread too)
-    and by cp.async in an expert's partial last k-step."""
-    proc, text = generate(tmp_path, MOE_GEMM_ROWS_TMA="1")
+def test_rows_by_tma(tmp_path):
+    """MOE_GEMM_ROWS_TMA=1 (the default): the weight gradients with a gathered operand take
+    the other one by TMA boxes of a per-call map in whole k-steps (full[s] then counts the
+    TMA thread too) and by cp.async in an expert's partial last k-step."""
+    proc, text = generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
     for name, mapname, boxes in (("moe_gemm_wgrad_gather", "%amap", 2),
@@ -123,8 +122,9 @@ def test_rows_by_tma_variant(tmp_path):
         tma = body.index("nvvm.mbarrier.arrive.expect_tx")
         assert re.search(r"\} else \{\s+nvvm\.mbarrier\.arrive %", body[tma:]), name
     # the host functions pass the maps: one per call of each weight gradient
-    assert text.count("func.call @moeTensorMapDeviceBf16") > \
-        generate(tmp_path)[1].count("func.call @moeTensorMapDeviceBf16")
+    off = generate(tmp_path, MOE_GEMM_ROWS_TMA="0")[1]
+    assert text.count("func.call @moeTensorMapDeviceBf16") > off.count("func.call @moeTensorMapDeviceBf16")
+    assert "%amap" not in off and "%browmap" not in off
     assert "%amap" not in bodies["moe_gemm_wgrad_rows"] and "%browmap" not in bodies["moe_gemm_wgrad_rows"]
 
 
@@ -175,26 +175,6 @@ def test_gathered_ids_come_a_k_step_ahead(tmp_path):
     assert "gpu.shuffle idx" not in bodies["moe_gemm_wgrad_rows"]
 
 
-def test_four_stage_weight_gradients(tmp_path):
-    """MOE_GEMM_WGRAD_STAGES=4: the warp-specialised weight gradients run a 4-slot ring and
-    write C half a tile at a time through one 32 KiB buffer (each half waits for the
-    consumers' barrier before it overwrites the one before); the other kernels keep 3."""
-    proc, text = generate(tmp_path, MOE_GEMM_WGRAD_STAGES="4")
-    assert proc.returncode == 0, proc.stderr
-    bodies = kernel_bodies(text)
-    for name, body in bodies.items():
-        if "setmaxregister" not in body:
-            continue
-        consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
-        counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
-        stages = 4 if name.startswith("moe_gemm_wgrad") else 3
-        assert len(counts) == 2 * stages, (name, counts)
-        consumer = body[body.index("setmaxregister increase"):]
-        if stages == 4:
-            # barrier after the k-loop, then stage / barrier / write twice
-            assert consumer.count("nvvm.barrier id = ") == 4, name
-
-
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
@@ -211,7 +191,6 @@ def test_variants_generate(tmp_path):
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
     ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
     ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0 or 1"),
-    ({"MOE_GEMM_WGRAD_STAGES": "5"}, "expected 3 or 4"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

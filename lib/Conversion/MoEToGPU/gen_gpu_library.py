@@ -52,22 +52,14 @@ WS_KERNELS = os.environ.get("MOE_GEMM_WS", "all")
 if WS_KERNELS not in ("all", "gather", "none"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS={WS_KERNELS!r}: expected all, gather or none")
 WS_THREADS = GEMM_THREADS + 128
-# MOE_GEMM_ROWS_TMA=1: the warp-specialised weight gradients with a gathered operand load
-# the other one, an expert's contiguous rows (w*A of dW_down, dH of dW_gate_up), by TMA
-# boxes of a per-call map, and by cp.async only in an expert's last, partial k-step (a box
-# would read the next expert's rows there). Off until measured (docs/perf.md).
-ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "0")
+# MOE_GEMM_ROWS_TMA=1 (the default): the warp-specialised weight gradients with a gathered
+# operand load the other one, an expert's contiguous rows (w*A of dW_down, dH of
+# dW_gate_up), by TMA boxes of a per-call map, and by cp.async only in an expert's last,
+# partial k-step (a box would read the next expert's rows there). 0: both by cp.async.
+# Measured in docs/perf.md (session 17: mixtral's dW_gate_up 12.2 -> 11.5 ms).
+ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "1")
 if ROWS_TMA not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
-# MOE_GEMM_WGRAD_STAGES=4: the warp-specialised weight gradients (varlen K) get a 4-stage
-# ring (192 KiB) and stage C half a tile (32 KiB) at a time, where 3 stages and a whole-tile
-# staging buffer fill the 227 KiB. Nsight Compute on mixtral's dW_gate_up: the producer waits
-# for free slots while the consumers wait for full ones, so the copies' latency, not their
-# issue, is what is left; a fourth slot in flight is 1.5x the latency covered. Off until
-# measured (docs/perf.md).
-WGRAD_STAGES = os.environ.get("MOE_GEMM_WGRAD_STAGES", "3")
-if WGRAD_STAGES not in ("3", "4"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_WGRAD_STAGES={WGRAD_STAGES!r}: expected 3 or 4")
 # MOE_GEMM_BULK_STORE=1: the warp-specialised kernels with a plain bf16 C (down, dX, the
 # weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank conflicts) and
 # write it out by one cp.async.bulk a row: the consumers go on to the next tile's wgmma while
@@ -256,13 +248,9 @@ class Gemm:
         rows_tma = self.ws and ROWS_TMA == "1" and sched == "varlen_k"
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
-        # C staged half a tile at a time, so a fourth ring stage fits
-        self.half_staging = self.ws and WGRAD_STAGES == "4" and sched == "varlen_k"
-        self.bulk_store = (self.ws and BULK_STORE == "1" and epi in ("store_bf16", "store_bf16_w")
-                           and not self.half_staging)
-        self.stage_c_bytes = (BULK_STAGE_C_BYTES if self.bulk_store else
-                              STAGE_C_BYTES // 2 if self.half_staging else STAGE_C_BYTES)
-        self.stages = 4 if self.half_staging else P_STAGES if self.persistent else STAGES
+        self.bulk_store = self.ws and BULK_STORE == "1" and epi in ("store_bf16", "store_bf16_w")
+        self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store else STAGE_C_BYTES
+        self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
         if self.ws:
@@ -941,14 +929,14 @@ def gen_gemm(g):
     qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
 
-    def write_half(S, stage, h, at=None):
+    def write_half(S, stage, h):
         """Half h of C from the staging buffer to global memory in 16-byte stores.
         A thread keeps one column group and walks rows 16 (SwiGLU: 32) apart, so its
         addresses are one pointer and a fixed step and its staging offsets constants:
         index math here cost a quarter of a small-K weight gradient's time (Nsight
         Compute, deepseek-v3)."""
         m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-        base = (h if at is None else at) * BM * BN // 2
+        base = h * BM * BN // 2
 
         def sload(idx):
             return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
@@ -1219,14 +1207,6 @@ def gen_gemm(g):
                 e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
                 consumer_barrier()
                 bulk_store_rows(S, stage_ptr)
-            elif g.half_staging:
-                # one half-tile buffer: each half waits for the stores of the one before
-                for h in (0, 1):
-                    if h:
-                        consumer_barrier()
-                    stage_half(e, g, stage, acc, h, qrow, qcol, lane, at=0)
-                    consumer_barrier()
-                    write_half(S, stage, h, at=0)
             else:
                 for h in (0, 1):
                     stage_half(e, g, stage, acc, h, qrow, qcol, lane)
@@ -1369,10 +1349,9 @@ def half_groups(g, h):
     return [(16 * h + q, q) for q in range(16)]
 
 
-def stage_half(e, g, stage, acc, h, qrow, qcol, lane, at=None):
-    """Half h of the accumulator into the staging buffer, at half `at` of it (default h)."""
+def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
     c = e.const
-    base = c((h if at is None else at) * BM * BN // 2)
+    base = c(h * BM * BN // 2)
     swz = e.div(lane, c(4))  # (fragment row) % 8
     for j, jl in half_groups(g, h):
         for i in range(2):

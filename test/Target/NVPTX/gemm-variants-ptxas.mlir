@@ -1,8 +1,9 @@
 // The generator's GEMM variants that docs/perf.md times beside the default
 // (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised;
-// MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1: the weight gradients' row-wise
-// operand by TMA) still compile for sm_90a with no spill, no local
-// stack and no wgmma serialisation warning (check_ptxas.py fails on any).
+// MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
+// row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1: C out by bulk
+// copies) still compile for sm_90a with no spill, no local stack and no wgmma serialisation
+// warning (check_ptxas.py fails on any).
 // REQUIRES: ptxas
 // RUN: env MOE_GEMM_WS=gather %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
@@ -23,6 +24,12 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
 // RUN: %ptxas -arch=sm_90a -v %t.rows.moe_kernels.ptx -o %t.rows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.rows.txt
 // RUN: FileCheck %s --check-prefix=ROWS --input-file=%t.rows.moe_kernels.ptx
+// RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
+// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.bulk.mlir > %t.bulk.ops.mlir
+// RUN: mlir-opt %t.bulk.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.bulk.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk
+// RUN: %ptxas -arch=sm_90a -v %t.bulk.moe_kernels.ptx -o %t.bulk.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.bulk.txt
+// RUN: FileCheck %s --check-prefix=BULK --input-file=%t.bulk.moe_kernels.ptx
 
 // The gathered kernels launch with 168 registers a thread (384 threads) and move them
 // with setmaxnreg; the row-wise ones keep the 256-thread kernel.
@@ -47,3 +54,16 @@
 // ROWS-LABEL: .entry moe_gemm_wgrad_rows(
 // ROWS-NOT: cp.async.bulk.tensor
 // ROWS: .entry
+
+// Without rows by TMA the weight gradients take both operands by cp.async; with bulk
+// stores C leaves by stmatrix and one bulk copy a row, after the generic-proxy fence.
+// BULK-LABEL: .entry moe_gemm_wgrad_gather(
+// BULK-NOT: cp.async.bulk.tensor
+// BULK: stmatrix.sync.aligned.m8n8.x4.shared.b16
+// BULK: fence.proxy.async.shared::cta
+// BULK: cp.async.bulk.global.shared::cta.bulk_group
+// BULK: cp.async.bulk.commit_group
+// BULK: cp.async.bulk.wait_group 0
+// BULK-LABEL: .entry moe_gemm_wgrad_gather_a(
+// BULK-NOT: cp.async.bulk.tensor
+// BULK: cp.async.bulk.global.shared::cta.bulk_group

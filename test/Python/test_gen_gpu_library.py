@@ -18,7 +18,7 @@ def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_EARLY_SETUP"):
+                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -175,31 +175,6 @@ def test_gathered_ids_come_a_k_step_ahead(tmp_path):
     assert "gpu.shuffle idx" not in bodies["moe_gemm_wgrad_rows"]
 
 
-def test_early_setup_variant(tmp_path):
-    """MOE_GEMM_EARLY_SETUP=1: a consumer sets up its next tile (the offsets' loads
-    included) after its last wgmma and before it waits for them, and carries the tile's
-    k-steps, validity, rows, columns and expert into the next iteration."""
-    proc, text = generate(tmp_path, MOE_GEMM_EARLY_SETUP="1")
-    assert proc.returncode == 0, proc.stderr
-    bodies = kernel_bodies(text)
-    for name, body in bodies.items():
-        if "setmaxregister" not in body:
-            continue
-        consumer = body[body.index("setmaxregister increase"):]
-        assert re.search(r"scf\.for .*-> \(index, i32, index, i1, index, index, index, index\)",
-                         consumer), name
-        drain = consumer.index("nvvm.wgmma.wait.group.sync.aligned 0")
-        k_end = consumer.rindex("nvvm.wgmma.commit.group.sync.aligned", 0, drain)
-        between = consumer[k_end:drain]
-        if "varlen_k" in name or "wgrad" in name:
-            assert "memref.load %offsets" in between, name
-        assert "arith.divui" in between, name
-    plain = kernel_bodies(generate(tmp_path)[1])["moe_gemm_wgrad_gather_a"]
-    consumer = plain[plain.index("setmaxregister increase"):]
-    drain = consumer.index("nvvm.wgmma.wait.group.sync.aligned 0")
-    assert "memref.load %offsets" not in consumer[consumer.rindex("nvvm.wgmma.commit", 0, drain):drain]
-
-
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
@@ -216,7 +191,6 @@ def test_variants_generate(tmp_path):
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
     ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
     ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0 or 1"),
-    ({"MOE_GEMM_EARLY_SETUP": "2"}, "expected 0 or 1"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

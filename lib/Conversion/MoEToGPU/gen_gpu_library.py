@@ -60,14 +60,6 @@ WS_THREADS = GEMM_THREADS + 128
 ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "1")
 if ROWS_TMA not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
-# MOE_GEMM_EARLY_SETUP=1: a warp-specialised consumer works out its next tile (expert,
-# rows, columns, k-steps: integer divisions and the offsets' loads) between its last
-# wgmma and the wait for them to complete, and carries it into the next iteration, so the
-# set-up runs under the drain instead of after the epilogue with the tensor cores idle
-# (Nsight Compute, deepseek-v3's dW_gate_up: 6% of the samples). Off until measured.
-EARLY_SETUP = os.environ.get("MOE_GEMM_EARLY_SETUP", "0")
-if EARLY_SETUP not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_EARLY_SETUP={EARLY_SETUP!r}: expected 0 or 1")
 # MOE_GEMM_BULK_STORE=1: the warp-specialised kernels with a plain bf16 C (down, dX, the
 # weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank conflicts) and
 # write it out by one cp.async.bulk a row: the consumers go on to the next tile's wgmma while
@@ -1068,11 +1060,10 @@ def gen_gemm(g):
         wrap = e.cmp("eq", nxt, c(stages))
         return e.select(wrap, c(0), nxt), e.select(wrap, e.xor(ph, c(1, I32), I32), ph, I32)
 
-    def mainloop_ws(S, slot0, ph0, before_drain=None):
+    def mainloop_ws(S, slot0, ph0):
         """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
         the step before once its wgmma have completed. Returns the accumulator and the
-        ring position (slot, parity) after the tile. before_drain() emits code between
-        the last wgmma and the wait for them."""
+        ring position (slot, parity) after the tile."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
         res, kt, a0, rs, ph, prev = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph", "prev"))
         e.emit(f"{res}:4 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
@@ -1094,8 +1085,6 @@ def gen_gemm(g):
         e.emit(f"scf.yield {cur}, {nslot}, {nph}, {rs} : {ACC}, index, i32, index")
         e.indent = outer
         e.emit("}")
-        if before_drain:
-            before_drain()
         e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
         last = e.op(f"arith.andi {e.cmp('ugt', S['numk'], c(0))}, {e.cmp('eq', lane, c(0))} : i1")
         if_begin(last)
@@ -1204,20 +1193,9 @@ def gen_gemm(g):
             e.emit("}")
             return f"{kout}#0", f"{kout}#1"
 
-        # what a consumer needs of a tile (MOE_GEMM_EARLY_SETUP carries it across tiles)
-        CONSUMER_FIELDS = (("numk", "index"), ("valid", "i1"), ("m0", "index"), ("n0", "index"),
-                           ("m_end", "index"), ("expert", "index"))
-
-        def consumer_tile(t, sl, ph, S=None, next_tile=None):
-            """One tile of a consumer; with next_tile, also the set-up of the tile after it
-            (returned as its CONSUMER_FIELDS values)."""
-            S = S or setup(t)
-            nxt = []
-
-            def early():
-                Sn = setup(next_tile)
-                nxt.extend(Sn[f] for f, _ in CONSUMER_FIELDS)
-            acc, nsl, nph = mainloop_ws(S, sl, ph, early if next_tile else None)
+        def consumer_tile(t, sl, ph):
+            S = setup(t)
+            acc, nsl, nph = mainloop_ws(S, sl, ph)
             if_begin(S["valid"])
             if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row
@@ -1236,23 +1214,7 @@ def gen_gemm(g):
                 for h in (0, 1):
                     write_half(S, stage, h)
             if_end()
-            return (nsl, nph, nxt) if next_tile else (nsl, nph)
-
-        def consumer_tiles_early():
-            """The consumer's tile loop with each next tile set up under the drain."""
-            S0 = setup(bid)
-            tys = ", ".join(ty for _, ty in CONSUMER_FIELDS)
-            t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("ct")
-            fs = [e.fresh("tf") for _ in CONSUMER_FIELDS]
-            carried = ", ".join(f"{v} = {S0[f]}" for v, (f, _) in zip(fs, CONSUMER_FIELDS))
-            e.emit(f"{out}:{2 + len(fs)} = scf.for {t} = {bid} to {total} step {gridx} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}, {carried}) -> (index, i32, {tys}) {{")
-            e.indent += "  "
-            S = {f: v for v, (f, _) in zip(fs, CONSUMER_FIELDS)}
-            nsl, nph, nxt = consumer_tile(t, sl, ph, S, e.add(t, gridx))
-            e.emit(f"scf.yield {nsl}, {nph}, {', '.join(nxt)} : index, i32, {tys}")
-            e.indent = e.indent[:-2]
-            e.emit("}")
+            return nsl, nph
 
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
@@ -1266,10 +1228,7 @@ def gen_gemm(g):
         e.emit("} else {")
         e.indent += "  "
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
-        if EARLY_SETUP == "1":
-            consumer_tiles_early()
-        else:
-            tile_loop("ct", consumer_tile)
+        tile_loop("ct", consumer_tile)
         if g.bulk_store:
             # the last tile's copies complete before the CTA (and its shared memory) goes
             e.emit("nvvm.cp.async.bulk.wait_group 0")

@@ -2,9 +2,8 @@
 // (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised;
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
 // row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1: C out by bulk
-// copies; MOE_GEMM_EARLY_SETUP=1: a consumer's next tile set up under the drain; the last
-// three in one library) still compile for sm_90a with no spill, no local stack and no wgmma
-// serialisation warning (check_ptxas.py fails on any).
+// copies; the last two in one library) still compile for sm_90a with no spill, no local
+// stack and no wgmma serialisation warning (check_ptxas.py fails on any).
 // REQUIRES: ptxas
 // RUN: env MOE_GEMM_WS=gather %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
@@ -25,7 +24,7 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
 // RUN: %ptxas -arch=sm_90a -v %t.rows.moe_kernels.ptx -o %t.rows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.rows.txt
 // RUN: FileCheck %s --check-prefix=ROWS --input-file=%t.rows.moe_kernels.ptx
-// RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 MOE_GEMM_EARLY_SETUP=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
+// RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.bulk.mlir > %t.bulk.ops.mlir
 // RUN: mlir-opt %t.bulk.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.bulk.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk

@@ -64,8 +64,8 @@ if ROWS_TMA not in ("0", "1"):
 # weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank conflicts) and
 # write it out by one cp.async.bulk a row: the consumers go on to the next tile's wgmma while
 # the copy engine stores this one, where they issued 16 loads and 16 stores each before.
-# The staging buffer is rewritten a tile later, after the copies have read it. Off until
-# measured (docs/perf.md).
+# The staging buffer is rewritten a tile later, after the copies have read it. Off: not
+# clearly faster in session 17's three measurements (docs/perf.md).
 BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "0")
 if BULK_STORE not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0 or 1")
@@ -1130,20 +1130,21 @@ def gen_gemm(g):
             ids0 = lane_ids_at(ids_of(S0, c(0)))
             nid = len(ids0)
             id_ty = ", ".join(["i32"] * nid)
-            t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("pt")
-            ids = [e.fresh("ids") for _ in range(nid)]
-            carried = ", ".join(f"{v} = {v0}" for v, v0 in zip(ids, ids0))
-            e.emit(f"{out}:{2 + nid} = scf.for {t} = {bid} to {total} step {gridx} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}, {carried}) -> (index, i32, {id_ty}) {{")
-            e.indent += "  "
+
+            def open_for(hint, lo, hi, step, slot, parity, ids_in):
+                """scf.for from lo to hi carrying the ring position and the ids; returns the
+                loop's result, its induction variable and the carried values."""
+                iv, sl, ph, out = e.fresh(hint), e.fresh("sl"), e.fresh("ph"), e.fresh(hint + "o")
+                ids = [e.fresh("ids") for _ in range(nid)]
+                carried = ", ".join(f"{v} = {v0}" for v, v0 in zip(ids, ids_in))
+                e.emit(f"{out}:{2 + nid} = scf.for {iv} = {lo} to {hi} step {step} "
+                       f"iter_args({sl} = {slot}, {ph} = {parity}, {carried}) -> (index, i32, {id_ty}) {{")
+                e.indent += "  "
+                return out, iv, sl, ph, ids
+            _, t, sl, ph, ids = open_for("t", bid, total, gridx, c(0), c(0, I32), ids0)
             S = setup(t)
             Sn = setup(e.add(t, gridx))
-            kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
-            kids = [e.fresh("kid") for _ in range(nid)]
-            kcarried = ", ".join(f"{v} = {v0}" for v, v0 in zip(kids, ids))
-            e.emit(f"{kout}:{2 + nid} = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-                   f"iter_args({ksl} = {sl}, {kph} = {ph}, {kcarried}) -> (index, i32, {id_ty}) {{")
-            e.indent += "  "
+            kout, kt, ksl, kph, kids = open_for("kt", c(0), S["numk"], c(1), sl, ph, ids)
             # the next k-step's ids first: their latency overlaps this step's wait and copies
             kn = e.add(kt, c(1))
             last = e.cmp("eq", kn, S["numk"])

@@ -613,8 +613,7 @@ def gen_gemm(g):
             if g.gather_a:
                 # the rows come per stage (load_rows)
                 S["a_ptr"] = gep1(aptr, e.mul(i64(acol), c(2, "i64"), "i64"))
-                S["aids_ptr"] = gep1(idsptr, e.mul(i64(e.add(elo, arow)), c(4, "i64"), "i64"))
-                S["ids_a"] = gep1(idsptr, e.mul(i64(elo), c(4, "i64"), "i64"))
+                S["ids_a"] = gep1(idsptr, e.mul(i64(elo), c(4, "i64"), "i64"))  # the expert's first
             else:
                 first = e.add(e.mul(e.add(elo, arow), A["lda"]), acol)
                 S["a_ptr"] = gep1(aptr, e.mul(i64(first), c(2, "i64"), "i64"))
@@ -640,12 +639,10 @@ def gen_gemm(g):
             # column bcol of the expert's rows; the rows come per stage (load_rows)
             S["b_ptr"] = gep1(bptr, e.mul(i64(S["bcol"]), c(2, "i64"), "i64"))
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
-            first = e.add(i32(S["elo"]), mrow32, I32)
             if g.gather_b:
-                S["bids_ptr"] = gep1(bidsptr, e.mul(zext(first), c(4, "i64"), "i64"))
-                S["ids_b"] = gep1(bidsptr, e.mul(i64(S["elo"]), c(4, "i64"), "i64"))
+                S["ids_b"] = gep1(bidsptr, e.mul(i64(S["elo"]), c(4, "i64"), "i64"))  # the expert's first
             else:
-                S["brow0"] = first
+                S["brow0"] = e.add(i32(S["elo"]), mrow32, I32)
         return S
 
     # Warp specialisation: a gathered operand's token ids of a k-step are loaded one a
@@ -679,64 +676,47 @@ def gen_gemm(g):
             ids.append(guarded_load_i32(ok, gep1(ptr, zext(e.mul(row, c(4, I32), I32)))))
         return ids
 
-    def rows_from_lane_ids(S, kt, ids):
-        """load_rows' (row, valid) lists of k-tile kt from the lanes' ids."""
+    def load_rows(S, kt, lane_ids=None):
+        """Source rows of the gathered A and B tiles of k-tile kt, as (row, valid) lists:
+        the token ids loaded here, a stage early so their latency hides behind the wgmma
+        of the current stage, or (warp specialisation) spread by shuffles from the ids the
+        lanes loaded a k-step before (`lane_ids`, from lane_ids_at)."""
         rows = {}
         k0 = e.mul(i32(kt), c(BK, I32), I32)
-        ids = list(ids)
-        if g.gather_a:
-            ida = ids.pop(0)
-            kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
-            rows["a"] = []
-            half = i32(e.div(lane, c(16)))
-            for i in range(64 // RS_A):
-                src = e.add(c(2 * i, I32), half, I32)
-                row = e.fresh("ida")
-                e.emit(f"{row}, {row}ok = gpu.shuffle idx {ida}, {src}, {c(32, I32)} : i32")
-                rows["a"].append((row, e.cmp("sgt", kleft, c(RS_A * i, I32), I32)))
-        if g.b == "rows_mn":
-            idb = ids.pop(0) if g.gather_b else None
-            kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
-            rows["b"] = []
-            for i in range(64 // RS_B):
-                if g.gather_b:
-                    row = e.fresh("idb")
-                    e.emit(f"{row}, {row}ok = gpu.shuffle idx {idb}, {c(i, I32)}, {c(32, I32)} : i32")
-                else:
-                    row = e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32)
-                rows["b"].append((row, e.cmp("sgt", kleft, c(RS_B * i, I32), I32)))
-        return rows
+        held = dict(zip([n for n, on in (("a", g.gather_a), ("b", g.gather_b)) if on], lane_ids or []))
 
-    def load_rows(S, kt):
-        """Source rows of the gathered A and B tiles of k-tile kt, as (row, valid)
-        lists: loaded a stage early so their latency hides behind the wgmma of the
-        current stage."""
-        rows = {}
-        k0 = e.mul(i32(kt), c(BK, I32), I32)
+        def gathered_rows(name, row0, step, kleft, lane_of):
+            """(row, valid) of K-rows row0 + step i: each loaded (valid ones only), or taken
+            from lane lane_of(i), which loaded it."""
+            out = []
+            if lane_ids is None:
+                stage_ids = gep1(S["ids_" + name], zext(e.mul(e.add(k0, row0, I32), c(4, I32), I32)))
+            for i in range(64 // step):
+                kok = e.cmp("sgt", kleft, c(step * i, I32), I32)
+                if lane_ids is None:
+                    p = e.op(f"llvm.getelementptr {stage_ids}[{4 * step * i}] : ({P1}) -> {P1}, i8")
+                    out.append((guarded_load_i32(kok, p), kok))
+                else:
+                    row = e.fresh("id" + name)
+                    e.emit(f"{row}, {row}ok = gpu.shuffle idx {held[name]}, {lane_of(i)}, {c(32, I32)} : i32")
+                    out.append((row, kok))
+            return out
         if g.gather_a:
             # K-rows k0 + t/16 + RS_A i; past the expert's end there is no token id
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
-            stage_ids = gep1(S["aids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
-            rows["a"] = []
-            for i in range(64 // RS_A):
-                kok = e.cmp("sgt", kleft, c(RS_A * i, I32), I32)
-                p = e.op(f"llvm.getelementptr {stage_ids}[{4 * RS_A * i}] : ({P1}) -> {P1}, i8")
-                rows["a"].append((guarded_load_i32(kok, p), kok))
+            half = i32(e.div(lane, c(16))) if lane_ids is not None else None
+            rows["a"] = gathered_rows("a", arow32, RS_A, kleft, lambda i: e.add(c(2 * i, I32), half, I32))
         if g.b == "rows_mn":
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
             if g.gather_b:
-                stage_ids = gep1(S["bids_ptr"], zext(e.mul(k0, c(4, I32), I32)))
-            rows["b"] = []
-            for i in range(64 // RS_B):
-                kok = e.cmp("sgt", kleft, c(RS_B * i, I32), I32)
-                if g.gather_b:
-                    # only rows of the expert: past its end (an empty last expert,
-                    # T = 0) there is no token id to read
-                    p = e.op(f"llvm.getelementptr {stage_ids}[{4 * RS_B * i}] : ({P1}) -> {P1}, i8")
-                    src = guarded_load_i32(kok, p)
-                else:
-                    src = e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32)
-                rows["b"].append((src, kok))
+                # only rows of the expert: past its end (an empty last expert, T = 0)
+                # there is no token id to read
+                rows["b"] = gathered_rows("b", mrow32, RS_B, kleft, lambda i: c(i, I32))
+            else:
+                rows["b"] = []
+                for i in range(64 // RS_B):
+                    kok = e.cmp("sgt", kleft, c(RS_B * i, I32), I32)
+                    rows["b"].append((e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32), kok))
         return rows
 
     def rows_by_tma(S, k0, slot, slot_bytes):
@@ -929,6 +909,11 @@ def gen_gemm(g):
     qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
 
+    def out_base(S):
+        """Where the tile's C block starts: expert e's [M, N] block of the weight
+        gradients' [E, M, N] output, 0 for the others."""
+        return e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"]) if g.epi != "store_bf16" else c(0)
+
     def write_half(S, stage, h):
         """Half h of C from the staging buffer to global memory in 16-byte stores.
         A thread keeps one column group and walks rows 16 (SwiGLU: 32) apart, so its
@@ -989,8 +974,7 @@ def gen_gemm(g):
                 e.emit(f"llvm.store {av}, {ap} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
                 if_end()
             return
-        # the weight gradients write expert e's [M, N] block of a [E, M, N] output
-        obase = e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"]) if g.epi != "store_bf16" else c(0)
+        obase = out_base(S)
         q, l0 = e.rem(tid, c(16)), e.div(tid, c(16))
         step = wide(c(16, I32), e.mul(i32(A["ldc"]), c(2, I32), I32))
         # 16-byte group q of row l0 + 16 j
@@ -1041,7 +1025,7 @@ def gen_gemm(g):
         copy moves multiples of 16 bytes): as write_half's 16-byte groups, into the row's
         padding up to ldc (the router's gradient, N = E, ldc = E rounded up to 8)."""
         m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-        obase = e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"]) if g.epi != "store_bf16" else c(0)
+        obase = out_base(S)
         row = e.add(m0, tid)
         ok = e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', row, m_end)} : i1")
         if_begin(ok)
@@ -1116,6 +1100,15 @@ def gen_gemm(g):
             e.indent = loop_indent
             e.emit("}")
 
+        def produce_step(S, kt, slot, parity, srcs):
+            """One k-step of the producer: wait for the slot to be free, then issue its
+            copies from the rows srcs() gives. Returns the ring position after it."""
+            # a fresh barrier's phase before the first (parity 1) counts as complete
+            e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(slot))}, {e.xor(parity, c(1, I32), I32)}, "
+                   f"{c(0x989680, I32)} : {P3}, i32, i32")
+            issue_stage(S, kt, slot, c(1, "i1"), srcs())
+            return advance(slot, parity)
+
         def ids_of(S, kt):
             """pick for lane_ids_at: k-tile kt of tile S"""
             k0 = e.mul(i32(kt), c(BK, I32), I32)
@@ -1154,10 +1147,7 @@ def gen_gemm(g):
                 (p1, l1), (p2, l2) = here(name), there(name)
                 return (e.op(f"arith.select {last}, {p2}, {p1} : {P1}"), e.select(last, l2, l1, I32))
             nxt = lane_ids_at(pick)
-            e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(ksl))}, {e.xor(kph, c(1, I32), I32)}, "
-                   f"{c(0x989680, I32)} : {P3}, i32, i32")
-            issue_stage(S, kt, ksl, c(1, "i1"), rows_from_lane_ids(S, kt, kids))
-            nslot, nph = advance(ksl, kph)
+            nslot, nph = produce_step(S, kt, ksl, kph, lambda: load_rows(S, kt, kids))
             e.emit(f"scf.yield {nslot}, {nph}, {', '.join(nxt)} : index, i32, {id_ty}")
             e.indent = e.indent[:-2]
             e.emit("}")
@@ -1184,11 +1174,7 @@ def gen_gemm(g):
             e.indent += "  "
             # the token ids first: their loads overlap the wait for the slot
             srcs = load_rows(S, kt)
-            # a fresh barrier's phase before the first (parity 1) counts as complete
-            e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(ksl))}, {e.xor(kph, c(1, I32), I32)}, "
-                   f"{c(0x989680, I32)} : {P3}, i32, i32")
-            issue_stage(S, kt, ksl, c(1, "i1"), srcs)
-            nslot, nph = advance(ksl, kph)
+            nslot, nph = produce_step(S, kt, ksl, kph, lambda: srcs)
             e.emit(f"scf.yield {nslot}, {nph} : index, i32")
             e.indent = e.indent[:-2]
             e.emit("}")

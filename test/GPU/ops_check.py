@@ -182,7 +182,12 @@ def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=Fa
 
 def run_dispatch(lib, T, k, E, mode):
     tag = f"dispatch T={T} k={k} E={E} {mode}"
-    if mode == "random":
+    if mode.startswith("counts="):  # k = 1, expert e gets the e-th count of tokens, shuffled
+        counts = torch.tensor([int(v) for v in mode[7:].split(",")], device=DEV)
+        assert k == 1 and len(counts) == E and int(counts.sum()) == T, mode
+        ex = torch.repeat_interleave(torch.arange(E, device=DEV), counts)
+        ex = ex[torch.randperm(T, device=DEV)][:, None].to(torch.int32)
+    elif mode == "random":
         ex = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
     elif mode == "skewed":  # experts E/2.. get nothing
         ex = torch.stack([torch.randperm(max(k, E // 2), device=DEV)[:k] for _ in range(T)]).to(torch.int32)
@@ -480,6 +485,10 @@ def main():
         ("hostile-softmax", lambda: run_router_hostile(lib, 0)),
         ("hostile-sigmoid", lambda: run_router_hostile(lib, 1)),
         ("ffn-k-eq-e", lambda: run_ffn(lib, 37, 128, 128, 4, 4, "random")),
+        # every kind of partial tile: an expert's last M-tile with rows for one warpgroup
+        # (5, 61, 64) or both (94, 104 = 232 - 128), and its last k-step of a weight
+        # gradient with 1-4 wgmma of rows (5, 30, 40, 61) or whole (128, 64), and none
+        ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
         ("empty-t0", lambda: run_empty(lib)),
     ]
     if not args.quick:

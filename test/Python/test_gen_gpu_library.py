@@ -89,7 +89,9 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
         assert body.rfind("gpu.barrier") < split, name
         after = body[split:]
         assert "nvvm.cp.async.mbarrier.arrive" in after and "{noinc = true}" in after, name
-        assert after.count("nvvm.mbarrier.try_wait.parity") == 2, name  # empty[s], full[s]
+        # empty[s], full[s] in the k-loop, and full[s] once more: the idle warpgroup's loop
+        # (varlen_m) or the partial last k-step (varlen_k)
+        assert after.count("nvvm.mbarrier.try_wait.parity") == 3, name
         assert "nvvm.barrier id = " in after, name  # the consumers' own barrier 1
         # full[s] counts the 128 producers (+1 for the TMA thread), empty[s] the 8 consumer warps
         consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
@@ -100,6 +102,38 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
         if name.startswith("moe_gemm") and name not in ws:
             assert "known_block_size = array<i32: 256, 1, 1>" in body, name
             assert "setmaxregister" not in body and "cp.async.mbarrier.arrive" not in body, name
+
+
+def test_partial_tiles_skip_the_zero_rows(tmp_path):
+    """A warpgroup whose 64 rows of a varlen_m tile are all past the expert's end runs no
+    wgmma (an scf.if on its rows picks the k-loop or an idle one; the dSwiGLU kernels
+    branch around each k-step's wgmma), and a weight gradient's partial last k-step runs
+    after the k-loop with 1-4 wgmma, each count straight-line and drained (wait_group 0):
+    under a branch inside the loop ptxas fenced every wgmma."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name, body in bodies.items():
+        if not name.startswith("moe_gemm"):
+            continue
+        mmas = re.findall(r"^( *)%\w+ = nvvm\.wgmma\.mma_async", body, re.M)
+        if "wgrad" in name:
+            # 4 in the loop; 1 + 2 + 3 + 4 in the tail's branches
+            assert len(mmas) == 14, (name, len(mmas))
+            tail = body[body.index("ktail"):]
+            assert tail.count("nvvm.wgmma.wait.group.sync.aligned 0") == 5, name
+            for count in (1, 2, 3):
+                assert re.search(rf"arith\.constant {16 * count} : i32", body), (name, count)
+        else:
+            assert len(mmas) == 4, (name, len(mmas))
+            # the rows' test as a warp's vote: under a branch ptxas takes for divergent the
+            # k-loop loses the uniform datapath
+            busy = re.search(r"(%\w+) = nvvm\.vote\.sync all %\w+, %\w+ -> i1", body)
+            assert busy, name
+            if "setmaxregister" in body:
+                assert re.search(rf"%wgk\d+:3 = scf\.if {busy.group(1)} ", body), name
+            else:
+                assert re.search(r"%acc\d+ = scf\.if %\w+ -> \(!llvm\.struct", body), name
 
 
 def test_rows_by_tma(tmp_path):

@@ -844,16 +844,17 @@ def gen_gemm(g):
         for s in range(stages - 1):
             issue_stage(S, c(s), c(s), e.cmp("ult", c(s), S["numk"]))
 
-    def wgmma_stage(acc, rs):
-        """The 4 wgmma of ring slot rs on acc, committed; waits until only this group
-        is in flight, so the slot of the step before may be refilled."""
+    def wgmma_stage(acc, rs, count=4, pending=1):
+        """The first `count` of the 4 wgmma of ring slot rs (16 K-rows each) on acc,
+        committed; waits until only `pending` groups are in flight (1: this one, so the
+        slot of the step before may be refilled)."""
         a_layout = "col" if g.a == "mn" else "row"
         b_layout = "col" if g.b == "w_k" else "row"
         soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
         da_s = e.add(desc_a0, soff, "i64")
         db_s = e.add(desc_b0, soff, "i64")
         e.emit("nvvm.wgmma.fence.aligned")
-        for kk in range(4):
+        for kk in range(count):
             aoff = kk * 128 if g.a == "mn" else kk * 2  # 16 K-rows of 128 B, or 32 B
             da = e.add(da_s, c(aoff, "i64"), "i64") if kk else da_s
             boff = kk * 2 if g.b == "w_k" else kk * 128  # 32 B or 16 K-rows of 128 B
@@ -862,8 +863,16 @@ def gen_gemm(g):
                 f"nvvm.wgmma.mma_async {da}, {db}, {acc}, <m = 64, n = {BN}, k = 16>, "
                 f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <{a_layout}>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
         e.emit("nvvm.wgmma.commit.group.sync.aligned")
-        e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
+        e.emit(f"nvvm.wgmma.wait.group.sync.aligned {pending}")
         return acc
+
+    def wg_busy(S):
+        """whether warpgroup wg's 64 rows of the varlen_m tile hold any of the expert's,
+        as a vote of the warp: ptxas cannot tell that the comparison is the same in every
+        lane, and a k-loop under a branch it takes for divergent lost the uniform
+        datapath (its wgmma descriptors went through R2UR: mixtral's dX 11% slower)"""
+        busy = e.cmp("ult", e.add(S["m0"], e.mul(wg, c(64))), S["m_end"])
+        return e.op(f"nvvm.vote.sync all {c(-1, I32)}, {busy} -> i1")
 
     def mainloop(S, phases):
         """The k-loop over the ring; returns the accumulator (wgmma still in flight)
@@ -871,6 +880,7 @@ def gen_gemm(g):
         phase of full[s] to wait for: a slot is filled as often as it is waited on, so
         the bits carry from tile to tile."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
+        busy = wg_busy(S) if g.sched == "varlen_m" else None
         res, kt, a0, rs, ph = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph"))
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
         e.emit(f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
@@ -891,7 +901,18 @@ def gen_gemm(g):
             e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
             ph_next = e.op(f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32")
         e.emit("gpu.barrier")
-        cur = wgmma_stage(a0, rs)
+        if busy is None:
+            cur = wgmma_stage(a0, rs)
+        else:
+            # a warpgroup with none of the tile's rows skips its wgmma (mainloop_ws)
+            cur = e.fresh("acc")
+            e.emit(f"{cur} = scf.if {busy} -> ({ACC}) {{")
+            e.indent += "  "
+            e.emit(f"scf.yield {wgmma_stage(a0, rs)} : {ACC}")
+            e.indent = e.indent[:-2]
+            e.emit("} else {")
+            e.emit(f"  scf.yield {a0} : {ACC}")
+            e.emit("}")
         e.emit("gpu.barrier")
         issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_srcs)
         rs_next = e.select(e.cmp("eq", rs, c(stages - 1)), c(0), e.add(rs, c(1)))
@@ -1045,36 +1066,123 @@ def gen_gemm(g):
         return e.select(wrap, c(0), nxt), e.select(wrap, e.xor(ph, c(1, I32), I32), ph, I32)
 
     def mainloop_ws(S, slot0, ph0):
+        """A consumer's k-loop (kloop_ws), or for a warpgroup that owns none of the
+        tile's rows, one that only passes the slots on (idle_kloop_ws). An expert's last
+        M-tile is partial, and when its rows end in the first half the second warpgroup
+        has nothing to multiply: without its wgmma the tensor cores serve the first one
+        alone (deepseek-v3: 256 +- 16 tokens an expert, so about every other expert
+        has a third M-tile of a few rows)."""
+        if g.sched != "varlen_m":
+            return kloop_ws(S, slot0, ph0)
+        busy = wg_busy(S)
+        out, ty = e.fresh("wgk"), f"{ACC}, index, i32"
+        e.emit(f"{out}:3 = scf.if {busy} -> ({ty}) {{")
+        for loop in (kloop_ws, idle_kloop_ws):
+            e.indent += "  "
+            e.emit(f"scf.yield {', '.join(loop(S, slot0, ph0))} : {ty}")
+            e.indent = e.indent[:-2]
+            e.emit("} else {" if loop is kloop_ws else "}")
+        return f"{out}#0", f"{out}#1", f"{out}#2"
+
+    def idle_kloop_ws(S, slot0, ph0):
+        """The k-loop of a warpgroup with no rows in the tile: each slot is waited for
+        (so no release runs ahead of the producer's phase) and released at once."""
+        res, kt, rs, ph = (e.fresh(h) for h in ("idle", "kt", "rs", "ph"))
+        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+               f"iter_args({rs} = {slot0}, {ph} = {ph0}) -> (index, i32) {{")
+        outer = e.indent
+        e.indent = outer + "  "
+        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
+        if_begin(e.cmp("eq", lane, c(0)))
+        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(rs))} : {P3}")
+        if_end()
+        nslot, nph = advance(rs, ph)
+        e.emit(f"scf.yield {nslot}, {nph} : index, i32")
+        e.indent = outer
+        e.emit("}")
+        return e.op(f"llvm.mlir.zero : {ACC}", "acc"), f"{res}#0", f"{res}#1"
+
+    def kloop_ws(S, slot0, ph0):
         """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
         the step before once its wgmma have completed. Returns the accumulator and the
-        ring position (slot, parity) after the tile."""
+        ring position (slot, parity) after the tile.
+
+        The weight gradients' K (an expert's tokens) ends inside its last k-step, whose
+        rows past the end are zero-filled: that step runs apart, after the loop, with
+        only the wgmma whose 16 K-rows hold tokens (deepseek-v3: 256 +- 16 tokens an
+        expert, so about every other expert has a fifth k-step of a few rows). Each
+        count is a branch of straight-line wgmma ending in wait_group 0: a wgmma under
+        a branch inside the loop made ptxas fence every one of them (C7519)."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
         res, kt, a0, rs, ph, prev = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph", "prev"))
-        e.emit(f"{res}:4 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+        nloop = S["numk"]
+        if g.sched == "varlen_k":
+            nloop = e.op(f"arith.index_castui {e.div(S['kcnt'], c(BK, I32), I32)} : i32 to index")
+        e.emit(f"{res}:4 = scf.for {kt} = {c(0)} to {nloop} step {c(1)} "
                f"iter_args({a0} = {acc0}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(0)}) "
                f"-> ({ACC}, index, i32, index) {{")
         outer = e.indent
         e.indent = outer + "  "
-        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
-        # the producer's cp.async wrote through the generic proxy; wgmma reads
-        # through the async proxy
-        e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+
+        def wait_full(slot, parity):
+            e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(slot))}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
+            # the producer's cp.async wrote through the generic proxy; wgmma reads
+            # through the async proxy
+            e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+
+        def release(cond, slot):
+            """lane 0 of each warp frees `slot` if cond"""
+            if_begin(e.op(f"arith.andi {cond}, {e.cmp('eq', lane, c(0))} : i1"))
+            e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(slot))} : {P3}")
+            if_end()
+        wait_full(rs, ph)
         cur = wgmma_stage(a0, rs)
-        # the step before has been read: lane 0 of each warp releases its slot
-        rel = e.op(f"arith.andi {e.cmp('ugt', kt, c(0))}, {e.cmp('eq', lane, c(0))} : i1")
-        if_begin(rel)
-        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(prev))} : {P3}")
-        if_end()
+        # the step before has been read
+        release(e.cmp("ugt", kt, c(0)), prev)
         nslot, nph = advance(rs, ph)
         e.emit(f"scf.yield {cur}, {nslot}, {nph}, {rs} : {ACC}, index, i32, index")
         e.indent = outer
         e.emit("}")
+        looped = e.cmp("ugt", nloop, c(0))
+        acc, slot, parity, last = (f"{res}#{j}" for j in range(4))
+        if g.sched != "varlen_k":
+            e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
+            release(looped, last)
+            return acc, slot, parity
+        kleft = e.sub(S["kcnt"], e.mul(i32(nloop), c(BK, I32), I32), I32)
+        out, ty = e.fresh("ktail"), f"{ACC}, index, i32"
+        e.emit(f"{out}:3 = scf.if {e.cmp('sgt', kleft, c(0, I32), I32)} -> ({ty}) {{")
+        e.indent += "  "
+        wait_full(slot, parity)
+
+        def partial_step(count):
+            """the tail with `count` wgmma, or a branch on kleft between count and more"""
+            if count == 4:
+                return wgmma_stage(acc, slot, 4, 0)
+            more = e.fresh("kpart")
+            e.emit(f"{more} = scf.if {e.cmp('sgt', kleft, c(16 * count, I32), I32)} -> ({ACC}) {{")
+            e.indent += "  "
+            e.emit(f"scf.yield {partial_step(count + 1)} : {ACC}")
+            e.indent = e.indent[:-2]
+            e.emit("} else {")
+            e.indent += "  "
+            e.emit(f"scf.yield {wgmma_stage(acc, slot, count, 0)} : {ACC}")
+            e.indent = e.indent[:-2]
+            e.emit("}")
+            return more
+        tail_acc = partial_step(1)
+        release(looped, last)
+        release(c(1, "i1"), slot)
+        e.emit(f"scf.yield {tail_acc}, {', '.join(advance(slot, parity))} : {ty}")
+        e.indent = e.indent[:-2]
+        e.emit("} else {")
+        e.indent += "  "
         e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
-        last = e.op(f"arith.andi {e.cmp('ugt', S['numk'], c(0))}, {e.cmp('eq', lane, c(0))} : i1")
-        if_begin(last)
-        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(f'{res}#3'))} : {P3}")
-        if_end()
-        return f"{res}#0", f"{res}#1", f"{res}#2"
+        release(looped, last)
+        e.emit(f"scf.yield {acc}, {slot}, {parity} : {ty}")
+        e.indent = e.indent[:-2]
+        e.emit("}")
+        return f"{out}#0", f"{out}#1", f"{out}#2"
 
     if g.persistent:
         # write_half's destinations

@@ -1,6 +1,6 @@
 // ptxas accepts every kernel of the GPU library for sm_90a with no spill, no local
-// stack and none of the warnings that serialise wgmma (C7515, C7520, C7508);
-// check_ptxas.py fails the test on any of them.
+// stack and none of the warnings that serialise wgmma (C7515, C7520, C7508) or say
+// that ptxas fenced them (C7519, C7517); check_ptxas.py fails the test on any of them.
 // REQUIRES: ptxas
 // RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t

@@ -45,7 +45,8 @@ def kernel_bodies(text):
 
 
 @pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
-                                       ("all", {"MOE_GEMM_BULK_STORE": "1"})])
+                                       ("all", {"MOE_GEMM_BULK_STORE": "1"}),
+                                       ("all", {"MOE_GEMM_BULK_STORE": "wgrad"})])
 def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
     gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
     selected = []
@@ -185,6 +186,10 @@ def test_bulk_store_variant(tmp_path):
     for name in ("moe_gemm_up_gather", "moe_gemm_dact_gather"):
         assert "nvvm.stmatrix" not in bodies[name] and "cp.async.bulk.global" not in bodies[name]
     assert "nvvm.stmatrix" not in generate(tmp_path)[1]
+    # "wgrad": the weight gradients' kernels only
+    bodies = kernel_bodies(generate(tmp_path, MOE_GEMM_BULK_STORE="wgrad")[1])
+    assert sorted(n for n, b in bodies.items() if "nvvm.stmatrix" in b) == [
+        "moe_gemm_wgrad_gather", "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"]
 
 
 def test_gathered_ids_come_a_k_step_ahead(tmp_path):
@@ -224,7 +229,7 @@ def test_variants_generate(tmp_path):
     ({"MOE_GEMM_WS_REGS": "216,72"}, "P <= 168 <= C"),
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
     ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
-    ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0 or 1"),
+    ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0, 1 or wgrad"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

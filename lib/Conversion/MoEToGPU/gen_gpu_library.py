@@ -65,10 +65,12 @@ if ROWS_TMA not in ("0", "1"):
 # write it out by one cp.async.bulk a row: the consumers go on to the next tile's wgmma while
 # the copy engine stores this one, where they issued 16 loads and 16 stores each before.
 # The staging buffer is rewritten a tile later, after the copies have read it. Off: not
-# clearly faster in session 17's three measurements (docs/perf.md).
+# clearly faster in session 17's three measurements (docs/perf.md). "wgrad": the weight
+# gradients only (store_bf16_w), where session 18's first call found it faster.
 BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "0")
-if BULK_STORE not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0 or 1")
+if BULK_STORE not in ("0", "1", "wgrad"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0, 1 or wgrad")
+BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -248,7 +250,7 @@ class Gemm:
         rows_tma = self.ws and ROWS_TMA == "1" and sched == "varlen_k"
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
-        self.bulk_store = self.ws and BULK_STORE == "1" and epi in ("store_bf16", "store_bf16_w")
+        self.bulk_store = self.ws and epi in BULK_EPILOGUES
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES

@@ -60,14 +60,15 @@ WS_THREADS = GEMM_THREADS + 128
 ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "1")
 if ROWS_TMA not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
-# MOE_GEMM_BULK_STORE=1: the warp-specialised kernels with a plain bf16 C (down, dX, the
-# weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank conflicts) and
-# write it out by one cp.async.bulk a row: the consumers go on to the next tile's wgmma while
-# the copy engine stores this one, where they issued 16 loads and 16 stores each before.
-# The staging buffer is rewritten a tile later, after the copies have read it. Off: not
-# clearly faster in session 17's three measurements (docs/perf.md). "wgrad": the weight
-# gradients only (store_bf16_w), where session 18's first call found it faster.
-BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "0")
+# MOE_GEMM_BULK_STORE=1 (the default): the warp-specialised kernels with a plain bf16 C
+# (down, dX, the weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank
+# conflicts) and write it out by one cp.async.bulk a row: the consumers go on to the next
+# tile's wgmma while the copy engine stores this one, where they issued 16 loads and 16
+# stores each before. The staging buffer is rewritten a tile later, after the copies have
+# read it. Default since session 18: the op-level step 1.3-5.5% faster on olmoe, qwen3
+# and deepseek-v3 in both of its calls, mixtral unchanged (docs/perf.md). "wgrad": the
+# weight gradients only; 0: 16-byte stores from every consumer thread.
+BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "1")
 if BULK_STORE not in ("0", "1", "wgrad"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0, 1 or wgrad")
 BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
@@ -868,21 +869,12 @@ def gen_gemm(g):
         e.emit(f"nvvm.wgmma.wait.group.sync.aligned {pending}")
         return acc
 
-    def wg_busy(S):
-        """whether warpgroup wg's 64 rows of the varlen_m tile hold any of the expert's,
-        as a vote of the warp: ptxas cannot tell that the comparison is the same in every
-        lane, and a k-loop under a branch it takes for divergent lost the uniform
-        datapath (its wgmma descriptors went through R2UR: mixtral's dX 11% slower)"""
-        busy = e.cmp("ult", e.add(S["m0"], e.mul(wg, c(64))), S["m_end"])
-        return e.op(f"nvvm.vote.sync all {c(-1, I32)}, {busy} -> i1")
-
     def mainloop(S, phases):
         """The k-loop over the ring; returns the accumulator (wgmma still in flight)
         and the mbarrier phases after it. Bit s of `phases` is the parity of the next
         phase of full[s] to wait for: a slot is filled as often as it is waited on, so
         the bits carry from tile to tile."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
-        busy = wg_busy(S) if g.sched == "varlen_m" else None
         res, kt, a0, rs, ph = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph"))
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
         e.emit(f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
@@ -903,18 +895,7 @@ def gen_gemm(g):
             e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
             ph_next = e.op(f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32")
         e.emit("gpu.barrier")
-        if busy is None:
-            cur = wgmma_stage(a0, rs)
-        else:
-            # a warpgroup with none of the tile's rows skips its wgmma (mainloop_ws)
-            cur = e.fresh("acc")
-            e.emit(f"{cur} = scf.if {busy} -> ({ACC}) {{")
-            e.indent += "  "
-            e.emit(f"scf.yield {wgmma_stage(a0, rs)} : {ACC}")
-            e.indent = e.indent[:-2]
-            e.emit("} else {")
-            e.emit(f"  scf.yield {a0} : {ACC}")
-            e.emit("}")
+        cur = wgmma_stage(a0, rs)
         e.emit("gpu.barrier")
         issue_stage(S, nk, ws, e.cmp("ult", nk, S["numk"]), next_srcs)
         rs_next = e.select(e.cmp("eq", rs, c(stages - 1)), c(0), e.add(rs, c(1)))
@@ -1066,43 +1047,6 @@ def gen_gemm(g):
         nxt = e.add(slot, c(1))
         wrap = e.cmp("eq", nxt, c(stages))
         return e.select(wrap, c(0), nxt), e.select(wrap, e.xor(ph, c(1, I32), I32), ph, I32)
-
-    def mainloop_ws(S, slot0, ph0):
-        """A consumer's k-loop (kloop_ws), or for a warpgroup that owns none of the
-        tile's rows, one that only passes the slots on (idle_kloop_ws). An expert's last
-        M-tile is partial, and when its rows end in the first half the second warpgroup
-        has nothing to multiply: without its wgmma the tensor cores serve the first one
-        alone (deepseek-v3: 256 +- 16 tokens an expert, so about every other expert
-        has a third M-tile of a few rows)."""
-        if g.sched != "varlen_m":
-            return kloop_ws(S, slot0, ph0)
-        busy = wg_busy(S)
-        out, ty = e.fresh("wgk"), f"{ACC}, index, i32"
-        e.emit(f"{out}:3 = scf.if {busy} -> ({ty}) {{")
-        for loop in (kloop_ws, idle_kloop_ws):
-            e.indent += "  "
-            e.emit(f"scf.yield {', '.join(loop(S, slot0, ph0))} : {ty}")
-            e.indent = e.indent[:-2]
-            e.emit("} else {" if loop is kloop_ws else "}")
-        return f"{out}#0", f"{out}#1", f"{out}#2"
-
-    def idle_kloop_ws(S, slot0, ph0):
-        """The k-loop of a warpgroup with no rows in the tile: each slot is waited for
-        (so no release runs ahead of the producer's phase) and released at once."""
-        res, kt, rs, ph = (e.fresh(h) for h in ("idle", "kt", "rs", "ph"))
-        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-               f"iter_args({rs} = {slot0}, {ph} = {ph0}) -> (index, i32) {{")
-        outer = e.indent
-        e.indent = outer + "  "
-        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
-        if_begin(e.cmp("eq", lane, c(0)))
-        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(rs))} : {P3}")
-        if_end()
-        nslot, nph = advance(rs, ph)
-        e.emit(f"scf.yield {nslot}, {nph} : index, i32")
-        e.indent = outer
-        e.emit("}")
-        return e.op(f"llvm.mlir.zero : {ACC}", "acc"), f"{res}#0", f"{res}#1"
 
     def kloop_ws(S, slot0, ph0):
         """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
@@ -1292,7 +1236,7 @@ def gen_gemm(g):
 
         def consumer_tile(t, sl, ph):
             S = setup(t)
-            acc, nsl, nph = mainloop_ws(S, sl, ph)
+            acc, nsl, nph = kloop_ws(S, sl, ph)
             if_begin(S["valid"])
             if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row

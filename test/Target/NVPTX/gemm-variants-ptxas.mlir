@@ -1,11 +1,12 @@
 // The generator's GEMM variants that docs/perf.md times beside the default
-// (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised;
+// (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised, here
+// with MOE_GEMM_BULK_STORE=0, C out by 16-byte stores from every consumer thread;
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
-// row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1: C out by bulk
-// copies; the last two in one library) still compile for sm_90a with no spill, no local
-// stack and no wgmma serialisation warning (check_ptxas.py fails on any).
+// row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1, the default: C
+// out by bulk copies; the last two in one library) still compile for sm_90a with no
+// spill, no local stack and no wgmma serialisation warning (check_ptxas.py fails on any).
 // REQUIRES: ptxas
-// RUN: env MOE_GEMM_WS=gather %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
+// RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
 // RUN: mlir-opt %t.gather.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.gather.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.gather.isa.mlir %t.gather

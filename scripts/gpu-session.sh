@@ -31,7 +31,9 @@
 #             GEMMs (gpu-ops-check.sh --ncu);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
-#             run (its Triton autotuning takes minutes a configuration).
+#             run, on MOE_LIGER_LAYERS (default qwen3-30b-a3b,olmoe-1b-7b: its Triton
+#             autotuning takes 2-4 minutes a configuration; MOE_BENCH_LAYERS is the layer
+#             step's, which session 18 learnt by setting it for both).
 # After a step that runs out of its time (a hang, most likely) the rest are skipped.
 # Output in $OUT: session.txt (each step's summary lines and time) and session.tgz (every
 # log and JSON).
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac
@@ -138,7 +140,7 @@ for step in ${steps//,/ }; do
     run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
       --no-cache-dir --upgrade --target /tmp/site '$root'/.whl/liger_kernel*.whl &&
       PYTHONPATH=/tmp/site MOE_BENCH_PEERS=liger \
-      MOE_BENCH_LAYERS=\${MOE_BENCH_LAYERS:-olmoe-1b-7b,qwen3-30b-a3b,mixtral-8x7b,deepseek-v3} bash '$root/scripts/gpu-layer-check.sh' \
+      MOE_BENCH_LAYERS=\${MOE_LIGER_LAYERS:-qwen3-30b-a3b,olmoe-1b-7b} bash '$root/scripts/gpu-layer-check.sh' \
       --only build,bench --deadline $(($(left) - 20))" ;;
   *) echo "gpu-session.sh: unknown step $step" | tee -a "$report"; status=1 ;;
   esac

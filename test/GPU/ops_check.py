@@ -485,9 +485,10 @@ def main():
         ("hostile-softmax", lambda: run_router_hostile(lib, 0)),
         ("hostile-sigmoid", lambda: run_router_hostile(lib, 1)),
         ("ffn-k-eq-e", lambda: run_ffn(lib, 37, 128, 128, 4, 4, "random")),
-        # every kind of partial tile: an expert's last M-tile with rows for one warpgroup
-        # (5, 61, 64) or both (94, 104 = 232 - 128), and its last k-step of a weight
-        # gradient with 1-4 wgmma of rows (5, 30, 40, 61) or whole (128, 64), and none
+        # every kind of partial tile: an expert's last M-tile ending in the first
+        # warpgroup's 64 rows (5, 61, 64) or the second's (94, 104 = 232 - 128), its last
+        # k-step of a weight gradient with 1-4 wgmma of rows (5, 30, 40, 61) or whole
+        # (128, 64), and an expert with none
         ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
         ("empty-t0", lambda: run_empty(lib)),
     ]

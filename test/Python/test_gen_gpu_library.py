@@ -156,10 +156,11 @@ def test_rows_by_tma(tmp_path):
 
 
 def test_bulk_store_variant(tmp_path):
-    """MOE_GEMM_BULK_STORE=1 (the default): the warp-specialised kernels with a plain bf16 C stage it by
-    stmatrix (16 x4 a consumer thread: 128 rows x 256 columns) and copy it out by one bulk
-    copy a row; a thread waits for its copy to have read the staging row before the next
-    tile's barrier, and for all of them before it exits. SwiGLU's epilogue is unchanged."""
+    """MOE_GEMM_BULK_STORE=1 (the default): the warp-specialised kernels with a plain bf16
+    C stage it by stmatrix (16 x4 a consumer thread: 128 rows x 256 columns) and copy it out
+    by one bulk copy a row; a thread waits for its copy to have read the staging row before
+    the next tile's barrier, and for all of them before it exits. SwiGLU's epilogue is
+    unchanged; =0 stores from the threads, =wgrad bulk-stores the weight gradients only."""
     proc, text = generate(tmp_path, MOE_GEMM_BULK_STORE="1")
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)

@@ -65,8 +65,8 @@ if ROWS_TMA not in ("0", "1"):
 # conflicts) and write it out by one cp.async.bulk a row: the consumers go on to the next
 # tile's wgmma while the copy engine stores this one, where they issued 16 loads and 16
 # stores each before. The staging buffer is rewritten a tile later, after the copies have
-# read it. Default since session 18: the op-level step 1.3-5.5% faster on olmoe, qwen3
-# and deepseek-v3 in both of its calls, mixtral unchanged (docs/perf.md). "wgrad": the
+# read it. Default since session 18: the op-level step faster in 10 of its 12 comparisons
+# (1.0-5.5%; mixtral tied in the other two; docs/perf.md). "wgrad": the
 # weight gradients only; 0: 16-byte stores from every consumer thread.
 BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "1")
 if BULK_STORE not in ("0", "1", "wgrad"):
@@ -199,6 +199,19 @@ class Emitter:
     def if_end(self):
         self.indent = self.indent[:-2]
         self.emit("}")
+
+    def if_values(self, cond, types, then, otherwise, hint="if"):
+        """`scf.if cond -> (types)` whose branches are emitted by then() and otherwise(),
+        each returning the list of values it yields; returns the if's results."""
+        out = self.fresh(hint)
+        n = len(types)
+        self.emit(f"{out}{f':{n}' if n > 1 else ''} = scf.if {cond} -> ({', '.join(types)}) {{")
+        for branch in (then, otherwise):
+            self.indent += "  "
+            self.emit(f"scf.yield {', '.join(branch())} : {', '.join(types)}")
+            self.indent = self.indent[:-2]
+            self.emit("} else {" if branch is then else "}")
+        return [f"{out}#{k}" for k in range(n)] if n > 1 else [out]
 
     def load_smem_index(self, mem, idx):
         v = self.op(f"memref.load {mem}[{idx}] : memref<?xi32, #gpu.address_space<workgroup>>")
@@ -1055,8 +1068,8 @@ def gen_gemm(g):
 
         The weight gradients' K (an expert's tokens) ends inside its last k-step, whose
         rows past the end are zero-filled: that step runs apart, after the loop, with
-        only the wgmma whose 16 K-rows hold tokens (deepseek-v3: 256 +- 16 tokens an
-        expert, so about every other expert has a fifth k-step of a few rows). Each
+        only the wgmma whose 16 K-rows hold tokens (deepseek-v3's bench routing gives an
+        expert 5-674 tokens: many end in a k-step of a few rows). Each
         count is a branch of straight-line wgmma ending in wait_group 0: a wgmma under
         a branch inside the loop made ptxas fence every one of them (C7519)."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
@@ -1096,39 +1109,28 @@ def gen_gemm(g):
             release(looped, last)
             return acc, slot, parity
         kleft = e.sub(S["kcnt"], e.mul(i32(nloop), c(BK, I32), I32), I32)
-        out, ty = e.fresh("ktail"), f"{ACC}, index, i32"
-        e.emit(f"{out}:3 = scf.if {e.cmp('sgt', kleft, c(0, I32), I32)} -> ({ty}) {{")
-        e.indent += "  "
-        wait_full(slot, parity)
 
         def partial_step(count):
             """the tail with `count` wgmma, or a branch on kleft between count and more"""
             if count == 4:
                 return wgmma_stage(acc, slot, 4, 0)
-            more = e.fresh("kpart")
-            e.emit(f"{more} = scf.if {e.cmp('sgt', kleft, c(16 * count, I32), I32)} -> ({ACC}) {{")
-            e.indent += "  "
-            e.emit(f"scf.yield {partial_step(count + 1)} : {ACC}")
-            e.indent = e.indent[:-2]
-            e.emit("} else {")
-            e.indent += "  "
-            e.emit(f"scf.yield {wgmma_stage(acc, slot, count, 0)} : {ACC}")
-            e.indent = e.indent[:-2]
-            e.emit("}")
-            return more
-        tail_acc = partial_step(1)
-        release(looped, last)
-        release(c(1, "i1"), slot)
-        e.emit(f"scf.yield {tail_acc}, {', '.join(advance(slot, parity))} : {ty}")
-        e.indent = e.indent[:-2]
-        e.emit("} else {")
-        e.indent += "  "
-        e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
-        release(looped, last)
-        e.emit(f"scf.yield {acc}, {slot}, {parity} : {ty}")
-        e.indent = e.indent[:-2]
-        e.emit("}")
-        return f"{out}#0", f"{out}#1", f"{out}#2"
+            return e.if_values(e.cmp("sgt", kleft, c(16 * count, I32), I32), [ACC],
+                               lambda: [partial_step(count + 1)],
+                               lambda: [wgmma_stage(acc, slot, count, 0)], "kpart")[0]
+
+        def tail():
+            wait_full(slot, parity)
+            tail_acc = partial_step(1)
+            release(looped, last)
+            release(c(1, "i1"), slot)
+            return [tail_acc, *advance(slot, parity)]
+
+        def no_tail():
+            e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
+            release(looped, last)
+            return [acc, slot, parity]
+        return e.if_values(e.cmp("sgt", kleft, c(0, I32), I32), [ACC, "index", "i32"], tail,
+                           no_tail, "ktail")
 
     if g.persistent:
         # write_half's destinations
@@ -1207,16 +1209,9 @@ def gen_gemm(g):
             e.emit("}")
             # no k-steps: this tile loaded nothing, the next one's first ids are still due
             empty = e.cmp("eq", S["numk"], c(0))
-            res = [f"{kout}#{2 + j}" for j in range(nid)]
-            fresh = e.fresh("first")
-            e.emit(f"{fresh}:{nid} = scf.if {empty} -> ({id_ty}) {{")
-            e.indent += "  "
-            e.emit(f"scf.yield {', '.join(lane_ids_at(ids_of(Sn, c(0))))} : {id_ty}")
-            e.indent = e.indent[:-2]
-            e.emit("} else {")
-            e.emit(f"  scf.yield {', '.join(res)} : {id_ty}")
-            e.emit("}")
-            e.emit(f"scf.yield {kout}#0, {kout}#1, {', '.join(f'{fresh}#{j}' for j in range(nid))} : index, i32, {id_ty}")
+            first = e.if_values(empty, ["i32"] * nid, lambda: lane_ids_at(ids_of(Sn, c(0))),
+                                lambda: [f"{kout}#{2 + j}" for j in range(nid)], "first")
+            e.emit(f"scf.yield {kout}#0, {kout}#1, {', '.join(first)} : index, i32, {id_ty}")
             e.indent = e.indent[:-2]
             e.emit("}")
 

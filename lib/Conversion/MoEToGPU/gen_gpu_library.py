@@ -923,7 +923,8 @@ def gen_gemm(g):
 
     # Accumulator value v of warpgroup wg sits at row 64*wg + 16*(warp%4) +
     # lane/4 + 8*((v/2)%2) and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
-    qrow = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))), e.div(lane, c(4)))
+    warp_row0 = e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16)))  # the warp's 16 rows
+    qrow = e.add(warp_row0, e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
 
     def out_base(S):
@@ -1017,8 +1018,7 @@ def gen_gemm(g):
         stmatrix's: lane l holds row l/4, columns 2 (l%4) + [0, 2) of each 8x8 matrix, and
         gives the address of row l%8 of matrix l/8 (matrices: rows 0-7 and 8-15 of group
         j, then of group j + 1)."""
-        row = e.add(e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16))),
-                    e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
+        row = e.add(warp_row0, e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
         off = e.add(e.mul(row, c(BULK_ROW)), e.mul(e.div(lane, c(16)), c(V)))
         base = gep3(stage_ptr, i32(e.mul(off, c(2))))
 

@@ -2768,10 +2768,16 @@ def main():
     out.append("}")
     text = "\n".join(out) + "\n"
     if len(sys.argv) == 3 and sys.argv[1] == "-o":
-        tmp = sys.argv[2] + ".tmp"
+        path = sys.argv[2]
+        if os.path.exists(path) and not os.path.isfile(path):
+            # a device or a pipe (-o /dev/null): renaming over it would replace it by a file
+            with open(path, "w") as f:
+                f.write(text)
+            return
+        tmp = path + ".tmp"
         with open(tmp, "w") as f:
             f.write(text)
-        os.replace(tmp, sys.argv[2])
+        os.replace(tmp, path)
     else:
         sys.stdout.write(text)
 

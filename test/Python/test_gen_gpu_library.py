@@ -18,7 +18,7 @@ def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE"):
+                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -78,7 +78,8 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
     ws = [n for n, body in bodies.items() if "setmaxregister" in body]
-    assert sorted(ws) == sorted(["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_rows_mn_bf16",
+    assert sorted(ws) == sorted(["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_up_gather_h",
+                                 "moe_gemm_up_rows_h", "moe_gemm_rows_mn_bf16",
                                  "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
                                  "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"])
     for name in ws:
@@ -208,6 +209,54 @@ def test_gathered_ids_come_a_k_step_ahead(tmp_path):
     assert "gpu.shuffle idx" not in bodies["moe_gemm_wgrad_rows"]
 
 
+def test_swiglu_epilogues_take_no_division(tmp_path):
+    """sigmoid by rcp.approx: an IEEE division compiles to a slow-path branch per value
+    (BSSY, CALL in the SASS) that the SwiGLU and dSwiGLU epilogues paid on every element."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name in ("moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_dact_gather", "moe_gemm_dact_rows"):
+        assert "arith.divf" not in bodies[name], name
+        assert "@__moe_gpu_sigmoid" in bodies[name], name
+    assert 'rcp.approx.ftz.f32' in text
+
+
+@pytest.mark.parametrize("unroll", ["1", "4", "8"])
+def test_dswiglu_epilogue_loads_its_rows_first(tmp_path, unroll):
+    """A warp reads H (gate and up; and w, the routing weights) of MOE_GEMM_DACT_UNROLL rows
+    before it computes any of them, from clamped, always valid addresses, and stores only
+    where the row and column are in the tile."""
+    proc, text = generate(tmp_path, MOE_GEMM_DACT_UNROLL=unroll)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
+        body = kernel_bodies(text)[name]
+        loop = body[body.index("scf.for %ep"):]
+        first_math = loop.index("@__moe_gpu_sigmoid")
+        assert loop[:first_math].count("vector.load %hsaved") == 2 * int(unroll), name
+        assert loop[:first_math].count("memref.load %wrow") == (int(unroll) if "gather" in name else 0)
+        assert loop.count("vector.load %hsaved") == 2 * int(unroll), name
+        # no branch around a load: the ifs hold the stores (3 a row) and dS's lane-0 store
+        for block in re.findall(r"scf\.if [^{]*\{(.*?)\n\s*\}", loop, re.S):
+            assert "load %hsaved" not in block and "load %wrow" not in block, name
+
+
+def test_recomputed_h_writes_no_a(tmp_path):
+    """The up projection's _h kernels (H recomputed in backward) take no A and store only
+    H; the host functions of the recomputation launch them and allocate nothing for A."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name in ("moe_gemm_up_gather", "moe_gemm_up_rows"):
+        full, h_only = bodies[name], bodies[name + "_h"]
+        assert "%aout" in full.split("\n")[0] and "%aout" not in h_only, name
+        # gate and up of H, and A, for each 16-byte group; H alone without A
+        assert 3 * h_only.count("llvm.store") == 2 * full.count("llvm.store") > 0, name
+        assert "__moe_gpu_sigmoid" not in h_only, name
+    ffn_h = text[text.index("func.func private @__moe_gpu_expert_ffn_h("):]
+    ffn_h = ffn_h[:ffn_h.index("\n  }")]
+    assert "@moe_kernels::@moe_gemm_up_gather_h " in ffn_h and "gpu.alloc" not in ffn_h
+
+
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
@@ -246,6 +295,8 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
     ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
     ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0, 1 or wgrad"),
+    ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
+    ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

@@ -101,6 +101,14 @@ def ws_register_split(text):
     return producer, consumer
 
 
+# The dSwiGLU epilogue reads H (gate and up) of MOE_GEMM_DACT_UNROLL rows a warp before it
+# computes any of them: the 16 rows a warp walks in a tile wait for global memory 16 / U
+# times (1: every row on its own, as up to session 18). 4 and 8 ran alike (docs/perf.md,
+# session 19); 16 spills.
+DACT_UNROLL_TEXT = os.environ.get("MOE_GEMM_DACT_UNROLL", "4")
+if DACT_UNROLL_TEXT not in ("1", "2", "4", "8"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_UNROLL={DACT_UNROLL_TEXT!r}: expected 1, 2, 4 or 8")
+DACT_UNROLL = int(DACT_UNROLL_TEXT)
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -251,9 +259,12 @@ class Emitter:
 
 class Gemm:
     def __init__(self, name, a, b, epi, sched, gather_a=False, gather_b=False, has_w=False,
-                 has_ds=False):
+                 has_ds=False, store_a=True):
         self.name, self.a, self.b, self.epi, self.sched = name, a, b, epi, sched
         self.gather_a, self.gather_b, self.has_w, self.has_ds = gather_a, gather_b, has_w, has_ds
+        # swiglu: A = silu(gate) * up too, for the down projection (not when H is
+        # recomputed in backward, which wants H alone)
+        self.store_a = store_a
         # bf16 epilogues run persistent: one CTA an SM walks the tiles and prefetches the
         # next tile's first stages while it writes this tile's C through a half-tile
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
@@ -318,7 +329,7 @@ def gemm_signature(g):
     # M, N, K of one problem (varlen dims are read from offsets)
     args += [("dim_m", "index"), ("dim_n", "index"), ("dim_k", "index")]
     if g.epi == "swiglu":
-        args += [("hout", "memref<?xbf16>"), ("aout", "memref<?xbf16>")]
+        args += [("hout", "memref<?xbf16>")] + ([("aout", "memref<?xbf16>")] if g.store_a else [])
     elif g.epi == "store_f32":
         args += [("cout", "memref<?xf32>"), ("ldc", "index")]
     elif g.epi in ("store_bf16", "store_bf16_w"):
@@ -968,28 +979,32 @@ def gen_gemm(g):
             mleft = left(m_end, r0)
             half2 = e.mul(i32(half), c(2, I32), I32)
             hp = gep1(hout_ptr, e.mul(i64(e.add(e.mul(r0, e.mul(half, c(2))), col)), c(2, "i64"), "i64"))
-            ap = gep1(aout_ptr, e.mul(i64(e.add(e.mul(r0, half), col)), c(2, "i64"), "i64"))
+            if g.store_a:
+                ap = gep1(aout_ptr, e.mul(i64(e.add(e.mul(r0, half), col)), c(2, "i64"), "i64"))
             h_step = wide(c(32, I32), e.mul(half2, c(2, I32), I32))
             a_step = wide(c(32, I32), half2)
             up_off = zext(half2)
             for j in range(BM * (BN // 4) // V // GEMM_THREADS):
                 if j:
-                    hp, ap = gep1(hp, h_step), gep1(ap, a_step)
+                    hp = gep1(hp, h_step)
+                    if g.store_a:
+                        ap = gep1(ap, a_step)
                 gv = sload(e.add(g_idx, c(j * 32 * (BN // 2))))
                 uv = sload(e.add(u_idx, c(j * 32 * (BN // 2))))
                 ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(32 * j, I32), I32)} : i1")
                 if_begin(ok)
                 e.emit(f"llvm.store {gv}, {hp} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
                 e.emit(f"llvm.store {uv}, {gep1(hp, up_off)} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
-                # a = silu(g) * u from the bf16-rounded h, as backward sees it
-                avals = []
-                for u in range(V):
-                    g32 = e.op(f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-                    u32 = e.op(f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-                    _, silu = silu_parts(e, g32)
-                    avals.append(e.op(f"arith.truncf {e.fmul(silu, u32)} : f32 to bf16"))
-                av = e.op(f"vector.from_elements {', '.join(avals)} : vector<{V}xbf16>")
-                e.emit(f"llvm.store {av}, {ap} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+                if g.store_a:
+                    # a = silu(g) * u from the bf16-rounded h, as backward sees it
+                    avals = []
+                    for u in range(V):
+                        g32 = e.op(f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                        u32 = e.op(f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                        _, silu = silu_parts(e, g32)
+                        avals.append(e.op(f"arith.truncf {e.fmul(silu, u32)} : f32 to bf16"))
+                    av = e.op(f"vector.from_elements {', '.join(avals)} : vector<{V}xbf16>")
+                    e.emit(f"llvm.store {av}, {ap} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
                 if_end()
             return
         obase = out_base(S)
@@ -1135,7 +1150,9 @@ def gen_gemm(g):
     if g.persistent:
         # write_half's destinations
         if g.epi == "swiglu":
-            hout_ptr, aout_ptr = gptr(A["hout"], "memref<?xbf16>"), gptr(A["aout"], "memref<?xbf16>")
+            hout_ptr = gptr(A["hout"], "memref<?xbf16>")
+            if g.store_a:
+                aout_ptr = gptr(A["aout"], "memref<?xbf16>")
         else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
     if g.ws:
@@ -1404,39 +1421,43 @@ def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
 
 def silu_parts(e, g32):
     """(sigmoid(g), silu(g)) in f32."""
-    c = e.const
-    ng = e.op(f"arith.negf {g32} : f32")
-    ex = e.op(f"func.call @__moe_gpu_exp({ng}) : (f32) -> f32")
-    sgm = e.op(f"arith.divf {c(1.0, 'f32')}, {e.fadd(ex, c(1.0, 'f32'))} : f32")
+    sgm = e.op(f"func.call @__moe_gpu_sigmoid({g32}) : (f32) -> f32")
     return sgm, e.fmul(g32, sgm)
 
 
-def dswiglu_group(e, g, A, r, col, a_accs):
-    """dSwiGLU of row r, columns col + [0, V) of h: a_accs = dA there (unscaled, f32),
-    w = wrow[r] (1 without routing weights). Stores dH (gate and up) and w*a, and
-    returns the row's part of dS: sum of dA * a over the V columns."""
+def dswiglu_loads(e, g, A, r, col):
+    """What the dSwiGLU of row r, columns col + [0, V) reads: (w, gate, up) in f32, w =
+    wrow[r] (1 without routing weights). r and col must be in bounds: the caller clamps
+    them, so the loads need no branch and can all be issued before the first is used."""
     c = e.const
     half = A["dim_n"]
-
-    def bf16(x):
-        return e.op(f"arith.truncf {x} : f32 to bf16")
 
     def vload_bf16(mem, idx):
         v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
         return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
                 for u in range(V)]
 
+    w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>") if g.has_w else c(1.0, "f32")
+    hrow = e.mul(r, e.mul(half, c(2)))
+    return w, vload_bf16(A["hsaved"], e.add(hrow, col)), vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col)))
+
+
+def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
+    """dSwiGLU of row r, columns col + [0, V) of h from dswiglu_loads' values: a_accs =
+    dA there (unscaled, f32). Stores dH (gate and up) and w*a where ok, and returns the
+    row's part of dS there (0 elsewhere): the sum of dA * a over the V columns."""
+    c = e.const
+    half = A["dim_n"]
+    w, gs, us = loaded
+
+    def bf16(x):
+        return e.op(f"arith.truncf {x} : f32 to bf16")
+
     def vstore(vals, idx, mem):
         vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xbf16>")
         e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
 
-    if g.has_w:
-        w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>")
-    else:
-        w = c(1.0, "f32")
     hrow = e.mul(r, e.mul(half, c(2)))
-    gs = vload_bf16(A["hsaved"], e.add(hrow, col))
-    us = vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col)))
     dgs, dus, was = [], [], []
     part = c(0.0, "f32")
     for u in range(V):
@@ -1449,10 +1470,12 @@ def dswiglu_group(e, g, A, r, col, a_accs):
         dus.append(bf16(e.fmul(da, silu)))
         was.append(bf16(e.fmul(w, a)))
         part = e.fadd(part, e.fmul(a_accs[u], a))
+    e.if_begin(ok)
     vstore(dgs, e.add(hrow, col), A["dh"])
     vstore(dus, e.add(hrow, e.add(half, col)), A["dh"])
     vstore(was, e.add(e.mul(r, half), col), A["wa"])
-    return part
+    e.if_end()
+    return e.select(ok, part, c(0.0, "f32"), "f32")
 
 
 # ---- epilogues of the other kernels (fp32 C through the ring) -----------------
@@ -1523,29 +1546,38 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
         ds_off = e.add(pad, c(g.ring_bytes))
         stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
 
-        it = loop_begin(BM * BN // V, "ep")
-        lr, lc = e.div(it, c(BN // V)), e.mul(e.rem(it, c(BN // V)), c(V))
-        r = e.add(m0, lr)
+        # A warp walks rows warp + 8 i, 8 columns a lane. The rows come DACT_UNROLL at a
+        # time, their loads first (rows past the expert's end and columns past n read
+        # the last valid ones and store nothing), so a thread waits for global memory
+        # 16 / DACT_UNROLL times a tile instead of 16.
+        lc = e.mul(lane, c(V))
         col = e.add(n0, lc)
-        ok = e.op(f"arith.andi {e.cmp('ult', r, m_end)}, {e.cmp('ult', col, half)} : i1")
-        e.emit(f"%dsv = scf.if {ok} -> (f32) {{")
+        col_ok = e.cmp("ult", col, half)
+        col_in = e.select(col_ok, col, e.sub(half, c(V)))
+        last_row = e.sub(m_end, c(1))
+        rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
+        e.emit(f"scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} {{")
         e.indent += "  "
-        part = dswiglu_group(e, g, A, r, col, [staged(lr, e.add(lc, c(u))) for u in range(V)])
-        e.emit(f"scf.yield {part} : f32")
-        e.indent = e.indent[:-2]
-        e.emit("} else {")
-        e.emit(f"  scf.yield {c(0.0, 'f32')} : f32")
-        e.emit("}")
-        if g.has_ds:
-            # a warp holds one row, 8 columns per lane
-            part = "%dsv"
-            for mask in (16, 8, 4, 2, 1):
-                name = e.fresh("sh")
-                e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
-                part = e.fadd(part, name)
-            if_begin(e.cmp("eq", lane, c(0)))
-            e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
-            if_end()
+        batch = []
+        for u in range(DACT_UNROLL):
+            lr = e.add(e.add("%ep", warp), c(8 * u))
+            r = e.add(m0, lr)
+            r_ok = e.cmp("ult", r, m_end)
+            r_in = e.select(r_ok, r, last_row)
+            ok = e.op(f"arith.andi {r_ok}, {col_ok} : i1")
+            batch.append((lr, r_in, ok, dswiglu_loads(e, g, A, r_in, col_in)))
+        for lr, r_in, ok, loaded in batch:
+            part = dswiglu_group(e, g, A, r_in, col_in, [staged(lr, e.add(lc, c(u))) for u in range(V)],
+                                 loaded, ok)
+            if g.has_ds:
+                # a warp holds one row, 8 columns per lane
+                for mask in (16, 8, 4, 2, 1):
+                    name = e.fresh("sh")
+                    e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
+                    part = e.fadd(part, name)
+                if_begin(e.cmp("eq", lane, c(0)))
+                e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
+                if_end()
         if_end()
         e.emit("gpu.barrier")
         if g.has_ds:
@@ -1561,6 +1593,9 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
 GEMMS = [
     Gemm("moe_gemm_up_gather", "gather", "w_mn_swiglu", "swiglu", "varlen_m"),
     Gemm("moe_gemm_up_rows", "rows", "w_mn_swiglu", "swiglu", "varlen_m"),
+    # H alone, for its recomputation in backward
+    Gemm("moe_gemm_up_gather_h", "gather", "w_mn_swiglu", "swiglu", "varlen_m", store_a=False),
+    Gemm("moe_gemm_up_rows_h", "rows", "w_mn_swiglu", "swiglu", "varlen_m", store_a=False),
     Gemm("moe_gemm_rows_mn_bf16", "rows", "w_mn", "store_bf16", "varlen_m"),
     Gemm("moe_gemm_rows_mn_f32", "rows", "w_mn", "store_f32", "varlen_m"),
     Gemm("moe_gemm_rows_k_bf16", "rows", "w_k", "store_bf16", "varlen_m"),
@@ -2274,6 +2309,17 @@ DEVICE_FUNCS = """    // exp(x) = 2^(x log2 e) on the SFU (ex2.approx, ~2 ulp): 
       %r = nvvm.inline_ptx "ex2.approx.ftz.f32 $0, $1;" ro(%y : f32) -> f32
       return %r : f32
     }
+    // sigmoid(x) = 1 / (1 + exp(-x)) by rcp.approx (1 ulp): an IEEE division branches to a
+    // slow path per element (SASS: BSSY, CALL), which the epilogues pay on every value.
+    // For x < -88 the sum is inf and the reciprocal 0.
+    func.func private @__moe_gpu_sigmoid(%x: f32) -> f32 {
+      %one = arith.constant 1.0 : f32
+      %n = arith.negf %x : f32
+      %e = func.call @__moe_gpu_exp(%n) : (f32) -> f32
+      %d = arith.addf %e, %one : f32
+      %r = nvvm.inline_ptx "rcp.approx.ftz.f32 $0, $1;" ro(%d : f32) -> f32
+      return %r : f32
+    }
     func.func private @__moe_gpu_score(%l: f32, %mx: f32, %sum: f32, %soft: i1) -> f32 {
       %one = arith.constant 1.0 : f32
       %r = scf.if %soft -> (f32) {
@@ -2530,20 +2576,22 @@ def host_dispatch():
 
 
 def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
-    """up (gather or rows) + SwiGLU, then down (yf None: not run, only H is wanted); A
-    lives only between the two."""
+    """up (gather or rows) + SwiGLU, then down (yf None: not run, only H is wanted, by
+    the up kernel's variant that writes no A); A lives only between the two."""
     e = h.e
     one = h.c(1)
-    a = h.alloc(h.grid(e.mul(M, n)), "bf16")
     values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=wguf, ldb=e.mul(n, h.c(2)),
-                  dim_m=M, dim_n=n, dim_k=d, hout=hf, aout=a)
+                  dim_m=M, dim_n=n, dim_k=d, hout=hf)
     if ids:
         values["ids"] = ids
+    if yf is None:
+        h.launch_gemm(up_kernel + "_h", e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
+                      gemm_args(h, up_kernel + "_h", values))
+        return
+    a = h.alloc(h.grid(e.mul(M, n)), "bf16")
+    values["aout"] = a
     h.launch_gemm(up_kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
              gemm_args(h, up_kernel, values))
-    if yf is None:
-        h.dealloc(a, "bf16")
-        return
     h.launch_gemm("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_mn_bf16", dict(
                  offsets=offs, num_experts=E, amat=a, lda=n, bmat=wdf, ldb=d, dim_m=M,

@@ -1,7 +1,8 @@
 // convert-moe-to-gpu on a plan that recomputes H (policy=recompute): backward
 // runs the expert FFNs again for H alone, so it calls the up-projection-only
-// host functions, allocates no buffer for the unread y, and never launches the
-// down GEMM there; forward is unchanged (docs/memory.md).
+// host functions, allocates no buffer for the unread y (nor for A: the up
+// projection's _h kernel writes H alone), and never launches the down GEMM
+// there; forward is unchanged (docs/memory.md).
 // RUN: moe-opt %s --moe-decompose --moe-plan-activations="policy=recompute report=false" --moe-generate-backward --convert-moe-to-gpu | FileCheck %s
 
 // CHECK-LABEL: func.func @ds_like_forward(
@@ -18,7 +19,13 @@
 // CHECK: call @__moe_gpu_expert_combine_grad(
 // CHECK-LABEL: func.func private @__moe_gpu_expert_ffn_h(
 // CHECK-NOT: moe_gemm_rows_mn_bf16
-// CHECK: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_up_gather
+// CHECK-NOT: gpu.alloc
+// CHECK: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_up_gather_h blocks
+// CHECK-NOT: moe_gemm_rows_mn_bf16
+// CHECK: return
+// CHECK-LABEL: func.func private @__moe_gpu_shared_expert_h(
+// CHECK-NOT: moe_gemm_rows_mn_bf16
+// CHECK: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_up_rows_h blocks
 // CHECK-NOT: moe_gemm_rows_mn_bf16
 // CHECK: return
 

@@ -10,6 +10,8 @@
 
 // CHECK-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gemm_up_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_up_gather_h' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_up_rows_h' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gemm_rows_mn_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gemm_rows_mn_f32' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gemm_rows_k_bf16' for 'sm_90a'
@@ -31,5 +33,5 @@
 // CHECK-DAG: Compiling entry function 'moe_repack_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_repack_f32' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_add' for 'sm_90a'
-// COUNT-COUNT-23: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-COUNT-25: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

@@ -477,6 +477,12 @@ def main():
         # expert counts that are not a multiple of 8 (padded inside the host functions)
         ("router-e4", lambda: run_router(lib, 37, 128, 4, 2, 0, True)),
         ("router-e12", lambda: run_router(lib, 37, 192, 12, 3, 1, False, 1, 1, 1.0, True)),
+        # a warp a token: experts past the 32 lanes (several a lane, E not a multiple of
+        # 32), the bench configurations' routers, and groups past lane 32
+        ("router-e72", lambda: run_router(lib, 37, 128, 72, 6, 0, False)),
+        ("router-e128", lambda: run_router(lib, 301, 128, 128, 8, 0, True)),
+        ("router-e256-groups", lambda: run_router(lib, 301, 128, 256, 8, 1, True, 8, 4, 2.5, True)),
+        ("router-e1024-groups", lambda: run_router(lib, 37, 128, 1024, 8, 1, True, 64, 3, 1.0, True)),
         ("router-grad-e4", lambda: run_router_grad(lib, 37, 128, 4, 2, 0, True, 1.0)),
         ("router-grad-e12", lambda: run_router_grad(lib, 37, 192, 12, 3, 1, False, 2.5)),
         ("router-grad-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5)),

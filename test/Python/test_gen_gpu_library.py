@@ -257,6 +257,32 @@ def test_recomputed_h_writes_no_a(tmp_path):
     assert "@moe_kernels::@moe_gemm_up_gather_h " in ffn_h and "gpu.alloc" not in ffn_h
 
 
+def test_router_kernels_run_a_warp_a_token(tmp_path):
+    """The router's per-token kernels run a warp a token: the lanes walk the experts 32
+    apart, the max and the sum end in xor shuffles, and the selection reads no pick back
+    from global memory (the thread-a-token version scanned its earlier picks for every
+    expert of every round)."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    for name in ("moe_router_scores", "moe_router_grad_logits"):
+        body = bodies[name]
+        assert "scf.for %e = %c0 to %E" not in body, name
+        assert body.count("scf.for %e = %lane to %E step %tw32") >= 3, name
+        assert body.count("gpu.shuffle xor") == 10, name  # the max and the sum, 5 steps each
+    select = bodies["moe_router_select"]
+    assert "memref.load %experts" not in select
+    assert "scf.for %it = %c0 to %ni" in select
+    # 5 steps of (class, value, index) for the groups and for the experts
+    assert select.count("gpu.shuffle xor") == 2 * 5 * 3
+    for name in ("router_select", "router_scores", "router_grad_logits"):
+        launch = re.search(rf"@moe_kernels::@moe_{name} blocks in \((%\w+),", text)
+        assert launch, name
+    # blocks = ceil(T / 4): four tokens a block of 128 threads
+    host = text[text.index("func.func private @__moe_gpu_router("):]
+    assert "arith.constant 4 : index" in host[:host.index("@moe_router_select")]
+
+
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)

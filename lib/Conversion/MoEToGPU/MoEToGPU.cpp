@@ -52,6 +52,8 @@ constexpr int64_t kTile = 64;
 /// Experts a layer may have on the GPU path (gen_gpu_library.py: DISPATCH_CHUNK
 /// and TABLE_EXPERTS).
 constexpr int64_t kMaxExperts = 1024;
+/// Expert groups of a group-limited router (gen_gpu_library.py: select_kernel).
+constexpr int64_t kMaxGroups = 64;
 /// The alignment of the temporaries in a host function's arena (as
 /// moe-plan-memory's default): more than the kernels' 16 bytes.
 constexpr uint64_t kArenaAlignment = 256;
@@ -195,6 +197,19 @@ LogicalResult checkSupported(Operation *op) {
       dispatch && dispatch.getCapacityFactor())
     return op->emitError("the GPU path is dropless: a capacity factor is not "
                          "supported");
+  // The router's selection runs a warp a token, 32 experts a lane at most (a
+  // 32-bit mask of its picks), and keeps the chosen groups in a 64-bit mask.
+  if (auto router = dyn_cast<RouterOp>(op)) {
+    int64_t experts =
+        cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);
+    if (experts > kMaxExperts)
+      return op->emitError("the GPU path runs at most ")
+             << kMaxExperts << " experts, got " << experts;
+    int64_t groups = router.getRouting().getNumGroups();
+    if (groups > kMaxGroups)
+      return op->emitError("the GPU path routes among at most ")
+             << kMaxGroups << " expert groups, got " << groups;
+  }
   // The dispatch kernels count a chunk's rows per expert in shared memory and
   // the GEMMs search a shared-memory table of the experts' tiles: 1024 each.
   if (auto dispatch = dyn_cast<DispatchOp>(op)) {

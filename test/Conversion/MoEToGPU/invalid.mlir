@@ -201,6 +201,26 @@ func.func @too_many_experts(%e: tensor<8x2xi32>) -> (tensor<16xi32>, tensor<1026
 
 // -----
 
+func.func @router_too_many_experts(%x: tensor<4x64xbf16>, %wr: tensor<64x1088xbf16>)
+    -> (tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x1088xf32>) {
+  // expected-error @+1 {{the GPU path runs at most 1024 experts, got 1088}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<4x64xbf16>, tensor<64x1088xbf16> -> tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x1088xf32>
+  return %w, %e, %l : tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x1088xf32>
+}
+
+// -----
+
+func.func @router_too_many_groups(%x: tensor<4x64xbf16>, %wr: tensor<64x128xbf16>)
+    -> (tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x128xf32>) {
+  // expected-error @+1 {{the GPU path routes among at most 64 expert groups, got 128}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = sigmoid, top_k = 2, num_groups = 128, topk_groups = 2>}
+      : tensor<4x64xbf16>, tensor<64x128xbf16> -> tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x128xf32>
+  return %w, %e, %l : tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x128xf32>
+}
+
+// -----
+
 // expected-error @+1 {{the GPU path needs functions on statically shaped tensors, got 'i32'}}
 func.func @scalar_argument(%a: tensor<4x64xbf16>, %n: i32) -> tensor<4x64xbf16> {
   %0 = arith.addf %a, %a : tensor<4x64xbf16>

@@ -486,6 +486,10 @@ def main():
         ("router-grad-e4", lambda: run_router_grad(lib, 37, 128, 4, 2, 0, True, 1.0)),
         ("router-grad-e12", lambda: run_router_grad(lib, 37, 192, 12, 3, 1, False, 2.5)),
         ("router-grad-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5)),
+        # dW_r with its tokens split into slices (4 of 1280, 1280, 1280 and 1160 tokens; 2 of
+        # 1536 and 1464), padded expert columns (12 of 16) and the bench routers' 128
+        ("router-grad-split", lambda: run_router_grad(lib, 5000, 256, 12, 3, 1, False, 2.5)),
+        ("router-grad-split-e128", lambda: run_router_grad(lib, 3000, 128, 128, 8, 0, True, 1.0)),
         ("shared", lambda: run_shared(lib, 37, 256, 128)),
         # hostile routing (issue 8): NaN/inf logits, k = E, T = 0
         ("hostile-softmax", lambda: run_router_hostile(lib, 0)),

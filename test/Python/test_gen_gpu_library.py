@@ -283,6 +283,24 @@ def test_router_kernels_run_a_warp_a_token(tmp_path):
     assert "arith.constant 4 : index" in host[:host.index("@moe_router_select")]
 
 
+def test_router_weight_gradient_is_split_along_tokens(tmp_path):
+    """dW_r = x^T dlogits has ceil(d / 128) output tiles and K = T: the host splits the
+    tokens into S slices (offsets by moe_split_offsets), runs them as S experts of the
+    varlen-K GEMM into [S, d, E8] and sums the slices in f32 (moe_sum_splits_bf16, which
+    also drops the padding columns the repack dropped before)."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    host = text[text.index("func.func private @__moe_gpu_router_grad("):]
+    host = host[:host.index("\n  }")]
+    order = [host.index(f"@moe_kernels::@{k} ") for k in
+             ("moe_router_grad_logits", "moe_split_offsets", "moe_gemm_wgrad_rows", "moe_sum_splits_bf16")]
+    assert order == sorted(order)
+    assert "@moe_repack_bf16 " not in host[order[2]:]
+    bodies = kernel_bodies(text)
+    assert "arith.minui %at, %T" in bodies["moe_split_offsets"]
+    assert "scf.for %sl = %c0 to %S" in bodies["moe_sum_splits_bf16"]
+
+
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)

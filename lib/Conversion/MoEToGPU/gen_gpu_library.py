@@ -1628,6 +1628,8 @@ GID = """      %tid = gpu.thread_id x
       %gid = arith.addi %gid0, %tid : index
 """
 
+# The router's weight gradient splits its tokens into slices of at least this many.
+ROUTER_SPLIT_TOKENS = 1024
 # Tokens a block of the kernels that run a warp a token (THREADS / 32).
 TOKEN_WARPS = THREADS // 32
 
@@ -2192,6 +2194,50 @@ SIMPLE.append(kernel(
         %ti = arith.index_cast %T : index to i32
         memref.store %z, %offsets[%c0] : memref<?xi32>
         memref.store %ti, %offsets[%c1] : memref<?xi32>
+      }
+"""))
+
+# offsets[i] = min(i * chunk, T) for i <= S: the router's weight gradient split along its
+# tokens into S slices, run as S "experts" of the varlen-K GEMM.
+SIMPLE.append(kernel(
+    "moe_split_offsets",
+    "%offsets: memref<?xi32>, %T: index, %chunk: index, %S: index",
+    GID + """      %in = arith.cmpi ule, %gid, %S : index
+      scf.if %in {
+        %at = arith.muli %gid, %chunk : index
+        %o = arith.minui %at, %T : index
+        %oi = arith.index_cast %o : index to i32
+        memref.store %oi, %offsets[%gid] : memref<?xi32>
+      }
+"""))
+
+# dst[r, c] = sum over s < S of src[s, r, c] (f32, in order of s), for c < cdst: the
+# slices of a split weight gradient summed, and the padding columns of src dropped.
+SIMPLE.append(kernel(
+    "moe_sum_splits_bf16",
+    "%src: memref<?xbf16>, %dst: memref<?xbf16>, %R: index, %csrc: index, %cdst: index, "
+    "%S: index",
+    GID + """      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %zero = arith.constant 0.0 : f32
+      %total = arith.muli %R, %cdst : index
+      %in = arith.cmpi ult, %gid, %total : index
+      scf.if %in {
+        %r = arith.divui %gid, %cdst : index
+        %col = arith.remui %gid, %cdst : index
+        %row0 = arith.muli %r, %csrc : index
+        %at = arith.addi %row0, %col : index
+        %slice = arith.muli %R, %csrc : index
+        %sum = scf.for %sl = %c0 to %S step %c1 iter_args(%acc = %zero) -> (f32) {
+          %off = arith.muli %sl, %slice : index
+          %i = arith.addi %off, %at : index
+          %v = memref.load %src[%i] : memref<?xbf16>
+          %vf = arith.extf %v : bf16 to f32
+          %a2 = arith.addf %acc, %vf : f32
+          scf.yield %a2 : f32
+        }
+        %b = arith.truncf %sum : f32 to bf16
+        memref.store %b, %dst[%gid] : memref<?xbf16>
       }
 """))
 
@@ -2882,13 +2928,24 @@ def host_router_grad():
              gemm_args(h, "moe_gemm_rows_k_bf16", dict(
                  offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=wrp, ldb=E8, dim_m=T,
                  dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
-    dwrp = h.alloc(e.mul(d, E8), "bf16")
-    # dW_r = x^T dlogits, [d, E8] (the padding columns are dropped by the repack)
+    # dW_r = x^T dlogits, [d, E8]: K = T tokens, but only ceil(d / 128) output tiles, so
+    # the tokens are split into S slices (S tiles a 128 rows of d, at most NUM_CTAS tiles
+    # in all, at least ROUTER_SPLIT_TOKENS tokens a slice), each slice's [d, E8] written
+    # in bf16 and the S summed in f32. A slice's columns past E come from the padding of
+    # dlogits, which nothing writes; the sum reads columns < E only.
+    S = e.maxs(one, e.minu(e.div(h.c(NUM_CTAS), h.ceil(d, BM)), e.div(T, h.c(ROUTER_SPLIT_TOKENS))))
+    chunk = e.mul(h.ceil(e.div(e.add(T, e.sub(S, one)), S), BK), h.c(BK))
+    soffs = h.alloc(e.add(S, one), "i32")
+    h.launch("moe_split_offsets", h.ceil(e.add(S, one), THREADS), one, one,
+             [(soffs, I32V), (T, IDX), (chunk, IDX), (S, IDX)])
+    dwrp = h.alloc(e.mul(S, e.mul(d, E8)), "bf16")
     launch_wgrad(h, None, None, None, dict(
-        offsets=offs, num_experts=one, amat=xf, lda=d, bmat=dl, ldb=E8, dim_m=d, dim_n=E,
+        offsets=soffs, num_experts=S, amat=xf, lda=d, bmat=dl, ldb=E8, dim_m=d, dim_n=E8,
         dim_k=h.c(0), cout=dwrp, ldc=E8))
-    repack(h, dwrp, h.flat("%d_wr", M2["bf16"]), d, E8, E, E, "bf16")
-    for buf, ty in ((dl, "bf16"), (offs, "i32"), (wrp, "bf16"),
+    h.launch("moe_sum_splits_bf16", h.ceil(e.mul(d, E), THREADS), one, one,
+             [(dwrp, BF16V), (h.flat("%d_wr", M2["bf16"]), BF16V), (d, IDX), (E8, IDX), (E, IDX),
+              (S, IDX)])
+    for buf, ty in ((dl, "bf16"), (offs, "i32"), (soffs, "i32"), (wrp, "bf16"),
                     (dwrp, "bf16")):
         h.dealloc(buf, ty)
     return h.text()

@@ -28,10 +28,12 @@
 // CHECK-DAG: Compiling entry function 'moe_gather_sum' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_scatter_weights' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_single_offsets' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_split_offsets' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_sum_splits_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_dweights' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_router_grad_logits' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_repack_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_repack_f32' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_add' for 'sm_90a'
-// COUNT-COUNT-25: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-COUNT-27: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

@@ -3,16 +3,18 @@
 // with MOE_GEMM_BULK_STORE=0, C out by 16-byte stores from every consumer thread;
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
 // row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1, the default: C
-// out by bulk copies; the last two in one library) still compile for sm_90a with no
-// spill, no local stack and no wgmma serialisation warning (check_ptxas.py fails on any).
+// out by bulk copies; the last two in one library; MOE_GEMM_DACT_UNROLL=8 and 1 with the
+// first two: the dSwiGLU epilogue's rows loaded 8 and 1 at a time) still compile for
+// sm_90a with no spill, no local stack and no wgmma serialisation warning (check_ptxas.py
+// fails on any).
 // REQUIRES: ptxas
-// RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
+// RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 MOE_GEMM_DACT_UNROLL=8 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
 // RUN: mlir-opt %t.gather.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.gather.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.gather.isa.mlir %t.gather
 // RUN: %ptxas -arch=sm_90a -v %t.gather.moe_kernels.ptx -o %t.gather.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.gather.txt
 // RUN: FileCheck %s --check-prefix=GATHER < %t.gather.txt
-// RUN: env MOE_GEMM_WS=none %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.none.mlir
+// RUN: env MOE_GEMM_WS=none MOE_GEMM_DACT_UNROLL=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.none.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.none.mlir > %t.none.ops.mlir
 // RUN: mlir-opt %t.none.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.none.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.none.isa.mlir %t.none
@@ -38,6 +40,8 @@
 // GATHER-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
 // GATHER-DAG: Compiling entry function 'moe_gemm_rows_k_bf16' for 'sm_90a'
 // GATHER-DAG: Used 168 registers
+// GATHER-DAG: Compiling entry function 'moe_gemm_dact_gather' for 'sm_90a'
+// NONE-DAG: Compiling entry function 'moe_gemm_dact_gather' for 'sm_90a'
 // NONE-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
 // NONE-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
 

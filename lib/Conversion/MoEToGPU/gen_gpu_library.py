@@ -1502,9 +1502,6 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
         e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
     e.emit("gpu.barrier")
 
-    def bf16(x):
-        return e.op(f"arith.truncf {x} : f32 to bf16")
-
     if_begin, if_end = e.if_begin, e.if_end
 
     def loop_begin(count, name):
@@ -1517,11 +1514,6 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
 
     def vstore(vec, mem, idx, ty):
         e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>")
-
-    def vload_bf16(mem, idx):
-        v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
-        return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-                for u in range(V)]
 
     if g.epi == "store_f32":
         it = loop_begin(BM * BN // V, "ep")

@@ -1427,9 +1427,10 @@ def silu_parts(e, g32):
 
 
 def dswiglu_loads(e, g, A, r, col):
-    """What the dSwiGLU of row r, columns col + [0, V) reads: (w, gate, up) in f32, w =
-    wrow[r] (1 without routing weights). r and col must be in bounds: the caller clamps
-    them, so the loads need no branch and can all be issued before the first is used."""
+    """What the dSwiGLU of row r, columns col + [0, V) reads: (hrow, w, gate, up), hrow =
+    where row r of H starts, the rest in f32, w = wrow[r] (1 without routing weights). r
+    and col must be in bounds: the caller clamps them, so the loads need no branch and
+    can all be issued before the first is used."""
     c = e.const
     half = A["dim_n"]
 
@@ -1440,7 +1441,8 @@ def dswiglu_loads(e, g, A, r, col):
 
     w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>") if g.has_w else c(1.0, "f32")
     hrow = e.mul(r, e.mul(half, c(2)))
-    return w, vload_bf16(A["hsaved"], e.add(hrow, col)), vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col)))
+    return (hrow, w, vload_bf16(A["hsaved"], e.add(hrow, col)),
+            vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col))))
 
 
 def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
@@ -1449,7 +1451,7 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
     row's part of dS there (0 elsewhere): the sum of dA * a over the V columns."""
     c = e.const
     half = A["dim_n"]
-    w, gs, us = loaded
+    hrow, w, gs, us = loaded
 
     def bf16(x):
         return e.op(f"arith.truncf {x} : f32 to bf16")
@@ -1458,7 +1460,6 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
         vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xbf16>")
         e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
 
-    hrow = e.mul(r, e.mul(half, c(2)))
     dgs, dus, was = [], [], []
     part = c(0.0, "f32")
     for u in range(V):

@@ -1739,14 +1739,12 @@ def select_kernel():
     groups l and l + 32 (the sum of the group's two best, G <= 64: an i64 mask), and the
     warp picks topk_groups of them the same way. One thread a token scanned every expert
     k times from global memory (1.0 ms of deepseek-v3's step)."""
-    lines = []
-    count = [0]
+    em = Emitter()
+    lines = em.lines  # lines with their own indentation go here directly
 
     def op(ind, text, hint="v"):
-        count[0] += 1
-        name = f"%{hint}{count[0]}"
-        lines.append(f"{ind}{name} = {text}")
-        return name
+        em.indent = ind
+        return em.op(text, hint)
 
     def better(ind, a, b):
         """a before b in the order above (a, b: (class i32, value f32, index i32))."""
@@ -1777,8 +1775,7 @@ def select_kernel():
         for mask in (16, 8, 4, 2, 1):
             other = []
             for x, t in zip(a, ("i32", "f32", "i32")):
-                count[0] += 1
-                name = f"%sh{count[0]}"
+                name = em.fresh("sh")
                 lines.append(f"{ind}{name}, {name}ok = gpu.shuffle xor {x}, %c{mask}_i32, %c32_i32 : {t}")
                 other.append(name)
             a = pick(ind, better(ind, tuple(other), a), tuple(other), a)
@@ -1788,9 +1785,10 @@ def select_kernel():
         """c = s + bias of expert e (index)"""
         si = op(ind, f"arith.addi %base, {e} : index")
         sv = op(ind, f"memref.load %scores[{si}] : memref<?xf32>")
-        bv = op(ind, "scf.if %hasb -> (f32) {")
-        lines.append(f"{ind}  %bl{count[0]} = memref.load %bias[{e}] : memref<?xf32>")
-        lines.append(f"{ind}  scf.yield %bl{count[0]} : f32")
+        bv, bl = em.fresh(), em.fresh("bl")
+        lines.append(f"{ind}{bv} = scf.if %hasb -> (f32) {{")
+        lines.append(f"{ind}  {bl} = memref.load %bias[{e}] : memref<?xf32>")
+        lines.append(f"{ind}  scf.yield {bl} : f32")
         lines.append(f"{ind}}} else {{")
         lines.append(f"{ind}  scf.yield %zero : f32")
         lines.append(f"{ind}}}")
@@ -1816,22 +1814,19 @@ def select_kernel():
     for j in (0, 1):
         g = op(ind2, f"arith.addi %lane, %c{32 * j} : index", "g")
         valid = op(ind2, f"arith.cmpi ult, {g}, %G : index")
-        res = op(ind2, f"scf.if {valid} -> (i32, f32) {{", "gs")
-        lines[-1] = lines[-1].replace(f"{res} =", f"{res}:2 =")
+        res = em.fresh("gs")
+        lines.append(f"{ind2}{res}:2 = scf.if {valid} -> (i32, f32) {{")
         ind3 = ind2 + "  "
         lo = op(ind3, f"arith.muli {g}, %gsize : index")
         hi = op(ind3, f"arith.addi {lo}, %gsize : index")
         # the group's best two in one pass: (A, B)
-        top = op(ind3, f"scf.for %ge{count[0] + 1} = {lo} to {hi} step %c1 iter_args("
-                       f"%ak{count[0] + 1} = %c0_i32, %av{count[0] + 1} = %zero, %ai{count[0] + 1} = %cm1_i32, "
-                       f"%bk{count[0] + 1} = %c0_i32, %bv{count[0] + 1} = %zero, %bi{count[0] + 1} = %cm1_i32) "
-                       f"-> (i32, f32, i32, i32, f32, i32) {{", "top")
-        n = top[4:]
-        lines[-1] = lines[-1].replace(f"{top} =", f"{top}:6 =")
+        top, e = em.fresh("top"), em.fresh("ge")
+        A = tuple(em.fresh(h) for h in ("ak", "av", "ai"))
+        B = tuple(em.fresh(h) for h in ("bk", "bv", "bi"))
+        inits = ", ".join(f"{v} = {i}" for v, i in zip(A + B, ("%c0_i32", "%zero", "%cm1_i32") * 2))
+        lines.append(f"{ind3}{top}:6 = scf.for {e} = {lo} to {hi} step %c1 iter_args({inits}) "
+                     f"-> (i32, f32, i32, i32, f32, i32) {{")
         ind4 = ind3 + "  "
-        A = (f"%ak{n}", f"%av{n}", f"%ai{n}")
-        B = (f"%bk{n}", f"%bv{n}", f"%bi{n}")
-        e = f"%ge{n}"
         x = key(ind4, "%true", cval(ind4, e), i32(ind4, e))
         xa = better(ind4, x, A)
         xb = better(ind4, x, B)
@@ -1871,9 +1866,9 @@ def select_kernel():
     lines.append(f"{ind}%pk:2 = scf.for %j = %c0 to %k step %c1 iter_args(%taken = %c0_i32, %tot = %zero) -> (i32, f32) {{")
 
     ind2 = ind + "  "
-    best = op(ind2, f"scf.for %it = %c0 to %ni step %c1 iter_args(%sk = %c0_i32, %sv = %zero, %si = %cm1_i32) "
-                    f"-> (i32, f32, i32) {{", "ls")
-    lines[-1] = lines[-1].replace(f"{best} =", f"{best}:3 =")
+    best = em.fresh("ls")
+    lines.append(f"{ind2}{best}:3 = scf.for %it = %c0 to %ni step %c1 iter_args(%sk = %c0_i32, %sv = %zero, "
+                 f"%si = %cm1_i32) -> (i32, f32, i32) {{")
     ind3 = ind2 + "  "
     e32 = op(ind3, "arith.muli %it, %c32 : index")
     e = op(ind3, f"arith.addi {e32}, %lane : index")

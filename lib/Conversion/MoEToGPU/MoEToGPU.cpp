@@ -198,26 +198,24 @@ LogicalResult checkSupported(Operation *op) {
     return op->emitError("the GPU path is dropless: a capacity factor is not "
                          "supported");
   // The router's selection runs a warp a token, 32 experts a lane at most (a
-  // 32-bit mask of its picks), and keeps the chosen groups in a 64-bit mask.
+  // 32-bit mask of its picks); the dispatch kernels count a chunk's rows per
+  // expert in shared memory and the GEMMs search a shared-memory table of the
+  // experts' tiles: 1024 each.
+  int64_t experts = 0;
+  if (auto router = dyn_cast<RouterOp>(op))
+    experts = cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);
+  if (auto dispatch = dyn_cast<DispatchOp>(op))
+    experts =
+        cast<ShapedType>(dispatch->getResult(1).getType()).getDimSize(0) - 1;
+  if (experts > kMaxExperts)
+    return op->emitError("the GPU path runs at most ")
+           << kMaxExperts << " experts, got " << experts;
+  // The selection keeps the chosen groups in a 64-bit mask.
   if (auto router = dyn_cast<RouterOp>(op)) {
-    int64_t experts =
-        cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);
-    if (experts > kMaxExperts)
-      return op->emitError("the GPU path runs at most ")
-             << kMaxExperts << " experts, got " << experts;
     int64_t groups = router.getRouting().getNumGroups();
     if (groups > kMaxGroups)
       return op->emitError("the GPU path routes among at most ")
              << kMaxGroups << " expert groups, got " << groups;
-  }
-  // The dispatch kernels count a chunk's rows per expert in shared memory and
-  // the GEMMs search a shared-memory table of the experts' tiles: 1024 each.
-  if (auto dispatch = dyn_cast<DispatchOp>(op)) {
-    int64_t experts =
-        cast<ShapedType>(dispatch->getResult(1).getType()).getDimSize(0) - 1;
-    if (experts > kMaxExperts)
-      return op->emitError("the GPU path runs at most ")
-             << kMaxExperts << " experts, got " << experts;
   }
   for (auto [name, size] : getTiledSizes(op))
     if (size % kTile != 0)

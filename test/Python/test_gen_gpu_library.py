@@ -18,8 +18,7 @@ def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL",
-                "MOE_GEMM_DACT_WS", "MOE_GEMM_DACT_WS_REGS"):
+                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -47,8 +46,7 @@ def kernel_bodies(text):
 
 @pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
                                        ("all", {"MOE_GEMM_BULK_STORE": "0"}),
-                                       ("all", {"MOE_GEMM_BULK_STORE": "wgrad"}),
-                                       ("all", {"MOE_GEMM_DACT_WS": "0"})])
+                                       ("all", {"MOE_GEMM_BULK_STORE": "wgrad"})])
 def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
     gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
     selected = []
@@ -65,8 +63,7 @@ def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
         assert g.ring_bytes == g.stages * gen.STAGE_BYTES, g.name
         table = gen.CUM_BYTES if g.sched == "varlen_m" else 0
         assert g.bar_offset >= g.cum_offset + table and g.bar_offset % 8 == 0, g.name
-        # (and the staged tile's two with an epilogue in the producer's warpgroup)
-        assert g.bar_offset + 16 * g.stages + (16 if g.epi_wg else 0) + 1024 <= g.launch_smem, g.name
+        assert g.bar_offset + 16 * g.stages + 1024 <= g.launch_smem, g.name
     persistent = [g.name for g in gen.GEMMS if g.persistent]
     if ws == "all":
         assert selected == persistent
@@ -84,11 +81,8 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
     assert sorted(ws) == sorted(["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_up_gather_h",
                                  "moe_gemm_up_rows_h", "moe_gemm_rows_mn_bf16",
                                  "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
-                                 "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows",
-                                 "moe_gemm_dact_gather", "moe_gemm_dact_rows"])
+                                 "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"])
     for name in ws:
-        if "dact" in name:
-            continue  # test_dswiglu_epilogue_warps_hand_over_on_mbarriers
         body = bodies[name]
         assert "known_block_size = array<i32: 384, 1, 1>" in body, name
         split = body.index("nvvm.setmaxregister decrease 72")
@@ -111,48 +105,6 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
         if name.startswith("moe_gemm") and name not in ws:
             assert "known_block_size = array<i32: 256, 1, 1>" in body, name
             assert "setmaxregister" not in body and "cp.async.mbarrier.arrive" not in body, name
-
-
-def test_dswiglu_epilogue_warps_hand_over_on_mbarriers(tmp_path):
-    """MOE_GEMM_DACT_WS=1 (the default): dSwiGLU's GEMMs split the fourth warpgroup into 2
-    copying warps (full[s] counts 64 + the TMA thread) and 2 epilogue warps; the consumers
-    stage dA (16 stmatrix.x4) after waiting for the staged tile to be read (staged_empty,
-    64 arrivals) and then arrive on staged_full (256), which the epilogue warps wait on
-    before their first load of it. No block-wide barrier after the split."""
-    proc, text = generate(tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    bodies = kernel_bodies(text)
-    for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
-        body = bodies[name]
-        assert "known_block_size = array<i32: 384, 1, 1>" in body, name
-        split = body.index("nvvm.setmaxregister decrease 104")
-        consumers = body.index("nvvm.setmaxregister increase 184")
-        assert body.rfind("gpu.barrier") < split, name
-        consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
-        counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
-        assert counts == [65, 8] * 3 + [256, 64], (name, counts)
-        # the epilogue warps (tid >= 320) come first inside the fourth warpgroup's branch,
-        # the copying ones after them
-        copies = body.index("nvvm.cp.async.shared.global", split)
-        epilogue = body[split:copies]
-        assert "arith.constant 320 : index" in body
-        wait = epilogue.index("nvvm.mbarrier.try_wait.parity")
-        assert wait < epilogue.index("vector.load %stg"), name
-        assert epilogue.count("vector.load %hsaved") == 2 * 2, name  # EPI_UNROLL rows, gate and up
-        assert "@__moe_gpu_sigmoid" in epilogue and "nvvm.mbarrier.arrive" in epilogue, name
-        assert "nvvm.stmatrix" not in body[:consumers], name
-        consumer = body[consumers:]
-        assert consumer.count("nvvm.stmatrix") == 16, name
-        staged_wait = consumer.index("nvvm.mbarrier.try_wait.parity", consumer.index("wgmma.wait.group.sync.aligned 0"))
-        assert staged_wait < consumer.index("nvvm.stmatrix") < consumer.rindex("nvvm.mbarrier.arrive"), name
-        # the copies: 64 threads, 16 a row group each (2 chunks of 8 rows) a k-step
-        producer = body[copies:consumers]
-        assert producer.count("nvvm.cp.async.shared.global") == 16, name
-    # =0: the one-tile kernels of 256 threads
-    bodies = kernel_bodies(generate(tmp_path, MOE_GEMM_DACT_WS="0")[1])
-    for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
-        assert "known_block_size = array<i32: 256, 1, 1>" in bodies[name]
-        assert "setmaxregister" not in bodies[name]
 
 
 def test_partial_last_k_step_skips_the_zero_rows(tmp_path):
@@ -226,16 +178,12 @@ def test_bulk_store_variant(tmp_path):
         assert re.search(r"nvvm\.cp\.async\.bulk\.wait_group 0\n", body[read_wait:]), name
         assert "llvm.store" not in body, name  # no per-thread stores of C left
     for name in ("moe_gemm_up_gather", "moe_gemm_dact_gather"):
-        assert "cp.async.bulk.global" not in bodies[name]
-    assert "nvvm.stmatrix" not in bodies["moe_gemm_up_gather"]
+        assert "nvvm.stmatrix" not in bodies[name] and "cp.async.bulk.global" not in bodies[name]
     assert generate(tmp_path)[1] == text
-    # (dSwiGLU's GEMMs stage dA by stmatrix for their epilogue warps either way)
-    bodies = kernel_bodies(generate(tmp_path, MOE_GEMM_BULK_STORE="0")[1])
-    assert sorted(n for n, b in bodies.items() if "nvvm.stmatrix" in b) == [
-        "moe_gemm_dact_gather", "moe_gemm_dact_rows"]
+    assert "nvvm.stmatrix" not in generate(tmp_path, MOE_GEMM_BULK_STORE="0")[1]
     # "wgrad": the weight gradients' kernels only
     bodies = kernel_bodies(generate(tmp_path, MOE_GEMM_BULK_STORE="wgrad")[1])
-    assert sorted(n for n, b in bodies.items() if "nvvm.cp.async.bulk.global" in b) == [
+    assert sorted(n for n, b in bodies.items() if "nvvm.stmatrix" in b) == [
         "moe_gemm_wgrad_gather", "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"]
 
 
@@ -278,7 +226,7 @@ def test_dswiglu_epilogue_loads_its_rows_first(tmp_path, unroll):
     """A warp reads H (gate and up; and w, the routing weights) of MOE_GEMM_DACT_UNROLL rows
     before it computes any of them, from clamped, always valid addresses, and stores only
     where the row and column are in the tile."""
-    proc, text = generate(tmp_path, MOE_GEMM_DACT_UNROLL=unroll, MOE_GEMM_DACT_WS="0")
+    proc, text = generate(tmp_path, MOE_GEMM_DACT_UNROLL=unroll)
     assert proc.returncode == 0, proc.stderr
     for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
         body = kernel_bodies(text)[name]
@@ -393,9 +341,6 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0, 1 or wgrad"),
     ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
     ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
-    ({"MOE_GEMM_DACT_WS": "2"}, "expected 0 or 1"),
-    ({"MOE_GEMM_DACT_WS_REGS": "104,208"}, "MOE_GEMM_DACT_WS_REGS='104,208': the consumers would wait"),
-    ({"MOE_GEMM_DACT_WS_REGS": "104"}, "MOE_GEMM_DACT_WS_REGS='104': expected two integers"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

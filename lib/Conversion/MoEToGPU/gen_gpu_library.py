@@ -81,22 +81,22 @@ BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store
 WS_LAUNCH_REGS = 65536 // WS_THREADS // 8 * 8
 
 
-def ws_register_split(text, knob="MOE_GEMM_WS_REGS"):
-    """(producer, consumer) registers from `knob` ("P,C"), or exits saying why the split
-    cannot work."""
+def ws_register_split(text):
+    """(producer, consumer) registers from MOE_GEMM_WS_REGS ("P,C"), or exits saying why
+    the split cannot work."""
     try:
         producer, consumer = (int(x) for x in text.split(","))
     except ValueError:
-        sys.exit(f"gen_gpu_library.py: {knob}={text!r}: expected two integers, P,C")
+        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: expected two integers, P,C")
     for n in (producer, consumer):
         if n % 8 or not 24 <= n <= 256:
-            sys.exit(f"gen_gpu_library.py: {knob}={text!r}: setmaxnreg takes multiples "
+            sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: setmaxnreg takes multiples "
                      "of 8 from 24 to 256")
     if not producer <= WS_LAUNCH_REGS <= consumer:
-        sys.exit(f"gen_gpu_library.py: {knob}={text!r}: the producer gives registers "
+        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the producer gives registers "
                  f"away and the consumers take them (P <= {WS_LAUNCH_REGS} <= C)")
     if 128 * (WS_LAUNCH_REGS - producer) < GEMM_THREADS * (consumer - WS_LAUNCH_REGS):
-        sys.exit(f"gen_gpu_library.py: {knob}={text!r}: the consumers would wait for "
+        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the consumers would wait for "
                  f"registers the producer never frees (128 ({WS_LAUNCH_REGS} - P) must be >= "
                  f"256 (C - {WS_LAUNCH_REGS}))")
     return producer, consumer
@@ -110,28 +110,7 @@ DACT_UNROLL_TEXT = os.environ.get("MOE_GEMM_DACT_UNROLL", "4")
 if DACT_UNROLL_TEXT not in ("1", "2", "4", "8"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_UNROLL={DACT_UNROLL_TEXT!r}: expected 1, 2, 4 or 8")
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
-# MOE_GEMM_DACT_WS=1: the dSwiGLU GEMMs warp-specialised and persistent like the others. The
-# fourth warpgroup splits: warps 0-1 copy (the ring's producer), warps 2-3 run the epilogue.
-# The consumers put dA (bf16, as PyTorch's GEMM gives it) into a staging buffer by stmatrix
-# and go on to the next tile's wgmma; the epilogue warps read H and w, compute dH, w*a and dS
-# from the staged tile and write them while the next tile's k-loop runs. (A warpgroup of its
-# own for the epilogue would make 512 threads, 128 registers each at launch: ptxas compiles
-# the whole kernel within that, and a m64n256 accumulator needs 154.) 0: one CTA a tile, the
-# epilogue after its k-loop on all 256 threads, from the fp32 tile staged in the ring.
-DACT_WS = os.environ.get("MOE_GEMM_DACT_WS", "1")
-if DACT_WS not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_WS={DACT_WS!r}: expected 0 or 1")
-DACT_WS = DACT_WS == "1"
-EPI_COPY_THREADS = 64  # the producer's warps when the epilogue has the other two
-EPI_THREADS = WS_THREADS - GEMM_THREADS - EPI_COPY_THREADS
-# The fourth warpgroup's registers (setmaxnreg is per warpgroup, so the epilogue warps get
-# what the copying ones do) and the consumers'. The consumers only multiply and stage (154
-# is the least a m64n256 accumulator compiles with); the epilogue walks EPI_UNROLL rows at a
-# time (ptxas -v: 4 spill at 104 registers, 2 do not).
-EPI_UNROLL = 2
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
-EPI_PRODUCER_REGS, EPI_CONSUMER_REGS = ws_register_split(
-    os.environ.get("MOE_GEMM_DACT_WS_REGS", "104,184"), "MOE_GEMM_DACT_WS_REGS")
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
 # of an stmatrix fragment start in 8 different 16-byte bank groups
@@ -290,19 +269,15 @@ class Gemm:
         # bf16 epilogues run persistent: one CTA an SM walks the tiles and prefetches the
         # next tile's first stages while it writes this tile's C through a half-tile
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
-        # MOE_GEMM_DACT_WS: the dSwiGLU GEMMs with epilogue warps (where MOE_GEMM_WS
-        # selects them)
-        ws_selected = WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b))
-        self.epi_wg = epi == "dswiglu" and DACT_WS and ws_selected
-        self.persistent = epi in PERSISTENT_EPILOGUES or self.epi_wg
-        self.ws = self.persistent and ws_selected
+        self.persistent = epi in PERSISTENT_EPILOGUES
+        self.ws = self.persistent and (
+            WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b)))
         self.threads = WS_THREADS if self.ws else GEMM_THREADS
         rows_tma = self.ws and ROWS_TMA == "1" and sched == "varlen_k"
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
         self.bulk_store = self.ws and epi in BULK_EPILOGUES
-        # (the epilogue warpgroup reads dA's rows as the bulk copies do C's)
-        self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store or self.epi_wg else STAGE_C_BYTES
+        self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
@@ -325,8 +300,7 @@ class Gemm:
             assert sched == "varlen_m" or not self.tma_b, name
             # full[s] at bar_offset + 8 s; with warp specialisation empty[s] follows
             self.bar_offset = self.cum_offset + (CUM_BYTES if sched == "varlen_m" else 0)  # 8-aligned
-            # with an epilogue warpgroup two more: the staged tile written (full), read (empty)
-            self.launch_smem += 8 * self.stages * (2 if self.ws else 1) + (16 if self.epi_wg else 0)
+            self.launch_smem += 8 * self.stages * (2 if self.ws else 1)
         if self.launch_smem > MAX_SMEM:
             sys.exit(f"gen_gpu_library.py: {name} needs {self.launch_smem} bytes of shared memory, "
                      f"over the {MAX_SMEM} a CTA gets on sm_90a (MOE_GEMM_PSTAGES={self.stages}?)")
@@ -421,23 +395,16 @@ def gen_gemm(g):
     # ---- per-thread copy assignments (the same for every tile) --------------
     # The copies are made by all 256 threads, or with warp specialisation by the
     # producer warpgroup's 128 (ctid = tid - 256; the consumers never use these).
-    ncopy = EPI_COPY_THREADS if g.epi_wg else 128 if g.ws else GEMM_THREADS
+    ncopy = 128 if g.ws else GEMM_THREADS
     ctid = e.sub(tid, c(GEMM_THREADS)) if g.ws else tid
     # K-major tile (A: 128 rows, B w_k: 256 rows) x 8 chunks of 16 B; thread t
     # copies chunk t%8 of rows t/8 + RS_K i. The 128B swizzle puts chunk c of row
-    # r at c ^ (r % 8); r % 8 = (t/8) % 8 for every i. With an epilogue in the copying
-    # warpgroup (MOE_GEMM_DACT_WS) 64 threads copy, each chunks t%4 and t%4 + 4 of rows
-    # t/4 + RS_K i: 8 rows a thread, as with 128, and a warp's copy still covers 8 rows
-    # of 64 whole bytes.
-    KCH = 2 if g.epi_wg else 1
-    RS_K, RS_A, RS_B = ncopy * KCH // 8, ncopy // 16, ncopy // 32
-    kchunk = e.rem(ctid, c(8 // KCH))
-    krow = e.div(ctid, c(8 // KCH))
+    # r at c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
+    RS_K, RS_A, RS_B = ncopy // 8, ncopy // 16, ncopy // 32
+    kchunk = e.rem(ctid, c(8))
+    krow = e.div(ctid, c(8))
     kswz = e.xor(kchunk, e.rem(krow, c(8)))
     k_soff = e.add(e.mul(krow, c(64)), e.mul(kswz, c(8)))
-    # chunk j of this thread's rows, j > 0: kchunk + 4 j, swizzled the same way
-    k_soff_more = [e.add(e.mul(krow, c(64)), e.mul(e.xor(kswz, c(j * 8 // KCH)), c(8)))
-                   for j in range(1, KCH)]
     # MN-major tile (B rows_mn): 64 K-rows x 4 boxes of 64 columns x 8 chunks;
     # thread t copies chunk t%32 (box (t%32)/8) of K-rows t/32 + RS_B i. With 128
     # copying threads RS_B = 4, so the swizzle of odd i differs from even i.
@@ -518,7 +485,6 @@ def gen_gemm(g):
     mrow32 = i32(mrow)
     # this thread's destinations in ring slot 0
     a_dst0 = gep3(sptr, i32(e.mul(a_soff_mn if g.a == "mn" else k_soff, c(2))))
-    a_dst0_more = [gep3(sptr, i32(e.mul(off, c(2)))) for off in k_soff_more]
     if g.a == "mn":
         arow32 = i32(arow)
         a_step = wide(c(RS_A, I32), lda2)  # K-rows RS_A apart
@@ -539,11 +505,6 @@ def gen_gemm(g):
 
         def empty_bar(slot32):
             return gep3(bars, e.mul(e.add(slot32, c(stages, I32), I32), c(8, I32), I32))
-        if g.epi_wg:
-            # the staged tile: written by the consumers (all 256 arrive), read by the
-            # epilogue warps (all 64 arrive)
-            staged_full = gep3(bars, c(16 * stages, I32))
-            staged_empty = gep3(bars, c(16 * stages + 8, I32))
         # the thread that arms full[s] and issues the TMA boxes
         is_t0 = e.cmp("eq", tid, c(GEMM_THREADS if g.ws else 0))
         e.if_begin(e.cmp("eq", tid, c(0)))
@@ -558,9 +519,6 @@ def gen_gemm(g):
             if g.ws:
                 bar = e.op(f"llvm.getelementptr {bars}[{8 * (stages + st)}] : ({P3}) -> {P3}, i8")
                 e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
-        if g.epi_wg:
-            e.emit(f"nvvm.mbarrier.init {staged_full}, {c(GEMM_THREADS, I32)} : {P3}, i32")
-            e.emit(f"nvvm.mbarrier.init {staged_empty}, {c(EPI_THREADS, I32)} : {P3}, i32")
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
         # (not the row maps: with no rows they are null, and no k-step reads them)
@@ -860,17 +818,11 @@ def gen_gemm(g):
         else:
             # the K columns left past this thread's chunk, as bytes to copy (0-16)
             krem = e.sub(e.sub(dimk32, k0, I32), kchunk8, I32)
-            for j, adst_j in enumerate([adst] + [gep3(d, slot_bytes) for d in a_dst0_more]):
-                if j:  # chunk kchunk + 4 j: 32 j columns further
-                    krem = e.sub(krem, c(8 * 8 // KCH, I32), I32)
-                kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
-                kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
-                for i, (row, ok) in enumerate(S["a_rows"]):
-                    dst = e.op(f"llvm.getelementptr {adst_j}[{i * RS_K * 128}] : ({P3}) -> {P3}, i8")
-                    src = gep1(row, koff)
-                    if j:
-                        src = e.op(f"llvm.getelementptr {src}[{j * 128 // KCH}] : ({P1}) -> {P1}, i8")
-                    cp_async(dst, src, e.select(ok, kbytes, c(0, I32), I32))
+            kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
+            kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
+            for i, (row, ok) in enumerate(S["a_rows"]):
+                dst = e.op(f"llvm.getelementptr {adst}[{i * RS_K * 128}] : ({P3}) -> {P3}, i8")
+                cp_async(dst, gep1(row, koff), e.select(ok, kbytes, c(0, I32), I32))
         # B
         if g.tma_b:
             on = e.op(f"arith.andi {is_t0}, {enabled} : i1")
@@ -1202,7 +1154,7 @@ def gen_gemm(g):
             hout_ptr = gptr(A["hout"], "memref<?xbf16>")
             if g.store_a:
                 aout_ptr = gptr(A["aout"], "memref<?xbf16>")
-        elif g.epi != "dswiglu":
+        else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
     if g.ws:
         stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(g.stage_c_bytes // 2)}] : {SMEM} to {SBF16}", "stg")
@@ -1295,40 +1247,6 @@ def gen_gemm(g):
             e.emit("}")
             return f"{kout}#0", f"{kout}#1"
 
-        def wait_parity(bar, parity):
-            e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
-
-        def consumer_tile_staged(t, sl, ph, sp):
-            """MOE_GEMM_DACT_WS: the k-loop, then dA (bf16) into the staging rows once the
-            epilogue warps have read the last tile's (parity sp: tiles handed over so
-            far, mod 2; every tile is handed over, an invalid one with nothing in it)."""
-            S = setup(t)
-            acc, nsl, nph = kloop_ws(S, sl, ph)
-            # a fresh barrier's phase before the first (parity 1) counts as complete
-            wait_parity(staged_empty, e.xor(sp, c(1, I32), I32))
-            if_begin(S["valid"])
-            stage_rows_stmatrix(stage_ptr, acc)
-            if_end()
-            e.emit(f"nvvm.mbarrier.arrive {staged_full} : {P3}")
-            return nsl, nph, e.xor(sp, c(1, I32), I32)
-
-        def epilogue_tiles():
-            """MOE_GEMM_DACT_WS: the epilogue warps walk the tiles as the others do; for
-            each they wait for the staged dA and run the dSwiGLU epilogue on it."""
-            t, sp, out = e.fresh("t"), e.fresh("sp"), e.fresh("et")
-            e.emit(f"{out} = scf.for {t} = {bid} to {total} step {gridx} "
-                   f"iter_args({sp} = {c(0, I32)}) -> (i32) {{")
-            e.indent += "  "
-            S = setup(t)
-            wait_parity(staged_full, sp)
-            if_begin(S["valid"])
-            staged_dswiglu_epilogue(e, g, A, S, stage, e.div(e.sub(tid, c(GEMM_THREADS + EPI_COPY_THREADS)), c(32)), lane)
-            if_end()
-            e.emit(f"nvvm.mbarrier.arrive {staged_empty} : {P3}")
-            e.emit(f"scf.yield {e.xor(sp, c(1, I32), I32)} : i32")
-            e.indent = e.indent[:-2]
-            e.emit("}")
-
         def consumer_tile(t, sl, ph):
             S = setup(t)
             acc, nsl, nph = kloop_ws(S, sl, ph)
@@ -1353,12 +1271,7 @@ def gen_gemm(g):
             return nsl, nph
 
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
-        e.emit(f"nvvm.setmaxregister decrease {EPI_PRODUCER_REGS if g.epi_wg else WS_PRODUCER_REGS}")
-        if g.epi_wg:
-            e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS + EPI_COPY_THREADS)))
-            epilogue_tiles()
-            e.emit("} else {")
-            e.indent += "  "
+        e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
         if g.sched == "varlen_k" and (g.gather_a or g.gather_b):
             producer_tiles_pipelined()
         else:
@@ -1366,21 +1279,10 @@ def gen_gemm(g):
         # the last copies land before the warpgroup exits
         e.emit("nvvm.cp.async.commit.group")
         e.emit("nvvm.cp.async.wait.group 0")
-        if g.epi_wg:
-            e.if_end()
         e.emit("} else {")
         e.indent += "  "
-        e.emit(f"nvvm.setmaxregister increase {EPI_CONSUMER_REGS if g.epi_wg else WS_CONSUMER_REGS}")
-        if g.epi_wg:
-            t, sl, ph, sp, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("sp"), e.fresh("ct")
-            e.emit(f"{out}:3 = scf.for {t} = {bid} to {total} step {gridx} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}, {sp} = {c(0, I32)}) -> (index, i32, i32) {{")
-            e.indent += "  "
-            e.emit(f"scf.yield {', '.join(consumer_tile_staged(t, sl, ph, sp))} : index, i32, i32")
-            e.indent = e.indent[:-2]
-            e.emit("}")
-        else:
-            tile_loop("ct", consumer_tile)
+        e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
+        tile_loop("ct", consumer_tile)
         if g.bulk_store:
             # the last tile's copies complete before the CTA (and its shared memory) goes
             e.emit("nvvm.cp.async.bulk.wait_group 0")
@@ -1576,49 +1478,6 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
     vstore(was, e.add(e.mul(r, half), col), A["wa"])
     e.if_end()
     return e.select(ok, part, c(0.0, "f32"), "f32")
-
-
-def staged_dswiglu_epilogue(e, g, A, S, stage, ewarp, lane):
-    """MOE_GEMM_DACT_WS: the dSwiGLU epilogue of the epilogue warps. Warp ewarp walks
-    rows ewarp + 2 i of the tile, 8 columns a lane, EPI_UNROLL rows' H and w loaded before
-    any is used (as the one-tile kernels'); dA comes from the staging rows (bf16, rows of
-    BULK_ROW). With dS, lane 0 writes each row's sum over the tile's columns."""
-    c = e.const
-    m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-    half = A["dim_n"]
-    lc = e.mul(lane, c(V))
-    col = e.add(n0, lc)
-    col_ok = e.cmp("ult", col, half)
-    col_in = e.select(col_ok, col, e.sub(half, c(V)))
-    last_row = e.sub(m_end, c(1))
-    warps = EPI_THREADS // 32
-    ep = e.fresh("ep")
-    e.emit(f"scf.for {ep} = {c(0)} to {c(BM)} step {c(EPI_UNROLL * warps)} {{")
-    e.indent += "  "
-    batch = []
-    for u in range(EPI_UNROLL):
-        lr = e.add(e.add(ep, ewarp), c(warps * u))
-        r = e.add(m0, lr)
-        r_ok = e.cmp("ult", r, m_end)
-        r_in = e.select(r_ok, r, last_row)
-        ok = e.op(f"arith.andi {r_ok}, {col_ok} : i1")
-        batch.append((lr, r, r_ok, r_in, ok, dswiglu_loads(e, g, A, r_in, col_in)))
-    for lr, r, r_ok, r_in, ok, loaded in batch:
-        vec = e.op(f"vector.load {stage}[{e.add(e.mul(lr, c(BULK_ROW)), lc)}] {{alignment = 16}} : "
-                   f"{SBF16}, vector<{V}xbf16>")
-        a_accs = [e.op(f"arith.extf {e.op(f'vector.extract {vec}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-                  for u in range(V)]
-        part = dswiglu_group(e, g, A, r_in, col_in, a_accs, loaded, ok)
-        if g.has_ds:
-            for mask in (16, 8, 4, 2, 1):
-                name = e.fresh("sh")
-                e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
-                part = e.fadd(part, name)
-            e.if_begin(e.op(f"arith.andi {e.cmp('eq', lane, c(0))}, {r_ok} : i1"))
-            e.emit(f"memref.store {part}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
-            e.if_end()
-    e.indent = e.indent[:-2]
-    e.emit("}")
 
 
 # ---- epilogues of the other kernels (fp32 C through the ring) -----------------

@@ -4,10 +4,9 @@
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
 // row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1, the default: C
 // out by bulk copies; the last two in one library; MOE_GEMM_DACT_UNROLL=8 and 1 with the
-// first two: the one-tile dSwiGLU epilogue's rows loaded 8 and 1 at a time, which the
-// row-wise dSwiGLU GEMM of the first and both of the second run, the others having
-// their epilogue warps, MOE_GEMM_DACT_WS=1) still compile for sm_90a with no spill, no
-// local stack and no wgmma serialisation warning (check_ptxas.py fails on any).
+// first two: the dSwiGLU epilogue's rows loaded 8 and 1 at a time) still compile for
+// sm_90a with no spill, no local stack and no wgmma serialisation warning (check_ptxas.py
+// fails on any).
 // REQUIRES: ptxas
 // RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 MOE_GEMM_DACT_UNROLL=8 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir

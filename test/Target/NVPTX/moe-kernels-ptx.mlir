@@ -3,13 +3,11 @@
 // MN-major) with cp.async into the 1024-aligned dynamic buffer, loads the expert
 // weights (B of the varlen-M GEMMs) by TMA boxes that complete on one mbarrier a ring
 // slot, and multiplies with m64n256k16 wgmma on two warpgroups. The persistent
-// GEMMs (all but the fp32 router GEMM) are warp-specialised: a producer warpgroup
-// (setmaxnreg down) issues the copies and signals full[s] through
+// GEMMs (all but dSwiGLU's and the fp32 router GEMM) are warp-specialised: a producer
+// warpgroup (setmaxnreg down) issues the copies and signals full[s] through
 // cp.async.mbarrier.arrive.noinc; the consumers (setmaxnreg up) wait on full[s], fence
 // the generic-proxy writes for wgmma, release the slot of the step before on empty[s]
-// and synchronise among themselves only (bar.sync 1, 256). In dSwiGLU's GEMMs two of
-// the producer's warps run the epilogue instead: the consumers stage dA by stmatrix
-// and hand it over on an mbarrier, the epilogue warps compute (ex2) and store dH.
+// and synchronise among themselves only (bar.sync 1, 256).
 // RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
 // RUN: FileCheck %s --input-file=%t.moe_kernels.ptx
@@ -109,47 +107,29 @@
 // CHECK-DAG: wgmma.wait_group.sync.aligned 0
 // CHECK: bar.sync 1, 256;
 // CHECK-LABEL: .entry moe_gemm_dact_gather(
-// CHECK: .maxntid 384, 1, 1
-// CHECK-COUNT-8: mbarrier.init.shared.b64
+// CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
 // CHECK: prefetch.tensormap
-// CHECK: setmaxnreg.dec.sync.aligned.u32 104;
-// CHECK: mbarrier.try_wait.parity.shared.b64
-// CHECK: ex2.approx.ftz.f32
-// CHECK: st.global.v4.b32
-// CHECK: setmaxnreg.inc.sync.aligned.u32 184;
+// CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 // CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 1
-// CHECK: mbarrier.try_wait.parity.shared.b64
-// CHECK-COUNT-16: stmatrix.sync.aligned.m8n8.x4.shared.b16
-// CHECK: mbarrier.arrive.shared.b64
-// CHECK-DAG: mbarrier.arrive.expect_tx.shared.b64
-// CHECK-DAG: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
-// CHECK-DAG: cp.async.cg.shared.global
+// CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_dact_rows(
-// CHECK: .maxntid 384, 1, 1
-// CHECK-COUNT-8: mbarrier.init.shared.b64
+// CHECK: .maxntid 256, 1, 1
+// CHECK: mbarrier.init.shared.b64
 // CHECK: prefetch.tensormap
-// CHECK: setmaxnreg.dec.sync.aligned.u32 104;
-// CHECK: mbarrier.try_wait.parity.shared.b64
-// CHECK: ex2.approx.ftz.f32
-// CHECK: st.global.v4.b32
-// CHECK: setmaxnreg.inc.sync.aligned.u32 184;
+// CHECK: cp.async.cg.shared.global
+// CHECK: mbarrier.arrive.expect_tx.shared.b64
+// CHECK: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 // CHECK: mbarrier.try_wait.parity.shared.b64
 // CHECK: wgmma.fence.sync.aligned
 // CHECK-COUNT-4: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // CHECK: wgmma.commit_group.sync.aligned
-// CHECK: wgmma.wait_group.sync.aligned 1
-// CHECK: mbarrier.try_wait.parity.shared.b64
-// CHECK-COUNT-16: stmatrix.sync.aligned.m8n8.x4.shared.b16
-// CHECK: mbarrier.arrive.shared.b64
-// CHECK-DAG: mbarrier.arrive.expect_tx.shared.b64
-// CHECK-DAG: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-// CHECK-DAG: cp.async.mbarrier.arrive.noinc.shared.b64
-// CHECK-DAG: cp.async.cg.shared.global
+// CHECK: wgmma.wait_group.sync.aligned 0
 // CHECK-LABEL: .entry moe_gemm_wgrad_gather(
 // CHECK: .maxntid 384, 1, 1
 // CHECK-COUNT-6: mbarrier.init.shared.b64

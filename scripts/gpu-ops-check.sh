@@ -7,7 +7,7 @@
 # variant of the library, built by build-ops-harness.sh DIR GENERATOR) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
 # --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck
-# (MOE_SANITIZE_TOOLS: a subset);
+# (MOE_SANITIZE_TOOLS: a subset; MOE_SANITIZE_TOOL_LIMIT: seconds a tool, default 200);
 # --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel, and
 #            GAPS lines from bench/step_gaps.py: each op's host time, GPU timeline and idle
 #            stretches);
@@ -84,8 +84,9 @@ if [ "$sanitize" = 1 ]; then
   # every op at the small shapes of --quick (all 23 kernels run)
   for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
-    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      python3 "$root/test/GPU/ops_check.py" --lib "$so" --quick \
+    # -u: after a timeout the log ends at the check that was running
+    timeout "${MOE_SANITIZE_TOOL_LIMIT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 -u "$root/test/GPU/ops_check.py" --lib "$so" --quick \
       >"$out/sanitize-$tool.log" 2>&1
     rc=$?
     tail -3 "$out/sanitize-$tool.log" | tee -a "$log"

@@ -10,7 +10,9 @@
 #             (MOE_PROFILE=1: per kernel; MOE_COMPARE_ROUNDS=N: N rounds, every other one in
 #             reverse order, and each variant's mean) (gpu-ops-compare.sh);
 #   sanitize  the quick op checks under compute-sanitizer (MOE_SANITIZE_TOOLS, default
-#             "memcheck racecheck") on gpu-inputs/ops (MOE_SANITIZE_OPS: another variant);
+#             "memcheck racecheck") on gpu-inputs/ops (MOE_SANITIZE_OPS: another variant;
+#             MOE_SANITIZE_LIMIT: the step's seconds, default 200; MOE_SANITIZE_TOOL_LIMIT:
+#             each tool's, default 200);
 #   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
 #   torch     gpu-torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
@@ -104,7 +106,7 @@ for step in ${steps//,/ }; do
     MOE_PROFILE=1 run ops 330 bash "$root/scripts/gpu-ops-compare.sh" "$configs" $(variants) ;;
   sanitize)
     MOE_SANITIZE_TOOLS=${MOE_SANITIZE_TOOLS:-memcheck racecheck} \
-      run sanitize 200 bash "$root/scripts/gpu-ops-check.sh" --quick --sanitize \
+      run sanitize "${MOE_SANITIZE_LIMIT:-200}" bash "$root/scripts/gpu-ops-check.sh" --quick --sanitize \
       --ops="$root/${MOE_SANITIZE_OPS:-gpu-inputs/ops}" ;;
   layer)
     run layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,example,check,bench,recompute \

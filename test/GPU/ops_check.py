@@ -180,6 +180,13 @@ def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=Fa
     return ok
 
 
+def distinct_picks(T, n, k):
+    """[T, k] int64: each row k distinct values of range(n), uniformly drawn, in a few
+    kernels whatever T is (a randperm a row made T launches, which under racecheck took
+    minutes for T = 5000)."""
+    return torch.rand(T, n, device=DEV).argsort(dim=1)[:, :k]
+
+
 def run_dispatch(lib, T, k, E, mode):
     tag = f"dispatch T={T} k={k} E={E} {mode}"
     if mode.startswith("counts="):  # k = 1, expert e gets the e-th count of tokens, shuffled
@@ -188,13 +195,12 @@ def run_dispatch(lib, T, k, E, mode):
         ex = torch.repeat_interleave(torch.arange(E, device=DEV), counts)
         ex = ex[torch.randperm(T, device=DEV)][:, None].to(torch.int32)
     elif mode == "random":
-        ex = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+        ex = distinct_picks(T, E, k).to(torch.int32)
     elif mode == "skewed":  # experts E/2.. get nothing
-        ex = torch.stack([torch.randperm(max(k, E // 2), device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+        ex = distinct_picks(T, max(k, E // 2), k).to(torch.int32)
     else:  # all-to-one: every token's first pick is expert 0
-        ex = torch.stack([torch.cat([torch.zeros(1, dtype=torch.long, device=DEV),
-                                     1 + torch.randperm(E - 1, device=DEV)[:k - 1]])
-                          for _ in range(T)]).to(torch.int32)
+        ex = torch.cat([torch.zeros(T, 1, dtype=torch.long, device=DEV),
+                        1 + distinct_picks(T, E - 1, k - 1)], dim=1).to(torch.int32)
     R = T * k
     tid = torch.empty(R, dtype=torch.int32, device=DEV)
     off = torch.empty(E + 1, dtype=torch.int32, device=DEV)
@@ -333,7 +339,7 @@ def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling):
     tag = f"router_grad T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
     x, wr = bf(T, d), bf(d, E, std=0.02)
     logits = x.float() @ wr.float()
-    ex = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    ex = distinct_picks(T, E, k).to(torch.int32)
     dw = torch.randn(T, k, device=DEV)
     dl_in = torch.randn(T, E, device=DEV) * 0.1
     dx = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)

@@ -57,12 +57,21 @@ done
     echo "check $name: $(grep -hE "passed, .* failed" "$out/compare/check-$name/ops.log")"
     grep -hE "^FAIL" "$out/compare/check-$name/ops.log"
   done
+  # the round logs of variant $1: bench-NAME-rN only, not a variant whose name extends
+  # this one (ops and ops-rows; ops and ops-r80, which a glob -r[0-9]* took for rounds)
+  round_logs() {
+    local f rest
+    for f in "$out"/compare/bench-"$1"-r*/ops.log; do
+      rest=${f#"$out/compare/bench-$1-r"}
+      rest=${rest%/ops.log}
+      [[ -n $rest && $rest != *[!0-9]* ]] && echo "$f"
+    done
+  }
   if [ "$rounds" != 1 ]; then
     echo "== mean step (ms) over $rounds rounds, alternating order"
     for dir in "${dirs[@]}"; do
       name=$(basename "$dir")
-      # -r[0-9]*: not the rounds of a variant whose name extends this one (ops, ops-rows)
-      cat "$out"/compare/bench-"$name"-r[0-9]*/ops.log 2>/dev/null |
+      round_logs "$name" | xargs -r -d "\n" cat |
         awk -v v="$name" '/^BENCH/ { c = $2; sub(":", "", c); t[c] += $3; n[c]++ }
           END { for (c in t) printf "MEAN %s %s: %.2f ms over %d\n", v, c, t[c] / n[c], n[c] }' | sort
     done
@@ -71,7 +80,7 @@ done
   # rounds; a configuration's profile table comes before its BENCH line
   for dir in "${dirs[@]}"; do
     name=$(basename "$dir")
-    cat "$out"/compare/bench-"$name"/ops.log "$out"/compare/bench-"$name"-r[0-9]*/ops.log 2>/dev/null |
+    { cat "$out"/compare/bench-"$name"/ops.log 2>/dev/null; round_logs "$name" | xargs -r -d "\n" cat; } |
       awk -v v="$name" '$1 ~ /^moe_gemm_/ { t = $(NF - 2); ms = t + 0; if (t ~ /us$/) ms /= 1000
             k[$1] += ms }
           /^BENCH/ { c = $2; sub(":", "", c); for (g in k) { s[c " " g] += k[g]; n[c " " g]++ }

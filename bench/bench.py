@@ -2,7 +2,9 @@
 """Benchmark compiled layers against the Hugging Face Mixtral block, as ../shared/BENCH.md says.
 
 In one process:
-1. the dense ceiling: an 8192^3 bf16 matmul through PyTorch, TFLOP/s;
+1. the dense ceiling: an 8192^3 bf16 matmul through PyTorch, TFLOP/s (a short run, at the
+   boost clock; with --sustained-ceiling S also the same matmul after S seconds of it, the
+   rate the GPU holds under its power cap, and each layer's fraction of that);
 2. for each compiled layer (DIR/NAME for NAME.so + NAME.json; a missing .so is skipped, and
    said so): a check of our forward output and router logits on a sample of tokens against an
    fp32 recomputation with our routing (numbers before timings), then our forward + backward
@@ -120,6 +122,27 @@ def dense_ceiling(torch, device, timer: Timer, size: int, iters: int) -> Dict[st
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     m = timer.measure(lambda: a @ b, 3, iters, 60.0)
     m["size"] = size
+    m["tflops"] = 2.0 * size ** 3 / (m["median_ms"] * 1e-3) / 1e12
+    del a, b
+    return m
+
+
+def sustained_ceiling(torch, device, timer: Timer, size: int, seconds: float,
+                      iters: int) -> Dict[str, Any]:
+    """The same matmul timed after `seconds` of it back to back: the rate a long run holds.
+    The short measurement above runs at the boost clock; a timed loop as long as a layer's
+    (0.4 s and more) runs under the GPU's power cap (docs/perf.md, session 20), ours and the
+    peers alike."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            a @ b
+        timer.sync()
+    m = timer.measure(lambda: a @ b, 1, iters, 60.0)
+    m["size"] = size
+    m["after_s"] = seconds
     m["tflops"] = 2.0 * size ** 3 / (m["median_ms"] * 1e-3) / 1e12
     del a, b
     return m
@@ -457,6 +480,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--deadline", type=float, default=0.0,
                    help="skip the configurations left after this many seconds (0: none)")
     p.add_argument("--ceiling-size", type=int, default=8192)
+    p.add_argument("--sustained-ceiling", type=float, default=0.0, metavar="SECONDS",
+                   help="also time the ceiling's matmul after SECONDS of it back to back "
+                        "(0: not), and print each layer's fraction of that")
     p.add_argument("--check-tokens", type=int, default=256)
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--hf-implementation", default="grouped_mm")
@@ -502,6 +528,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ceiling = dense_ceiling(torch, device, timer, opts.ceiling_size, max(opts.iters, 5))
     report["ceiling"] = ceiling
     log(f"  {ceiling['tflops']:.0f} TFLOP/s ({ceiling['median_ms']:.2f} ms)")
+    sustained = None
+    if opts.sustained_ceiling > 0:
+        log(f"dense ceiling sustained: the same matmul after {opts.sustained_ceiling:g} s of it ...")
+        sustained = sustained_ceiling(torch, device, timer, opts.ceiling_size,
+                                      opts.sustained_ceiling, max(opts.iters, 5))
+        report["sustained_ceiling"] = sustained
+        log(f"  {sustained['tflops']:.0f} TFLOP/s ({sustained['median_ms']:.2f} ms)")
 
     failures = 0
     for path in layers:
@@ -537,6 +570,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             entry["ours"] = ours
             ours["tflops"] = entry["useful_flops"] / (ours["median_ms"] * 1e-3) / 1e12
             ours["fraction_of_ceiling"] = ours["tflops"] / ceiling["tflops"]
+            if sustained is not None:
+                ours["fraction_of_sustained_ceiling"] = ours["tflops"] / sustained["tflops"]
             log(f"  ours: {ours['median_ms']:.2f} ms, {ours['tflops']:.0f} TFLOP/s; sample "
                 f"check out {ours['check'].get('out', float('nan')):.2e} "
                 f"{'ok' if ours['check']['ok'] else 'FAILED'}")
@@ -619,6 +654,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                f"{fmt_gib(e.get('floor_saved_bytes')):>6} "
                f"{('ok' if o.get('check', {}).get('ok') else 'FAIL') if o else 'error':>6}")
         log(row)
+    if sustained is not None:
+        fractions = ", ".join(f"{e['name']} {e['ours']['fraction_of_sustained_ceiling']:.2f}"
+                              for e in report["configs"]
+                              if "fraction_of_sustained_ceiling" in e.get("ours", {}))
+        log(f"of the sustained ceiling ({sustained['tflops']:.0f} TFLOP/s after "
+            f"{sustained['after_s']:g} s of matmuls): {fractions}")
     for e in report["configs"]:
         if "hf_full" in e:
             log(f"{e['name']}: the full HF block (DeepseekV3MoE, shared expert and group "

@@ -25,7 +25,8 @@
 # MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger),
 # MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of BENCH.md and
 # deepseek-v3-routed, deepseek-v3 without its shared expert as BENCH.md's baseline has it),
-# MOE_BENCH_GAPS (1: bench.py --gaps, where our step's time goes besides kernels).
+# MOE_BENCH_GAPS (1: bench.py --gaps, where our step's time goes besides kernels),
+# MOE_BENCH_SUSTAINED (bench.py --sustained-ceiling, default 3 seconds; 0: not).
 
 set -u -o pipefail
 
@@ -215,6 +216,9 @@ if wants bench; then
   for peer in ${peers//,/ }; do bench_opts+=(--peer "$peer"); done
   # MOE_BENCH_GAPS=1: one more step of ours under the profiler (bench.py --gaps)
   [ -n "${MOE_BENCH_GAPS:-}" ] && bench_opts+=(--gaps)
+  # the ceiling's matmul also after MOE_BENCH_SUSTAINED seconds of it (default 3; 0: not):
+  # the rate under the power cap that a timed loop as long as ours runs at
+  bench_opts+=(--sustained-ceiling "${MOE_BENCH_SUSTAINED:-3}")
   bench_step "bench.py" "" "" "$bench_limit" "${bench_opts[@]}"
 fi
 

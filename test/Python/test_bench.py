@@ -34,6 +34,25 @@ def test_dry_run(tmp_path, capsys):
     assert mixtral["useful_flops"] == 18.0 * 64 * 2 * 64 * 32 + 6.0 * 64 * 64 * 8
 
 
+def test_sustained_ceiling(tmp_path, capsys):
+    """--sustained-ceiling: the matmul timed again after that long, and each layer's
+    fraction of it printed and kept in the JSON."""
+    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+                        str(tmp_path / "mixtral-8x7b"))
+    rc = bench.main(["--emulate", "--device", "cpu", "--layer", str(tmp_path / "mixtral-8x7b"),
+                     "--ceiling-size", "64", "--iters", "5", "--warmup", "1", "--no-hf",
+                     "--sustained-ceiling", "0.05", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    sustained = report["sustained_ceiling"]
+    assert sustained["after_s"] == 0.05 and sustained["tflops"] > 0
+    ours = report["configs"][0]["ours"]
+    assert ours["fraction_of_sustained_ceiling"] == pytest.approx(ours["tflops"] / sustained["tflops"])
+    assert f"of the sustained ceiling ({sustained['tflops']:.0f} TFLOP/s after 0.05 s of matmuls): " \
+        f"mixtral-8x7b {ours['fraction_of_sustained_ceiling']:.2f}" in out
+
+
 def test_iters_below_five_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--iters", "3"])

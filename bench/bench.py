@@ -500,6 +500,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     opts = p.parse_args(argv)
     if opts.iters < 5:
         p.error("--iters must be at least 5 (BENCH.md: median of at least 5)")
+    if not opts.sustained_ceiling >= 0:  # also refuses nan
+        p.error(f"--sustained-ceiling must be 0 or more seconds, not {opts.sustained_ceiling}")
     layers = opts.layer or [os.path.join(opts.layers_dir, n)
                             for n in DEFAULT_LAYERS + ROUTED_LAYERS]
     layers = [l[:-3] if l.endswith(".so") else l for l in layers]

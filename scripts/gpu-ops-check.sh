@@ -81,7 +81,7 @@ fi
 timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
-  # every op at the small shapes of --quick (all 23 kernels run)
+  # every op at the small shapes of --quick (every kernel runs)
   for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
     # -u: after a timeout the log ends at the check that was running

@@ -58,6 +58,13 @@ def test_iters_below_five_is_refused(capsys):
         bench.main(["--iters", "3"])
 
 
+@pytest.mark.parametrize("seconds", ["-1", "nan"])
+def test_negative_sustained_ceiling_is_refused(capsys, seconds):
+    with pytest.raises(SystemExit):
+        bench.main(["--sustained-ceiling", seconds])
+    assert "--sustained-ceiling must be 0 or more seconds" in capsys.readouterr().err
+
+
 def test_hf_deepseek_block_computes_our_layer():
     """The DeepseekV3MoE baseline gets our weights in its layout: its output equals the fp32
     reference of the same layer (sigmoid + bias, groups, scaling, shared expert)."""

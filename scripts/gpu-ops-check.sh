@@ -10,7 +10,8 @@
 # (MOE_SANITIZE_TOOLS: a subset; MOE_SANITIZE_TOOL_LIMIT: seconds a tool, default 200);
 # --bench=mixtral-8x7b,... times the op sequence of a step (MOE_PROFILE=1: per kernel, and
 #            GAPS lines from bench/step_gaps.py: each op's host time, GPU timeline and idle
-#            stretches);
+#            stretches; MOE_ENERGY=S: ENERGY lines, each op S seconds back to back under
+#            NVML's energy counter, joules a call and per TFLOP beside a dense matmul's);
 # with --ncu=REGEX, Nsight Compute profiles the launches (MOE_NCU_LAUNCHES, 12) matching REGEX
 # in one untimed step instead (speed of light, warp states, scheduler, memory, sampled
 # stalls) into ncu.txt and ncu-raw.csv, and for each REGEX2 in MOE_NCU_SOURCE the SASS
@@ -75,6 +76,7 @@ if [ -n "$bench" ] && [ -n "$ncu" ]; then
 fi
 if [ -n "$bench" ]; then
   timeout 500 python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" ${MOE_PROFILE:+--profile} \
+    ${MOE_ENERGY:+--energy "$MOE_ENERGY"} \
     --json "$out/bench.json" 2>&1 | tee -a "$log"
   exit $?
 fi

@@ -26,6 +26,9 @@
 #             bench.py --gaps (host time, GPU idle stretches and the API calls meanwhile);
 #   offload-compiled  gpu-layer-check.sh --only build,offload: layers compiled with H
 #             offloaded, checked and timed as stacks against the kept ones;
+#   energy    each op of the step (MOE_ENERGY_CONFIGS, default the four) MOE_ENERGY seconds
+#             (default 2) back to back under NVML's energy counter: joules a call, and per
+#             TFLOP beside a dense matmul's (the H200 runs long work at its power cap);
 #   ncu       Nsight Compute on one step's GEMMs of MOE_NCU_CONFIG (default mixtral-8x7b;
 #             the library of MOE_NCU_OPS, default gpu-inputs/ops)
 #             matching MOE_NCU_REGEX (default: the gathered ones, dSwiGLU's and dX's), with
@@ -48,7 +51,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
   --deadline=*) deadline=${1#--deadline=}; shift ;;
-  -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+  -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   -*) echo "gpu-session.sh: unknown option $1" >&2; exit 2 ;;
   *) steps=$1; shift ;;
   esac
@@ -132,6 +135,11 @@ for step in ${steps//,/ }; do
     # layers compiled with --policy=offload: the reference check, then stacks against keep
     run offload-compiled 330 bash "$root/scripts/gpu-layer-check.sh" --only build,offload \
       --deadline $(($(left) - 20)) ;;
+  energy)
+    # joules a call of each op and per TFLOP against a dense matmul's, each op MOE_ENERGY
+    # seconds (default 2) back to back after as long of whole steps (bench/energy.py)
+    MOE_ENERGY=${MOE_ENERGY:-2} run energy 300 bash "$root/scripts/gpu-ops-check.sh" \
+      --bench="${MOE_ENERGY_CONFIGS:-$configs}" ;;
   ncu)
     MOE_NCU_SOURCE=${MOE_NCU_SOURCE:-wgrad_gather_a dact_gather} \
       run ncu 400 bash "$root/scripts/gpu-ops-check.sh" --bench="${MOE_NCU_CONFIG:-mixtral-8x7b}" \

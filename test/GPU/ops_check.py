@@ -22,6 +22,7 @@ from moe_mlir import reference as ref  # noqa: E402
 
 DEV = "cuda"
 PROFILE = False
+ENERGY_S = 0.0  # --energy: seconds of each op back to back under NVML's energy counter
 RESULTS = []
 
 
@@ -451,7 +452,40 @@ def bench(lib, name, reps=5):
           + f"; tokens/expert min {int(counts.min())} max {int(counts.max())}", flush=True)
     RESULTS.append({"check": f"bench {name}", "ms": med, "total_ms": total,
                     "tflops": flops / total / 1e9, "ok": True})
+    if ENERGY_S > 0:
+        step_energy(name, ops, {"router": 2 * T * d * E, "expert_ffn": 6 * T * k * d * n,
+                                "expert_combine_grad": 12 * T * k * d * n,
+                                "router_grad": 4 * T * d * E})
     return True
+
+
+def step_energy(name, ops, flops):
+    """ENERGY lines: each op of the step back to back for ENERGY_S seconds, after as long
+    of whole steps (so every op starts from the GPU's state under a long run's power cap),
+    then a dense 8192^3 matmul the same way: joules a call and, for the GEMM ops, joules
+    per TFLOP against the dense matmul's (bench/energy.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "bench"))
+    import energy
+    # NVML numbers the GPUs its own way (CUDA_VISIBLE_DEVICES does not apply): MOE_NVML_INDEX
+    meter = energy.NvmlEnergy(int(os.environ.get("MOE_NVML_INDEX", "0")))
+    sync = torch.cuda.synchronize
+
+    def step():
+        for _, fn in ops:
+            fn()
+
+    found = {"step": energy.measure(step, ENERGY_S, meter, sync, tflop_per_call=sum(flops.values()) / 1e12)}
+    print(f"ENERGY {name} {energy.describe('step', found['step'])}", flush=True)
+    for op_name, fn in ops:
+        tflop = flops.get(op_name, 0) / 1e12 or None
+        found[op_name] = energy.measure(fn, ENERGY_S, meter, sync, tflop_per_call=tflop)
+        print(f"ENERGY {name} {energy.describe(op_name, found[op_name])}", flush=True)
+    a, b = bf(8192, 8192), bf(8192, 8192)
+    found["dense"] = energy.measure(lambda: a @ b, ENERGY_S, meter, sync,
+                                    tflop_per_call=2 * 8192 ** 3 / 1e12)
+    print(f"ENERGY {name} {energy.describe('dense 8192^3 matmul', found['dense'])}", flush=True)
+    RESULTS.append({"check": f"energy {name}", "energy": found, "ok": True})
 
 
 def main():
@@ -463,9 +497,14 @@ def main():
     ap.add_argument("--bench", default="", help="comma-separated BENCH.md configs to time")
     ap.add_argument("--profile", action="store_true", help="with --bench: per-kernel CUDA times")
     ap.add_argument("--reps", type=int, default=5, help="with --bench: timed steps (0: one untimed)")
+    ap.add_argument("--energy", type=float, default=0.0, metavar="SECONDS",
+                    help="with --bench: each op SECONDS back to back under NVML's energy counter")
     args = ap.parse_args()
-    global PROFILE
+    if not args.energy >= 0:
+        ap.error(f"--energy must be 0 or more seconds, not {args.energy}")
+    global PROFILE, ENERGY_S
     PROFILE = args.profile
+    ENERGY_S = args.energy
     torch.manual_seed(0)
     lib = Lib(args.lib)
     steps = [

@@ -75,6 +75,12 @@ gpu_environment "$log"
   echo "inputs: $inputs"
   cat "$inputs/INPUTS.txt" 2>/dev/null || ls -l "$inputs/layers" 2>&1
 } >>"$log" 2>&1
+# layers compiled from a tree with uncommitted generator or compiler changes are not the
+# commit's (session 20 timed such layers without knowing): say so in the summary
+uncommitted=$(sed -n 's/^uncommitted in lib\/ include\/ tools\/: //p' "$inputs/INPUTS.txt" 2>/dev/null)
+if [ -n "$uncommitted" ] && [ "$uncommitted" != "none" ]; then
+  note "NOTE: the layers were compiled with uncommitted changes in: $uncommitted"
+fi
 
 start=$(date +%s)
 layers_dir=$inputs/layers

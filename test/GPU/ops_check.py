@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "python"))
 from moe_mlir import reference as ref  # noqa: E402
 
 DEV = "cuda"
@@ -445,7 +446,10 @@ def bench(lib, name, reps=5):
         gaps(name, ops)
     med = {k_: sorted(v)[len(v) // 2] if v else float("nan") for k_, v in times.items()}
     total = sum(med.values())
-    flops = 18 * T * k * d * n + 6 * T * d * E
+    # the useful FLOPs of the ops that have them: 18 T k d n + 6 T d E in all
+    op_flops = {"router": 2 * T * d * E, "expert_ffn": 6 * T * k * d * n,
+                "expert_combine_grad": 12 * T * k * d * n, "router_grad": 4 * T * d * E}
+    flops = sum(op_flops.values())
     counts = torch.bincount(ex.flatten().long(), minlength=E)
     print(f"BENCH {name}: {total:.2f} ms fwd+bwd ops, {flops / total / 1e9:.0f} TFLOP/s; "
           + ", ".join(f"{k_} {v:.2f}" for k_, v in med.items())
@@ -453,9 +457,7 @@ def bench(lib, name, reps=5):
     RESULTS.append({"check": f"bench {name}", "ms": med, "total_ms": total,
                     "tflops": flops / total / 1e9, "ok": True})
     if ENERGY_S > 0:
-        step_energy(name, ops, {"router": 2 * T * d * E, "expert_ffn": 6 * T * k * d * n,
-                                "expert_combine_grad": 12 * T * k * d * n,
-                                "router_grad": 4 * T * d * E})
+        step_energy(name, ops, op_flops)
     return True
 
 
@@ -464,8 +466,7 @@ def step_energy(name, ops, flops):
     of whole steps (so every op starts from the GPU's state under a long run's power cap),
     then a dense 8192^3 matmul the same way: joules a call and, for the GEMM ops, joules
     per TFLOP against the dense matmul's (bench/energy.py)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                    "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
     import energy
     # NVML numbers the GPUs its own way (CUDA_VISIBLE_DEVICES does not apply): MOE_NVML_INDEX
     meter = energy.NvmlEnergy(int(os.environ.get("MOE_NVML_INDEX", "0")))
@@ -475,16 +476,14 @@ def step_energy(name, ops, flops):
         for _, fn in ops:
             fn()
 
-    found = {"step": energy.measure(step, ENERGY_S, meter, sync, tflop_per_call=sum(flops.values()) / 1e12)}
-    print(f"ENERGY {name} {energy.describe('step', found['step'])}", flush=True)
-    for op_name, fn in ops:
-        tflop = flops.get(op_name, 0) / 1e12 or None
-        found[op_name] = energy.measure(fn, ENERGY_S, meter, sync, tflop_per_call=tflop)
-        print(f"ENERGY {name} {energy.describe(op_name, found[op_name])}", flush=True)
     a, b = bf(8192, 8192), bf(8192, 8192)
-    found["dense"] = energy.measure(lambda: a @ b, ENERGY_S, meter, sync,
-                                    tflop_per_call=2 * 8192 ** 3 / 1e12)
-    print(f"ENERGY {name} {energy.describe('dense 8192^3 matmul', found['dense'])}", flush=True)
+    # the whole step first: it also brings the GPU to a long run's clocks
+    work = [("step", step, sum(flops.values()))] + [(n_, fn, flops.get(n_, 0)) for n_, fn in ops] \
+        + [("dense 8192^3 matmul", lambda: a @ b, 2 * 8192 ** 3)]
+    found = {}
+    for label, fn, fl in work:
+        found[label] = energy.measure(fn, ENERGY_S, meter, sync, tflop_per_call=fl / 1e12 or None)
+        print(f"ENERGY {name} {energy.describe(label, found[label])}", flush=True)
     RESULTS.append({"check": f"energy {name}", "energy": found, "ok": True})
 
 
@@ -581,8 +580,7 @@ def main():
 def gaps(name, ops):
     """Where each op's time goes besides its kernels: the op sequence once under the
     profiler, with host time, GPU span and idle stretches per op (bench/step_gaps.py)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                    "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
     import step_gaps
     step_gaps.report(torch, name, ops)
 

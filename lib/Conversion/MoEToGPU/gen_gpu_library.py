@@ -73,17 +73,6 @@ BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "1")
 if BULK_STORE not in ("0", "1", "wgrad"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0, 1 or wgrad")
 BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
-# MOE_GEMM_CLUSTER=1: the warp-specialised varlen-M GEMMs (B = an expert's weights by TMA:
-# the up projection, down, dX) run as clusters of two CTAs on M-tiles 2p and 2p + 1 of one
-# expert and the same N-tile. Each CTA's TMA thread loads half of the B tile and multicasts
-# it into both CTAs' ring slot, so B crosses L2 once for two tiles: a k-step reads 32 KiB
-# from L2 a CTA where it read 48. A slot is free again when the consumers of both CTAs
-# have read it (empty[s] counts both CTAs' warps). An expert's odd last M-tile pairs with
-# a partner without rows, which still loads and multicasts its half of B.
-CLUSTER = os.environ.get("MOE_GEMM_CLUSTER", "0")
-if CLUSTER not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_CLUSTER={CLUSTER!r}: expected 0 or 1")
-CLUSTER_CTAS = 2
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -288,8 +277,6 @@ class Gemm:
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
         self.bulk_store = self.ws and epi in BULK_EPILOGUES
-        self.cluster = (self.ws and sched == "varlen_m" and b in ("w_mn", "w_mn_swiglu", "w_k")
-                        and CLUSTER == "1")
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
@@ -372,18 +359,6 @@ def gen_gemm(g):
     warp = e.div(tid, c(32))
     lane = e.rem(tid, c(32))
     wg = e.div(tid, c(128))
-    if g.cluster:
-        # MOE_GEMM_CLUSTER: the CTA's rank in its pair (M-tile 2p + rank of a pair-tile),
-        # and the tile loop walks pair-tiles by cluster
-        rank = e.op("gpu.cluster_block_id x", "rank")
-        rank32 = e.op(f"arith.index_cast {rank} : index to i32")
-        tile_first, tile_step = e.op("gpu.cluster_id x", "cid"), e.div(gridx, c(CLUSTER_CTAS))
-    else:
-        tile_first, tile_step = bid, gridx
-    # M-tiles per raster group (of pair-tiles with clusters: the same rows)
-    group_m = max(1, GROUP_M // CLUSTER_CTAS) if g.cluster else GROUP_M
-    # rows of an M-tile of the schedule (a pair of tiles with clusters)
-    sched_rows = BM * (CLUSTER_CTAS if g.cluster else 1)
 
     def consumer_barrier():
         """bar.sync 1 over the 256 consumer threads (warp specialisation: the
@@ -392,8 +367,7 @@ def gen_gemm(g):
     bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
     ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
     # M-tiles as the host counts them: varlen_m adds one tile an expert for the rounding
-    # (pair-tiles: at most ceil(M / 256) + E)
-    mtiles = e.div(e.add(A["dim_m"], c(sched_rows - 1)), c(sched_rows))
+    mtiles = e.div(e.add(A["dim_m"], c(BM - 1)), c(BM))
     if g.sched == "varlen_m":
         mtiles = e.add(mtiles, A["num_experts"])
         total = e.mul(mtiles, ntiles)
@@ -544,8 +518,7 @@ def gen_gemm(g):
             e.emit(f"nvvm.mbarrier.init {bar}, {c(full_count, I32)} : {P3}, i32")
             if g.ws:
                 bar = e.op(f"llvm.getelementptr {bars}[{8 * (stages + st)}] : ({P3}) -> {P3}, i8")
-                # (with clusters the peer's consumer warps too: its TMA writes this slot)
-                e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32 * (CLUSTER_CTAS if g.cluster else 1), I32)} : {P3}, i32")
+                e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
         # (not the row maps: with no rows they are null, and no k-step reads them)
@@ -553,18 +526,6 @@ def gen_gemm(g):
             e.emit(f"nvvm.prefetch tensormap, {A['bmap']} : !llvm.ptr")
         e.if_end()
         e.emit("gpu.barrier")
-        if g.cluster:
-            # both CTAs' barriers are initialised before either multicasts into the other
-            # or arrives on its empty[s]
-            e.emit("nvvm.cluster.arrive")
-            e.emit("nvvm.cluster.wait")
-            # empty[s] of the peer, as a shared::cluster address
-            peer = e.op(f"arith.xori {rank32}, {c(1, I32)} : i32")
-            peer_bars = e.op(f"nvvm.mapa {bars}, {peer} : {P3} -> !llvm.ptr<7>")
-
-            def peer_empty_bar(slot32):
-                off = e.mul(e.add(slot32, c(stages, I32), I32), c(8, I32), I32)
-                return e.op(f"llvm.getelementptr {peer_bars}[{off}] : (!llvm.ptr<7>, i32) -> !llvm.ptr<7>, i8")
     # wgmma descriptors of ring slot 0, k-step 0: a slot or a k-step moves only the
     # start-address field (address / 16; shared addresses stay below 2^18)
     b_desc_const = DESC_KMAJOR if g.b == "w_k" else DESC_MNMAJOR
@@ -585,10 +546,10 @@ def gen_gemm(g):
             # the consumer warpgroups build it (a thread sums 4 experts) and
             # synchronise on barrier 1; the gpu.barrier below publishes it to all
             e.if_begin(e.cmp("ult", tid, c(GEMM_THREADS)))
-            build_tile_table(e, A, cumv, tid, consumer_barrier, sched_rows)
+            build_tile_table(e, A, cumv, tid, consumer_barrier)
             e.if_end()
         else:
-            build_tile_table(e, A, cumv, tid, lambda: e.emit("gpu.barrier"), sched_rows)
+            build_tile_table(e, A, cumv, tid, lambda: e.emit("gpu.barrier"))
         e.indent = e.indent[:-2]
         e.emit("}")
         if g.ws:
@@ -613,9 +574,9 @@ def gen_gemm(g):
         # group, so the CTAs on the GPU at one time cover GROUP_M M-tiles by a few
         # N-tiles and share their A rows and B columns in L2; a plain M-fastest order
         # re-read the activations from DRAM once per N-tile.
-        span = e.op(f"arith.maxui {e.mul(nt32, c(group_m, I32), I32)}, {c(group_m, I32)} : i32")
-        first_m = e.mul(e.div(inner_all, span, I32), c(group_m, I32), I32)
-        gsize = e.op(f"arith.maxui {e.minu(c(group_m, I32), e.sub(mt32, first_m, I32), I32)}, {c(1, I32)} : i32")
+        span = e.op(f"arith.maxui {e.mul(nt32, c(GROUP_M, I32), I32)}, {c(GROUP_M, I32)} : i32")
+        first_m = e.mul(e.div(inner_all, span, I32), c(GROUP_M, I32), I32)
+        gsize = e.op(f"arith.maxui {e.minu(c(GROUP_M, I32), e.sub(mt32, first_m, I32), I32)}, {c(1, I32)} : i32")
         inner = e.rem(inner_all, span, I32)
         bx = e.op(f"arith.index_castui {e.add(first_m, e.rem(inner, gsize, I32), I32)} : i32 to index")
         by = e.op(f"arith.index_castui {e.div(inner, gsize, I32)} : i32 to index")
@@ -641,7 +602,7 @@ def gen_gemm(g):
             e.indent += "  "
             lo = e.load_i32_as_index(A["offsets"], ex)
             hi = e.load_i32_as_index(A["offsets"], e.add(ex, c(1)))
-            tiles = e.div(e.add(e.sub(hi, lo), c(sched_rows - 1)), c(sched_rows))
+            tiles = e.div(e.add(e.sub(hi, lo), c(BM - 1)), c(BM))
             ncum = e.add(cum, tiles)
             hit = e.op(f"arith.andi {e.cmp('uge', bx, cum)}, {e.cmp('ult', bx, ncum)} : i1")
             e.emit(f"scf.yield {ncum}, {e.select(hit, ex, fe)}, {e.select(hit, cum, fcum)} : index, index, index")
@@ -654,12 +615,7 @@ def gen_gemm(g):
             expert = e.select(valid, f"{found_e}#0", c(0))
             elo = e.load_i32_as_index(A["offsets"], expert)
             ehi = e.load_i32_as_index(A["offsets"], e.add(expert, c(1)))
-            mtile = e.sub(bx, f"{found_e}#1")
-            if g.cluster:
-                # M-tile 2p + rank of pair p: past an expert's odd last tile it has no rows
-                # (m0 >= m_end), yet loads its half of B and runs the k-loop
-                mtile = e.add(e.mul(mtile, c(CLUSTER_CTAS)), rank)
-            S["m0"] = e.add(elo, e.mul(mtile, c(BM)))
+            S["m0"] = e.add(elo, e.mul(e.sub(bx, f"{found_e}#1"), c(BM)))
             S["m_end"] = e.select(valid, ehi, c(0))
             S["n0"] = e.mul(by, c(bn_eff))
             S["numk"] = e.select(valid, e.div(e.add(A["dim_k"], c(BK - 1)), c(BK)), c(0))
@@ -675,8 +631,6 @@ def gen_gemm(g):
             S["numk"] = e.select(valid, e.div(e.add(S["kcount"], c(BK - 1)), c(BK)), c(0))
         S["valid"], S["expert"], S["elo"] = valid, expert, elo
         m0, m_end = S["m0"], S["m_end"]
-        # the tile has rows to write (not a cluster's partner past an expert's end)
-        S["writes"] = e.op(f"arith.andi {valid}, {e.cmp('ult', m0, m_end)} : i1") if g.cluster else valid
         # A rows of this thread: a pointer to its first chunk, and validity
         if g.a == "mn":
             # columns m0 + 64 box + 8 chunk of the expert's K-rows off + t/16 + ...
@@ -878,7 +832,7 @@ def gen_gemm(g):
             btile = gep3(b_tile0, slot_bytes)
             n0, ex = S["n0_32"], S["e32"]
             if g.b == "w_k":
-                pass  # W [E][N][K]: 256 rows of 64 K, below
+                boxes = [[k0, n0, ex]]  # W [E][N][K]: 256 rows of 64 K
             elif g.b == "w_mn":
                 # W [E][K][N]: columns n0 + 64 j of K-rows k0 + [0, 64)
                 boxes = [[e.add(n0, c(64 * j, I32), I32), k0, ex] for j in range(4)]
@@ -887,30 +841,12 @@ def gen_gemm(g):
                 # are zero-filled
                 boxes = [[e.add(n0, c(64 * (j % 2), I32), I32), c(j // 2, I32), k0, ex]
                          for j in range(4)]
-            if g.b == "w_k":
-                # two boxes of 128 rows (Host.weight_map), 16 KiB apart
-                boxes = [[k0, e.add(n0, c(128 * j, I32), I32), ex] for j in range(2)]
-            multicast = ""
-            if g.cluster:
-                # MOE_GEMM_CLUSTER: this CTA loads the boxes of its half of the tile
-                # (rank r: bytes [16 KiB r, 16 KiB (r + 1))) into both CTAs' slot; each
-                # CTA's full[s] counts the whole tile's bytes
-                half = len(boxes) // CLUSTER_CTAS
-                mine = []
-                for jj in range(half):
-                    pick = [e.select(e.cmp("eq", rank, c(0)), a, b, I32)
-                            for a, b in zip(boxes[jj], boxes[half + jj])]
-                    mine.append(pick)
-                btile = gep3(btile, e.mul(rank32, c(B_TILE_BYTES // CLUSTER_CTAS, I32), I32))
-                boxes = mine
-                multicast = f" multicast_mask = {c((1 << CLUSTER_CTAS) - 1, 'i16')}"
-            box_bytes = B_TILE_BYTES // (4 if g.b != "w_k" else 2)
             for j, coords in enumerate(boxes):
-                dst = e.op(f"llvm.getelementptr {btile}[{j * box_bytes}] : ({P3}) -> {P3}, i8") if j else btile
+                dst = e.op(f"llvm.getelementptr {btile}[{j * 64 * 64 * 2}] : ({P3}) -> {P3}, i8") if j else btile
                 # a CTA's shared memory is its own window of shared::cluster
                 dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
                 e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {A['bmap']}, {bar}, "
-                       f"box[{', '.join(coords)}]{multicast} : !llvm.ptr<7>, !llvm.ptr")
+                       f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr")
             if_end()
         else:
             if g.tma_rows_b:
@@ -1173,13 +1109,6 @@ def gen_gemm(g):
             """lane 0 of each warp frees `slot` if cond"""
             if_begin(e.op(f"arith.andi {cond}, {e.cmp('eq', lane, c(0))} : i1"))
             e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(slot))} : {P3}")
-            if g.cluster:
-                # the peer's TMA writes this CTA's slot too: its producer waits for
-                # these warps as well. Release at CTA scope, as CUTLASS's ClusterBarrier:
-                # the only order needed is after the wgmma reads, which wait_group
-                # completed; .release.cluster made it a MEMBAR.ALL.GPU a k-step, which
-                # made the k-loop 1.5x slower (docs/perf.md, session 21).
-                e.emit(f"nvvm.mbarrier.arrive {peer_empty_bar(i32(slot))} : !llvm.ptr<7>")
             if_end()
         wait_full(rs, ph)
         cur = wgmma_stage(a0, rs)
@@ -1236,7 +1165,7 @@ def gen_gemm(g):
             """scf.for over this CTA's tiles carrying the ring position (slot, parity);
             tile(t, slot, parity) emits one tile and returns the position after it."""
             t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh(role)
-            e.emit(f"{out}:2 = scf.for {t} = {tile_first} to {total} step {tile_step} "
+            e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
                    f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
             loop_indent = e.indent
             e.indent += "  "
@@ -1321,7 +1250,7 @@ def gen_gemm(g):
         def consumer_tile(t, sl, ph):
             S = setup(t)
             acc, nsl, nph = kloop_ws(S, sl, ph)
-            if_begin(S["writes"])
+            if_begin(S["valid"])
             if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row
                 e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
@@ -1358,10 +1287,6 @@ def gen_gemm(g):
             # the last tile's copies complete before the CTA (and its shared memory) goes
             e.emit("nvvm.cp.async.bulk.wait_group 0")
         e.if_end()
-        if g.cluster:
-            # no CTA leaves while its peer may still arrive on its barriers
-            e.emit("nvvm.cluster.arrive")
-            e.emit("nvvm.cluster.wait")
     elif g.persistent:
         S0 = setup(bid)
         prologue(S0)
@@ -1407,8 +1332,8 @@ def gen_gemm(g):
     return "\n".join([head] + e.const_lines + e.lines + ["    }"])
 
 
-def build_tile_table(e, A, cumv, tid, barrier, rows=BM):
-    """cum[x] = M-tiles (of `rows` rows) of experts [0, x) for x <= E (E <= TABLE_EXPERTS), by
+def build_tile_table(e, A, cumv, tid, barrier):
+    """cum[x] = M-tiles of experts [0, x) for x <= E (E <= TABLE_EXPERTS), by
     GEMM_THREADS threads that synchronise with barrier(): thread t sums experts
     4t..4t+3, warps scan with shuffles, warp totals go through
     cum[TABLE_EXPERTS + 1 + warp]."""
@@ -1426,7 +1351,7 @@ def build_tile_table(e, A, cumv, tid, barrier, rows=BM):
         e.indent += "  "
         lo = e.op(f"memref.load {A['offsets']}[{ex}] : memref<?xi32>")
         hi = e.op(f"memref.load {A['offsets']}[{e.add(ex, c(1))}] : memref<?xi32>")
-        t = e.div(e.add(e.sub(hi, lo, "i32"), c(rows - 1, "i32"), "i32"), c(rows, "i32"), "i32")
+        t = e.div(e.add(e.sub(hi, lo, "i32"), c(BM - 1, "i32"), "i32"), c(BM, "i32"), "i32")
         e.emit(f"scf.yield {t} : i32")
         e.indent = e.indent[:-2]
         e.emit("} else {")
@@ -2618,8 +2543,7 @@ class Host:
         if g.b == "w_mn":  # [E][K][N]
             dims, strides, box = [N, K, E], [row, e.mul(K, row)], [64, 64, 1]
         elif g.b == "w_k":  # [E][N][K]
-            # boxes of half the tile's rows: a cluster's CTA loads one of them
-            dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, BN // 2, 1]
+            dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, BN, 1]
         else:  # w_mn_swiglu: [E][K][2][h], gate and up halves of each row
             dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
         return self.tensor_map(v["bmat"], dims, strides, box)
@@ -2668,22 +2592,16 @@ class Host:
         if g.persistent:
             tiles = e.minu(e.mul(tiles, gz), self.c(NUM_CTAS))
             gz = self.c(1)
-        if g.cluster:
-            # whole clusters (NUM_CTAS is even)
-            tiles = e.mul(self.ceil(tiles, CLUSTER_CTAS), self.c(CLUSTER_CTAS))
-        self.launch(kernel, tiles, self.c(1), gz, args, g.launch_smem, g.threads,
-                    cluster=CLUSTER_CTAS if g.cluster else 0)
+        self.launch(kernel, tiles, self.c(1), gz, args, g.launch_smem, g.threads)
 
-    def launch(self, kernel, gx, gy, gz, args, smem=0, threads=THREADS, cluster=0):
+    def launch(self, kernel, gx, gy, gz, args, smem=0, threads=THREADS):
         e = self.e
         one = self.c(1)
         threads = self.c(threads)
         arglist = ", ".join(f"{v} : {t}" for v, t in args)
         sm = f" dynamic_shared_memory_size {self.c(smem, 'i32')}" if smem else ""
-        # clusters of `cluster` CTAs along x (gx a multiple of it)
-        cl = f"clusters in ({self.c(cluster)}, {one}, {one}) " if cluster else ""
         self.tok = e.op(
-            f"gpu.launch_func async [{self.tok}] @moe_kernels::@{kernel} {cl}blocks in ({self.grid(gx)}, {self.grid(gy)}, {self.grid(gz)}) "
+            f"gpu.launch_func async [{self.tok}] @moe_kernels::@{kernel} blocks in ({self.grid(gx)}, {self.grid(gy)}, {self.grid(gz)}) "
             f"threads in ({threads}, {one}, {one}){sm} args({arglist})", "t")
 
     def text(self):

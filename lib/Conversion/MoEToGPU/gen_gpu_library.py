@@ -73,6 +73,15 @@ BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "1")
 if BULK_STORE not in ("0", "1", "wgrad"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0, 1 or wgrad")
 BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
+# MOE_GEMM_TMA_STORE=1 (with the bulk store): the experts' weight gradients (dW_gate_up,
+# dW_down: whole [E, M, N] blocks, which a tensor map clips at M and N) stage C by stmatrix
+# in four 128B-swizzled 128x64 boxes and one thread stores them by four TMA box stores. The
+# row-wise bulk store issued 128 copies a tile, which the compiler serialises lane by lane
+# (the copy takes uniform registers): on deepseek-v3's 4-k-step tiles that loop and the
+# barrier waiting for it held 10-14% of the samples (Nsight Compute, docs/perf.md session 21).
+TMA_STORE = os.environ.get("MOE_GEMM_TMA_STORE", "1")
+if TMA_STORE not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -277,7 +286,10 @@ class Gemm:
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
         self.bulk_store = self.ws and epi in BULK_EPILOGUES
-        self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store else STAGE_C_BYTES
+        # the experts' weight gradients by TMA box stores (MOE_GEMM_TMA_STORE)
+        self.tma_store = (self.bulk_store and epi == "store_bf16_w" and (gather_a or gather_b)
+                          and TMA_STORE == "1")
+        self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
@@ -335,6 +347,9 @@ def gemm_signature(g):
         args += [("cout", "memref<?xf32>"), ("ldc", "index")]
     elif g.epi in ("store_bf16", "store_bf16_w"):
         args += [("cout", "memref<?xbf16>"), ("ldc", "index")]
+        if g.tma_store:
+            # the tensor map of C as [E][M][N] (Host.out_map)
+            args += [("cmap", "!llvm.ptr")]
     elif g.epi == "dswiglu":
         args += [("hsaved", "memref<?xbf16>")]
         if g.has_w:
@@ -1051,6 +1066,44 @@ def gen_gemm(g):
                    "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
                    f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32")
 
+    def stage_boxes_stmatrix(stage_ptr, acc):
+        """MOE_GEMM_TMA_STORE: the warp's 16 rows of C into four 128x64 boxes of 128-byte
+        rows (box b: columns 64 b + [0, 64), 16 KiB apart), 128B-swizzled as the TMA store
+        reads them: 16-byte group q of row r at q ^ (r % 8). The stmatrix lanes are
+        stage_rows_stmatrix's; lane l's row is r % 8 = l % 8 and its group j + l / 16 with
+        j even, so its swizzled group is (j % 8) ^ (l / 16 ^ l % 8): four offsets a lane."""
+        row = e.add(warp_row0, e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
+        w = e.xor(e.div(lane, c(16)), e.rem(lane, c(8)))
+        base = gep3(stage_ptr, i32(e.mul(row, c(128))))
+        group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
+
+        def packed(v):
+            lo = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
+            hi = e.op(f"llvm.extractvalue {acc}[{v + 1}] : {ACC}", "f")
+            pair = e.op(f"vector.from_elements {lo}, {hi} : vector<2xf32>")
+            bf = e.op(f"arith.truncf {pair} : vector<2xf32> to vector<2xbf16>")
+            return e.op(f"llvm.bitcast {bf} : vector<2xbf16> to i32")
+        boxes = [gep3(base, c(b * 128 * 128, I32)) if b else base for b in range(BN // 64)]
+        for j in range(0, BN // V, 2):
+            regs = [packed(4 * j), packed(4 * j + 2), packed(4 * j + 4), packed(4 * j + 6)]
+            dst = gep3(boxes[j // 8], group_off[(j % 8) // 2])
+            e.emit(f"nvvm.stmatrix {dst}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
+                   "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
+                   f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32")
+
+    def tma_store_boxes(S, stage_ptr):
+        """MOE_GEMM_TMA_STORE: consumer thread 0 stores the four boxes to expert e's block
+        of C; the map clips rows past M and columns past N."""
+        if_begin(e.cmp("eq", tid, c(0)))
+        m0, n0, ex = i32(S["m0"]), i32(S["n0"]), i32(S["expert"])
+        for b in range(BN // 64):
+            src = gep3(stage_ptr, c(b * 128 * 128, I32)) if b else stage_ptr
+            col = e.add(n0, c(64 * b, I32), I32) if b else n0
+            e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
+                   f"box[{col}, {m0}, {ex}] : !llvm.ptr, {P3}")
+        e.emit("nvvm.cp.async.bulk.commit.group")
+        if_end()
+
     def bulk_store_rows(S, stage_ptr):
         """MOE_GEMM_BULK_STORE: consumer thread t < BM copies staging row t to row m0 + t of
         C (of expert e's block for the weight gradients) in one cp.async.bulk, if that row
@@ -1256,11 +1309,11 @@ def gen_gemm(g):
                 e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
             consumer_barrier()  # the last tile's stores have read the staging buffer
             if g.bulk_store:
-                stage_rows_stmatrix(stage_ptr, acc)
+                (stage_boxes_stmatrix if g.tma_store else stage_rows_stmatrix)(stage_ptr, acc)
                 # the generic-proxy writes, visible to the bulk copies (async proxy)
                 e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
                 consumer_barrier()
-                bulk_store_rows(S, stage_ptr)
+                (tma_store_boxes if g.tma_store else bulk_store_rows)(S, stage_ptr)
             else:
                 for h in (0, 1):
                     stage_half(e, g, stage, acc, h, qrow, qcol, lane)
@@ -2548,6 +2601,14 @@ class Host:
             dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
         return self.tensor_map(v["bmat"], dims, strides, box)
 
+    def out_map(self, v):
+        """The tensor map of the weight gradients' C, [E][M][N] with rows ldc elements
+        apart and experts M N apart (out_base), in 128x64 boxes (MOE_GEMM_TMA_STORE)."""
+        e = self.e
+        M, N, E = v["dim_m"], v["dim_n"], v["num_experts"]
+        return self.tensor_map(v["cout"], [N, M, E], [e.mul(v["ldc"], self.c(2)), e.mul(e.mul(M, N), self.c(2))],
+                               [64, BM, 1])
+
     def rows_map(self, mat, rows, cols, ld):
         """The tensor map of a [rows, cols] bf16 matrix with rows ld elements apart, in
         64x64 boxes (MOE_GEMM_ROWS_TMA); a per-call buffer costs an upload the first time
@@ -2626,6 +2687,8 @@ def gemm_args(h, kernel, values):
         values = dict(values, amap=h.rows_map(values["amat"], values["rows"], values["dim_m"], values["lda"]))
     if g.tma_rows_b:
         values = dict(values, browmap=h.rows_map(values["bmat"], values["rows"], values["dim_n"], values["ldb"]))
+    if g.tma_store:
+        values = dict(values, cmap=h.out_map(values))
     out = []
     for name, ty in gemm_signature(g):
         out.append((values[name], ty))

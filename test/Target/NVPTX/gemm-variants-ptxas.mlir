@@ -3,7 +3,8 @@
 // with MOE_GEMM_BULK_STORE=0, C out by 16-byte stores from every consumer thread;
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
 // row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1, the default: C
-// out by bulk copies; the last two in one library; MOE_GEMM_DACT_UNROLL=8 and 1 with the
+// out by bulk copies, one a row where MOE_GEMM_TMA_STORE=0, the experts' weight gradients
+// by four TMA box stores where it is 1, the default; the last two in one library; MOE_GEMM_DACT_UNROLL=8 and 1 with the
 // first two: the dSwiGLU epilogue's rows loaded 8 and 1 at a time) still compile for
 // sm_90a with no spill, no local stack and no wgmma serialisation warning (check_ptxas.py
 // fails on any).
@@ -27,7 +28,7 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
 // RUN: %ptxas -arch=sm_90a -v %t.rows.moe_kernels.ptx -o %t.rows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.rows.txt
 // RUN: FileCheck %s --check-prefix=ROWS --input-file=%t.rows.moe_kernels.ptx
-// RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
+// RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 MOE_GEMM_TMA_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.bulk.mlir > %t.bulk.ops.mlir
 // RUN: mlir-opt %t.bulk.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.bulk.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk
@@ -52,10 +53,19 @@
 // ROWS-NOT: prefetch.tensormap
 // ROWS: mbarrier.arrive.expect_tx.shared.b64
 // ROWS-COUNT-2: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// C leaves as four 128x64 boxes by TMA stores of a [E][M][N] map, after stmatrix and the
+// generic-proxy fence, and by no row-wise bulk copy.
+// ROWS: stmatrix.sync.aligned.m8n8.x4.shared.b16
+// ROWS: fence.proxy.async.shared::cta
+// ROWS-COUNT-4: cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group
+// ROWS-NOT: cp.async.bulk.global.shared::cta
 // ROWS-LABEL: .entry moe_gemm_wgrad_gather_a(
 // ROWS-NOT: prefetch.tensormap
 // ROWS: mbarrier.arrive.expect_tx.shared.b64
 // ROWS-COUNT-4: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// ROWS: stmatrix.sync.aligned.m8n8.x4.shared.b16
+// ROWS-COUNT-4: cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group
+// ROWS-NOT: cp.async.bulk.global.shared::cta
 // ROWS-LABEL: .entry moe_gemm_wgrad_rows(
 // ROWS-NOT: cp.async.bulk.tensor
 // ROWS: .entry

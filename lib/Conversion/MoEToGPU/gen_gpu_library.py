@@ -289,6 +289,10 @@ class Gemm:
         # the experts' weight gradients by TMA box stores (MOE_GEMM_TMA_STORE)
         self.tma_store = (self.bulk_store and epi == "store_bf16_w" and (gather_a or gather_b)
                           and TMA_STORE == "1")
+        # and the row-wise C of the varlen-M GEMMs (down, dX): a whole tile by TMA boxes
+        # of a [rows, N] map, an expert's partial last tile (whose box would run into the
+        # next expert's rows) row by row
+        self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
@@ -347,8 +351,8 @@ def gemm_signature(g):
         args += [("cout", "memref<?xf32>"), ("ldc", "index")]
     elif g.epi in ("store_bf16", "store_bf16_w"):
         args += [("cout", "memref<?xbf16>"), ("ldc", "index")]
-        if g.tma_store:
-            # the tensor map of C as [E][M][N] (Host.out_map)
+        if g.tma_store or g.tma_store_rows:
+            # the tensor map of C as [E][M][N] (Host.out_map) or [M][N] (Host.rows_map)
             args += [("cmap", "!llvm.ptr")]
     elif g.epi == "dswiglu":
         args += [("hsaved", "memref<?xbf16>")]
@@ -1093,14 +1097,16 @@ def gen_gemm(g):
 
     def tma_store_boxes(S, stage_ptr):
         """MOE_GEMM_TMA_STORE: consumer thread 0 stores the four boxes to expert e's block
-        of C; the map clips rows past M and columns past N."""
+        of C (or to rows m0 + [0, 128) of the varlen-M GEMMs' C); the map clips rows past
+        M and columns past N."""
         if_begin(e.cmp("eq", tid, c(0)))
-        m0, n0, ex = i32(S["m0"]), i32(S["n0"]), i32(S["expert"])
+        m0, n0 = i32(S["m0"]), i32(S["n0"])
+        ex = [i32(S["expert"])] if g.tma_store else []
         for b in range(BN // 64):
             src = gep3(stage_ptr, c(b * 128 * 128, I32)) if b else stage_ptr
             col = e.add(n0, c(64 * b, I32), I32) if b else n0
             e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
-                   f"box[{col}, {m0}, {ex}] : !llvm.ptr, {P3}")
+                   f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}")
         e.emit("nvvm.cp.async.bulk.commit.group")
         if_end()
 
@@ -1309,11 +1315,26 @@ def gen_gemm(g):
                 e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
             consumer_barrier()  # the last tile's stores have read the staging buffer
             if g.bulk_store:
-                (stage_boxes_stmatrix if g.tma_store else stage_rows_stmatrix)(stage_ptr, acc)
-                # the generic-proxy writes, visible to the bulk copies (async proxy)
-                e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
-                consumer_barrier()
-                (tma_store_boxes if g.tma_store else bulk_store_rows)(S, stage_ptr)
+                def store(by_boxes):
+                    (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)
+                    # the generic-proxy writes, visible to the bulk copies (async proxy)
+                    e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+                    consumer_barrier()
+                    (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)
+                if g.tma_store_rows:
+                    # (a branch the whole consumer warpgroup pair takes alike)
+                    whole = e.cmp("ule", e.add(S["m0"], c(BM)), S["m_end"])
+                    e.emit(f"scf.if {whole} {{")
+                    e.indent += "  "
+                    store(True)
+                    e.indent = e.indent[:-2]
+                    e.emit("} else {")
+                    e.indent += "  "
+                    store(False)
+                    e.indent = e.indent[:-2]
+                    e.emit("}")
+                else:
+                    store(g.tma_store)
             else:
                 for h in (0, 1):
                     stage_half(e, g, stage, acc, h, qrow, qcol, lane)
@@ -2609,16 +2630,17 @@ class Host:
         return self.tensor_map(v["cout"], [N, M, E], [e.mul(v["ldc"], self.c(2)), e.mul(e.mul(M, N), self.c(2))],
                                [64, BM, 1])
 
-    def rows_map(self, mat, rows, cols, ld):
+    def rows_map(self, mat, rows, cols, ld, box_rows=64):
         """The tensor map of a [rows, cols] bf16 matrix with rows ld elements apart, in
-        64x64 boxes (MOE_GEMM_ROWS_TMA); a per-call buffer costs an upload the first time
+        boxes of 64 columns by box_rows (MOE_GEMM_ROWS_TMA's operands: 64; the varlen-M
+        GEMMs' C of MOE_GEMM_TMA_STORE: 128); a per-call buffer costs an upload the first time
         its address is seen. No rows (T = 0): a null map, which no k-step reads (a map
         cannot have an empty dimension)."""
         e = self.e
         out = e.fresh("rmap")
         e.emit(f"{out} = scf.if {e.cmp('ugt', rows, self.c(0))} -> (!llvm.ptr) {{")
         e.indent += "  "
-        tmap = self.tensor_map(mat, [cols, rows], [e.mul(ld, self.c(2))], [64, 64])
+        tmap = self.tensor_map(mat, [cols, rows], [e.mul(ld, self.c(2))], [64, box_rows])
         e.emit(f"scf.yield {tmap} : !llvm.ptr")
         e.indent = e.indent[:-2]
         e.emit("} else {")
@@ -2689,6 +2711,9 @@ def gemm_args(h, kernel, values):
         values = dict(values, browmap=h.rows_map(values["bmat"], values["rows"], values["dim_n"], values["ldb"]))
     if g.tma_store:
         values = dict(values, cmap=h.out_map(values))
+    if g.tma_store_rows:
+        values = dict(values, cmap=h.rows_map(values["cout"], values["dim_m"], values["dim_n"],
+                                              values["ldc"], BM))
     out = []
     for name, ty in gemm_signature(g):
         out.append((values[name], ty))

@@ -28,6 +28,7 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
 // RUN: %ptxas -arch=sm_90a -v %t.rows.moe_kernels.ptx -o %t.rows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.rows.txt
 // RUN: FileCheck %s --check-prefix=ROWS --input-file=%t.rows.moe_kernels.ptx
+// RUN: FileCheck %s --check-prefix=TSTORE --input-file=%t.rows.moe_kernels.ptx
 // RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 MOE_GEMM_TMA_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.bulk.mlir > %t.bulk.ops.mlir
 // RUN: mlir-opt %t.bulk.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.bulk.isa.mlir
@@ -69,6 +70,24 @@
 // ROWS-LABEL: .entry moe_gemm_wgrad_rows(
 // ROWS-NOT: cp.async.bulk.tensor
 // ROWS: .entry
+
+// The varlen-M GEMMs' row-wise C (down, dX): a whole tile as four boxes of a 2D map, an
+// expert's partial last tile row by row (the row-wise fp32 C of the router stays as it was).
+// TSTORE-LABEL: .entry moe_gemm_rows_mn_bf16(
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.global.shared::cta.bulk_group
+// TSTORE-LABEL: .entry moe_gemm_rows_mn_f32(
+// TSTORE-NOT: cp.async.bulk.tensor.2d.global.shared::cta
+// TSTORE-LABEL: .entry moe_gemm_rows_k_bf16(
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// TSTORE-DAG: cp.async.bulk.global.shared::cta.bulk_group
+// TSTORE-LABEL: .entry moe_gemm_dact_gather(
 
 // Without rows by TMA the weight gradients take both operands by cp.async; with bulk
 // stores C leaves by stmatrix and one bulk copy a row, after the generic-proxy fence.

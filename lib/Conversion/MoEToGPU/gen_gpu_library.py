@@ -128,16 +128,7 @@ BULK_STAGE_C_BYTES = BM * BULK_ROW * 2
 # varlen_m: each CTA sums the experts' M-tiles into a table in shared memory once and
 # finds a tile's expert by binary search; past TABLE_EXPERTS experts it scans offsets.
 TABLE_EXPERTS = 4 * GEMM_THREADS
-# MOE_GEMM_SWIGLU_STAGES=4: the up projection's ring gets a fourth stage; its C is then
-# staged half a tile at a time (32 KiB) and its table holds 256 experts, which is what fits
-# in 227 KiB.
-SWIGLU_STAGES = os.environ.get("MOE_GEMM_SWIGLU_STAGES", "3")
-if SWIGLU_STAGES not in ("3", "4"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_SWIGLU_STAGES={SWIGLU_STAGES!r}: expected 3 or 4")
-
-
-def cum_bytes(table_experts):
-    return 4 * (table_experts + 1 + 8) + 28
+CUM_BYTES = 4 * (TABLE_EXPERTS + 1 + 8) + 28
 
 ACC = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 2)) + ")>"
 WG = "#gpu.address_space<workgroup>"
@@ -304,12 +295,6 @@ class Gemm:
         self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
-        self.table_experts = TABLE_EXPERTS
-        # MOE_GEMM_SWIGLU_STAGES=4: C staged half a tile at a time
-        self.half_stage = self.ws and epi == "swiglu" and SWIGLU_STAGES == "4"
-        if self.half_stage:
-            self.stages, self.stage_c_bytes, self.table_experts = 4, STAGE_C_BYTES // 2, 256
-        CUM_BYTES = cum_bytes(self.table_experts)
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
         if self.ws:
@@ -572,18 +557,18 @@ def gen_gemm(g):
 
     SI = f"memref<?xi32, {WG}>"
     if g.sched == "varlen_m":
-        cumv = e.op(f"memref.view {smem}[{e.add(pad, c(g.cum_offset))}][{c(g.table_experts + 9)}] : {SMEM} to {SI}", "cumv")
-        use_table = e.cmp("ule", A["num_experts"], c(g.table_experts))
+        cumv = e.op(f"memref.view {smem}[{e.add(pad, c(g.cum_offset))}][{c(TABLE_EXPERTS + 9)}] : {SMEM} to {SI}", "cumv")
+        use_table = e.cmp("ule", A["num_experts"], c(TABLE_EXPERTS))
         e.emit(f"scf.if {use_table} {{")
         e.indent += "  "
         if g.ws:
             # the consumer warpgroups build it (a thread sums 4 experts) and
             # synchronise on barrier 1; the gpu.barrier below publishes it to all
             e.if_begin(e.cmp("ult", tid, c(GEMM_THREADS)))
-            build_tile_table(e, A, cumv, tid, consumer_barrier, g.table_experts)
+            build_tile_table(e, A, cumv, tid, consumer_barrier)
             e.if_end()
         else:
-            build_tile_table(e, A, cumv, tid, lambda: e.emit("gpu.barrier"), g.table_experts)
+            build_tile_table(e, A, cumv, tid, lambda: e.emit("gpu.barrier"))
         e.indent = e.indent[:-2]
         e.emit("}")
         if g.ws:
@@ -621,7 +606,7 @@ def gen_gemm(g):
             e.emit(f"{found_e}:2 = scf.if {use_table} -> (index, index) {{")
             e.indent += "  "
             lo, hi = c(0), A["num_experts"]
-            for _ in range(g.table_experts.bit_length() - 1):  # a power of 2
+            for _ in range(10):  # TABLE_EXPERTS = 2^10
                 mid = e.div(e.add(lo, hi), c(2))
                 le = e.cmp("ule", e.load_smem_index(cumv, mid), bx)
                 lo, hi = e.select(le, mid, lo), e.select(le, hi, mid)
@@ -978,14 +963,14 @@ def gen_gemm(g):
         gradients' [E, M, N] output, 0 for the others."""
         return e.mul(e.mul(S["expert"], A["dim_m"]), A["dim_n"]) if g.epi != "store_bf16" else c(0)
 
-    def write_half(S, stage, h, at=None):
+    def write_half(S, stage, h):
         """Half h of C from the staging buffer to global memory in 16-byte stores.
         A thread keeps one column group and walks rows 16 (SwiGLU: 32) apart, so its
         addresses are one pointer and a fixed step and its staging offsets constants:
         index math here cost a quarter of a small-K weight gradient's time (Nsight
         Compute, deepseek-v3)."""
         m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-        base = (h if at is None else at) * BM * BN // 2
+        base = h * BM * BN // 2
 
         def sload(idx):
             return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
@@ -1350,14 +1335,6 @@ def gen_gemm(g):
                     e.emit("}")
                 else:
                     store(g.tma_store)
-            elif g.half_stage:
-                # one half at a time through the 32 KiB staging buffer
-                for h in (0, 1):
-                    if h:
-                        consumer_barrier()  # half 0's stores have read it
-                    stage_half(e, g, stage, acc, h, qrow, qcol, lane, at=0)
-                    consumer_barrier()
-                    write_half(S, stage, h, at=0)
             else:
                 for h in (0, 1):
                     stage_half(e, g, stage, acc, h, qrow, qcol, lane)
@@ -1429,11 +1406,11 @@ def gen_gemm(g):
     return "\n".join([head] + e.const_lines + e.lines + ["    }"])
 
 
-def build_tile_table(e, A, cumv, tid, barrier, table_experts=TABLE_EXPERTS):
-    """cum[x] = M-tiles of experts [0, x) for x <= E (E <= table_experts), by
+def build_tile_table(e, A, cumv, tid, barrier):
+    """cum[x] = M-tiles of experts [0, x) for x <= E (E <= TABLE_EXPERTS), by
     GEMM_THREADS threads that synchronise with barrier(): thread t sums experts
     4t..4t+3, warps scan with shuffles, warp totals go through
-    cum[table_experts + 1 + warp]."""
+    cum[TABLE_EXPERTS + 1 + warp]."""
     c = e.const
     SI = f"memref<?xi32, {WG}>"
     E = A["num_experts"]
@@ -1462,26 +1439,20 @@ def build_tile_table(e, A, cumv, tid, barrier, table_experts=TABLE_EXPERTS):
         e.emit(f"{y}, {y}ok = gpu.shuffle up {s}, {c(d, 'i32')}, {c(32, 'i32')} : i32")
         s = e.select(e.cmp("uge", lane, c(d)), e.add(s, y, "i32"), s, "i32")
     e.emit(f"scf.if {e.cmp('eq', lane, c(31))} {{")
-    e.emit(f"  memref.store {s}, {cumv}[{e.add(warp, c(table_experts + 1))}] : {SI}")
+    e.emit(f"  memref.store {s}, {cumv}[{e.add(warp, c(TABLE_EXPERTS + 1))}] : {SI}")
     e.emit("}")
     barrier()
     w, acc, acc2 = e.fresh("w"), e.fresh("wp"), e.fresh("wq")
     e.emit(f"{acc} = scf.for {w} = {c(0)} to {warp} step {c(1)} iter_args({acc2} = {c(0, 'i32')}) -> (i32) {{")
     e.indent += "  "
-    ws = e.op(f"memref.load {cumv}[{e.add(w, c(table_experts + 1))}] : {SI}")
+    ws = e.op(f"memref.load {cumv}[{e.add(w, c(TABLE_EXPERTS + 1))}] : {SI}")
     e.emit(f"scf.yield {e.add(acc2, ws, 'i32')} : i32")
     e.indent = e.indent[:-2]
     e.emit("}")
     run = e.sub(e.add(acc, s, "i32"), own, "i32")
-    # (a table of fewer experts than the threads sum: the threads past it store nothing)
-    short = table_experts < 4 * GEMM_THREADS
-    if short:
-        e.emit(f"scf.if {e.cmp('ult', tid, c(table_experts // 4))} {{")
     for i in range(4):
         run = e.add(run, vals[i], "i32")
-        e.emit(f"{'  ' if short else ''}memref.store {run}, {cumv}[{e.add(e.mul(tid, c(4)), c(i + 1))}] : {SI}")
-    if short:
-        e.emit("}")
+        e.emit(f"memref.store {run}, {cumv}[{e.add(e.mul(tid, c(4)), c(i + 1))}] : {SI}")
     e.emit(f"scf.if {e.cmp('eq', tid, c(0))} {{")
     e.emit(f"  memref.store {c(0, 'i32')}, {cumv}[{c(0)}] : {SI}")
     e.emit("}")
@@ -1506,10 +1477,9 @@ def half_groups(g, h):
     return [(16 * h + q, q) for q in range(16)]
 
 
-def stage_half(e, g, stage, acc, h, qrow, qcol, lane, at=None):
-    """Half h of the accumulator into staging half `at` (default h)."""
+def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
     c = e.const
-    base = c((h if at is None else at) * BM * BN // 2)
+    base = c(h * BM * BN // 2)
     swz = e.div(lane, c(4))  # (fragment row) % 8
     for j, jl in half_groups(g, h):
         for i in range(2):

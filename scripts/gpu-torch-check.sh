@@ -73,6 +73,13 @@ if [ ! -d "$inputs/torch-cache/sm_90a" ]; then
   fail "no $inputs/torch-cache/sm_90a: run scripts/build-torch-inputs.sh on the LLVM machine and carry gpu-inputs"
   finish
 fi
+# The cache is built apart from the layers (build-torch-inputs.sh): checks that ran another
+# build's kernels than gpu-inputs/layers would say nothing about these.
+cache_kernels=$(sed -n 's/^kernel library: //p' "$inputs/torch-cache/INPUTS.txt" 2>/dev/null)
+layer_kernels=$(sed -n 's/^kernel library: //p' "$inputs/INPUTS.txt" 2>/dev/null)
+if [ -z "$cache_kernels" ] || [ "$cache_kernels" != "$layer_kernels" ]; then
+  fail "torch-cache holds kernel library '${cache_kernels:-unknown}', gpu-inputs/layers '${layer_kernels:-unknown}': run scripts/build-torch-inputs.sh after build-gpu-inputs.sh"
+fi
 lib=$work/runtime/lib
 if wants build || [ ! -f "$lib/libmoe_runtime.so" ]; then
   run 240 "build runtime/ standalone" bash -c "root='$root'; . '$root/scripts/gpu-common.sh';

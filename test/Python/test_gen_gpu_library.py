@@ -46,7 +46,8 @@ def kernel_bodies(text):
 
 @pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
                                        ("all", {"MOE_GEMM_BULK_STORE": "0"}),
-                                       ("all", {"MOE_GEMM_BULK_STORE": "wgrad"})])
+                                       ("all", {"MOE_GEMM_BULK_STORE": "wgrad"}),
+                                       ("all", {"MOE_GEMM_TMA_STORE": "0"})])
 def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
     gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
     selected = []
@@ -60,6 +61,10 @@ def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
         # ring, then C's staging buffer, then the tile table (varlen_m), then full[s] and
         # empty[s]; the launch asks for 1 KiB of alignment on top
         assert g.cum_offset >= g.ring_bytes + g.stage_c_bytes, g.name
+        if g.tma_store or g.tma_store_rows:  # four 128x64 boxes; row-wise: padded rows too
+            assert g.stage_c_bytes >= gen.STAGE_C_BYTES, g.name
+            assert g.stage_c_bytes >= gen.BULK_STAGE_C_BYTES or not g.tma_store_rows, g.name
+            assert g.ring_bytes % 1024 == 0, g.name  # the boxes' 128B swizzle
         assert g.ring_bytes == g.stages * gen.STAGE_BYTES, g.name
         table = gen.CUM_BYTES if g.sched == "varlen_m" else 0
         assert g.bar_offset >= g.cum_offset + table and g.bar_offset % 8 == 0, g.name
@@ -162,7 +167,7 @@ def test_bulk_store_variant(tmp_path):
     by one bulk copy a row; a thread waits for its copy to have read the staging row before
     the next tile's barrier, and for all of them before it exits. SwiGLU's epilogue is
     unchanged; =0 stores from the threads, =wgrad bulk-stores the weight gradients only."""
-    proc, text = generate(tmp_path, MOE_GEMM_BULK_STORE="1")
+    proc, text = generate(tmp_path, MOE_GEMM_BULK_STORE="1", MOE_GEMM_TMA_STORE="0")
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
     for name in ("moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
@@ -179,12 +184,55 @@ def test_bulk_store_variant(tmp_path):
         assert "llvm.store" not in body, name  # no per-thread stores of C left
     for name in ("moe_gemm_up_gather", "moe_gemm_dact_gather"):
         assert "nvvm.stmatrix" not in bodies[name] and "cp.async.bulk.global" not in bodies[name]
-    assert generate(tmp_path)[1] == text
+    assert generate(tmp_path, MOE_GEMM_TMA_STORE="0")[1] == text
     assert "nvvm.stmatrix" not in generate(tmp_path, MOE_GEMM_BULK_STORE="0")[1]
     # "wgrad": the weight gradients' kernels only
     bodies = kernel_bodies(generate(tmp_path, MOE_GEMM_BULK_STORE="wgrad")[1])
     assert sorted(n for n, b in bodies.items() if "nvvm.stmatrix" in b) == [
         "moe_gemm_wgrad_gather", "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"]
+
+
+def test_tma_store_variant(tmp_path):
+    """MOE_GEMM_TMA_STORE=1 (the default): the experts' weight gradients stage C in four
+    128B-swizzled 128x64 boxes and consumer thread 0 stores them by four TMA box stores of a
+    [E][M][N] map; down and dX do so for a whole tile (2D [rows, N] map) and keep the
+    row-wise bulk copies for an expert's partial last tile. The staging buffer is read (the
+    issuing thread's wait) before the next tile's stmatrix, and written out before exit."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    tensor_store = re.compile(r"nvvm\.cp\.async\.bulk\.tensor\.global\.shared\.cta %cmap, %\w+, box\[([^\]]*)\]")
+    for name, rank, row_stores in (("moe_gemm_wgrad_gather", 3, 0), ("moe_gemm_wgrad_gather_a", 3, 0),
+                                   ("moe_gemm_rows_mn_bf16", 2, 1), ("moe_gemm_rows_k_bf16", 2, 1)):
+        body = bodies[name]
+        assert "%cmap: !llvm.ptr" in body.split("\n")[0], name
+        boxes = tensor_store.findall(body)
+        assert len(boxes) == 4 and all(len(b.split(",")) == rank for b in boxes), name
+        assert body.count("nvvm.cp.async.bulk.global.shared.cta") == row_stores, name
+        # 16 stmatrix a path: the boxes, and the padded rows where a tile can be partial
+        assert body.count("nvvm.stmatrix") == 16 * (1 + row_stores), name
+        read_wait = body.index("nvvm.cp.async.bulk.wait_group 0 {read}")
+        first_store = tensor_store.search(body).start()
+        assert read_wait < body.index("nvvm.stmatrix") < first_store, name
+        fence = body.rindex("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>", 0, first_store)
+        assert body.index("nvvm.stmatrix") < fence, name
+        assert re.search(r"nvvm\.cp\.async\.bulk\.wait_group 0\n", body[first_store:]), name
+        assert "llvm.store" not in body, name
+    # a whole tile (m0 + 128 <= the expert's end) by boxes, else by rows
+    assert re.search(r"arith\.cmpi ule, %\w+, %\w+ : index\n\s+scf\.if", bodies["moe_gemm_rows_k_bf16"])
+    assert "cp.async.bulk.tensor.global" not in bodies["moe_gemm_wgrad_rows"]
+    # the host makes the maps: [E][M][N] in 64 x 128 x 1 boxes, [rows, N] in 64 x 128
+    host = text[text.index("func.func private @__moe_gpu_expert_combine_grad"):]
+    host = host[:host.index("\n  }\n")]
+    consts = dict(re.findall(r"(%c\w*) = arith\.constant (-?\d+) : i64", host))
+    maps = set()
+    for args in re.findall(r"func\.call @moeTensorMapDeviceBf16\(([^)]*)\)", host):
+        a = [x.strip() for x in args.split(",")]
+        maps.add((consts.get(a[1]), tuple(consts.get(x) for x in a[-4:])))
+    assert ("3", ("64", "128", "1", "0")) in maps, maps  # dW_gate_up's and dW_down's C
+    assert ("2", ("64", "128", "0", "0")) in maps, maps  # dX's C
+    assert "cp.async.bulk.tensor.global" not in generate(tmp_path, MOE_GEMM_TMA_STORE="0")[1]
+    assert "cp.async.bulk.tensor.global" not in generate(tmp_path, MOE_GEMM_BULK_STORE="0")[1]
 
 
 def test_gathered_ids_come_a_k_step_ahead(tmp_path):
@@ -339,6 +387,7 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
     ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
     ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0, 1 or wgrad"),
+    ({"MOE_GEMM_TMA_STORE": "2"}, "expected 0 or 1"),
     ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
     ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
 ])

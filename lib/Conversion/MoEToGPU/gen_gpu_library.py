@@ -1047,6 +1047,14 @@ def gen_gemm(g):
             ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(16 * j, I32), I32)} : i1")
             gstore(vec, ptr, ok)
 
+    def packed_bf16x2(acc, v):
+        """Accumulator values v and v + 1 as two bf16 in an i32, an stmatrix register."""
+        lo = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
+        hi = e.op(f"llvm.extractvalue {acc}[{v + 1}] : {ACC}", "f")
+        pair = e.op(f"vector.from_elements {lo}, {hi} : vector<2xf32>")
+        bf = e.op(f"arith.truncf {pair} : vector<2xf32> to vector<2xbf16>")
+        return e.op(f"llvm.bitcast {bf} : vector<2xbf16> to i32")
+
     def stage_rows_stmatrix(stage_ptr, acc):
         """MOE_GEMM_BULK_STORE: the warp's 16 rows of C into the padded staging rows, two
         column groups of both 8-row halves an stmatrix.x4. The accumulator fragment is
@@ -1057,14 +1065,8 @@ def gen_gemm(g):
         off = e.add(e.mul(row, c(BULK_ROW)), e.mul(e.div(lane, c(16)), c(V)))
         base = gep3(stage_ptr, i32(e.mul(off, c(2))))
 
-        def packed(v):
-            lo = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
-            hi = e.op(f"llvm.extractvalue {acc}[{v + 1}] : {ACC}", "f")
-            pair = e.op(f"vector.from_elements {lo}, {hi} : vector<2xf32>")
-            bf = e.op(f"arith.truncf {pair} : vector<2xf32> to vector<2xbf16>")
-            return e.op(f"llvm.bitcast {bf} : vector<2xbf16> to i32")
         for j in range(0, BN // V, 2):
-            regs = [packed(4 * j), packed(4 * j + 2), packed(4 * j + 4), packed(4 * j + 6)]
+            regs = [packed_bf16x2(acc, 4 * j + 2 * q) for q in range(4)]
             dst = gep3(base, c(j * V * 2, I32)) if j else base
             e.emit(f"nvvm.stmatrix {dst}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
                    "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
@@ -1081,15 +1083,9 @@ def gen_gemm(g):
         base = gep3(stage_ptr, i32(e.mul(row, c(128))))
         group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
 
-        def packed(v):
-            lo = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
-            hi = e.op(f"llvm.extractvalue {acc}[{v + 1}] : {ACC}", "f")
-            pair = e.op(f"vector.from_elements {lo}, {hi} : vector<2xf32>")
-            bf = e.op(f"arith.truncf {pair} : vector<2xf32> to vector<2xbf16>")
-            return e.op(f"llvm.bitcast {bf} : vector<2xbf16> to i32")
         boxes = [gep3(base, c(b * 128 * 128, I32)) if b else base for b in range(BN // 64)]
         for j in range(0, BN // V, 2):
-            regs = [packed(4 * j), packed(4 * j + 2), packed(4 * j + 4), packed(4 * j + 6)]
+            regs = [packed_bf16x2(acc, 4 * j + 2 * q) for q in range(4)]
             dst = gep3(boxes[j // 8], group_off[(j % 8) // 2])
             e.emit(f"nvvm.stmatrix {dst}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
                    "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "

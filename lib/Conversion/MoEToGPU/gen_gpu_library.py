@@ -73,12 +73,13 @@ BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "1")
 if BULK_STORE not in ("0", "1", "wgrad"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0, 1 or wgrad")
 BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
-# MOE_GEMM_TMA_STORE=1 (with the bulk store): the experts' weight gradients (dW_gate_up,
-# dW_down: whole [E, M, N] blocks, which a tensor map clips at M and N) stage C by stmatrix
-# in four 128B-swizzled 128x64 boxes and one thread stores them by four TMA box stores. The
-# row-wise bulk store issued 128 copies a tile, which the compiler serialises lane by lane
-# (the copy takes uniform registers): on deepseek-v3's 4-k-step tiles that loop and the
-# barrier waiting for it held 10-14% of the samples (Nsight Compute, docs/perf.md session 21).
+# MOE_GEMM_TMA_STORE=1 (with the bulk store; the default): the experts' weight gradients
+# (dW_gate_up, dW_down: whole [E, M, N] blocks, which a tensor map clips at M and N) and a
+# whole tile of down and dX stage C by stmatrix in four 128B-swizzled 128x64 boxes and one
+# thread stores them by four TMA box stores. The row-wise bulk store issued 128 copies a
+# tile, which the compiler serialises lane by lane (the copy takes uniform registers): on
+# deepseek-v3's 4-k-step tiles that loop and the barrier waiting for it held 10-14% of the
+# samples (Nsight Compute, docs/perf.md session 21). 0: the row-wise copies everywhere.
 TMA_STORE = os.environ.get("MOE_GEMM_TMA_STORE", "1")
 if TMA_STORE not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
@@ -1082,7 +1083,6 @@ def gen_gemm(g):
         w = e.xor(e.div(lane, c(16)), e.rem(lane, c(8)))
         base = gep3(stage_ptr, i32(e.mul(row, c(128))))
         group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
-
         boxes = [gep3(base, c(b * 128 * 128, I32)) if b else base for b in range(BN // 64)]
         for j in range(0, BN // V, 2):
             regs = [packed_bf16x2(acc, 4 * j + 2 * q) for q in range(4)]

@@ -34,6 +34,10 @@
 #             matching MOE_NCU_REGEX (default: the gathered ones, dSwiGLU's and dX's), with
 #             the sampled stalls per SASS instruction of dW_gate_up's and dSwiGLU's
 #             GEMMs (gpu-ops-check.sh --ncu);
+#   tensor    the tensor pipe alone (test/GPU/wgmma_warpgroups.cu): m64n256k16 wgmma back to
+#             back from two warpgroups a CTA and from one, on random operands and on zero
+#             rows, MOE_TENSOR_SECONDS a case (default 3); and how many clusters of 1, 2 and
+#             4 CTAs of the GEMMs' shape fit at once (test/GPU/cluster_occupancy.cu);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run, on MOE_LIGER_LAYERS (default qwen3-30b-a3b,olmoe-1b-7b: its Triton
@@ -145,6 +149,11 @@ for step in ${steps//,/ }; do
       run ncu 400 bash "$root/scripts/gpu-ops-check.sh" --bench="${MOE_NCU_CONFIG:-mixtral-8x7b}" \
       --ops="$root/${MOE_NCU_OPS:-gpu-inputs/ops}" \
       --ncu="${MOE_NCU_REGEX:-moe_gemm_(wgrad_gather|dact_gather|up_gather|rows_k)}" ;;
+  tensor)
+    run tensor 120 bash -c "export PATH=\"\$PATH:/usr/local/cuda/bin\";
+      nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/moe-clusters '$root/test/GPU/cluster_occupancy.cu' &&
+      nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/moe-wgmma '$root/test/GPU/wgmma_warpgroups.cu' &&
+      /tmp/moe-clusters && /tmp/moe-wgmma ${MOE_TENSOR_SECONDS:-3}" ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)
     run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \

@@ -1,7 +1,10 @@
-// How many clusters of 1, 2 and 4 CTAs the GPU holds at once for a CTA shaped like the
-// persistent GEMMs' (384 threads, 1 a SM by its shared memory): MOE_GEMM_CLUSTER launches
-// SM-count CTAs in pairs, which only all run at once if every pair fits.
-//   nvcc -arch=sm_90a -o /tmp/cluster_occupancy test/GPU/cluster_occupancy.cu && /tmp/cluster_occupancy
+// How many clusters of 1, 2 and 4 CTAs the GPU holds at once for a CTA shaped
+// like the persistent GEMMs' (384 threads, one an SM by its shared memory): a
+// cluster variant that launches SM-count CTAs in pairs (4222a08, docs/perf.md
+// session 21) only runs them all at once if every pair fits.
+//   nvcc -gencode arch=compute_90a,code=sm_90a -o /tmp/cluster_occupancy \
+//     test/GPU/cluster_occupancy.cu && /tmp/cluster_occupancy
+// (bash scripts/gpu-session.sh tensor runs it)
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -16,7 +19,8 @@ int main() {
   int device = 0, sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int smemBytes = 200 * 1024;
-  if (cudaFuncSetAttribute(shapedLikeGemm, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(shapedLikeGemm,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                            smemBytes) != cudaSuccess) {
     std::printf("CLUSTERS error: %s\n", cudaGetErrorString(cudaGetLastError()));
     return 1;
@@ -34,13 +38,14 @@ int main() {
     config.attrs = &attribute;
     config.numAttrs = 1;
     int clusters = 0;
-    cudaError_t rc = cudaOccupancyMaxActiveClusters(&clusters, shapedLikeGemm, &config);
+    cudaError_t rc =
+        cudaOccupancyMaxActiveClusters(&clusters, shapedLikeGemm, &config);
     if (rc != cudaSuccess) {
       std::printf("CLUSTERS size %d: error %s\n", size, cudaGetErrorString(rc));
       return 1;
     }
-    std::printf("CLUSTERS size %d: %d at once = %d of %d SMs busy\n", size, clusters,
-                clusters * size, sms);
+    std::printf("CLUSTERS size %d: %d at once = %d of %d SMs busy\n", size,
+                clusters, clusters * size, sms);
   }
   return 0;
 }

@@ -126,6 +126,8 @@ STAGE_C_BYTES = BM * BN * 2
 # of an stmatrix fragment start in 8 different 16-byte bank groups
 BULK_ROW = BN + 8
 BULK_STAGE_C_BYTES = BM * BULK_ROW * 2
+# MOE_GEMM_TMA_STORE's staging: four boxes of BM rows by 64 columns (128 bytes)
+TMA_BOX_BYTES = BM * 64 * 2
 # varlen_m: each CTA sums the experts' M-tiles into a table in shared memory once and
 # finds a tile's expert by binary search; past TABLE_EXPERTS experts it scans offsets.
 TABLE_EXPERTS = 4 * GEMM_THREADS
@@ -1056,40 +1058,42 @@ def gen_gemm(g):
         bf = e.op(f"arith.truncf {pair} : vector<2xf32> to vector<2xbf16>")
         return e.op(f"llvm.bitcast {bf} : vector<2xbf16> to i32")
 
-    def stage_rows_stmatrix(stage_ptr, acc):
-        """MOE_GEMM_BULK_STORE: the warp's 16 rows of C into the padded staging rows, two
-        column groups of both 8-row halves an stmatrix.x4. The accumulator fragment is
-        stmatrix's: lane l holds row l/4, columns 2 (l%4) + [0, 2) of each 8x8 matrix, and
-        gives the address of row l%8 of matrix l/8 (matrices: rows 0-7 and 8-15 of group
-        j, then of group j + 1)."""
+    def stmatrix_tile(acc, place):
+        """The warp's 16 rows of C into shared memory, two column groups of both 8-row
+        halves an stmatrix.x4. The accumulator fragment is stmatrix's: lane l holds row l/4,
+        columns 2 (l%4) + [0, 2) of each 8x8 matrix, and gives the address of row l%8 of
+        matrix l/8 (matrices: rows 0-7 and 8-15 of group j, then of group j + 1).
+        place(row), given the tile row of this lane's address, returns dst(j): where that
+        row's groups j and j + 1 go."""
         row = e.add(warp_row0, e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
-        off = e.add(e.mul(row, c(BULK_ROW)), e.mul(e.div(lane, c(16)), c(V)))
-        base = gep3(stage_ptr, i32(e.mul(off, c(2))))
-
+        dst_of = place(row)
         for j in range(0, BN // V, 2):
             regs = [packed_bf16x2(acc, 4 * j + 2 * q) for q in range(4)]
-            dst = gep3(base, c(j * V * 2, I32)) if j else base
-            e.emit(f"nvvm.stmatrix {dst}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
+            e.emit(f"nvvm.stmatrix {dst_of(j)}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
                    "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
                    f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32")
+
+    def stage_rows_stmatrix(stage_ptr, acc):
+        """MOE_GEMM_BULK_STORE: C into the padded staging rows (BULK_ROW elements a row)."""
+        def place(row):
+            off = e.add(e.mul(row, c(BULK_ROW)), e.mul(e.div(lane, c(16)), c(V)))
+            base = gep3(stage_ptr, i32(e.mul(off, c(2))))
+            return lambda j: gep3(base, c(j * V * 2, I32)) if j else base
+        stmatrix_tile(acc, place)
 
     def stage_boxes_stmatrix(stage_ptr, acc):
-        """MOE_GEMM_TMA_STORE: the warp's 16 rows of C into four 128x64 boxes of 128-byte
-        rows (box b: columns 64 b + [0, 64), 16 KiB apart), 128B-swizzled as the TMA store
-        reads them: 16-byte group q of row r at q ^ (r % 8). The stmatrix lanes are
-        stage_rows_stmatrix's; lane l's row is r % 8 = l % 8 and its group j + l / 16 with
-        j even, so its swizzled group is (j % 8) ^ (l / 16 ^ l % 8): four offsets a lane."""
-        row = e.add(warp_row0, e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
-        w = e.xor(e.div(lane, c(16)), e.rem(lane, c(8)))
-        base = gep3(stage_ptr, i32(e.mul(row, c(128))))
-        group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
-        boxes = [gep3(base, c(b * 128 * 128, I32)) if b else base for b in range(BN // 64)]
-        for j in range(0, BN // V, 2):
-            regs = [packed_bf16x2(acc, 4 * j + 2 * q) for q in range(4)]
-            dst = gep3(boxes[j // 8], group_off[(j % 8) // 2])
-            e.emit(f"nvvm.stmatrix {dst}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
-                   "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
-                   f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32")
+        """MOE_GEMM_TMA_STORE: C into four 128x64 boxes of 128-byte rows (box b: columns
+        64 b + [0, 64), TMA_BOX_BYTES apart), 128B-swizzled as the TMA store reads them:
+        16-byte group q of row r at q ^ (r % 8). Lane l's row is r % 8 = l % 8 and its group
+        j + l / 16 with j even, so its swizzled group is (j % 8) ^ (l / 16 ^ l % 8): four
+        offsets a lane."""
+        def place(row):
+            w = e.xor(e.div(lane, c(16)), e.rem(lane, c(8)))
+            base = gep3(stage_ptr, i32(e.mul(row, c(128))))
+            group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
+            boxes = [gep3(base, c(b * TMA_BOX_BYTES, I32)) if b else base for b in range(BN // 64)]
+            return lambda j: gep3(boxes[j // 8], group_off[(j % 8) // 2])
+        stmatrix_tile(acc, place)
 
     def tma_store_boxes(S, stage_ptr):
         """MOE_GEMM_TMA_STORE: consumer thread 0 stores the four boxes to expert e's block
@@ -1099,7 +1103,7 @@ def gen_gemm(g):
         m0, n0 = i32(S["m0"]), i32(S["n0"])
         ex = [i32(S["expert"])] if g.tma_store else []
         for b in range(BN // 64):
-            src = gep3(stage_ptr, c(b * 128 * 128, I32)) if b else stage_ptr
+            src = gep3(stage_ptr, c(b * TMA_BOX_BYTES, I32)) if b else stage_ptr
             col = e.add(n0, c(64 * b, I32), I32) if b else n0
             e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
                    f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}")

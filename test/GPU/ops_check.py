@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+# bench/ for the lazily imported energy and step_gaps, python/ ahead of it
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from moe_mlir import reference as ref  # noqa: E402
 
@@ -466,7 +468,6 @@ def step_energy(name, ops, flops):
     of whole steps (so every op starts from the GPU's state under a long run's power cap),
     then a dense 8192^3 matmul the same way: joules a call and, for the GEMM ops, joules
     per TFLOP against the dense matmul's (bench/energy.py)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
     import energy
     # NVML numbers the GPUs its own way (CUDA_VISIBLE_DEVICES does not apply): MOE_NVML_INDEX
     meter = energy.NvmlEnergy(int(os.environ.get("MOE_NVML_INDEX", "0")))
@@ -580,7 +581,6 @@ def main():
 def gaps(name, ops):
     """Where each op's time goes besides its kernels: the op sequence once under the
     profiler, with host time, GPU span and idle stretches per op (bench/step_gaps.py)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
     import step_gaps
     step_gaps.report(torch, name, ops)
 

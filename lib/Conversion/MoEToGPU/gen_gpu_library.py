@@ -83,28 +83,6 @@ BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store
 TMA_STORE = os.environ.get("MOE_GEMM_TMA_STORE", "1")
 if TMA_STORE not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
-# MOE_GEMM_STORE_SPREAD=1: the weight gradients' four box stores of a tile are issued one
-# a k-step during the next tile's k-loop (the rest after it), not all four at its end.
-# Session 22 measured the stores (not the staging or its wait) costing deepseek-v3's
-# dW_gate_up 1.4 of its 9.2 ms: 64 KiB a tile at once, behind which the producer's TMA
-# loads of the next tile queue.
-STORE_SPREAD = os.environ.get("MOE_GEMM_STORE_SPREAD", "0")
-if STORE_SPREAD not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_STORE_SPREAD={STORE_SPREAD!r}: expected 0 or 1")
-# MOE_GEMM_STORE_EVICT=first: C's TMA box stores carry an L2 evict-first policy (CUTLASS's
-# CacheHintSm90::EVICT_FIRST), so the written lines leave L2 before the operands' lines
-# that the next tiles read again; normal: no hint.
-STORE_EVICT = os.environ.get("MOE_GEMM_STORE_EVICT", "normal")
-if STORE_EVICT not in ("normal", "first"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_STORE_EVICT={STORE_EVICT!r}: expected normal or first")
-L2_EVICT_FIRST = 0x12F0000000000000
-# MOE_GEMM_IDLE_SKIP=1: in a varlen-M tile whose rows end in its first half, the second
-# consumer warpgroup runs no wgmma (it only waits for each ring slot and frees it), so the
-# tensor cores serve the first alone. Session 18 measured this slower (1caadda); session
-# 22's wgmma_warpgroups.cu showed one warpgroup keeps the tensor pipe as busy as two.
-IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "0")
-if IDLE_SKIP not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -1117,19 +1095,6 @@ def gen_gemm(g):
             return lambda j: gep3(boxes[j // 8], group_off[(j % 8) // 2])
         stmatrix_tile(acc, place)
 
-    def tma_store_box(stage_ptr, m0, n0, ex, b):
-        """Box b (an int, or an i32 value) of the staged tile to C at i32 coordinates
-        (n0 + 64 b, m0[, expert ex])."""
-        if isinstance(b, int):
-            src = gep3(stage_ptr, c(b * TMA_BOX_BYTES, I32)) if b else stage_ptr
-            col = e.add(n0, c(64 * b, I32), I32) if b else n0
-        else:
-            src = gep3(stage_ptr, e.mul(b, c(TMA_BOX_BYTES, I32), I32))
-            col = e.add(n0, e.mul(b, c(64, I32), I32), I32)
-        hint = f" l2_cache_hint = {c(L2_EVICT_FIRST, 'i64')}" if STORE_EVICT == "first" else ""
-        e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
-               f"box[{', '.join([col, m0] + ex)}]{hint} : !llvm.ptr, {P3}")
-
     def tma_store_boxes(S, stage_ptr):
         """MOE_GEMM_TMA_STORE: consumer thread 0 stores the four boxes to expert e's block
         of C (or to rows m0 + [0, 128) of the varlen-M GEMMs' C); the map clips rows past
@@ -1138,7 +1103,10 @@ def gen_gemm(g):
         m0, n0 = i32(S["m0"]), i32(S["n0"])
         ex = [i32(S["expert"])] if g.tma_store else []
         for b in range(BN // 64):
-            tma_store_box(stage_ptr, m0, n0, ex, b)
+            src = gep3(stage_ptr, c(b * TMA_BOX_BYTES, I32)) if b else stage_ptr
+            col = e.add(n0, c(64 * b, I32), I32) if b else n0
+            e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
+                   f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}")
         e.emit("nvvm.cp.async.bulk.commit.group")
         if_end()
 
@@ -1168,49 +1136,7 @@ def gen_gemm(g):
         wrap = e.cmp("eq", nxt, c(stages))
         return e.select(wrap, c(0), nxt), e.select(wrap, e.xor(ph, c(1, I32), I32), ph, I32)
 
-    def wg_busy(S):
-        """Whether warpgroup wg's 64 rows of the varlen-M tile hold any of the expert's, as
-        a vote of the warp: ptxas cannot tell that the comparison is the same in every
-        lane, and a k-loop under a branch it takes for divergent loses the uniform
-        datapath (session 18: its wgmma descriptors went through R2UR)."""
-        busy = e.cmp("ult", e.add(S["m0"], e.mul(wg, c(64))), S["m_end"])
-        return e.op(f"nvvm.vote.sync all {c(-1, I32)}, {busy} -> i1")
-
-    def mainloop_ws(S, slot0, ph0):
-        """kloop_ws, or with MOE_GEMM_IDLE_SKIP for a warpgroup that owns none of a
-        varlen-M tile's rows, idle_kloop_ws."""
-        if g.sched != "varlen_m" or IDLE_SKIP != "1":
-            return kloop_ws(S, slot0, ph0)
-        out, ty = e.fresh("wgk"), f"{ACC}, index, i32"
-        e.emit(f"{out}:3 = scf.if {wg_busy(S)} -> ({ty}) {{")
-        for loop in (kloop_ws, idle_kloop_ws):
-            e.indent += "  "
-            e.emit(f"scf.yield {', '.join(loop(S, slot0, ph0))} : {ty}")
-            e.indent = e.indent[:-2]
-            e.emit("} else {" if loop is kloop_ws else "}")
-        return f"{out}#0", f"{out}#1", f"{out}#2"
-
-    def idle_kloop_ws(S, slot0, ph0):
-        """The k-loop of a warpgroup with no rows in the tile: each slot is waited for
-        (so no release runs ahead of the producer's phase) and freed at once."""
-        res, kt, rs, ph = (e.fresh(h) for h in ("idle", "kt", "rs", "ph"))
-        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-               f"iter_args({rs} = {slot0}, {ph} = {ph0}) -> (index, i32) {{")
-        outer = e.indent
-        e.indent = outer + "  "
-        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
-        if_begin(e.cmp("eq", lane, c(0)))
-        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(rs))} : {P3}")
-        if_end()
-        nslot, nph = advance(rs, ph)
-        e.emit(f"scf.yield {nslot}, {nph} : index, i32")
-        e.indent = outer
-        e.emit("}")
-        # zeros: an undefined accumulator (the epilogue stores none of its rows) made
-        # ptxas spill in down and dX
-        return e.op(f"llvm.mlir.zero : {ACC}", "acc"), f"{res}#0", f"{res}#1"
-
-    def kloop_ws(S, slot0, ph0, on_step=None):
+    def kloop_ws(S, slot0, ph0):
         """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
         the step before once its wgmma have completed. Returns the accumulator and the
         ring position (slot, parity) after the tile.
@@ -1247,8 +1173,6 @@ def gen_gemm(g):
         cur = wgmma_stage(a0, rs)
         # the step before has been read
         release(e.cmp("ugt", kt, c(0)), prev)
-        if on_step:
-            on_step(kt)  # while this step's wgmma run
         nslot, nph = advance(rs, ph)
         e.emit(f"scf.yield {cur}, {nslot}, {nph}, {rs} : {ACC}, index, i32, index")
         e.indent = outer
@@ -1384,7 +1308,7 @@ def gen_gemm(g):
 
         def consumer_tile(t, sl, ph):
             S = setup(t)
-            acc, nsl, nph = mainloop_ws(S, sl, ph)
+            acc, nsl, nph = kloop_ws(S, sl, ph)
             if_begin(S["valid"])
             if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row
@@ -1420,60 +1344,6 @@ def gen_gemm(g):
             if_end()
             return nsl, nph
 
-        def consumer_tiles_spread():
-            """MOE_GEMM_STORE_SPREAD (the weight gradients): the consumers' tiles, each
-            staging its C when its k-loop ends, as consumer_tile does, while thread 0
-            stores the tile staged before box by box, one a k-step of this tile's loop
-            and the boxes it did not reach after it. The loop carries that tile (pend: it
-            has boxes to store; its m0, n0 and expert); the last one is stored after."""
-            t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh("ct")
-            pend, pm, pn, pe = (e.fresh(h) for h in ("pend", "pm", "pn", "pe"))
-            zero = c(0, I32)
-            e.emit(f"{out}:6 = scf.for {t} = {bid} to {total} step {gridx} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {zero}, {pend} = {c(0, 'i1')}, "
-                   f"{pm} = {zero}, {pn} = {zero}, {pe} = {zero}) -> (index, i32, i1, i32, i32, i32) {{")
-            loop_indent = e.indent
-            e.indent += "  "
-            S = setup(t)
-            mine = e.op(f"arith.andi {pend}, {e.cmp('eq', tid, c(0))} : i1")
-            boxes = c(BN // 64)
-
-            def on_step(kt):
-                if_begin(e.op(f"arith.andi {mine}, {e.cmp('ult', kt, boxes)} : i1"))
-                tma_store_box(stage_ptr, pm, pn, [pe], i32(kt))
-                e.emit("nvvm.cp.async.bulk.commit.group")
-                if_end()
-            acc, nsl, nph = kloop_ws(S, sl, ph, on_step)
-            # the boxes the k-loop did not reach (as many as it has full k-steps)
-            looped = e.op(f"arith.index_castui {e.div(S['kcnt'], c(BK, I32), I32)} : i32 to index")
-            if_begin(mine)
-            b = e.fresh("box")
-            e.emit(f"scf.for {b} = {e.minu(looped, boxes)} to {boxes} step {c(1)} {{")
-            e.indent += "  "
-            tma_store_box(stage_ptr, pm, pn, [pe], i32(b))
-            e.emit("nvvm.cp.async.bulk.commit.group")
-            e.indent = e.indent[:-2]
-            e.emit("}")
-            if_end()
-            if_begin(S["valid"])
-            # thread 0's copies of the tile before have read the staging
-            e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
-            consumer_barrier()
-            stage_boxes_stmatrix(stage_ptr, acc)
-            # the generic-proxy writes, visible to the bulk copies (async proxy)
-            e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
-            consumer_barrier()
-            if_end()
-            e.emit(f"scf.yield {nsl}, {nph}, {S['valid']}, {i32(S['m0'])}, {i32(S['n0'])}, "
-                   f"{i32(S['expert'])} : index, i32, i1, i32, i32, i32")
-            e.indent = loop_indent
-            e.emit("}")
-            if_begin(e.op(f"arith.andi {out}#2, {e.cmp('eq', tid, c(0))} : i1"))
-            for b in range(BN // 64):
-                tma_store_box(stage_ptr, f"{out}#3", f"{out}#4", [f"{out}#5"], b)
-            e.emit("nvvm.cp.async.bulk.commit.group")
-            if_end()
-
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
         if g.sched == "varlen_k" and (g.gather_a or g.gather_b):
@@ -1486,10 +1356,7 @@ def gen_gemm(g):
         e.emit("} else {")
         e.indent += "  "
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
-        if g.tma_store and STORE_SPREAD == "1":
-            consumer_tiles_spread()
-        else:
-            tile_loop("ct", consumer_tile)
+        tile_loop("ct", consumer_tile)
         if g.bulk_store:
             # the last tile's copies complete before the CTA (and its shared memory) goes
             e.emit("nvvm.cp.async.bulk.wait_group 0")

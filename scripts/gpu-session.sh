@@ -36,7 +36,8 @@
 #             GEMMs (gpu-ops-check.sh --ncu);
 #   tensor    the tensor pipe alone (test/GPU/wgmma_warpgroups.cu): m64n256k16 wgmma back to
 #             back from two warpgroups a CTA and from one, on random operands and on zero
-#             rows, MOE_TENSOR_SECONDS a case (default 3); and how many clusters of 1, 2 and
+#             rows, MOE_TENSOR_SECONDS a case (default 3), with NVML's power, J/TFLOP and SM
+#             clock for each; and how many clusters of 1, 2 and
 #             4 CTAs of the GEMMs' shape fit at once (test/GPU/cluster_occupancy.cu);
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one

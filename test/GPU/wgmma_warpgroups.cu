@@ -10,12 +10,18 @@
 //     test/GPU/wgmma_warpgroups.cu
 //   /tmp/wgmma_warpgroups [seconds per case, default 3]
 // Prints one line a case: WGMMA <case>: <TFLOP/s> over <s> (<k-steps a
-// warpgroup>).
+// warpgroup>); and where NVML loads (libnvidia-ml.so.1, opened at run time, so
+// nothing more to link): the mean power over the timed run from the energy
+// counter, joules per TFLOP, and the SM clock and power limit halfway through.
+// The energy says what zero rows cost under the power cap, where the time alone
+// cannot (session 22: zero rows ran as fast as random ones).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <thread>
 
 namespace {
 
@@ -120,6 +126,40 @@ __global__ void __launch_bounds__(256, 1)
     sink[threadIdx.x] = sum;
 }
 
+// The few NVML calls used, declared here (the toolkit on the GPU machine ships
+// no nvml.h); NVML's device 0 is taken to be CUDA's (one GPU on the machine).
+struct Nvml {
+  using Device = void *;
+  int (*init)() = nullptr;
+  int (*handle)(unsigned, Device *) = nullptr;
+  int (*energy)(Device, unsigned long long *) = nullptr; // mJ
+  int (*clock)(Device, int, unsigned *) = nullptr;       // MHz
+  int (*limit)(Device, unsigned *) = nullptr;            // mW
+  Device device = nullptr;
+
+  bool load() {
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib)
+      return false;
+    init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    handle = reinterpret_cast<int (*)(unsigned, Device *)>(
+        dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    energy = reinterpret_cast<int (*)(Device, unsigned long long *)>(
+        dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    clock = reinterpret_cast<int (*)(Device, int, unsigned *)>(
+        dlsym(lib, "nvmlDeviceGetClockInfo"));
+    limit = reinterpret_cast<int (*)(Device, unsigned *)>(
+        dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit"));
+    return init && handle && energy && clock && limit && init() == 0 &&
+           handle(0, &device) == 0;
+  }
+  // millijoules since the driver loaded, or 0 when NVML cannot say
+  unsigned long long millijoules() const {
+    unsigned long long mj = 0;
+    return device && energy(device, &mj) == 0 ? mj : 0;
+  }
+};
+
 bool check(cudaError_t rc, const char *what) {
   if (rc == cudaSuccess)
     return true;
@@ -153,26 +193,45 @@ int main(int argc, char **argv) {
                {"2 warpgroups, warpgroup 1's rows zero", 2, 0, 1},
                {"2 warpgroups, all zero", 2, 1, 0},
                {"2 warpgroups, random (again)", 2, 0, 0}};
+  Nvml nvml;
+  if (!nvml.load())
+    std::printf("WGMMA note: NVML not loaded, no power or energy\n");
   for (const Case &c : cases) {
     // calibrate: k-steps that take about `seconds`, from a short run
     long long ksteps = 2000;
     double took = 0;
+    unsigned long long mj0 = 0, mj1 = 0;
+    unsigned mhz = 0, limit_mw = 0;
     for (int round = 0; round < 2; ++round) {
+      mj0 = nvml.millijoules();
       auto t0 = std::chrono::steady_clock::now();
       wgmmaLoop<<<sms, 256, kSmemBytes>>>(ksteps, c.active, c.zeros, c.zeroWg1,
                                           sink);
+      if (round == 1 && nvml.device) {
+        // the clock halfway through the timed run, where the power cap acts
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 2));
+        nvml.clock(nvml.device, /*NVML_CLOCK_SM=*/1, &mhz);
+        nvml.limit(nvml.device, &limit_mw);
+      }
       if (!check(cudaDeviceSynchronize(), c.name))
         return 1;
       took =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
               .count();
+      mj1 = nvml.millijoules();
       if (round == 0)
         ksteps = static_cast<long long>(ksteps * seconds / took) + 1;
     }
     double flops = 2.0 * 64 * 256 * 64 * double(ksteps) * c.active * sms;
-    std::printf(
-        "WGMMA %s: %.0f TFLOP/s over %.2f s (%lld k-steps a warpgroup)\n",
-        c.name, flops / took * 1e-12, took, ksteps);
+    std::printf("WGMMA %s: %.0f TFLOP/s over %.2f s (%lld k-steps a warpgroup)",
+                c.name, flops / took * 1e-12, took, ksteps);
+    if (mj0 && mj1 > mj0) {
+      double joules = (mj1 - mj0) * 1e-3;
+      std::printf("; %.0f W, %.3f J/TFLOP, SM %u MHz halfway (limit %.0f W)",
+                  joules / took, joules / (flops * 1e-12), mhz,
+                  limit_mw * 1e-3);
+    }
+    std::printf("\n");
   }
   cudaFree(sink);
   return 0;

@@ -136,14 +136,9 @@ done
 compile_one "$mlir/sigmoid-groups-shared.mlir" sigmoid-groups-shared-offload --policy=offload
 
 total_kib=$(du -sk "$out" | cut -f1)
+. "$root/scripts/inputs-stamp.sh"
 {
-  echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
-  # the kernels come from the build's generator, which may be ahead of the commit (session
-  # 20 timed layers whose dSwiGLU kernels were an uncommitted experiment's)
-  changed=$(git -C "$root" status --porcelain -- lib include tools 2>/dev/null | awk '{print $2}' | tr '\n' ' ')
-  echo "uncommitted in lib/ include/ tools/: ${changed:-none}"
-  echo "kernel library: $(ls "$build/share/moe_mlir/kernels" 2>/dev/null | tr '\n' ' ')"
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  inputs_stamp "$root" "$build"
   echo "compiler: $compile"
   (cd "$layers" && ls -l)
 } >"$out/INPUTS.txt"

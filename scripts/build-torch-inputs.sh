@@ -44,11 +44,8 @@ export MOE_COMPILE="$build/bin/moe-compile" MOE_BUILD_DIR="$build"
 rc=$?
 # which kernels these entries hold, for gpu-torch-check.sh to hold against gpu-inputs/INPUTS.txt
 # (session 21's torch step ran a session-old cache without saying so)
-{
-  echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "kernel library: $(ls "$build/share/moe_mlir/kernels" 2>/dev/null | tr '\n' ' ')"
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-} >"$out/INPUTS.txt"
+. "$root/scripts/inputs-stamp.sh"
+inputs_stamp "$root" "$build" >"$out/INPUTS.txt"
 if [ -d "$root/gpu-inputs/layers" ]; then
   rm -rf "$root/gpu-inputs/long-context"
   "$python" "$root/bench/long_context.py" --prebuild "$root/gpu-inputs/long-context" \

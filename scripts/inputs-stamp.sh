@@ -1,0 +1,19 @@
+# What a folder of prebuilt GPU inputs was built from, for its INPUTS.txt: sourced by
+# scripts/build-gpu-inputs.sh and scripts/build-torch-inputs.sh (the LLVM machine), so that
+# both spell the "kernel library:" line that scripts/gpu-torch-check.sh compares alike.
+#
+#   . "$root/scripts/inputs-stamp.sh"
+#   { inputs_stamp "$root" "$build"; ...more lines...; } >"$out/INPUTS.txt"
+
+# Prints: the commit, the files of lib/ include/ tools/ not committed (the kernels come from
+# the build's generator, which may be ahead of the commit: session 20 timed layers whose
+# dSwiGLU kernels were an uncommitted experiment's), the kernel library the build holds and
+# the date.
+inputs_stamp() {
+  local root=$1 build=$2 changed
+  echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+  changed=$(git -C "$root" status --porcelain -- lib include tools 2>/dev/null | awk '{print $2}' | tr '\n' ' ')
+  echo "uncommitted in lib/ include/ tools/: ${changed:-none}"
+  echo "kernel library: $(ls "$build/share/moe_mlir/kernels" 2>/dev/null | tr '\n' ' ')"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}

@@ -221,6 +221,16 @@ class Emitter:
         self.indent = self.indent[:-2]
         self.emit("}")
 
+    def if_else(self, cond, then, otherwise):
+        """`scf.if cond` with no results, its branches emitted by then() and otherwise()."""
+        self.if_begin(cond)
+        then()
+        self.indent = self.indent[:-2]
+        self.emit("} else {")
+        self.indent += "  "
+        otherwise()
+        self.if_end()
+
     def if_values(self, cond, types, then, otherwise, hint="if"):
         """`scf.if cond -> (types)` whose branches are emitted by then() and otherwise(),
         each returning the list of values it yields; returns the if's results."""
@@ -777,30 +787,27 @@ def gen_gemm(g):
         full = e.cmp("sge", e.sub(S["kcnt"], k0, I32), c(BK, I32), I32)
         if_begin(is_t0)
         bar = full_bar(i32(slot))
-        e.emit(f"scf.if {full} {{")
-        e.indent += "  "
-        tx = (A_TILE_BYTES if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
-        # the slot may last have been written by cp.async (generic proxy); the boxes write
-        # it through the async proxy
-        e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
-        e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(tx, I32)} : {P3}, i32")
-        row = e.add(i32(S["elo"]), k0, I32)
-        boxes = []
-        if g.tma_rows_a:  # A: 128 columns m0 + 64 j, MN-major
-            boxes += [(A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
-                      for j in range(2)]
-        if g.tma_rows_b:  # B: 256 columns n0 + 64 j
-            boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), A_TILE_BYTES + j * 64 * 64 * 2)
-                      for j in range(4)]
-        for tmap, col, off in boxes:
-            dst = gep3(sptr, e.add(slot_bytes, c(off, I32), I32))
-            dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
-            e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {tmap}, {bar}, "
-                   f"box[{col}, {row}] : !llvm.ptr<7>, !llvm.ptr")
-        e.indent = e.indent[:-2]
-        e.emit("} else {")
-        e.emit(f"  nvvm.mbarrier.arrive {bar} : {P3}")
-        e.emit("}")
+
+        def load_boxes():
+            tx = (A_TILE_BYTES if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
+            # the slot may last have been written by cp.async (generic proxy); the boxes
+            # write it through the async proxy
+            e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+            e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(tx, I32)} : {P3}, i32")
+            row = e.add(i32(S["elo"]), k0, I32)
+            boxes = []
+            if g.tma_rows_a:  # A: 128 columns m0 + 64 j, MN-major
+                boxes += [(A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
+                          for j in range(2)]
+            if g.tma_rows_b:  # B: 256 columns n0 + 64 j
+                boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), A_TILE_BYTES + j * 64 * 64 * 2)
+                          for j in range(4)]
+            for tmap, col, off in boxes:
+                dst = gep3(sptr, e.add(slot_bytes, c(off, I32), I32))
+                dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
+                e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {tmap}, {bar}, "
+                       f"box[{col}, {row}] : !llvm.ptr<7>, !llvm.ptr")
+        e.if_else(full, load_boxes, lambda: e.emit(f"nvvm.mbarrier.arrive {bar} : {P3}"))
         if_end()
         return e.cmp("slt", e.sub(S["kcnt"], k0, I32), c(BK, I32), I32)
 
@@ -1324,15 +1331,7 @@ def gen_gemm(g):
                 if g.tma_store_rows:
                     # (a branch the whole consumer warpgroup pair takes alike)
                     whole = e.cmp("ule", e.add(S["m0"], c(BM)), S["m_end"])
-                    e.emit(f"scf.if {whole} {{")
-                    e.indent += "  "
-                    store(True)
-                    e.indent = e.indent[:-2]
-                    e.emit("} else {")
-                    e.indent += "  "
-                    store(False)
-                    e.indent = e.indent[:-2]
-                    e.emit("}")
+                    e.if_else(whole, lambda: store(True), lambda: store(False))
                 else:
                     store(g.tma_store)
             else:

@@ -56,9 +56,9 @@ ABLATIONS = {
                     e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
                 consumer_barrier()''')],
     "noepi": [(
-        '''            acc, nsl, nph = kloop_ws(S, sl, ph)
+        '''            acc, nsl, nph = mainloop_ws(S, sl, ph)
             if_begin(S["valid"])''',
-        '''            acc, nsl, nph = kloop_ws(S, sl, ph)
+        '''            acc, nsl, nph = mainloop_ws(S, sl, ph)
             if g.sched == "varlen_k":
                 ''' + _odd(" " * 16) + '''
                 if_begin(e.op(f"arith.andi {odd}, {S['valid']} : i1"))

@@ -18,7 +18,8 @@ def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL"):
+                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL",
+                "MOE_GEMM_TMA_STORE", "MOE_GEMM_DYNAMIC", "MOE_GEMM_IDLE_SKIP"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -47,7 +48,9 @@ def kernel_bodies(text):
 @pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
                                        ("all", {"MOE_GEMM_BULK_STORE": "0"}),
                                        ("all", {"MOE_GEMM_BULK_STORE": "wgrad"}),
-                                       ("all", {"MOE_GEMM_TMA_STORE": "0"})])
+                                       ("all", {"MOE_GEMM_TMA_STORE": "0"}),
+                                       ("all", {"MOE_GEMM_DYNAMIC": "rows"}),
+                                       ("all", {"MOE_GEMM_DYNAMIC": "all"})])
 def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
     gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
     selected = []
@@ -69,6 +72,14 @@ def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
         table = gen.CUM_BYTES if g.sched == "varlen_m" else 0
         assert g.bar_offset >= g.cum_offset + table and g.bar_offset % 8 == 0, g.name
         assert g.bar_offset + 16 * g.stages + 1024 <= g.launch_smem, g.name
+        if g.dynamic:  # the tile ids' ring after empty[s]
+            assert g.sched_offset == g.bar_offset + 16 * g.stages, g.name
+            assert g.sched_offset + gen.SCHED_BYTES + 1024 <= g.launch_smem <= gen.MAX_SMEM, g.name
+    dynamic = {"0": [], "rows": ["moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16"],
+               "all": ["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_up_gather_h",
+                       "moe_gemm_up_rows_h", "moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16"]}
+    assert [g.name for g in gen.GEMMS if g.dynamic] == (
+        dynamic[extra.get("MOE_GEMM_DYNAMIC", "0")] if ws == "all" else [])
     persistent = [g.name for g in gen.GEMMS if g.persistent]
     if ws == "all":
         assert selected == persistent
@@ -110,6 +121,62 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
         if name.startswith("moe_gemm") and name not in ws:
             assert "known_block_size = array<i32: 256, 1, 1>" in body, name
             assert "setmaxregister" not in body and "cp.async.mbarrier.arrive" not in body, name
+
+
+@pytest.mark.parametrize("skip", ["1", "0"])
+def test_dynamic_schedule(tmp_path, skip):
+    """MOE_GEMM_DYNAMIC=rows: down and dX take their tiles from an atomic counter, the
+    producer passes each to its warpgroup (barrier 2, 128 threads) and to the consumers
+    (tile_full/tile_empty), every thread reads it through redux.sync (a uniform register),
+    and each host function zeroes one counter word a launch and frees the buffer after.
+    With MOE_GEMM_IDLE_SKIP=1 (the default) a tile's idle warpgroup waits for and frees
+    each slot without wgmma. The default (0) is the static schedule, byte for byte."""
+    proc, text = generate(tmp_path, MOE_GEMM_DYNAMIC="rows", MOE_GEMM_IDLE_SKIP=skip)
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text)
+    dynamic = ["moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16"]
+    for name, body in bodies.items():
+        if name not in dynamic:
+            assert "llvm.atomicrmw" not in body and "scf.while" not in body, name
+            continue
+        assert "%tile_counter: memref<?xi32>, %counter_slot: index" in body, name
+        # one claim in the k-loop (after k-step min(numk, stages) - 1), one for a tile
+        # with no k-steps
+        assert body.count("llvm.atomicrmw add") == 2, name
+        assert body.count("scf.while") == 2, name  # the producer's tiles, the consumers'
+        # the producer's next tile; the consumers' first and each next
+        assert body.count("nvvm.redux.sync umin") == 3, name
+        consts = dict(re.findall(r"(%c\d+) = arith\.constant (-?\d+) : i32", body))
+        named = re.findall(r"nvvm\.barrier id = (%\w+) number_of_threads = (%\w+)", body)
+        assert ("2", "128") in [(consts[a], consts[b]) for a, b in named], name
+        counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
+        assert counts == [129, 8] * 3 + [1, 256] * 2, (name, counts)
+        after = body[body.index("nvvm.setmaxregister decrease"):]
+        # empty[s] and full[s] as before; tile_empty twice (the first tile, then each
+        # next), tile_full twice; the idle warpgroup's full[s]
+        waits = 6 + (1 if skip == "1" else 0)
+        assert after.count("nvvm.mbarrier.try_wait.parity") == waits, name
+        assert ("nvvm.vote.sync all" in body) == (skip == "1"), name
+    counted = []
+    for match in re.finditer(r"func\.func private @__moe_gpu_(\w+)\((.*?)\n  \}", text, re.S):
+        fn = match.group(2)
+        launches = re.findall(r"@moe_kernels::@(moe_gemm_rows_(?:mn|k)_bf16) .*?args\((.*)\)", fn)
+        if not launches:
+            assert "gpu.memset" not in fn, match.group(1)
+            continue
+        buffers = re.findall(r"(%buf\d+), %t\d+ = gpu\.alloc async \[%t?\w+\] \(%c\d+\) : memref<\?xi32>\n"
+                             r" *%t\d+ = gpu\.memset async \[%t\d+\] \1, (%c\d+) : memref<\?xi32>, i32", fn)
+        assert len(buffers) == 1, match.group(1)
+        buf = buffers[0][0]
+        assert re.search(rf"gpu\.dealloc async \[%t\d+\] {buf} : memref<\?xi32>", fn), match.group(1)
+        slots = [re.search(rf"{buf} : memref<\?xi32>, (%c\d+) : index\s*$", args).group(1)
+                 for _, args in launches]
+        assert len(set(slots)) == len(slots), (match.group(1), slots)  # a word a launch
+        counted.append(match.group(1))
+    assert sorted(counted) == ["expert_combine_grad", "expert_ffn", "router_grad",
+                               "shared_expert", "shared_expert_grad"]
+    assert generate(tmp_path)[1] == generate(tmp_path, MOE_GEMM_DYNAMIC="0", MOE_GEMM_IDLE_SKIP=skip)[1]
+    assert "llvm.atomicrmw" not in generate(tmp_path)[1]
 
 
 def test_partial_last_k_step_skips_the_zero_rows(tmp_path):
@@ -390,6 +457,8 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_TMA_STORE": "2"}, "expected 0 or 1"),
     ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
     ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
+    ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
+    ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

@@ -83,12 +83,38 @@ BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store
 TMA_STORE = os.environ.get("MOE_GEMM_TMA_STORE", "1")
 if TMA_STORE not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
+# MOE_GEMM_DYNAMIC=rows: the warp-specialised varlen-M GEMMs with a row-wise bf16 C (down,
+# dX) hand out their tiles from a global atomic counter in the order the CTAs reach them,
+# where the static schedule gives SM s the tiles s, s + 132, ...: the M-tiles that share a
+# weight tile then stay in step however long each takes (session 22 part 3: with tiles of
+# unequal cost the static order let them drift apart and read W from DRAM again). The
+# producer's TMA thread claims the next tile during the current one, passes it to its
+# warpgroup through shared memory and a named barrier, and to the consumers through a
+# two-entry ring with full/empty mbarriers. The counters are a per-call buffer the host
+# zeroes (a word a launch). "all": the up projection too. 0 (the default): the static
+# schedule: session 23 (docs/perf.md) measured "rows" with the skip below no faster than
+# it (deepseek-v3's down and dX 1.4-3% faster under Nsight Compute's fixed clocks, 0-3%
+# slower in a timed step, over 4 rounds) and "all" slower on the up projection.
+DYNAMIC = os.environ.get("MOE_GEMM_DYNAMIC", "0")
+if DYNAMIC not in ("0", "rows", "all"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DYNAMIC={DYNAMIC!r}: expected 0, rows or all")
+# MOE_GEMM_IDLE_SKIP=1 (the default, for the kernels MOE_GEMM_DYNAMIC schedules): in a tile
+# whose rows end in its first half, the second consumer warpgroup runs no wgmma (it only
+# waits for each ring slot and frees it), so the tensor cores serve the first alone: one
+# warpgroup keeps the tensor pipe as busy as two (session 22 part 0). Never under the
+# static schedule, where it was slower (sessions 18 and 22). 0: both warpgroups multiply
+# every tile.
+IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "1")
+if IDLE_SKIP not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
 # for more wait in setmaxnreg.inc forever. P = 40 and 56 spill in the row-wise producers
 # (ptxas -v); the consumers need 128 for the accumulator.
 WS_LAUNCH_REGS = 65536 // WS_THREADS // 8 * 8
+SCHED_BYTES = 48  # MOE_GEMM_DYNAMIC's shared memory (Gemm.sched_offset)
+COUNTER_WORDS = 8  # MOE_GEMM_DYNAMIC's tile counters: words a host buffer (Host.tile_counter)
 
 
 def ws_register_split(text):
@@ -330,6 +356,14 @@ class Gemm:
             # full[s] at bar_offset + 8 s; with warp specialisation empty[s] follows
             self.bar_offset = self.cum_offset + (CUM_BYTES if sched == "varlen_m" else 0)  # 8-aligned
             self.launch_smem += 8 * self.stages * (2 if self.ws else 1)
+        # MOE_GEMM_DYNAMIC: the tile ids' ring after the barriers: ids[2], the producer
+        # warpgroup's next[2], then tile_full[2] and tile_empty[2] (mbarriers)
+        self.dynamic = self.ws and sched == "varlen_m" and (
+            DYNAMIC == "all" or (DYNAMIC == "rows" and epi == "store_bf16"))
+        self.idle_skip = self.dynamic and IDLE_SKIP == "1"
+        if self.dynamic:
+            self.sched_offset = self.bar_offset + 16 * self.stages
+            self.launch_smem += SCHED_BYTES
         if self.launch_smem > MAX_SMEM:
             sys.exit(f"gen_gpu_library.py: {name} needs {self.launch_smem} bytes of shared memory, "
                      f"over the {MAX_SMEM} a CTA gets on sm_90a (MOE_GEMM_PSTAGES={self.stages}?)")
@@ -374,6 +408,9 @@ def gemm_signature(g):
         args += [("dh", "memref<?xbf16>"), ("wa", "memref<?xbf16>")]
         if g.has_ds:
             args += [("dspart", "memref<?xf32>"), ("num_ntiles", "index")]
+    if g.dynamic:
+        # MOE_GEMM_DYNAMIC: word counter_slot of tile_counter, zero at the launch
+        args += [("tile_counter", "memref<?xi32>"), ("counter_slot", "index")]
     return args
 
 
@@ -537,6 +574,21 @@ def gen_gemm(g):
 
         def empty_bar(slot32):
             return gep3(bars, e.mul(e.add(slot32, c(stages, I32), I32), c(8, I32), I32))
+        if g.dynamic:
+            sched = gep3(sptr, c(g.sched_offset, I32))
+
+            def sched_word(base, j):
+                """the i32 (base 0: ids, 8: next) or mbarrier (16: full, 32: empty) at
+                entry j (an int or an i32) of the tile ring"""
+                if isinstance(j, int):
+                    return e.op(f"llvm.getelementptr {sched}[{base + (8 if base >= 16 else 4) * j}] : ({P3}) -> {P3}, i8")
+                return gep3(sched, e.add(c(base, I32), e.mul(j, c(8 if base >= 16 else 4, I32), I32), I32))
+
+            def tile_full(j):
+                return sched_word(16, j)
+
+            def tile_empty(j):
+                return sched_word(32, j)
         # the thread that arms full[s] and issues the TMA boxes
         is_t0 = e.cmp("eq", tid, c(GEMM_THREADS if g.ws else 0))
         e.if_begin(e.cmp("eq", tid, c(0)))
@@ -551,6 +603,12 @@ def gen_gemm(g):
             if g.ws:
                 bar = e.op(f"llvm.getelementptr {bars}[{8 * (stages + st)}] : ({P3}) -> {P3}, i8")
                 e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
+        if g.dynamic:
+            # tile_full[j]: the TMA thread's arrival with tile id j; tile_empty[j]: every
+            # consumer thread's once it has read it
+            for j in range(2):
+                e.emit(f"nvvm.mbarrier.init {tile_full(j)}, {c(1, I32)} : {P3}, i32")
+                e.emit(f"nvvm.mbarrier.init {tile_empty(j)}, {c(GEMM_THREADS, I32)} : {P3}, i32")
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
         # (not the row maps: with no rows they are null, and no k-step reads them)
@@ -1143,6 +1201,48 @@ def gen_gemm(g):
         wrap = e.cmp("eq", nxt, c(stages))
         return e.select(wrap, c(0), nxt), e.select(wrap, e.xor(ph, c(1, I32), I32), ph, I32)
 
+    def wg_busy(S):
+        """Whether warpgroup wg's 64 rows of the varlen-M tile hold any of the expert's, as
+        a vote of the warp: ptxas cannot tell that the comparison is the same in every
+        lane, and a k-loop under a branch it takes for divergent loses the uniform
+        datapath (session 18: its wgmma descriptors went through R2UR)."""
+        busy = e.cmp("ult", e.add(S["m0"], e.mul(wg, c(64))), S["m_end"])
+        return e.op(f"nvvm.vote.sync all {c(-1, I32)}, {busy} -> i1")
+
+    def mainloop_ws(S, slot0, ph0):
+        """kloop_ws, or with MOE_GEMM_IDLE_SKIP for a warpgroup that owns none of a
+        dynamically scheduled tile's rows, idle_kloop_ws."""
+        if not g.idle_skip:
+            return kloop_ws(S, slot0, ph0)
+        out, ty = e.fresh("wgk"), f"{ACC}, index, i32"
+        e.emit(f"{out}:3 = scf.if {wg_busy(S)} -> ({ty}) {{")
+        for loop in (kloop_ws, idle_kloop_ws):
+            e.indent += "  "
+            e.emit(f"scf.yield {', '.join(loop(S, slot0, ph0))} : {ty}")
+            e.indent = e.indent[:-2]
+            e.emit("} else {" if loop is kloop_ws else "}")
+        return f"{out}#0", f"{out}#1", f"{out}#2"
+
+    def idle_kloop_ws(S, slot0, ph0):
+        """The k-loop of a warpgroup with no rows in the tile: each slot is waited for
+        (so no release runs ahead of the producer's phase) and freed at once."""
+        res, kt, rs, ph = (e.fresh(h) for h in ("idle", "kt", "rs", "ph"))
+        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+               f"iter_args({rs} = {slot0}, {ph} = {ph0}) -> (index, i32) {{")
+        outer = e.indent
+        e.indent = outer + "  "
+        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
+        if_begin(e.cmp("eq", lane, c(0)))
+        e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(rs))} : {P3}")
+        if_end()
+        nslot, nph = advance(rs, ph)
+        e.emit(f"scf.yield {nslot}, {nph} : index, i32")
+        e.indent = outer
+        e.emit("}")
+        # zeros: an undefined accumulator (the epilogue stores none of its rows) made
+        # ptxas spill in down and dX
+        return e.op(f"llvm.mlir.zero : {ACC}", "acc"), f"{res}#0", f"{res}#1"
+
     def kloop_ws(S, slot0, ph0):
         """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
         the step before once its wgmma have completed. Returns the accumulator and the
@@ -1240,6 +1340,120 @@ def gen_gemm(g):
             e.indent = loop_indent
             e.emit("}")
 
+        def while_loop(hint, inits, types, passed_types, before, after):
+            """scf.while carrying `inits` (of `types`): before(values) emits the check and
+            returns (condition, values of passed_types passed on), after(those) the body
+            and returns the next values. Returns the loop's results (the passed values of
+            the last check)."""
+            out = e.fresh(hint)
+            args = [e.fresh(hint + "a") for _ in inits]
+            tys, ptys = ", ".join(types), ", ".join(passed_types)
+            e.emit(f"{out}:{len(passed_types)} = scf.while ({', '.join(f'{a} = {v}' for a, v in zip(args, inits))}) "
+                   f": ({tys}) -> ({ptys}) {{")
+            outer = e.indent
+            e.indent = outer + "  "
+            cond, passed = before(args)
+            e.emit(f"scf.condition({cond}) {', '.join(passed)} : {ptys}")
+            e.indent = outer
+            e.emit("} do {")
+            body = [e.fresh(hint + "b") for _ in passed_types]
+            e.emit(f"^bb0({', '.join(f'{b}: {t}' for b, t in zip(body, passed_types))}):")
+            e.indent = outer + "  "
+            nxt = after(body)
+            e.emit(f"scf.yield {', '.join(nxt)} : {tys}")
+            e.indent = outer
+            e.emit("}")
+            return [f"{out}#{j}" for j in range(len(passed_types))]
+
+        def advance_tile_ring(j, q):
+            """the tile ring's entry after j (of 2) and its parity"""
+            return e.xor(j, c(1)), e.select(e.cmp("eq", j, c(1)), e.xor(q, c(1, I32), I32), q, I32)
+        RING_TYPES = ["index", "index", "i32", "index", "i32"]  # tile, slot, parity, entry, parity
+
+        def uniform_tile(ptr):
+            """The tile id at ptr (shared), through redux.sync: its result is a uniform
+            register, where a value loaded from shared memory is a per-lane one, and
+            everything a tile derives from it (its k-steps, the ring slots after it)
+            would leave the uniform datapath: ptxas then turned each mbarrier arrive into
+            a loop over the lanes' addresses (R2UR, BRA.U.ANY)."""
+            t = e.op(f"llvm.load volatile {ptr} : {P3} -> i32")
+            t = e.op(f"nvvm.redux.sync umin {t}, {c(-1, I32)} : i32 -> i32")
+            return e.op(f"arith.index_castui {t} : i32 to index")
+
+        def producer_tiles_dynamic():
+            """MOE_GEMM_DYNAMIC, the producer warpgroup: publish tile t to the consumers
+            (a tile past the end: none left, and they stop), claim the next while t
+            loads, and pass it to the warpgroup through next[j] and barrier 2."""
+            slot_ptr = gep1(gptr(A["tile_counter"], "memref<?xi32>"),
+                            zext(e.mul(i32(A["counter_slot"]), c(4, I32), I32)))
+
+            def publish(t, j, q):
+                # (the whole warpgroup waits: a wait loop in thread 0's branch took the
+                # ring slots off the uniform datapath)
+                e.emit(f"nvvm.mbarrier.try_wait.parity {tile_empty(i32(j))}, {e.xor(q, c(1, I32), I32)}, "
+                       f"{c(0x989680, I32)} : {P3}, i32, i32")
+                if_begin(is_t0)
+                e.emit(f"llvm.store volatile {i32(t)}, {sched_word(0, i32(j))} : i32, {P3}")
+                e.emit(f"nvvm.mbarrier.arrive {tile_full(i32(j))} : {P3}")
+                if_end()
+
+            def claim(nxt_ptr):
+                """thread 0 takes the next tile from the counter into next[j] (the first
+                tiles are 0 .. grid - 1, one a CTA; the counter hands out the rest)"""
+                claimed = e.op(f"llvm.atomicrmw add {slot_ptr}, {c(1, I32)} monotonic : {P1}, i32")
+                e.emit(f"llvm.store volatile {e.add(claimed, i32(gridx), I32)}, {nxt_ptr} : i32, {P3}")
+
+            def produce(args):
+                t, sl, ph, j, q = args
+                nxt_ptr = sched_word(8, i32(j))
+                # The claim waits for the atomic's answer (about a microsecond): issued at
+                # the tile's start it held up every tile's first loads (ptxas waits for it
+                # before the k-loop). It goes after the loads of k-step min(numk, STAGES) - 1
+                # instead, where the producer next waits for a free slot anyway.
+                def after_step(S, kt):
+                    when = e.sub(e.minu(S["numk"], c(stages)), c(1))
+                    if_begin(e.op(f"arith.andi {is_t0}, {e.cmp('eq', kt, when)} : i1"))
+                    claim(nxt_ptr)
+                    if_end()
+
+                def after_loop(S):
+                    # a tile with no k-steps (past the experts' last) claims here
+                    if_begin(e.op(f"arith.andi {is_t0}, {e.cmp('eq', S['numk'], c(0))} : i1"))
+                    claim(nxt_ptr)
+                    if_end()
+                nsl, nph = producer_tile(t, sl, ph, after_step, after_loop)
+                # (next[j] is written again two tiles on, after every producer thread has
+                # passed the barrier of the tile between: no thread can still be reading it)
+                e.emit(f"nvvm.barrier id = {c(2, I32)} number_of_threads = {c(128, I32)}")
+                nxt = uniform_tile(nxt_ptr)
+                nj, nq = advance_tile_ring(j, q)
+                publish(nxt, nj, nq)
+                return [nxt, nsl, nph, nj, nq]
+            # (published at the end of the tile before, as the consumers receive it)
+            publish(bid, c(0), c(0, I32))
+            while_loop("pt", [bid, c(0), c(0, I32), c(0), c(0, I32)], RING_TYPES, RING_TYPES,
+                       lambda args: (e.cmp("ult", args[0], total), args), produce)
+
+        def consumer_tiles_dynamic():
+            """MOE_GEMM_DYNAMIC, the consumer warpgroups: the tiles the producer publishes,
+            until one past the end. Each tile's id is received at the end of the tile
+            before: a loop whose check waits on an mbarrier took the ring slots off the
+            uniform datapath (ptxas then sees the loop's exit as divergent)."""
+            def receive(j, q):
+                e.emit(f"nvvm.mbarrier.try_wait.parity {tile_full(i32(j))}, {q}, {c(0x989680, I32)} : {P3}, i32, i32")
+                t = uniform_tile(sched_word(0, i32(j)))
+                e.emit(f"nvvm.mbarrier.arrive {tile_empty(i32(j))} : {P3}")
+                return [t, *advance_tile_ring(j, q)]
+
+            def consume(args):
+                t, sl, ph, j, q = args
+                nsl, nph = consumer_tile(t, sl, ph)
+                nt, nj, nq = receive(j, q)
+                return [nt, nsl, nph, nj, nq]
+            first, j1, q1 = receive(c(0), c(0, I32))
+            while_loop("ct", [first, c(0), c(0, I32), j1, q1], RING_TYPES, RING_TYPES,
+                       lambda args: (e.cmp("ult", args[0], total), args), consume)
+
         def produce_step(S, kt, slot, parity, srcs):
             """One k-step of the producer: wait for the slot to be free, then issue its
             copies from the rows srcs() gives. Returns the ring position after it."""
@@ -1299,7 +1513,9 @@ def gen_gemm(g):
             e.indent = e.indent[:-2]
             e.emit("}")
 
-        def producer_tile(t, sl, ph):
+        def producer_tile(t, sl, ph, after_step=None, after_loop=None):
+            """The producer's k-steps of tile t; after_step(S, kt) and after_loop(S), if
+            given, emit code after each and after the last."""
             S = setup(t)
             kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
             e.emit(f"{kout}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
@@ -1308,14 +1524,18 @@ def gen_gemm(g):
             # the token ids first: their loads overlap the wait for the slot
             srcs = load_rows(S, kt)
             nslot, nph = produce_step(S, kt, ksl, kph, lambda: srcs)
+            if after_step:
+                after_step(S, kt)
             e.emit(f"scf.yield {nslot}, {nph} : index, i32")
             e.indent = e.indent[:-2]
             e.emit("}")
+            if after_loop:
+                after_loop(S)
             return f"{kout}#0", f"{kout}#1"
 
         def consumer_tile(t, sl, ph):
             S = setup(t)
-            acc, nsl, nph = kloop_ws(S, sl, ph)
+            acc, nsl, nph = mainloop_ws(S, sl, ph)
             if_begin(S["valid"])
             if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row
@@ -1347,6 +1567,8 @@ def gen_gemm(g):
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
         if g.sched == "varlen_k" and (g.gather_a or g.gather_b):
             producer_tiles_pipelined()
+        elif g.dynamic:
+            producer_tiles_dynamic()
         else:
             tile_loop("pt", producer_tile)
         # the last copies land before the warpgroup exits
@@ -1355,7 +1577,10 @@ def gen_gemm(g):
         e.emit("} else {")
         e.indent += "  "
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
-        tile_loop("ct", consumer_tile)
+        if g.dynamic:
+            consumer_tiles_dynamic()
+        else:
+            tile_loop("ct", consumer_tile)
         if g.bulk_store:
             # the last tile's copies complete before the CTA (and its shared memory) goes
             e.emit("nvvm.cp.async.bulk.wait_group 0")
@@ -2572,6 +2797,9 @@ class Host:
         self.name = name
         self.args = args
         self.tok = "%token"
+        # MOE_GEMM_DYNAMIC's tile counters: buffers of COUNTER_WORDS zeroed words, one a
+        # launch, freed at the end of the function
+        self.counters, self.counter_words_used = [], COUNTER_WORDS
 
     def c(self, v, ty="index"):
         return self.e.const(v, ty)
@@ -2602,6 +2830,16 @@ class Host:
         e.emit(f"{buf}, {tok} = gpu.alloc async [{self.tok}] ({size}) : memref<?x{elt}>")
         self.tok = tok
         return buf
+
+    def tile_counter(self):
+        """(buffer, word) of a zeroed tile counter for one launch of a dynamic GEMM."""
+        if self.counter_words_used == COUNTER_WORDS:
+            buf = self.alloc(self.c(COUNTER_WORDS), "i32")
+            self.tok = self.e.op(f"gpu.memset async [{self.tok}] {buf}, {self.c(0, 'i32')} : memref<?xi32>, i32", "t")
+            self.counters.append(buf)
+            self.counter_words_used = 0
+        self.counter_words_used += 1
+        return self.counters[-1], self.c(self.counter_words_used - 1)
 
     def dealloc(self, buf, elt):
         self.tok = self.e.op(f"gpu.dealloc async [{self.tok}] {buf} : memref<?x{elt}>", "t")
@@ -2687,6 +2925,9 @@ class Host:
             f"threads in ({threads}, {one}, {one}){sm} args({arglist})", "t")
 
     def text(self):
+        for buf in self.counters:
+            self.dealloc(buf, "i32")
+        self.counters = []
         args = ", ".join(f"%{n}: {t}" for n, t in self.args)
         head = f"  func.func private @__moe_gpu_{self.name}(%token: !gpu.async.token, {args}) -> !gpu.async.token {{"
         return "\n".join([head] + [l.replace("      ", "    ", 1) for l in self.e.const_lines]
@@ -2713,6 +2954,9 @@ def gemm_args(h, kernel, values):
     if g.tma_store_rows:
         values = dict(values, cmap=h.rows_map(values["cout"], values["dim_m"], values["dim_n"],
                                               values["ldc"], BM))
+    if g.dynamic:
+        counter, slot = h.tile_counter()
+        values = dict(values, tile_counter=counter, counter_slot=slot)
     out = []
     for name, ty in gemm_signature(g):
         out.append((values[name], ty))

@@ -35,6 +35,12 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk
 // RUN: %ptxas -arch=sm_90a -v %t.bulk.moe_kernels.ptx -o %t.bulk.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.bulk.txt
 // RUN: FileCheck %s --check-prefix=BULK --input-file=%t.bulk.moe_kernels.ptx
+// RUN: env MOE_GEMM_DYNAMIC=all %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.dyn.mlir
+// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.dyn.mlir > %t.dyn.ops.mlir
+// RUN: mlir-opt %t.dyn.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.dyn.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.dyn.isa.mlir %t.dyn
+// RUN: %ptxas -arch=sm_90a -v %t.dyn.moe_kernels.ptx -o %t.dyn.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.dyn.txt
+// RUN: FileCheck %s --check-prefix=DYN --input-file=%t.dyn.moe_kernels.ptx
 
 // The gathered kernels launch with 168 registers a thread (384 threads) and move them
 // with setmaxnreg; the row-wise ones keep the 256-thread kernel.
@@ -101,3 +107,21 @@
 // BULK-LABEL: .entry moe_gemm_wgrad_gather_a(
 // BULK-NOT: cp.async.bulk.tensor
 // BULK: cp.async.bulk.global.shared::cta.bulk_group
+
+// MOE_GEMM_DYNAMIC=all (with the idle-warpgroup skip): the varlen-M GEMMs claim tiles from
+// the counter, pass them on through barrier 2 of the producer warpgroup and read them
+// through redux.sync; the weight gradients keep the static schedule.
+// DYN-LABEL: .entry moe_gemm_up_gather(
+// DYN-DAG: atom.global.add.u32
+// DYN-DAG: bar.sync 2, 128;
+// DYN-DAG: redux.sync.min.u32
+// DYN-DAG: vote.sync.all.pred
+// DYN-LABEL: .entry moe_gemm_rows_mn_bf16(
+// DYN-DAG: atom.global.add.u32
+// DYN-DAG: redux.sync.min.u32
+// DYN-LABEL: .entry moe_gemm_rows_k_bf16(
+// DYN-DAG: atom.global.add.u32
+// DYN-DAG: redux.sync.min.u32
+// DYN-LABEL: .entry moe_gemm_wgrad_gather(
+// DYN-NOT: atom.global.add
+// DYN: .entry

@@ -146,17 +146,6 @@ DACT_UNROLL_TEXT = os.environ.get("MOE_GEMM_DACT_UNROLL", "4")
 if DACT_UNROLL_TEXT not in ("1", "2", "4", "8"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_UNROLL={DACT_UNROLL_TEXT!r}: expected 1, 2, 4 or 8")
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
-# MOE_GEMM_DACT_STAGGER=P (percent, default 0): the dSwiGLU GEMM runs a CTA a tile, every
-# tile as long as the next, so all SMs load H and store dH and w*a (320 KiB a tile) at the
-# same moments and multiply at the same moments. The first wave's odd raster groups start
-# P% of a k-loop late (nanosleep, DACT_KSTEP_NS a k-step), and the hardware's block
-# scheduler keeps the offset for the waves after: half the SMs' epilogues then overlap the
-# other half's k-loops.
-DACT_STAGGER_TEXT = os.environ.get("MOE_GEMM_DACT_STAGGER", "0")
-if not DACT_STAGGER_TEXT.isdigit() or int(DACT_STAGGER_TEXT) > 100:
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_STAGGER={DACT_STAGGER_TEXT!r}: expected a percentage, 0-100")
-DACT_STAGGER = int(DACT_STAGGER_TEXT)
-DACT_KSTEP_NS = 750  # a 128x256x64 k-step at about 5.6 TFLOP/s an SM
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -1628,24 +1617,6 @@ def gen_gemm(g):
         e.emit("nvvm.cp.async.wait.group 0")
     else:
         S = setup(bid)
-        if g.epi == "dswiglu" and DACT_STAGGER:
-            # the first wave's odd raster groups start DACT_STAGGER % of a k-loop late
-            late = e.op(f"arith.andi {e.cmp('ult', bid, c(NUM_CTAS))}, "
-                        f"{e.cmp('eq', e.rem(e.div(bid, c(GROUP_M)), c(2)), c(1))} : i1")
-            if_begin(late)
-            # by the global timer (nanosleep alone may return at once)
-            ns = e.op(f"arith.index_cast {e.mul(S['numk'], c(DACT_KSTEP_NS * DACT_STAGGER // 100))} : index to i64")
-            t0 = e.op("nvvm.read.ptx.sreg.globaltimer : i64")
-            e.emit("scf.while : () -> () {")
-            e.indent += "  "
-            now = e.op("nvvm.read.ptx.sreg.globaltimer : i64")
-            e.emit(f"scf.condition({e.cmp('ult', e.sub(now, t0, 'i64'), ns, 'i64')})")
-            e.indent = e.indent[:-2]
-            e.emit("} do {")
-            e.emit(f"  nvvm.nanosleep {c(256, I32)}")
-            e.emit("  scf.yield")
-            e.emit("}")
-            if_end()
         prologue(S)
         acc, _ = mainloop(S, c(0, I32))
         if_begin(S["valid"])

@@ -1214,14 +1214,8 @@ def gen_gemm(g):
         dynamically scheduled tile's rows, idle_kloop_ws."""
         if not g.idle_skip:
             return kloop_ws(S, slot0, ph0)
-        out, ty = e.fresh("wgk"), f"{ACC}, index, i32"
-        e.emit(f"{out}:3 = scf.if {wg_busy(S)} -> ({ty}) {{")
-        for loop in (kloop_ws, idle_kloop_ws):
-            e.indent += "  "
-            e.emit(f"scf.yield {', '.join(loop(S, slot0, ph0))} : {ty}")
-            e.indent = e.indent[:-2]
-            e.emit("} else {" if loop is kloop_ws else "}")
-        return f"{out}#0", f"{out}#1", f"{out}#2"
+        return e.if_values(wg_busy(S), [ACC, "index", "i32"], lambda: list(kloop_ws(S, slot0, ph0)),
+                           lambda: list(idle_kloop_ws(S, slot0, ph0)), "wgk")
 
     def idle_kloop_ws(S, slot0, ph0):
         """The k-loop of a warpgroup with no rows in the tile: each slot is waited for

@@ -579,9 +579,7 @@ def gen_gemm(g):
 
             def sched_word(base, j):
                 """the i32 (base 0: ids, 8: next) or mbarrier (16: full, 32: empty) at
-                entry j (an int or an i32) of the tile ring"""
-                if isinstance(j, int):
-                    return e.op(f"llvm.getelementptr {sched}[{base + (8 if base >= 16 else 4) * j}] : ({P3}) -> {P3}, i8")
+                entry j (an i32) of the tile ring"""
                 return gep3(sched, e.add(c(base, I32), e.mul(j, c(8 if base >= 16 else 4, I32), I32), I32))
 
             def tile_full(j):
@@ -607,8 +605,8 @@ def gen_gemm(g):
             # tile_full[j]: the TMA thread's arrival with tile id j; tile_empty[j]: every
             # consumer thread's once it has read it
             for j in range(2):
-                e.emit(f"nvvm.mbarrier.init {tile_full(j)}, {c(1, I32)} : {P3}, i32")
-                e.emit(f"nvvm.mbarrier.init {tile_empty(j)}, {c(GEMM_THREADS, I32)} : {P3}, i32")
+                e.emit(f"nvvm.mbarrier.init {tile_full(c(j, I32))}, {c(1, I32)} : {P3}, i32")
+                e.emit(f"nvvm.mbarrier.init {tile_empty(c(j, I32))}, {c(GEMM_THREADS, I32)} : {P3}, i32")
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
         # (not the row maps: with no rows they are null, and no k-step reads them)
@@ -1334,30 +1332,26 @@ def gen_gemm(g):
             e.indent = loop_indent
             e.emit("}")
 
-        def while_loop(hint, inits, types, passed_types, before, after):
-            """scf.while carrying `inits` (of `types`): before(values) emits the check and
-            returns (condition, values of passed_types passed on), after(those) the body
-            and returns the next values. Returns the loop's results (the passed values of
-            the last check)."""
+        def tile_while(hint, inits, body):
+            """scf.while over the tiles: carries `inits` (RING_TYPES: the tile first) while
+            the tile is below `total`; body(values) emits a tile and returns the next
+            values."""
             out = e.fresh(hint)
             args = [e.fresh(hint + "a") for _ in inits]
-            tys, ptys = ", ".join(types), ", ".join(passed_types)
-            e.emit(f"{out}:{len(passed_types)} = scf.while ({', '.join(f'{a} = {v}' for a, v in zip(args, inits))}) "
-                   f": ({tys}) -> ({ptys}) {{")
+            tys = ", ".join(RING_TYPES)
+            e.emit(f"{out}:{len(inits)} = scf.while ({', '.join(f'{a} = {v}' for a, v in zip(args, inits))}) "
+                   f": ({tys}) -> ({tys}) {{")
             outer = e.indent
             e.indent = outer + "  "
-            cond, passed = before(args)
-            e.emit(f"scf.condition({cond}) {', '.join(passed)} : {ptys}")
+            e.emit(f"scf.condition({e.cmp('ult', args[0], total)}) {', '.join(args)} : {tys}")
             e.indent = outer
             e.emit("} do {")
-            body = [e.fresh(hint + "b") for _ in passed_types]
-            e.emit(f"^bb0({', '.join(f'{b}: {t}' for b, t in zip(body, passed_types))}):")
+            values = [e.fresh(hint + "b") for _ in inits]
+            e.emit(f"^bb0({', '.join(f'{v}: {t}' for v, t in zip(values, RING_TYPES))}):")
             e.indent = outer + "  "
-            nxt = after(body)
-            e.emit(f"scf.yield {', '.join(nxt)} : {tys}")
+            e.emit(f"scf.yield {', '.join(body(values))} : {tys}")
             e.indent = outer
             e.emit("}")
-            return [f"{out}#{j}" for j in range(len(passed_types))]
 
         def advance_tile_ring(j, q):
             """the tile ring's entry after j (of 2) and its parity"""
@@ -1425,8 +1419,7 @@ def gen_gemm(g):
                 return [nxt, nsl, nph, nj, nq]
             # (published at the end of the tile before, as the consumers receive it)
             publish(bid, c(0), c(0, I32))
-            while_loop("pt", [bid, c(0), c(0, I32), c(0), c(0, I32)], RING_TYPES, RING_TYPES,
-                       lambda args: (e.cmp("ult", args[0], total), args), produce)
+            tile_while("pt", [bid, c(0), c(0, I32), c(0), c(0, I32)], produce)
 
         def consumer_tiles_dynamic():
             """MOE_GEMM_DYNAMIC, the consumer warpgroups: the tiles the producer publishes,
@@ -1445,8 +1438,7 @@ def gen_gemm(g):
                 nt, nj, nq = receive(j, q)
                 return [nt, nsl, nph, nj, nq]
             first, j1, q1 = receive(c(0), c(0, I32))
-            while_loop("ct", [first, c(0), c(0, I32), j1, q1], RING_TYPES, RING_TYPES,
-                       lambda args: (e.cmp("ult", args[0], total), args), consume)
+            tile_while("ct", [first, c(0), c(0, I32), j1, q1], consume)
 
         def produce_step(S, kt, slot, parity, srcs):
             """One k-step of the producer: wait for the slot to be free, then issue its

@@ -107,18 +107,6 @@ if DYNAMIC not in ("0", "rows", "all"):
 IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "1")
 if IDLE_SKIP not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
-# MOE_GEMM_PINGPONG=1: the experts' weight gradients with a gathered operand (the kernels of
-# MOE_GEMM_TMA_STORE) run ping-pong: each consumer warpgroup takes a 64x256 tile of its
-# own, the CTA's tiles alternately, so one warpgroup's drain, stmatrix and box stores run
-# under the other's wgmma (CUTLASS's ping-pong kernel). A tile's ring slots hold 64 of A's
-# columns (8 KiB) and all of B's (32 KiB), MOE_GEMM_PP_STAGES of them; each warpgroup stages
-# its C in four 64x64 boxes of its own. It reads 1.67x the operand bytes a FLOP of the
-# 128x256 tile, so it pays only where a tile's k-loop is short (an expert's few tokens:
-# deepseek-v3), docs/perf.md session 24. 0 (the default): both warpgroups on a 128x256 tile.
-PINGPONG = os.environ.get("MOE_GEMM_PINGPONG", "0")
-if PINGPONG not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_PINGPONG={PINGPONG!r}: expected 0 or 1")
-PP_STAGES = int(os.environ.get("MOE_GEMM_PP_STAGES", "4"))
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -345,14 +333,8 @@ class Gemm:
         # next expert's rows) row by row
         self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
-        # MOE_GEMM_PINGPONG: a warpgroup's own 64-row tile; C's staging is then two
-        # warpgroups' 64x256, the STAGE_C_BYTES of one 128x256 tile
-        self.pingpong = self.tma_store and PINGPONG == "1"
-        self.bm = BM // 2 if self.pingpong else BM
-        self.a_tile_bytes = self.bm * BK * 2
-        self.stage_bytes = self.a_tile_bytes + B_TILE_BYTES
-        self.stages = PP_STAGES if self.pingpong else P_STAGES if self.persistent else STAGES
-        ring = self.stages * self.stage_bytes
+        self.stages = P_STAGES if self.persistent else STAGES
+        ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
         if self.ws:
             # C's staging buffer follows the ring: the producer may refill every slot
@@ -454,8 +436,7 @@ def gen_gemm(g):
     bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
     ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
     # M-tiles as the host counts them: varlen_m adds one tile an expert for the rounding
-    bm = g.bm
-    mtiles = e.div(e.add(A["dim_m"], c(bm - 1)), c(bm))
+    mtiles = e.div(e.add(A["dim_m"], c(BM - 1)), c(BM))
     if g.sched == "varlen_m":
         mtiles = e.add(mtiles, A["num_experts"])
         total = e.mul(mtiles, ntiles)
@@ -488,9 +469,7 @@ def gen_gemm(g):
     # K-major tile (A: 128 rows, B w_k: 256 rows) x 8 chunks of 16 B; thread t
     # copies chunk t%8 of rows t/8 + RS_K i. The 128B swizzle puts chunk c of row
     # r at c ^ (r % 8); r % 8 = (t/8) % 8 for every i.
-    # MN-major A tile (mn): a_boxes boxes of 64 columns (two; one with MOE_GEMM_PINGPONG)
-    a_boxes = bm // 64
-    RS_K, RS_A, RS_B = ncopy // 8, ncopy // (8 * a_boxes), ncopy // 32
+    RS_K, RS_A, RS_B = ncopy // 8, ncopy // 16, ncopy // 32
     kchunk = e.rem(ctid, c(8))
     krow = e.div(ctid, c(8))
     kswz = e.xor(kchunk, e.rem(krow, c(8)))
@@ -507,12 +486,12 @@ def gen_gemm(g):
         row = e.add(mrow, c(first_row))
         swz = e.xor(mcc, e.rem(row, c(8)))
         return e.add(e.add(e.mul(mbox, c(4096)), e.mul(row, c(64))), e.mul(swz, c(8)))
-    # MN-major A tile (mn): 64 K-rows x a_boxes boxes of 64 columns x 8 chunks; thread t
-    # copies chunk t%(8 a_boxes) (box (t%(8 a_boxes))/8) of K-rows t/(8 a_boxes) + RS_A i.
-    achunk = e.rem(ctid, c(8 * a_boxes))
+    # MN-major A tile (mn): 64 K-rows x 2 boxes of 64 columns x 8 chunks; thread t
+    # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + RS_A i.
+    achunk = e.rem(ctid, c(16))
     abox = e.div(achunk, c(8))
     acc8 = e.rem(ctid, c(8))
-    arow = e.div(ctid, c(8 * a_boxes))
+    arow = e.div(ctid, c(16))
     a_soff_mn = e.add(e.add(e.mul(abox, c(4096)), e.mul(arow, c(64))),
                       e.mul(e.xor(acc8, e.rem(arow, c(8))), c(8)))
 
@@ -582,10 +561,10 @@ def gen_gemm(g):
         # the B tile of ring slot 0; the TMA boxes write the same 128B-swizzled image
         # as the copies: 64-column boxes 8 KiB apart (MN-major), or one box of 256
         # K-major rows
-        b_tile0 = gep3(sptr, c(g.a_tile_bytes, I32))
+        b_tile0 = gep3(sptr, c(A_TILE_BYTES, I32))
     else:
         # rows_mn: this thread's chunk of K-rows mrow + RS_B i (two swizzles if RS_B = 4)
-        b_dst0 = [gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(g.a_tile_bytes, I32), I32))
+        b_dst0 = [gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(A_TILE_BYTES, I32), I32))
                   for p in range(1 if RS_B % 8 == 0 else 8 // RS_B)]
     if g.tma_b or g.ws:
         bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s, empty[s] after
@@ -621,9 +600,7 @@ def gen_gemm(g):
             e.emit(f"nvvm.mbarrier.init {bar}, {c(full_count, I32)} : {P3}, i32")
             if g.ws:
                 bar = e.op(f"llvm.getelementptr {bars}[{8 * (stages + st)}] : ({P3}) -> {P3}, i8")
-                # (ping-pong: one warpgroup reads a slot)
-                readers = GEMM_THREADS // 32 // (2 if g.pingpong else 1)
-                e.emit(f"nvvm.mbarrier.init {bar}, {c(readers, I32)} : {P3}, i32")
+                e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
         if g.dynamic:
             # tile_full[j]: the TMA thread's arrival with tile id j; tile_empty[j]: every
             # consumer thread's once it has read it
@@ -644,10 +621,8 @@ def gen_gemm(g):
     # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile: 64 K-major rows,
     # or MN-major box wg
     a_desc_const = DESC_MNMAJOR if g.a == "mn" else DESC_KMAJOR
-    # (ping-pong: each warpgroup multiplies the slot's one box, of its own tile)
-    a_first = sbase if g.pingpong else e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64")
-    desc_a0 = desc(a_first, a_desc_const)
-    desc_b0 = desc(e.add(sbase, c(g.a_tile_bytes, "i64"), "i64"), b_desc_const)
+    desc_a0 = desc(e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64"), a_desc_const)
+    desc_b0 = desc(e.add(sbase, c(A_TILE_BYTES, "i64"), "i64"), b_desc_const)
 
     SI = f"memref<?xi32, {WG}>"
     if g.sched == "varlen_m":
@@ -735,7 +710,7 @@ def gen_gemm(g):
         else:
             valid = e.cmp("ult", t, total)
             expert = e.select(valid, e.op(f"arith.index_castui {e.div(t32, per, I32)} : i32 to index"), c(0))
-            S["m0"] = e.mul(bx, c(bm))
+            S["m0"] = e.mul(bx, c(BM))
             S["m_end"] = A["dim_m"]
             S["n0"] = e.mul(by, c(BN))
             elo = e.load_i32_as_index(A["offsets"], expert)
@@ -794,14 +769,11 @@ def gen_gemm(g):
     if g.ws and g.sched == "varlen_k" and (g.gather_a or g.gather_b):
         pwarp, plane = e.div(ctid, c(32)), lane
         id_lane_ok = e.cmp("ult", plane, c(16))
-        # K-rows a warp's A copies cover in one pass (2; 4 with one box)
-        rows_per_warp = 32 // (8 * a_boxes)
         if g.gather_a:
-            # warp w copies K-rows rw w + lane/(8 a_boxes) + RS_A i (rw = rows_per_warp);
-            # lane j loads row rw w + j%rw + RS_A (j/rw): 16 lanes, every row once
-            assert rows_per_warp * (64 // RS_A) == 16
-            id_row_a = i32(e.add(e.add(e.mul(pwarp, c(rows_per_warp)), e.rem(plane, c(rows_per_warp))),
-                                 e.mul(e.div(plane, c(rows_per_warp)), c(RS_A))))
+            # warp w copies K-rows 2w + lane/16 + RS_A i; lane j loads row 2w + j%2 + 8 (j/2)
+            assert RS_A == 8
+            id_row_a = i32(e.add(e.add(e.mul(pwarp, c(2)), e.rem(plane, c(2))),
+                                 e.mul(e.div(plane, c(2)), c(RS_A))))
         if g.gather_b:
             # warp w copies K-rows w + RS_B i; lane j loads row w + RS_B j
             assert RS_B == 4
@@ -848,9 +820,8 @@ def gen_gemm(g):
         if g.gather_a:
             # K-rows k0 + t/16 + RS_A i; past the expert's end there is no token id
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
-            half = i32(e.div(lane, c(8 * a_boxes))) if lane_ids is not None else None
-            rows["a"] = gathered_rows("a", arow32, RS_A, kleft,
-                                      lambda i: e.add(c(rows_per_warp * i, I32), half, I32))
+            half = i32(e.div(lane, c(16))) if lane_ids is not None else None
+            rows["a"] = gathered_rows("a", arow32, RS_A, kleft, lambda i: e.add(c(2 * i, I32), half, I32))
         if g.b == "rows_mn":
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
             if g.gather_b:
@@ -874,18 +845,18 @@ def gen_gemm(g):
         bar = full_bar(i32(slot))
 
         def load_boxes():
-            tx = (g.a_tile_bytes if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
+            tx = (A_TILE_BYTES if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
             # the slot may last have been written by cp.async (generic proxy); the boxes
             # write it through the async proxy
             e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(tx, I32)} : {P3}, i32")
             row = e.add(i32(S["elo"]), k0, I32)
             boxes = []
-            if g.tma_rows_a:  # A: bm columns m0 + 64 j, MN-major
+            if g.tma_rows_a:  # A: 128 columns m0 + 64 j, MN-major
                 boxes += [(A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
-                          for j in range(a_boxes)]
+                          for j in range(2)]
             if g.tma_rows_b:  # B: 256 columns n0 + 64 j
-                boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), g.a_tile_bytes + j * 64 * 64 * 2)
+                boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), A_TILE_BYTES + j * 64 * 64 * 2)
                           for j in range(4)]
             for tmap, col, off in boxes:
                 dst = gep3(sptr, e.add(slot_bytes, c(off, I32), I32))
@@ -902,7 +873,7 @@ def gen_gemm(g):
         if srcs is None:
             srcs = load_rows(S, kt)
         k0 = e.mul(i32(kt), c(BK, I32), I32)
-        slot_bytes = e.mul(i32(slot), c(g.stage_bytes, I32), I32)
+        slot_bytes = e.mul(i32(slot), c(STAGE_BYTES, I32), I32)
         koff = zext(e.mul(k0, c(2, I32), I32))
         adst = gep3(a_dst0, slot_bytes)
         partial = None
@@ -992,7 +963,7 @@ def gen_gemm(g):
         slot of the step before may be refilled)."""
         a_layout = "col" if g.a == "mn" else "row"
         b_layout = "col" if g.b == "w_k" else "row"
-        soff = e.mul(i64(rs), c(g.stage_bytes // 16, "i64"), "i64")
+        soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
         da_s = e.add(desc_a0, soff, "i64")
         db_s = e.add(desc_b0, soff, "i64")
         e.emit("nvvm.wgmma.fence.aligned")
@@ -1049,11 +1020,7 @@ def gen_gemm(g):
 
     # Accumulator value v of warpgroup wg sits at row 64*wg + 16*(warp%4) +
     # lane/4 + 8*((v/2)%2) and column 8*(v/4) + 2*(lane%4) + v%2 of the tile.
-    # the warp's 16 rows (ping-pong: of its warpgroup's 64-row tile)
-    if g.pingpong:
-        warp_row0 = e.mul(e.rem(warp, c(4)), c(16))
-    else:
-        warp_row0 = e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16)))
+    warp_row0 = e.add(e.mul(wg, c(64)), e.mul(e.rem(warp, c(4)), c(16)))  # the warp's 16 rows
     qrow = e.add(warp_row0, e.div(lane, c(4)))
     qcol = e.mul(e.rem(lane, c(4)), c(2))
 
@@ -1177,12 +1144,9 @@ def gen_gemm(g):
             return lambda j: gep3(base, c(j * V * 2, I32)) if j else base
         stmatrix_tile(acc, place)
 
-    # MOE_GEMM_TMA_STORE's staging boxes: bm rows of 64 columns (128 bytes)
-    box_bytes = bm * 128
-
     def stage_boxes_stmatrix(stage_ptr, acc):
         """MOE_GEMM_TMA_STORE: C into four 128x64 boxes of 128-byte rows (box b: columns
-        64 b + [0, 64), box_bytes apart), 128B-swizzled as the TMA store reads them:
+        64 b + [0, 64), TMA_BOX_BYTES apart), 128B-swizzled as the TMA store reads them:
         16-byte group q of row r at q ^ (r % 8). Lane l's row is r % 8 = l % 8 and its group
         j + l / 16 with j even, so its swizzled group is (j % 8) ^ (l / 16 ^ l % 8): four
         offsets a lane."""
@@ -1190,19 +1154,19 @@ def gen_gemm(g):
             w = e.xor(e.div(lane, c(16)), e.rem(lane, c(8)))
             base = gep3(stage_ptr, i32(e.mul(row, c(128))))
             group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
-            boxes = [gep3(base, c(b * box_bytes, I32)) if b else base for b in range(BN // 64)]
+            boxes = [gep3(base, c(b * TMA_BOX_BYTES, I32)) if b else base for b in range(BN // 64)]
             return lambda j: gep3(boxes[j // 8], group_off[(j % 8) // 2])
         stmatrix_tile(acc, place)
 
     def tma_store_boxes(S, stage_ptr):
-        """MOE_GEMM_TMA_STORE: consumer thread 0 (ping-pong: each warpgroup's first) stores
-        the four boxes to expert e's block of C (or to rows m0 + [0, 128) of the varlen-M
-        GEMMs' C); the map clips rows past M and columns past N."""
-        if_begin(e.cmp("eq", e.rem(tid, c(128)) if g.pingpong else tid, c(0)))
+        """MOE_GEMM_TMA_STORE: consumer thread 0 stores the four boxes to expert e's block
+        of C (or to rows m0 + [0, 128) of the varlen-M GEMMs' C); the map clips rows past
+        M and columns past N."""
+        if_begin(e.cmp("eq", tid, c(0)))
         m0, n0 = i32(S["m0"]), i32(S["n0"])
         ex = [i32(S["expert"])] if g.tma_store else []
         for b in range(BN // 64):
-            src = gep3(stage_ptr, c(b * box_bytes, I32)) if b else stage_ptr
+            src = gep3(stage_ptr, c(b * TMA_BOX_BYTES, I32)) if b else stage_ptr
             col = e.add(n0, c(64 * b, I32), I32) if b else n0
             e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
                    f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}")
@@ -1243,11 +1207,11 @@ def gen_gemm(g):
         busy = e.cmp("ult", e.add(S["m0"], e.mul(wg, c(64))), S["m_end"])
         return e.op(f"nvvm.vote.sync all {c(-1, I32)}, {busy} -> i1")
 
-    def mainloop_ws(S, slot0, ph0, loaded=None):
+    def mainloop_ws(S, slot0, ph0):
         """kloop_ws, or with MOE_GEMM_IDLE_SKIP for a warpgroup that owns none of a
         dynamically scheduled tile's rows, idle_kloop_ws."""
         if not g.idle_skip:
-            return kloop_ws(S, slot0, ph0, loaded)
+            return kloop_ws(S, slot0, ph0)
         return e.if_values(wg_busy(S), [ACC, "index", "i32"], lambda: list(kloop_ws(S, slot0, ph0)),
                            lambda: list(idle_kloop_ws(S, slot0, ph0)), "wgk")
 
@@ -1271,11 +1235,10 @@ def gen_gemm(g):
         # ptxas spill in down and dX
         return e.op(f"llvm.mlir.zero : {ACC}", "acc"), f"{res}#0", f"{res}#1"
 
-    def kloop_ws(S, slot0, ph0, loaded=None):
+    def kloop_ws(S, slot0, ph0):
         """A consumer's k-loop: wait for full[slot], multiply, and release the slot of
         the step before once its wgmma have completed. Returns the accumulator and the
-        ring position (slot, parity) after the tile. loaded(), if given (varlen_k only),
-        emits code where the tile's last full[slot] has been waited for.
+        ring position (slot, parity) after the tile.
 
         The weight gradients' K (an expert's tokens) ends inside its last k-step, whose
         rows past the end are zero-filled: that step runs apart, after the loop, with
@@ -1316,7 +1279,6 @@ def gen_gemm(g):
         looped = e.cmp("ugt", nloop, c(0))
         acc, slot, parity, last = (f"{res}#{j}" for j in range(4))
         if g.sched != "varlen_k":
-            assert loaded is None
             e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
             release(looped, last)
             return acc, slot, parity
@@ -1332,16 +1294,12 @@ def gen_gemm(g):
 
         def tail():
             wait_full(slot, parity)
-            if loaded:
-                loaded()
             tail_acc = partial_step(1)
             release(looped, last)
             release(c(1, "i1"), slot)
             return [tail_acc, *advance(slot, parity)]
 
         def no_tail():
-            if loaded:
-                loaded()
             e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
             release(looped, last)
             return [acc, slot, parity]
@@ -1561,24 +1519,21 @@ def gen_gemm(g):
                 after_loop(S)
             return f"{kout}#0", f"{kout}#1"
 
-        def consumer_tile(t, sl, ph, barrier=consumer_barrier, staging=stage_ptr, loaded=None):
-            """Tile t from ring position (sl, ph): the k-loop (loaded: kloop_ws's), then C
-            through `staging`, the threads that write it synchronised by barrier(); returns
-            the position after."""
+        def consumer_tile(t, sl, ph):
             S = setup(t)
-            acc, nsl, nph = mainloop_ws(S, sl, ph, loaded)
+            acc, nsl, nph = mainloop_ws(S, sl, ph)
             if_begin(S["valid"])
             if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row
                 e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
-            barrier()  # the last tile's stores have read the staging buffer
+            consumer_barrier()  # the last tile's stores have read the staging buffer
             if g.bulk_store:
                 def store(by_boxes):
-                    (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(staging, acc)
+                    (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)
                     # the generic-proxy writes, visible to the bulk copies (async proxy)
                     e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
-                    barrier()
-                    (tma_store_boxes if by_boxes else bulk_store_rows)(S, staging)
+                    consumer_barrier()
+                    (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)
                 if g.tma_store_rows:
                     # (a branch the whole consumer warpgroup pair takes alike)
                     whole = e.cmp("ule", e.add(S["m0"], c(BM)), S["m_end"])
@@ -1593,63 +1548,6 @@ def gen_gemm(g):
                     write_half(S, stage, h)
             if_end()
             return nsl, nph
-
-        def consumer_tiles_pingpong():
-            """MOE_GEMM_PINGPONG: the CTA's tiles in pairs, the first of each pair to
-            warpgroup 0 and the second to warpgroup 1. The producer fills the ring with
-            every tile's k-steps in order, so a warpgroup skips the other's k-steps: those
-            before its tile, and after it those of the tile that follows.
-
-            The warpgroups take turns through two named barriers (CUTLASS's ordered
-            barrier): a warpgroup starts a tile's k-loop once the other has waited for the
-            last full[slot] of the tile before, and signals the same when it has. That
-            orders the tensor pipe's use, one warpgroup's epilogue under the other's
-            wgmma, and is needed for correctness too: a wait on full[slot] tells fills
-            apart by their parity only, so no warpgroup may wait for a slot's fill while
-            that slot's fill before it (the other warpgroup's) is still to come."""
-            # the warpgroup as a uniform value (redux.sync): the ring position and the tile
-            # derived from it stay on the uniform datapath (see uniform_tile)
-            w32 = e.op(f"nvvm.redux.sync umin {i32(wg)}, {c(-1, I32)} : i32 -> i32")
-            first = e.cmp("eq", w32, c(0, I32), I32)
-            staging = gep3(stage_ptr, e.mul(w32, c(STAGE_C_BYTES // 2, I32), I32))
-            bar_id = e.add(w32, c(3, I32), I32)
-
-            def wg_barrier():
-                """named barrier 3 + w over warpgroup w's 128 threads"""
-                e.emit(f"nvvm.barrier id = {bar_id} number_of_threads = {c(128, I32)}")
-
-            def skip(sl, ph, n):
-                """the ring position n k-steps after (sl, ph)"""
-                at = e.add(sl, n)
-                wraps = i32(e.div(at, c(stages)))
-                return e.rem(at, c(stages)), e.xor(ph, e.op(f"arith.andi {wraps}, {c(1, I32)} : i32"), I32)
-            # barrier 5: warpgroup 0 has its tile's k-steps, 6: warpgroup 1 (each 128
-            # arrivals and 128 waiting); warpgroup 0's first tile waits for none, and
-            # warpgroup 1 signals none after its last, so every barrier is balanced
-            turn_ids = (e.sub(c(6, I32), w32, I32), e.add(c(5, I32), w32, I32))  # (wait, signal)
-            pair_step = e.mul(gridx, c(2))
-            tp, sl, ph, out = e.fresh("tp"), e.fresh("sl"), e.fresh("ph"), e.fresh("ct")
-            e.emit(f"{out}:2 = scf.for {tp} = {bid} to {total} step {pair_step} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
-            loop_indent = e.indent
-            e.indent += "  "
-            second = e.add(tp, gridx)
-            sl1, ph1 = skip(sl, ph, e.select(first, c(0), setup(tp)["numk"]))
-            wait_turn = e.op(f"arith.ori {e.cmp('ne', w32, c(0, I32), I32)}, {e.cmp('ne', tp, bid)} : i1")
-            if_begin(wait_turn)
-            e.emit(f"nvvm.barrier id = {turn_ids[0]} number_of_threads = {c(256, I32)}")
-            if_end()
-            more = e.cmp("ult", e.add(tp, pair_step), total)
-
-            def pass_turn():
-                if_begin(e.op(f"arith.ori {first}, {more} : i1"))
-                e.emit(f"nvvm.barrier.arrive id = {turn_ids[1]} number_of_threads = {c(256, I32)}")
-                if_end()
-            nsl, nph = consumer_tile(e.select(first, tp, second), sl1, ph1, wg_barrier, staging, pass_turn)
-            sl2, ph2 = skip(nsl, nph, e.select(first, setup(second)["numk"], c(0)))
-            e.emit(f"scf.yield {sl2}, {ph2} : index, i32")
-            e.indent = loop_indent
-            e.emit("}")
 
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
@@ -1667,8 +1565,6 @@ def gen_gemm(g):
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
         if g.dynamic:
             consumer_tiles_dynamic()
-        elif g.pingpong:
-            consumer_tiles_pingpong()
         else:
             tile_loop("ct", consumer_tile)
         if g.bulk_store:
@@ -2949,14 +2845,13 @@ class Host:
             dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
         return self.tensor_map(v["bmat"], dims, strides, box)
 
-    def out_map(self, v, box_rows):
+    def out_map(self, v):
         """The tensor map of the weight gradients' C, [E][M][N] with rows ldc elements
-        apart and experts M N apart (out_base), in box_rows x 64 boxes (MOE_GEMM_TMA_STORE:
-        the tile's rows, 128; 64 with MOE_GEMM_PINGPONG)."""
+        apart and experts M N apart (out_base), in 128x64 boxes (MOE_GEMM_TMA_STORE)."""
         e = self.e
         M, N, E = v["dim_m"], v["dim_n"], v["num_experts"]
         return self.tensor_map(v["cout"], [N, M, E], [e.mul(v["ldc"], self.c(2)), e.mul(e.mul(M, N), self.c(2))],
-                               [64, box_rows, 1])
+                               [64, BM, 1])
 
     def rows_map(self, mat, rows, cols, ld, box_rows=64):
         """The tensor map of a [rows, cols] bf16 matrix with rows ld elements apart, in
@@ -3041,7 +2936,7 @@ def gemm_args(h, kernel, values):
     if g.tma_rows_b:
         values = dict(values, browmap=h.rows_map(values["bmat"], values["rows"], values["dim_n"], values["ldb"]))
     if g.tma_store:
-        values = dict(values, cmap=h.out_map(values, g.bm))
+        values = dict(values, cmap=h.out_map(values))
     if g.tma_store_rows:
         values = dict(values, cmap=h.rows_map(values["cout"], values["dim_m"], values["dim_n"],
                                               values["ldc"], BM))

@@ -107,14 +107,6 @@ if DYNAMIC not in ("0", "rows", "all"):
 IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "1")
 if IDLE_SKIP not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
-# MOE_GEMM_WGRAD_INTERLEAVE=G: the weight gradients (varlen K) take their tiles from G
-# experts in turn, where 1 (the default) finishes an expert's tiles before the next
-# expert's: with 1, the whole GPU works on one expert at a time, and an expert of few tokens
-# (tiles of one k-step) only writes its gradient while one of many only multiplies.
-WGRAD_INTERLEAVE_TEXT = os.environ.get("MOE_GEMM_WGRAD_INTERLEAVE", "1")
-if WGRAD_INTERLEAVE_TEXT not in ("1", "2", "4", "8", "16"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_WGRAD_INTERLEAVE={WGRAD_INTERLEAVE_TEXT!r}: expected 1, 2, 4, 8 or 16")
-WGRAD_INTERLEAVE = int(WGRAD_INTERLEAVE_TEXT)
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -665,19 +657,7 @@ def gen_gemm(g):
         else:
             # (at least 1: with no tiles at all, the tile before the loop still divides)
             per = e.op(f"arith.maxui {e.mul(mt32, nt32, I32)}, {c(1, I32)} : i32")
-            if WGRAD_INTERLEAVE == 1:
-                inner_all = e.rem(t32, per, I32)
-                expert_of_t = None  # t / per, below
-            else:
-                # MOE_GEMM_WGRAD_INTERLEAVE: the experts in groups of G, a group's tiles
-                # taken from its experts in turn (the last group has fewer experts)
-                span_e = e.mul(per, c(WGRAD_INTERLEAVE, I32), I32)
-                first_e = e.mul(e.div(t32, span_e, I32), c(WGRAD_INTERLEAVE, I32), I32)
-                within = e.rem(t32, span_e, I32)
-                left_e = e.sub(i32(A["num_experts"]), first_e, I32)  # (past the end: any)
-                in_group = e.op(f"arith.maxui {e.minu(c(WGRAD_INTERLEAVE, I32), left_e, I32)}, {c(1, I32)} : i32")
-                inner_all = e.div(within, in_group, I32)
-                expert_of_t = e.add(first_e, e.rem(within, in_group, I32), I32)
+            inner_all = e.rem(t32, per, I32)
         # Grouped raster: GROUP_M M-tiles by all N-tiles, the M-tile fastest inside a
         # group, so the CTAs on the GPU at one time cover GROUP_M M-tiles by a few
         # N-tiles and share their A rows and B columns in L2; a plain M-fastest order
@@ -729,9 +709,7 @@ def gen_gemm(g):
             S["numk"] = e.select(valid, e.div(e.add(A["dim_k"], c(BK - 1)), c(BK)), c(0))
         else:
             valid = e.cmp("ult", t, total)
-            if expert_of_t is None:
-                expert_of_t = e.div(t32, per, I32)
-            expert = e.select(valid, e.op(f"arith.index_castui {expert_of_t} : i32 to index"), c(0))
+            expert = e.select(valid, e.op(f"arith.index_castui {e.div(t32, per, I32)} : i32 to index"), c(0))
             S["m0"] = e.mul(bx, c(BM))
             S["m_end"] = A["dim_m"]
             S["n0"] = e.mul(by, c(BN))

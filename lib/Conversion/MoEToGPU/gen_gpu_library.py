@@ -107,15 +107,6 @@ if DYNAMIC not in ("0", "rows", "all"):
 IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "1")
 if IDLE_SKIP not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
-# MOE_GEMM_WEIGHT_EVICT=first|last: the varlen-M GEMMs' weight boxes (TMA) carry an L2
-# eviction policy (CUTLASS's CacheHintSm90 values). first: a weight tile is read by the few
-# M-tiles of its expert that run at once and then not again, while the activations' rows of
-# an M-tile are read again by each of its N-tiles, waves apart; last: the other way round,
-# the M-tiles that share a weight tile may drift apart. "normal" (the default): no hint.
-WEIGHT_EVICT = os.environ.get("MOE_GEMM_WEIGHT_EVICT", "normal")
-L2_POLICY = {"normal": None, "first": 0x12F0000000000000, "last": 0x14F0000000000000}
-if WEIGHT_EVICT not in L2_POLICY:
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_WEIGHT_EVICT={WEIGHT_EVICT!r}: expected normal, first or last")
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -935,14 +926,12 @@ def gen_gemm(g):
                 # are zero-filled
                 boxes = [[e.add(n0, c(64 * (j % 2), I32), I32), c(j // 2, I32), k0, ex]
                          for j in range(4)]
-            policy = L2_POLICY[WEIGHT_EVICT]
-            hint = f" l2_cache_hint = {c(policy, 'i64')}" if policy is not None else ""
             for j, coords in enumerate(boxes):
                 dst = e.op(f"llvm.getelementptr {btile}[{j * 64 * 64 * 2}] : ({P3}) -> {P3}, i8") if j else btile
                 # a CTA's shared memory is its own window of shared::cluster
                 dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
                 e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {A['bmap']}, {bar}, "
-                       f"box[{', '.join(coords)}]{hint} : !llvm.ptr<7>, !llvm.ptr")
+                       f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr")
             if_end()
         else:
             if g.tma_rows_b:

@@ -39,6 +39,10 @@
 #             rows, MOE_TENSOR_SECONDS a case (default 3), with NVML's power, J/TFLOP and SM
 #             clock for each; and how many clusters of 1, 2 and
 #             4 CTAs of the GEMMs' shape fit at once (test/GPU/cluster_occupancy.cu);
+#   floor     what the power cap leaves a step (bench/power_floor.py, MOE_FLOOR_SECONDS a part,
+#             default 3): idle power, the dense matmul, a DRAM and an L2 copy, the matmul and
+#             the DRAM copy at once, the linear power model and each configuration's floor;
+#             after the layer step, each layer's time and its best peer's against it;
 #   liger     .whl/liger_kernel*.whl installed, then gpu-layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run, on MOE_LIGER_LAYERS (default qwen3-30b-a3b,olmoe-1b-7b: its Triton
@@ -155,6 +159,12 @@ for step in ${steps//,/ }; do
       nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/moe-clusters '$root/test/GPU/cluster_occupancy.cu' &&
       nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/moe-wgmma '$root/test/GPU/wgmma_warpgroups.cu' &&
       /tmp/moe-clusters && /tmp/moe-wgmma ${MOE_TENSOR_SECONDS:-3}" ;;
+  floor)
+    # (the layer step's JSON, when it ran first in this call)
+    floor_bench=()
+    [ -f "$out/session/layer/bench.json" ] && floor_bench=(--bench-json "$out/session/layer/bench.json")
+    run floor 150 bash -c "python3 '$root/bench/power_floor.py' --seconds ${MOE_FLOOR_SECONDS:-3} \
+      --json \"\$OUT/floor.json\" ${floor_bench[*]}" ;;
   liger)
     # the peer in the same bench.py run as ours and HF (gpu-layer-check.sh's bench step)
     run liger 480 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \

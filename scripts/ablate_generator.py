@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
 """Writes a timing-only copy of gen_gpu_library.py with one part of the weight-gradient
 kernels (the varlen-K GEMMs: dW_gate_up, dW_down; the router's wgrad_rows too, except for
-the box-store ablations) taken out, to learn what that part costs by timing the copy
-beside the real library in one GPU run:
+the box-store ablations) or of the dSwiGLU GEMMs (dact-*) taken out, to learn what that
+part costs by timing the copy beside the real library in one GPU run:
 
     python3 scripts/ablate_generator.py KIND /tmp/gen_KIND.py
     bash scripts/build-ops-harness.sh gpu-inputs/ops-KIND /tmp/gen_KIND.py
     MOE_COMPARE_ROUNDS=2 bash scripts/gpu-session.sh ops     # on the GPU machine
 
-KIND (docs/perf.md, session 22, has what each cost on the H200):
+KIND (docs/perf.md, sessions 22 and 24, has what each cost on the H200):
   nostore  C staged as usual, the TMA box stores left out
   nostm    no conversion or stmatrix of C (the stores write the staging as it is)
   nowait   the wait for the last tile's stores to have read the staging, and the
            barrier after it, left out (racy)
   noepi    no epilogue at all
   nomma    no wgmma (loads, waits and the epilogue of a zero accumulator)
+  dact-noepi  the dSwiGLU GEMMs (dact_gather, dact_rows) without their epilogue (the
+           fp32 staging of dA and dSwiGLU): what their k-loop, fill and set-up take
+  dact-nomma  the dSwiGLU GEMMs without wgmma: their loads, block barriers and epilogue
 
-The libraries these build compute wrong weight gradients: gpu-ops-compare.sh's checks of
+The libraries these build compute wrong gradients: gpu-ops-compare.sh's checks of
 such a variant fail, and only its timings mean anything. Where the accumulator would be
 left unused, ptxas would drop the wgmma with it, so the epilogue stays behind a test that
 is never true on real data (the first value equal to 12345.0). Each ablation is a textual
@@ -68,6 +71,24 @@ ABLATIONS = {
         '''        e.emit("nvvm.wgmma.fence.aligned")
         for kk in range(count):''',
         '''        if g.sched == "varlen_k":
+            return acc
+        e.emit("nvvm.wgmma.fence.aligned")
+        for kk in range(count):''')],
+    "dact-noepi": [(
+        '''        acc, _ = mainloop(S, c(0, I32))
+        if_begin(S["valid"])
+        ring_epilogue(''',
+        '''        acc, _ = mainloop(S, c(0, I32))
+        if g.epi == "dswiglu":
+            ''' + _odd(" " * 12) + '''
+            if_begin(e.op(f"arith.andi {odd}, {S['valid']} : i1"))
+        else:
+            if_begin(S["valid"])
+        ring_epilogue(''')],
+    "dact-nomma": [(
+        '''        e.emit("nvvm.wgmma.fence.aligned")
+        for kk in range(count):''',
+        '''        if g.epi == "dswiglu":
             return acc
         e.emit("nvvm.wgmma.fence.aligned")
         for kk in range(count):''')],

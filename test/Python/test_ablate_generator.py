@@ -69,6 +69,28 @@ def test_ablation_changes_only_the_weight_gradients(tmp_path, default_kernels, k
         assert "arith.constant 12345.0 : f32" not in default
 
 
+@pytest.mark.parametrize("kind", ["dact-noepi", "dact-nomma"])
+def test_dact_ablation_changes_only_the_dswiglu_gemms(tmp_path, default_kernels, kind):
+    generator = tmp_path / f"gen_{kind}.py"
+    subprocess.run([sys.executable, SCRIPT, kind, str(generator)], check=True)
+    kernels = kernel_bodies(library(str(generator), tmp_path))
+    assert kernels.keys() == default_kernels.keys()
+    changed = {name for name in kernels if kernels[name] != default_kernels[name]}
+    assert changed == {"moe_gemm_dact_gather", "moe_gemm_dact_rows"}, changed
+    for name in changed:
+        body, default = kernels[name], default_kernels[name]
+        wgmma = "nvvm.wgmma.mma_async"
+        assert default.count(wgmma) > 0
+        if kind == "dact-nomma":
+            assert body.count(wgmma) == 0
+            # the epilogue still reads H and writes dH and w·a (of a zero accumulator)
+            assert body.count("vector.store") == default.count("vector.store") > 0
+        else:
+            assert body.count(wgmma) == default.count(wgmma)
+            assert "arith.constant 12345.0 : f32" in body and "arith.cmpf oeq" in body
+            assert "arith.constant 12345.0 : f32" not in default
+
+
 def test_unknown_kind_and_drifted_generator_are_refused(tmp_path):
     proc = subprocess.run([sys.executable, SCRIPT, "nothing", str(tmp_path / "x.py")],
                           capture_output=True, text=True)

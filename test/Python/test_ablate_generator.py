@@ -40,13 +40,18 @@ def default_kernels(tmp_path_factory):
     return kernel_bodies(library(load_script().GENERATOR, tmp_path_factory.mktemp("default")))
 
 
-@pytest.mark.parametrize("kind", ["nostore", "nostm", "nowait", "noepi", "nomma"])
-def test_ablation_changes_only_the_weight_gradients(tmp_path, default_kernels, kind):
+def ablated(tmp_path, default_kernels, kind):
+    """The kernels of ablation `kind`'s library, and the names of those it changed."""
     generator = tmp_path / f"gen_{kind}.py"
     subprocess.run([sys.executable, SCRIPT, kind, str(generator)], check=True)
     kernels = kernel_bodies(library(str(generator), tmp_path))
     assert kernels.keys() == default_kernels.keys()
-    changed = {name for name in kernels if kernels[name] != default_kernels[name]}
+    return kernels, {name for name in kernels if kernels[name] != default_kernels[name]}
+
+
+@pytest.mark.parametrize("kind", ["nostore", "nostm", "nowait", "noepi", "nomma"])
+def test_ablation_changes_only_the_weight_gradients(tmp_path, default_kernels, kind):
+    kernels, changed = ablated(tmp_path, default_kernels, kind)
     # the router's weight gradient (wgrad_rows, no box stores) is a varlen-K GEMM too
     assert set(WGRAD) <= changed <= set(WGRAD) | {"moe_gemm_wgrad_rows"}, changed
     body = kernels["moe_gemm_wgrad_gather_a"]
@@ -71,11 +76,7 @@ def test_ablation_changes_only_the_weight_gradients(tmp_path, default_kernels, k
 
 @pytest.mark.parametrize("kind", ["dact-noepi", "dact-nomma"])
 def test_dact_ablation_changes_only_the_dswiglu_gemms(tmp_path, default_kernels, kind):
-    generator = tmp_path / f"gen_{kind}.py"
-    subprocess.run([sys.executable, SCRIPT, kind, str(generator)], check=True)
-    kernels = kernel_bodies(library(str(generator), tmp_path))
-    assert kernels.keys() == default_kernels.keys()
-    changed = {name for name in kernels if kernels[name] != default_kernels[name]}
+    kernels, changed = ablated(tmp_path, default_kernels, kind)
     assert changed == {"moe_gemm_dact_gather", "moe_gemm_dact_rows"}, changed
     for name in changed:
         body, default = kernels[name], default_kernels[name]

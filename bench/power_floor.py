@@ -52,6 +52,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench import useful_flops  # noqa: E402
+
 # BENCH.md's configurations: T, d, n, E, k, and the shared expert's width m (deepseek-v3's
 # DeepseekV3MoE; its routed-only layer is "deepseek-v3-routed", bench.py's name)
 CONFIGS = {
@@ -70,7 +72,7 @@ L2_REPEAT = 64
 def step_work(T: int, d: int, n: int, E: int, k: int, m: int = 0) -> Dict[str, float]:
     """The useful FLOPs of one forward + backward (bench.py's useful_flops) and the DRAM
     bytes no implementation avoids (the module docstring), as TFLOP and GB."""
-    flops = 18.0 * T * k * d * n + 18.0 * T * d * m + 6.0 * T * d * E
+    flops = useful_flops(T, d, n, E, k, m)
     weights = 6.0 * E * d * n + 6.0 * d * m
     nbytes = 3 * weights + 2 * (4.0 * T * k * n) + 4 * (2.0 * T * d)
     return {"tflop": flops / 1e12, "gb": nbytes / 1e9, "weights_gb": weights / 1e9}

@@ -1650,13 +1650,15 @@ def gen_gemm(g):
                 zero = e.op(f"llvm.mlir.zero : {ACC_PP}", "acc")
                 res, kt, a0, a1, rs, ph, prev = (e.fresh(x) for x in ("kpp", "kt", "a", "b", "rs", "ph", "prev"))
                 e.emit(f"{res}:5 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-                       f"iter_args({a0} = {zero}, {a1} = {zero}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(0)}) "
+                       f"iter_args({a0} = {zero}, {a1} = {zero}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(stages)}) "
                        f"-> ({ACC_PP}, {ACC_PP}, index, i32, index) {{")
                 outer = e.indent
                 e.indent = outer + "  "
                 wait_full(rs, ph)
                 n0_, n1_ = wgmma_pp([a0, a1], rs)
-                release(e.cmp("ugt", kt, c(0)), prev)
+                # prev = stages: no step before. (A test of kt > 0 made LLVM peel the first
+                # step, whose zero accumulators then came between its two wgmma: C7519.)
+                release(e.cmp("ne", prev, c(stages)), prev)
                 nslot, nph = advance(rs, ph)
                 e.emit(f"scf.yield {n0_}, {n1_}, {nslot}, {nph}, {rs} : {ACC_PP}, {ACC_PP}, index, i32, index")
                 e.indent = outer
@@ -1676,6 +1678,12 @@ def gen_gemm(g):
                 # half's accumulator is live through the first half's epilogue, and the
                 # kernel's registers are the 168 of a 384-thread launch (setmaxnreg or not)
                 unroll = min(DACT_UNROLL, 2)
+                # the thread index read again for each tile: derived from the kernel's own,
+                # the 64 staging addresses were hoisted out of the tile loop by LLVM and
+                # ptxas spilled some of them across the k-loop
+                tid_t = e.op('llvm.inline_asm has_side_effects "mov.u32 $0, %tid.x;", "=r"  : () -> i32')
+                tid_t = e.op(f"arith.index_castui {tid_t} : i32 to index")
+                lane, warp = e.rem(tid_t, c(32)), e.div(tid_t, c(32))
                 wl = e.rem(warp, c(4))
                 qr = e.add(e.mul(wl, c(16)), e.div(lane, c(4)))
                 qc = e.mul(e.rem(lane, c(4)), c(2))

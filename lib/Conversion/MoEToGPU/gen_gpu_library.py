@@ -160,16 +160,6 @@ DACT_UNROLL_TEXT = os.environ.get("MOE_GEMM_DACT_UNROLL", "4")
 if DACT_UNROLL_TEXT not in ("1", "2", "4", "8"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_UNROLL={DACT_UNROLL_TEXT!r}: expected 1, 2, 4 or 8")
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
-# MOE_GEMM_DACT_PREFETCH=S (0, the default: off): the dSwiGLU GEMMs (one CTA a 128x256 tile,
-# the epilogue after the k-loop) ask L2 for the tile's H (gate and up, 128 KiB) S k-steps
-# before the k-loop ends, one cp.async.bulk.prefetch a thread (a row's half), so that the
-# epilogue's H loads, which wait on DRAM while every SM runs its epilogue at once, find
-# them in L2.
-DACT_PREFETCH_TEXT = os.environ.get("MOE_GEMM_DACT_PREFETCH", "0")
-if not DACT_PREFETCH_TEXT.isdigit():
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_PREFETCH={DACT_PREFETCH_TEXT!r}: expected a "
-             "count of k-steps (0: off)")
-DACT_PREFETCH = int(DACT_PREFETCH_TEXT)
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -1027,21 +1017,6 @@ def gen_gemm(g):
         phase of full[s] to wait for: a slot is filled as often as it is waited on, so
         the bits carry from tile to tile."""
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
-        prefetch_h = None
-        if g.epi == "dswiglu" and DACT_PREFETCH:
-            # thread t asks L2 for half t % 2 (gate, up) of the tile's H row t / 2, at
-            # k-step max(numk - DACT_PREFETCH, 0); n is a multiple of 8 (the epilogue's
-            # 16-byte loads), so the address and the size are multiples of 16
-            half = A["dim_n"]
-            r = e.add(S["m0"], e.div(tid, c(2)))
-            col = e.add(e.mul(r, e.mul(half, c(2))), e.add(e.mul(e.rem(tid, c(2)), half), S["n0"]))
-            cols = e.minu(e.sub(half, S["n0"]), c(BN))
-            ahead = c(DACT_PREFETCH)
-            prefetch_h = dict(
-                at=e.select(e.cmp("ugt", S["numk"], ahead), e.sub(S["numk"], ahead), c(0)),
-                ok=e.op(f"arith.andi {S['valid']}, {e.cmp('ult', r, S['m_end'])} : i1"),
-                ptr=gep1(gptr(A["hsaved"], "memref<?xbf16>"), e.mul(i64(col), c(2, "i64"), "i64")),
-                size=i32(e.mul(cols, c(2))))
         res, kt, a0, rs, ph = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph"))
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
         e.emit(f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
@@ -1052,12 +1027,6 @@ def gen_gemm(g):
         # k-tile nk goes to the slot read last step: (kt - 1) % stages
         ws = e.select(e.cmp("eq", rs, c(0)), c(stages - 1), e.sub(rs, c(1)))
         next_srcs = load_rows(S, nk)
-        if prefetch_h:
-            if_begin(e.cmp("eq", kt, prefetch_h["at"]))
-            if_begin(prefetch_h["ok"])
-            e.emit(f"nvvm.cp.async.bulk.prefetch {prefetch_h['ptr']}, {prefetch_h['size']} : {P1}")
-            if_end()
-            if_end()
         e.emit(f"nvvm.cp.async.wait.group {stages - 2}")
         e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
         ph_next = ph

@@ -107,20 +107,6 @@ if DYNAMIC not in ("0", "rows", "all"):
 IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "1")
 if IDLE_SKIP not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
-# MOE_GEMM_DACT_PP=1: the routed experts' dSwiGLU GEMM (moe_gemm_dact_gather) persistent,
-# warp-specialised and ping-pong: each consumer warpgroup takes a 128x128 tile of its own
-# (two m64n128k16 wgmma a 16-K step, the same 128 accumulator registers), the CTA's tiles
-# alternately, so one warpgroup's dSwiGLU epilogue runs under the other's k-loop; ring slots
-# of 32 KiB (MOE_GEMM_DACT_PP_STAGES of them), dA staged in fp32 a 64-row half at a time in
-# each warpgroup's own 32 KiB. A 128x128 tile reads 1.33x the operand bytes a FLOP of the
-# 128x256 one, which the k-loop has room for where the dSwiGLU GEMM is not memory-bound
-# (docs/perf.md, session 24 part 6). 0 (the default): one CTA a 128x256 tile.
-DACT_PP = os.environ.get("MOE_GEMM_DACT_PP", "0")
-if DACT_PP not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_PP={DACT_PP!r}: expected 0 or 1")
-if DACT_PP == "1" and WS_KERNELS == "none":
-    sys.exit("gen_gpu_library.py: MOE_GEMM_DACT_PP=1 needs warp specialisation (MOE_GEMM_WS all or gather)")
-DACT_PP_STAGES = int(os.environ.get("MOE_GEMM_DACT_PP_STAGES", "4"))
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -174,8 +160,6 @@ TABLE_EXPERTS = 4 * GEMM_THREADS
 CUM_BYTES = 4 * (TABLE_EXPERTS + 1 + 8) + 28
 
 ACC = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 2)) + ")>"
-# a m64n128 accumulator (MOE_GEMM_DACT_PP's 64-row halves)
-ACC_PP = "!llvm.struct<(" + ", ".join(["f32"] * (BN // 4)) + ")>"
 WG = "#gpu.address_space<workgroup>"
 SMEM = f"memref<?xi8, {WG}>"
 SBF16 = f"memref<?xbf16, {WG}>"
@@ -333,9 +317,7 @@ class Gemm:
         # bf16 epilogues run persistent: one CTA an SM walks the tiles and prefetches the
         # next tile's first stages while it writes this tile's C through a half-tile
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
-        # MOE_GEMM_DACT_PP: the gathered dSwiGLU GEMM as a persistent ping-pong kernel
-        self.dact_pp = epi == "dswiglu" and has_w and DACT_PP == "1"
-        self.persistent = epi in PERSISTENT_EPILOGUES or self.dact_pp
+        self.persistent = epi in PERSISTENT_EPILOGUES
         self.ws = self.persistent and (
             WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b)))
         self.threads = WS_THREADS if self.ws else GEMM_THREADS
@@ -351,23 +333,15 @@ class Gemm:
         # next expert's rows) row by row
         self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
-        # tile shapes: N columns of a (warpgroup's) tile, the bytes of a ring slot
-        self.bn = BN // 2 if self.dact_pp else BN
-        self.a_tile_bytes = A_TILE_BYTES
-        self.b_tile_bytes = BK * self.bn * 2
-        self.stage_bytes = self.a_tile_bytes + self.b_tile_bytes
-        if self.dact_pp:
-            # dA of a 64-row half a warpgroup (fp32), then each warpgroup's 128 row sums (dS)
-            self.stage_c_bytes = 2 * (64 * self.bn * 4) + 2 * (BM * 4)
-        self.stages = DACT_PP_STAGES if self.dact_pp else P_STAGES if self.persistent else STAGES
-        ring = self.stages * self.stage_bytes
+        self.stages = P_STAGES if self.persistent else STAGES
+        ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
         if self.ws:
             # C's staging buffer follows the ring: the producer may refill every slot
             # while the consumers write C out
             self.cum_offset = ring + self.stage_c_bytes
         elif self.persistent:
-            self.cum_offset = max(ring, ring - self.stage_bytes + STAGE_C_BYTES)
+            self.cum_offset = max(ring, ring - STAGE_BYTES + STAGE_C_BYTES)
         else:
             self.cum_offset = ring + 1024  # after the dS row sums of the dact epilogue
         # varlen_m kernels keep the experts' cumulative M-tile counts in shared memory
@@ -459,7 +433,7 @@ def gen_gemm(g):
         """bar.sync 1 over the 256 consumer threads (warp specialisation: the
         producer warpgroup never takes part)."""
         e.emit(f"nvvm.barrier id = {c(1, I32)} number_of_threads = {c(GEMM_THREADS, I32)}")
-    bn_eff = BN // 2 if g.b == "w_mn_swiglu" else g.bn
+    bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
     ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
     # M-tiles as the host counts them: varlen_m adds one tile an expert for the rounding
     mtiles = e.div(e.add(A["dim_m"], c(BM - 1)), c(BM))
@@ -587,10 +561,10 @@ def gen_gemm(g):
         # the B tile of ring slot 0; the TMA boxes write the same 128B-swizzled image
         # as the copies: 64-column boxes 8 KiB apart (MN-major), or one box of 256
         # K-major rows
-        b_tile0 = gep3(sptr, c(g.a_tile_bytes, I32))
+        b_tile0 = gep3(sptr, c(A_TILE_BYTES, I32))
     else:
         # rows_mn: this thread's chunk of K-rows mrow + RS_B i (two swizzles if RS_B = 4)
-        b_dst0 = [gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(g.a_tile_bytes, I32), I32))
+        b_dst0 = [gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(A_TILE_BYTES, I32), I32))
                   for p in range(1 if RS_B % 8 == 0 else 8 // RS_B)]
     if g.tma_b or g.ws:
         bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s, empty[s] after
@@ -626,9 +600,7 @@ def gen_gemm(g):
             e.emit(f"nvvm.mbarrier.init {bar}, {c(full_count, I32)} : {P3}, i32")
             if g.ws:
                 bar = e.op(f"llvm.getelementptr {bars}[{8 * (stages + st)}] : ({P3}) -> {P3}, i8")
-                # (ping-pong: one warpgroup reads a slot)
-                readers = GEMM_THREADS // 32 // (2 if g.dact_pp else 1)
-                e.emit(f"nvvm.mbarrier.init {bar}, {c(readers, I32)} : {P3}, i32")
+                e.emit(f"nvvm.mbarrier.init {bar}, {c(GEMM_THREADS // 32, I32)} : {P3}, i32")
         if g.dynamic:
             # tile_full[j]: the TMA thread's arrival with tile id j; tile_empty[j]: every
             # consumer thread's once it has read it
@@ -649,12 +621,8 @@ def gen_gemm(g):
     # warpgroup wg multiplies rows [64 wg, 64 wg + 64) of the A tile: 64 K-major rows,
     # or MN-major box wg
     a_desc_const = DESC_MNMAJOR if g.a == "mn" else DESC_KMAJOR
-    if g.dact_pp:
-        # (a warpgroup multiplies all 128 rows of its own tile: 64-row halves 8 KiB apart)
-        desc_a0 = desc(sbase, a_desc_const)
-    else:
-        desc_a0 = desc(e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64"), a_desc_const)
-    desc_b0 = desc(e.add(sbase, c(g.a_tile_bytes, "i64"), "i64"), b_desc_const)
+    desc_a0 = desc(e.add(sbase, e.mul(wg64, c(64 * 128, "i64"), "i64"), "i64"), a_desc_const)
+    desc_b0 = desc(e.add(sbase, c(A_TILE_BYTES, "i64"), "i64"), b_desc_const)
 
     SI = f"memref<?xi32, {WG}>"
     if g.sched == "varlen_m":
@@ -877,7 +845,7 @@ def gen_gemm(g):
         bar = full_bar(i32(slot))
 
         def load_boxes():
-            tx = (g.a_tile_bytes if g.tma_rows_a else 0) + (g.b_tile_bytes if g.tma_rows_b else 0)
+            tx = (A_TILE_BYTES if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
             # the slot may last have been written by cp.async (generic proxy); the boxes
             # write it through the async proxy
             e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
@@ -888,7 +856,7 @@ def gen_gemm(g):
                 boxes += [(A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
                           for j in range(2)]
             if g.tma_rows_b:  # B: 256 columns n0 + 64 j
-                boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), g.a_tile_bytes + j * 64 * 64 * 2)
+                boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), A_TILE_BYTES + j * 64 * 64 * 2)
                           for j in range(4)]
             for tmap, col, off in boxes:
                 dst = gep3(sptr, e.add(slot_bytes, c(off, I32), I32))
@@ -905,7 +873,7 @@ def gen_gemm(g):
         if srcs is None:
             srcs = load_rows(S, kt)
         k0 = e.mul(i32(kt), c(BK, I32), I32)
-        slot_bytes = e.mul(i32(slot), c(g.stage_bytes, I32), I32)
+        slot_bytes = e.mul(i32(slot), c(STAGE_BYTES, I32), I32)
         koff = zext(e.mul(k0, c(2, I32), I32))
         adst = gep3(a_dst0, slot_bytes)
         partial = None
@@ -945,7 +913,7 @@ def gen_gemm(g):
             on = e.op(f"arith.andi {is_t0}, {enabled} : i1")
             if_begin(on)
             bar = full_bar(i32(slot))
-            e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(g.b_tile_bytes, I32)} : {P3}, i32")
+            e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(B_TILE_BYTES, I32)} : {P3}, i32")
             btile = gep3(b_tile0, slot_bytes)
             n0, ex = S["n0_32"], S["e32"]
             if g.b == "w_k":
@@ -995,7 +963,7 @@ def gen_gemm(g):
         slot of the step before may be refilled)."""
         a_layout = "col" if g.a == "mn" else "row"
         b_layout = "col" if g.b == "w_k" else "row"
-        soff = e.mul(i64(rs), c(g.stage_bytes // 16, "i64"), "i64")
+        soff = e.mul(i64(rs), c(STAGE_BYTES // 16, "i64"), "i64")
         da_s = e.add(desc_a0, soff, "i64")
         db_s = e.add(desc_b0, soff, "i64")
         e.emit("nvvm.wgmma.fence.aligned")
@@ -1344,7 +1312,7 @@ def gen_gemm(g):
             hout_ptr = gptr(A["hout"], "memref<?xbf16>")
             if g.store_a:
                 aout_ptr = gptr(A["aout"], "memref<?xbf16>")
-        elif g.epi != "dswiglu":
+        else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
     if g.ws:
         stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(g.stage_c_bytes // 2)}] : {SMEM} to {SBF16}", "stg")
@@ -1581,209 +1549,6 @@ def gen_gemm(g):
             if_end()
             return nsl, nph
 
-        def consumer_tiles_dact_pp():
-            """MOE_GEMM_DACT_PP, the consumers: the CTA's tiles in pairs, the first of each
-            pair to warpgroup 0 and the second to warpgroup 1, each a 128x128 tile of its own
-            (both 64-row halves, m64n128k16). The producer fills the ring with every tile's
-            k-steps in order, so a warpgroup skips the other's: those before its tile, and
-            after it those of the tile that follows.
-
-            The warpgroups take turns through named barriers 5 and 6 (CUTLASS's ordered
-            barrier): a warpgroup starts a tile's k-loop once the other has waited for the
-            last full[slot] of its tile. That puts one warpgroup's epilogue under the other's
-            wgmma, and is needed for correctness too: a wait on full[slot] tells fills apart
-            by their parity only, so no warpgroup may wait for a slot's fill while that
-            slot's fill before it (the other warpgroup's) is still to come."""
-            SF = f"memref<?xf32, {WG}>"
-            half_floats = 64 * g.bn
-            # the warpgroup as a uniform value (redux.sync): the ring position and the tile
-            # derived from it stay on the uniform datapath (see uniform_tile)
-            w32 = e.op(f"nvvm.redux.sync umin {i32(wg)}, {c(-1, I32)} : i32 -> i32")
-            w = e.op(f"arith.index_castui {w32} : i32 to index")
-            first = e.cmp("eq", w32, c(0, I32), I32)
-            base = e.add(pad, c(g.ring_bytes))
-            stage_f = e.op(f"memref.view {smem}[{e.add(base, e.mul(w, c(half_floats * 4)))}][{c(half_floats)}] "
-                           f": {SMEM} to {SF}", "stf")
-            ds_off = e.add(base, e.add(c(2 * half_floats * 4), e.mul(w, c(BM * 4))))
-            stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "sds")
-            bar_id = e.add(w32, c(3, I32), I32)
-
-            def wg_barrier():
-                """named barrier 3 + w over warpgroup w's 128 threads"""
-                e.emit(f"nvvm.barrier id = {bar_id} number_of_threads = {c(128, I32)}")
-
-            def wait_full(slot, parity):
-                e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(slot))}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
-                # the producer's cp.async wrote A through the generic proxy
-                e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
-
-            def release(cond, slot):
-                if_begin(e.op(f"arith.andi {cond}, {e.cmp('eq', lane, c(0))} : i1"))
-                e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(slot))} : {P3}")
-                if_end()
-
-            def wgmma_pp(accs, rs):
-                """the 8 wgmma of ring slot rs: both 64-row halves of the warpgroup's tile
-                (8 KiB apart in the K-major A tile) by 4 steps of 16 K, committed; waits
-                until only this group is in flight"""
-                soff = e.mul(i64(rs), c(g.stage_bytes // 16, "i64"), "i64")
-                da_s = e.add(desc_a0, soff, "i64")
-                db_s = e.add(desc_b0, soff, "i64")
-                e.emit("nvvm.wgmma.fence.aligned")
-                accs = list(accs)
-                for kk in range(4):
-                    db = e.add(db_s, c(2 * kk, "i64"), "i64") if kk else db_s
-                    for h in range(2):
-                        off = h * (64 * 128 // 16) + 2 * kk
-                        da = e.add(da_s, c(off, "i64"), "i64") if off else da_s
-                        accs[h] = e.op(
-                            f"nvvm.wgmma.mma_async {da}, {db}, {accs[h]}, <m = 64, n = {g.bn}, k = 16>, "
-                            f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>] "
-                            f": {ACC_PP} -> {ACC_PP}", "acc")
-                e.emit("nvvm.wgmma.commit.group.sync.aligned")
-                e.emit("nvvm.wgmma.wait.group.sync.aligned 1")
-                return accs
-
-            def kloop_pp(S, slot0, ph0, loaded):
-                """the warpgroup's k-loop over its tile; loaded() where its last full[slot] has
-                been waited for. Returns the two accumulators and the ring position after."""
-                zero = e.op(f"llvm.mlir.zero : {ACC_PP}", "acc")
-                res, kt, a0, a1, rs, ph, prev = (e.fresh(x) for x in ("kpp", "kt", "a", "b", "rs", "ph", "prev"))
-                e.emit(f"{res}:5 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-                       f"iter_args({a0} = {zero}, {a1} = {zero}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(stages)}) "
-                       f"-> ({ACC_PP}, {ACC_PP}, index, i32, index) {{")
-                outer = e.indent
-                e.indent = outer + "  "
-                wait_full(rs, ph)
-                n0_, n1_ = wgmma_pp([a0, a1], rs)
-                # prev = stages: no step before. (A test of kt > 0 made LLVM peel the first
-                # step, whose zero accumulators then came between its two wgmma: C7519.)
-                release(e.cmp("ne", prev, c(stages)), prev)
-                nslot, nph = advance(rs, ph)
-                e.emit(f"scf.yield {n0_}, {n1_}, {nslot}, {nph}, {rs} : {ACC_PP}, {ACC_PP}, index, i32, index")
-                e.indent = outer
-                e.emit("}")
-                loaded()
-                e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
-                release(e.cmp("ugt", S["numk"], c(0)), f"{res}#4")
-                return [f"{res}#0", f"{res}#1"], f"{res}#2", f"{res}#3"
-
-            def epilogue_pp(S, accs):
-                """dSwiGLU of the warpgroup's 128x128 tile, a 64-row half at a time: dA staged
-                in fp32 (rows of 128, the column XOR-ed by row % 32), then 2 rows a warp, 8
-                columns a lane, as ring_epilogue's; dS's row sums through stage_ds."""
-                m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
-                half = A["dim_n"]
-                # rows whose loads go first: fewer than ring_epilogue's, as the second
-                # half's accumulator is live through the first half's epilogue, and the
-                # kernel's registers are the 168 of a 384-thread launch (setmaxnreg or not)
-                unroll = min(DACT_UNROLL, 2)
-                # the thread index read again for each tile: derived from the kernel's own,
-                # the 64 staging addresses were hoisted out of the tile loop by LLVM and
-                # ptxas spilled some of them across the k-loop
-                tid_t = e.op('llvm.inline_asm has_side_effects "mov.u32 $0, %tid.x;", "=r"  : () -> i32')
-                tid_t = e.op(f"arith.index_castui {tid_t} : i32 to index")
-                lane, warp = e.rem(tid_t, c(32)), e.div(tid_t, c(32))
-                wl = e.rem(warp, c(4))
-                qr = e.add(e.mul(wl, c(16)), e.div(lane, c(4)))
-                qc = e.mul(e.rem(lane, c(4)), c(2))
-
-                def sidx(lr, lc):
-                    return e.add(e.mul(lr, c(g.bn)), e.xor(lc, e.rem(lr, c(32))))
-                sub = e.div(lane, c(16))
-                lc = e.mul(e.rem(lane, c(16)), c(V))
-                col = e.add(n0, lc)
-                col_ok = e.cmp("ult", col, half)
-                col_in = e.select(col_ok, col, e.sub(half, c(V)))
-                last_row = e.sub(m_end, c(1))
-                for h in range(2):
-                    wg_barrier()  # the staging's last reads (the half or tile before) are done
-                    for v in range(g.bn // 2):
-                        j, i, cc = v // 4, (v // 2) % 2, v % 2
-                        val = e.op(f"llvm.extractvalue {accs[h]}[{v}] : {ACC_PP}", "f")
-                        idx = sidx(e.add(qr, c(8 * i)), e.add(qc, c(8 * j + cc)))
-                        e.emit(f"memref.store {val}, {stage_f}[{idx}] : {SF}")
-                    wg_barrier()
-                    it = e.fresh("ep")
-                    e.emit(f"scf.for {it} = {c(0)} to {c(64)} step {c(8 * unroll)} {{")
-                    e.indent += "  "
-                    batch = []
-                    for u in range(unroll):
-                        lr = e.add(e.add(it, e.add(e.mul(wl, c(2)), sub)), c(8 * u))
-                        r = e.add(m0, e.add(c(64 * h), lr))
-                        r_ok = e.cmp("ult", r, m_end)
-                        r_in = e.select(r_ok, r, last_row)
-                        ok = e.op(f"arith.andi {r_ok}, {col_ok} : i1")
-                        batch.append((lr, r_in, ok, dswiglu_loads(e, g, A, r_in, col_in)))
-                    for lr, r_in, ok, loaded in batch:
-                        vals = [e.op(f"memref.load {stage_f}[{sidx(lr, e.add(lc, c(u)))}] : {SF}")
-                                for u in range(V)]
-                        part = dswiglu_group(e, g, A, r_in, col_in, vals, loaded, ok)
-                        # a row's 16 lanes sum its part, in a fixed order
-                        for mask in (8, 4, 2, 1):
-                            name = e.fresh("sh")
-                            e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
-                            part = e.fadd(part, name)
-                        if_begin(e.cmp("eq", e.rem(lane, c(16)), c(0)))
-                        e.emit(f"memref.store {part}, {stage_ds}[{e.add(c(64 * h), lr)}] : {SF}")
-                        if_end()
-                    e.indent = e.indent[:-2]
-                    e.emit("}")
-                wg_barrier()
-                tl = e.rem(tid, c(128))
-                r = e.add(m0, tl)
-                if_begin(e.cmp("ult", r, m_end))
-                total_ds = e.op(f"memref.load {stage_ds}[{tl}] : {SF}")
-                e.emit(f"memref.store {total_ds}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
-                if_end()
-
-            def skip(sl, ph, n):
-                """the ring position n k-steps after (sl, ph)"""
-                at = e.add(sl, n)
-                wraps = i32(e.div(at, c(stages)))
-                return e.rem(at, c(stages)), e.xor(ph, e.op(f"arith.andi {wraps}, {c(1, I32)} : i32"), I32)
-
-            def tile_at(t):
-                """setup(t), with a tile past the last (the pair's second) invalid and
-                without k-steps: the varlen-M raster wraps its M-tile index there, so
-                setup alone may find an expert for it, whose k-steps the producer never
-                loads"""
-                S = dict(setup(t))
-                inside = e.cmp("ult", t, total)
-                S["valid"] = e.op(f"arith.andi {S['valid']}, {inside} : i1")
-                S["numk"] = e.select(inside, S["numk"], c(0))
-                return S
-            # barrier 5: warpgroup 0 has waited for its tile's k-steps, 6: warpgroup 1 (128
-            # arriving, 128 waiting); warpgroup 0's first tile waits for none and warpgroup
-            # 1 signals none after its last, so both barriers are balanced
-            wait_id, signal_id = e.sub(c(6, I32), w32, I32), e.add(c(5, I32), w32, I32)
-            pair_step = e.mul(gridx, c(2))
-            tp, sl, ph, out = e.fresh("tp"), e.fresh("sl"), e.fresh("ph"), e.fresh("ct")
-            e.emit(f"{out}:2 = scf.for {tp} = {bid} to {total} step {pair_step} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
-            loop_indent = e.indent
-            e.indent += "  "
-            second = e.add(tp, gridx)
-            sl1, ph1 = skip(sl, ph, e.select(first, c(0), tile_at(tp)["numk"]))
-            if_begin(e.op(f"arith.ori {e.cmp('ne', w32, c(0, I32), I32)}, {e.cmp('ne', tp, bid)} : i1"))
-            e.emit(f"nvvm.barrier id = {wait_id} number_of_threads = {c(256, I32)}")
-            if_end()
-            more = e.cmp("ult", e.add(tp, pair_step), total)
-
-            def pass_turn():
-                if_begin(e.op(f"arith.ori {first}, {more} : i1"))
-                e.emit(f"nvvm.barrier.arrive id = {signal_id} number_of_threads = {c(256, I32)}")
-                if_end()
-            S = tile_at(e.select(first, tp, second))
-            accs, nsl, nph = kloop_pp(S, sl1, ph1, pass_turn)
-            if_begin(S["valid"])
-            epilogue_pp(S, accs)
-            if_end()
-            sl2, ph2 = skip(nsl, nph, e.select(first, tile_at(second)["numk"], c(0)))
-            e.emit(f"scf.yield {sl2}, {ph2} : index, i32")
-            e.indent = loop_indent
-            e.emit("}")
-
         e.if_begin(e.cmp("uge", tid, c(GEMM_THREADS)))
         e.emit(f"nvvm.setmaxregister decrease {WS_PRODUCER_REGS}")
         if g.sched == "varlen_k" and (g.gather_a or g.gather_b):
@@ -1800,8 +1565,6 @@ def gen_gemm(g):
         e.emit(f"nvvm.setmaxregister increase {WS_CONSUMER_REGS}")
         if g.dynamic:
             consumer_tiles_dynamic()
-        elif g.dact_pp:
-            consumer_tiles_dact_pp()
         else:
             tile_loop("ct", consumer_tile)
         if g.bulk_store:
@@ -1821,7 +1584,7 @@ def gen_gemm(g):
         e.emit("gpu.barrier")
         # C goes through a bf16 buffer over the last ring slot and past it; the
         # next tile's first loads take the other slots while C is written out.
-        stage_off = c((stages - 1) * g.stage_bytes)
+        stage_off = c((stages - 1) * STAGE_BYTES)
         stage = e.op(f"memref.view {smem}[{e.add(pad, stage_off)}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
         if_begin(S["valid"])
         for h in (0, 1):
@@ -3077,7 +2840,7 @@ class Host:
         if g.b == "w_mn":  # [E][K][N]
             dims, strides, box = [N, K, E], [row, e.mul(K, row)], [64, 64, 1]
         elif g.b == "w_k":  # [E][N][K]
-            dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, g.bn, 1]
+            dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, BN, 1]
         else:  # w_mn_swiglu: [E][K][2][h], gate and up halves of each row
             dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
         return self.tensor_map(v["bmat"], dims, strides, box)
@@ -3161,11 +2924,6 @@ I32V, F32V, BF16V = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
 M2 = {"bf16": "memref<?x?xbf16>", "f32": "memref<?x?xf32>", "i32": "memref<?x?xi32>"}
 M3 = "memref<?x?x?xbf16>"
 IDX = "index"
-
-
-def gemm(kernel):
-    """The Gemm named `kernel`."""
-    return next(x for x in GEMMS if x.name == kernel)
 
 
 def gemm_args(h, kernel, values):
@@ -3372,7 +3130,7 @@ def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dw
                   dim_n=n, dim_k=d, hsaved=hf, dh=dh, wa=wa)
     if experts:
         values.update(ids=ids, wrow=wrow, dspart=dspart, num_ntiles=nt)
-    h.launch_gemm(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, gemm(kernel).bn), one, gemm_args(h, kernel, values))
+    h.launch_gemm(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN), one, gemm_args(h, kernel, values))
     h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
              gemm_args(h, "moe_gemm_rows_k_bf16", dict(
                  offsets=offs, num_experts=E, amat=dh, lda=two_n, bmat=wguf, ldb=two_n,
@@ -3413,8 +3171,7 @@ def host_expert_combine_grad():
     wrow = h.alloc(h.grid(R), "f32")
     h.launch("moe_scatter_weights", h.ceil(Tk, THREADS), one, one,
              [(wf, F32V), (rowsf, I32V), (Tk, IDX), (wrow, F32V)])
-    # dS's partial row sums, one an N-tile of the dSwiGLU GEMM
-    nt = h.ceil(n, gemm("moe_gemm_dact_gather").bn)
+    nt = h.ceil(n, BN)
     dspart = h.alloc(h.grid(e.mul(R, nt)), "f32")
     dxe = h.alloc(e.mul(R, d), "bf16")
     ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dout", M2["bf16"]), "%token_ids",

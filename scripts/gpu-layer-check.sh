@@ -7,8 +7,10 @@
 #   example   examples/cpp built against the "example" layer and run;
 #   check     bench/check_layer.py on the small and odd layers, with the routing variants;
 #   bench     bench/bench.py on the four BENCH.md configurations;
-#   recompute bench/bench.py on the same layers compiled with H recomputed in backward
-#             (NAME-recompute, no HF baseline; JSON in $OUT/recompute/bench.json);
+#   recompute the same layers compiled with H recomputed in backward (NAME-recompute): with
+#             the bench step, in its bench.py run (--recompute: each right after its kept
+#             layer, the ratio from one GPU state); alone, bench.py on them without the HF
+#             baseline (JSON in $OUT/recompute/bench.json);
 #   offload   check_layer.py on layers compiled with H offloaded (--policy=offload), then
 #             bench/offload_compiled.py: stacks of them against the kept layers (JSON in
 #             $OUT/offload/);
@@ -225,11 +227,13 @@ if wants bench; then
   # the ceiling's matmul also after MOE_BENCH_SUSTAINED seconds of it (default 3; 0: not):
   # the rate under the power cap that a timed loop as long as ours runs at
   bench_opts+=(--sustained-ceiling "${MOE_BENCH_SUSTAINED:-3}")
+  # H recomputed: each NAME-recompute timed right after NAME in the same run
+  wants recompute && bench_opts+=(--recompute)
   bench_step "bench.py" "" "" "$bench_limit" "${bench_opts[@]}"
 fi
 
 # ---------------------------------------------------------------- recompute
-if wants recompute; then
+if wants recompute && ! wants bench; then
   remaining=$(left)
   bench_step "bench.py recompute" -recompute recompute/ \
     $((remaining > 150 ? remaining - 30 : 120)) --no-hf

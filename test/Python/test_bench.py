@@ -137,3 +137,49 @@ def test_offload_compiled_digest_tells_bitwise_equality():
         v = t.clone().view(-1).flip(0).view(t.shape)
         if not torch.equal(v, t):
             assert offload_compiled.digest(torch, v) != offload_compiled.digest(torch, t)
+
+
+def test_recompute_timed_beside_the_kept_layer(tmp_path, capsys):
+    """--recompute: NAME-recompute checked and timed in the same process right after NAME,
+    its ratio to the kept layer and the best peer's ratio to it in the JSON and the table; a
+    configuration without NAME-recompute says so and still passes."""
+    pytest.importorskip("transformers")
+    cfg = LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16")
+    emulate.write_layer(cfg, str(tmp_path / "mixtral-8x7b"))
+    emulate.write_layer(cfg, str(tmp_path / "mixtral-8x7b-recompute"))
+    emulate.write_layer(LayerConfig(32, 64, 32, 4, 1, dtype="bf16"), str(tmp_path / "olmoe-1b-7b"))
+    rc = bench.main(["--emulate", "--device", "cpu", "--layer", str(tmp_path / "mixtral-8x7b"),
+                     "--layer", str(tmp_path / "olmoe-1b-7b"), "--recompute",
+                     "--ceiling-size", "64", "--iters", "5", "--warmup", "1",
+                     "--hf-implementation", "eager", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    mixtral, olmoe = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"]
+    rec = mixtral["ours_recompute"]
+    assert rec["check"]["ok"] and len(rec["times_ms"]) == 5
+    assert mixtral["recompute_over_kept"] == pytest.approx(
+        rec["median_ms"] / mixtral["ours"]["median_ms"])
+    assert mixtral["best_peer_over_recompute_time"] == pytest.approx(
+        mixtral["hf"]["median_ms"] / rec["median_ms"])
+    assert (f"mixtral-8x7b: H recomputed {rec['median_ms']:.2f} ms, "
+            f"{mixtral['recompute_over_kept']:.2f}x the kept layer (target <= 1.25)") in out
+    assert "olmoe-1b-7b-recompute.json missing" in olmoe["recompute_skipped"]
+    assert "olmoe-1b-7b: H recomputed not timed" in out
+    assert "ours_recompute" not in olmoe and "2 passed, 0 failed" in out
+
+
+def test_recompute_of_another_layer_fails(tmp_path, capsys):
+    """A NAME-recompute compiled for another configuration is an error of that configuration
+    (exit 1), never a ratio between two different layers."""
+    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+                        str(tmp_path / "mixtral-8x7b"))
+    emulate.write_layer(LayerConfig(64, 64, 32, 8, 1, renormalize=True, dtype="bf16"),
+                        str(tmp_path / "mixtral-8x7b-recompute"))
+    rc = bench.main(["--emulate", "--device", "cpu", "--layer", str(tmp_path / "mixtral-8x7b"),
+                     "--recompute", "--no-hf", "--ceiling-size", "64", "--iters", "5",
+                     "--warmup", "1", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    entry = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"][0]
+    assert "is not the same layer as mixtral-8x7b" in entry["recompute_error"]
+    assert "recompute_over_kept" not in entry and "0 passed, 1 failed" in out

@@ -12,7 +12,7 @@ dir=$(realpath -m "${1:-$root/gpu-inputs/ops}")
 gen=${2:-$root/lib/Conversion/MoEToGPU/gen_gpu_library.py}
 mkdir -p "$dir"
 export PATH="$PATH:/usr/local/cuda/bin"
-echo "generator: $gen $(env | grep '^MOE_GEMM_' | tr '\n' ' ')" >"$dir/VARIANT"
+echo "generator: $gen $(env | grep -E '^MOE_(GEMM|GPU)_' | tr '\n' ' ')" >"$dir/VARIANT"
 python3 "$gen" -o "$dir/library.mlir"
 python3 "$root/test/GPU/gen_ops_harness.py" "$dir/library.mlir" >"$dir/ops.mlir"
 "$bin/mlir-opt" "$dir/ops.mlir" --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=bin opt-level=3" -o "$dir/ops.llvm.mlir"

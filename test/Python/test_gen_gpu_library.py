@@ -31,7 +31,7 @@ def load(monkeypatch, **env):
 
 def generate(tmp_path, **env):
     out = tmp_path / "library.mlir"
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_GEMM_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MOE_GEMM_", "MOE_GPU_"))}
     full_env.update(env)
     proc = subprocess.run([sys.executable, GENERATOR, "-o", str(out)], env=full_env,
                           capture_output=True, text=True)
@@ -423,6 +423,26 @@ def test_variants_generate(tmp_path):
         assert ("setmaxregister" in text) == (ws == "gather")
 
 
+def test_dependent_launch(tmp_path):
+    """MOE_GPU_PDL=1: every kernel waits for the previous grid (griddepcontrol.wait) before
+    anything else, then lets the next one launch, and the module defines the global the
+    runtime keys programmatic launches on; by default neither."""
+    proc, text = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "griddepcontrol" not in text
+    proc, text = generate(tmp_path, MOE_GPU_PDL="1")
+    assert proc.returncode == 0, proc.stderr
+    assert text.count("llvm.mlir.global external constant @__moe_griddepcontrol(1 : i32)") == 1
+    bodies = kernel_bodies(text.split("func.func")[0])
+    kernels = {name: body for name, body in bodies.items() if " kernel attributes " in body}
+    assert len(kernels) >= 20
+    for name, body in kernels.items():
+        head_end = body.index(" kernel attributes ")
+        ops = [line.strip() for line in body[head_end:].split("\n")[1:3]]
+        assert ops == ["nvvm.griddepcontrol wait", "nvvm.griddepcontrol launch_dependents"], name
+    assert text.count("nvvm.griddepcontrol wait") == len(kernels)
+
+
 def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     """-o writes a regular file through a temporary one and a rename, so a build never
     embeds half a library; a device or a pipe (-o /dev/null as root) is written in place,
@@ -459,6 +479,7 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
     ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
     ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
+    ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

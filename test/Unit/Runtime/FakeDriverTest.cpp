@@ -216,13 +216,7 @@ TEST_F(RuntimeFake, Launches) {
   int value = 7;
   void *params[] = {&value};
 
-  moeLaunchConfig config = {};
-  config.gridX = 132;
-  config.gridY = config.gridZ = 1;
-  config.blockX = 384;
-  config.blockY = config.blockZ = 1;
-  config.sharedMemBytes = 200 * 1024;
-  config.stream = stream;
+  moeLaunchConfig config = plainLaunch(132, 384, 200 * 1024, stream);
   ASSERT_EQ(moeLaunch(function, &config, params), MOE_SUCCESS) << lastMessage();
   EXPECT_EQ(fake->launchCalls, 1);
   EXPECT_EQ(fake->launchExCalls, 0);
@@ -275,11 +269,7 @@ TEST_F(RuntimeFake, DependentLaunch) {
   ASSERT_EQ(moeModuleGetFunction(module, "gemm", &function), MOE_SUCCESS);
   int value = 7;
   void *params[] = {&value};
-  moeLaunchConfig config = {};
-  config.gridX = 132;
-  config.gridY = config.gridZ = 1;
-  config.blockX = 256;
-  config.blockY = config.blockZ = 1;
+  moeLaunchConfig config = plainLaunch(132, 256);
   ASSERT_EQ(moeLaunch(function, &config, params), MOE_SUCCESS) << lastMessage();
   EXPECT_EQ(fake->launchCalls, 0);
   EXPECT_EQ(fake->launchExCalls, 1);

@@ -7,13 +7,7 @@ using namespace moe::runtime::test;
 namespace {
 
 moeLaunchConfig plain(uint32_t grid, uint32_t block, uint32_t smem = 0) {
-  moeLaunchConfig config = {};
-  config.gridX = grid;
-  config.gridY = config.gridZ = 1;
-  config.blockX = block;
-  config.blockY = config.blockZ = 1;
-  config.sharedMemBytes = smem;
-  return config;
+  return plainLaunch(grid, block, smem);
 }
 
 uint32_t &axisOf(uint32_t &x, uint32_t &y, uint32_t &z, int axis) {

@@ -32,6 +32,21 @@ inline void useDriver(const char *path) {
 /// The last error message as a string.
 inline std::string lastMessage() { return moeGetLastErrorMessage(); }
 
+/// A one-dimensional launch without a cluster: `grid` blocks of `block`
+/// threads.
+inline moeLaunchConfig plainLaunch(uint32_t grid, uint32_t block,
+                                   uint32_t smem = 0,
+                                   moeStream stream = nullptr) {
+  moeLaunchConfig config = {};
+  config.gridX = grid;
+  config.gridY = config.gridZ = 1;
+  config.blockX = block;
+  config.blockY = config.blockZ = 1;
+  config.sharedMemBytes = smem;
+  config.stream = stream;
+  return config;
+}
+
 /// No driver: MOE_LIBCUDA names a file that does not exist.
 class NoDriverTest : public ::testing::Test {
 protected:

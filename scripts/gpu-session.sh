@@ -14,6 +14,11 @@
 #             MOE_SANITIZE_LIMIT: the step's seconds, default 200; MOE_SANITIZE_TOOL_LIMIT:
 #             each tool's, default 200);
 #   layer     gpu-layer-check.sh --only build,example,check,bench,recompute;
+#   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (a library built
+#             with other generator settings: cmake -DMOE_GPU_LIBRARY_ENV=..., then
+#             build-gpu-inputs.sh --out gpu-inputs-NAME; carry it too), built and timed as
+#             the layer step's (gpu-layer-check.sh --only build,bench,recompute), NAME's
+#             lines in session.txt as layer-NAME;
 #   torch     gpu-torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
 #   long      gpu-torch-check.sh --only build,long: the largest T in 4 GiB of activations,
@@ -123,6 +128,18 @@ for step in ${steps//,/ }; do
   layer)
     run layer 300 bash "$root/scripts/gpu-layer-check.sh" --only build,example,check,bench,recompute \
       --deadline $(($(left) - 20)) ;;
+  variants)
+    found=0
+    for tree in "$root"/gpu-inputs-*/; do
+      [ -d "$tree/layers" ] || continue
+      found=1
+      name=$(basename "$tree")
+      name=${name#gpu-inputs-}
+      MOE_GPU_INPUTS=${tree%/} MOE_LAYER_BUILD_DIR=/tmp/moe-layer-build-$name \
+        run "layer-$name" 240 bash "$root/scripts/gpu-layer-check.sh" --only build,bench,recompute \
+        --deadline $(($(left) - 20))
+    done
+    [ $found = 1 ] || echo "== variants: no gpu-inputs-*/layers to run" | tee -a "$report" ;;
   torch)
     run torch 330 bash "$root/scripts/gpu-torch-check.sh" --deadline $(($(left) - 20)) ;;
   long)

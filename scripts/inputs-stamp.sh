@@ -7,13 +7,16 @@
 
 # Prints: the commit, the files of lib/ include/ tools/ not committed (the kernels come from
 # the build's generator, which may be ahead of the commit: session 20 timed layers whose
-# dSwiGLU kernels were an uncommitted experiment's), the kernel library the build holds and
+# dSwiGLU kernels were an uncommitted experiment's), the kernel library the build holds, the
+# generator settings it was built with (CMake's MOE_GPU_LIBRARY_ENV; "default" for none) and
 # the date.
 inputs_stamp() {
-  local root=$1 build=$2 changed
+  local root=$1 build=$2 changed settings
   echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
   changed=$(git -C "$root" status --porcelain -- lib include tools 2>/dev/null | awk '{print $2}' | tr '\n' ' ')
   echo "uncommitted in lib/ include/ tools/: ${changed:-none}"
   echo "kernel library: $(ls "$build/share/moe_mlir/kernels" 2>/dev/null | tr '\n' ' ')"
+  settings=$(sed -n 's/^MOE_GPU_LIBRARY_ENV:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
+  echo "library settings: ${settings:-default}"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }

@@ -25,8 +25,10 @@ def test_stamp_names_the_build_kernel_library(tmp_path):
     (kernels / "0123abcd.mlir").write_text("")
     lines = stamp(tmp_path)
     keys = [line.split(":")[0] for line in lines]
-    assert keys == ["commit", "uncommitted in lib/ include/ tools/", "kernel library", "date"]
+    assert keys == ["commit", "uncommitted in lib/ include/ tools/", "kernel library",
+                    "library settings", "date"]
     assert kernel_library(lines) == ["0123abcd.mlir "]
+    assert "library settings: default" in lines
     other = tmp_path / "other"
     (other / "share" / "moe_mlir" / "kernels").mkdir(parents=True)
     (other / "share" / "moe_mlir" / "kernels" / "feed.mlir").write_text("")
@@ -36,3 +38,11 @@ def test_stamp_names_the_build_kernel_library(tmp_path):
 def test_stamp_of_a_build_without_kernels_is_empty(tmp_path):
     # gpu-torch-check.sh fails on an empty "kernel library:", whatever the other file says
     assert kernel_library(stamp(tmp_path / "missing")) == [""]
+
+
+def test_stamp_names_the_library_settings(tmp_path):
+    """A build configured with -DMOE_GPU_LIBRARY_ENV=... (a variant of the kernel library)
+    says so, as CMake writes the cache."""
+    (tmp_path / "CMakeCache.txt").write_text(
+        "//NAME=VALUE settings of gen_gpu_library.py\nMOE_GPU_LIBRARY_ENV:STRING=MOE_GPU_PDL=1\n")
+    assert "library settings: MOE_GPU_PDL=1" in stamp(tmp_path)

@@ -3283,8 +3283,7 @@ def with_dependent_launch(module_lines):
     kernel (MOE_GPU_PDL); the runtime keys on PDL_MARKER."""
     out = []
     for text in module_lines:
-        lines = text.split("\n")
-        for i, line in enumerate(lines):
+        for line in text.split("\n"):
             out.append(line)
             if KERNEL_HEAD.match(line):
                 out.append("      nvvm.griddepcontrol wait")

@@ -119,6 +119,11 @@ def useful_flops(T: int, d: int, n: int, E: int, k: int, shared: int = 0) -> flo
     return 18.0 * T * k * d * n + 18.0 * T * d * shared + 6.0 * T * d * E
 
 
+def tflops(flops: float, median_ms: float) -> float:
+    """The rate of `flops` done in `median_ms`, TFLOP/s."""
+    return flops / (median_ms * 1e-3) / 1e12
+
+
 def floor_bytes(T: int, d: int, n: int, k: int) -> int:
     return 2 * T * d + 4 * T * k * n + 12 * T * k
 
@@ -281,9 +286,10 @@ def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str,
 
 def bench_recompute(torch, path: str, cfg, args, device, timer: Timer, opts,
                     entry: Dict[str, Any]) -> None:
-    """--recompute: PATH-recompute timed as bench_ours times PATH, into entry["ours_recompute"]
-    (or entry["recompute_skipped"] / entry["recompute_error"]); the ratio to the kept layer in
-    entry["recompute_over_kept"]."""
+    """--recompute, after entry["ours"]: PATH-recompute timed as bench_ours times PATH, into
+    entry["ours_recompute"] (or entry["recompute_skipped"] / entry["recompute_error"]); the
+    ratio to the kept layer in entry["recompute_over_kept"]. The caller frees the layer's
+    memory afterwards, as after the kept one."""
     from moe_mlir import torch_reference as TR
     rpath = path + "-recompute"
     needed = rpath + (".json" if opts.emulate else ".so")
@@ -292,7 +298,6 @@ def bench_recompute(torch, path: str, cfg, args, device, timer: Timer, opts,
         log(f"  H recomputed: skipped, {needed} missing")
         return
     log("  ours, H recomputed: check, then forward + backward ...")
-    layer = None
     try:
         layer = open_layer(rpath, opts)
         rcfg = TR.config_from_manifest(layer.layer)
@@ -304,25 +309,21 @@ def bench_recompute(torch, path: str, cfg, args, device, timer: Timer, opts,
         entry["recompute_error"] = f"{type(e).__name__}: {e}"
         log(f"  H recomputed FAILED: {entry['recompute_error']}")
         return
-    finally:
-        layer = None
-        gc.collect()
-        if timer.cuda:
-            torch.cuda.empty_cache()
-            trim_runtime_pool()
-    rec["tflops"] = entry["useful_flops"] / (rec["median_ms"] * 1e-3) / 1e12
+    rec["tflops"] = tflops(entry["useful_flops"], rec["median_ms"])
     entry["ours_recompute"] = rec
-    if "ours" in entry:
-        entry["recompute_over_kept"] = rec["median_ms"] / entry["ours"]["median_ms"]
+    entry["recompute_over_kept"] = rec["median_ms"] / entry["ours"]["median_ms"]
     log(f"  H recomputed: {rec['median_ms']:.2f} ms, "
-        f"{entry.get('recompute_over_kept', math.nan):.2f}x the kept layer; sample check "
+        f"{entry['recompute_over_kept']:.2f}x the kept layer; sample check "
         f"{'ok' if rec['check']['ok'] else 'FAILED'}")
 
 
 def best_peer_ms(entry: Dict[str, Any]) -> Optional[float]:
-    """The fastest peer's step time of a configuration (HF's Mixtral block, the full
-    DeepseekV3MoE, Liger), None if none ran."""
-    times = [entry[k]["median_ms"] for k in ("hf", "hf_full", "liger") if k in entry]
+    """The fastest step time of the peers that do a configuration's work, None if none ran:
+    Liger and the HF block, which is DeepseekV3MoE (hf_full) where it ran beside the Mixtral
+    block without a shared expert or group router (hf)."""
+    names = ("hf_full" if "hf_full" in entry else "hf", "liger")
+    times = [entry[p]["median_ms"] for p in names
+             if isinstance(entry.get(p), dict) and "median_ms" in entry[p]]
     return min(times) if times else None
 
 
@@ -490,7 +491,7 @@ def time_peer(entry: Dict[str, Any], key: str, label: str, run,
         log(f"  {label} failed: {entry[key + '_error']}")
         return None
     entry[key] = res
-    res["tflops"] = (flops or entry["useful_flops"]) / (res["median_ms"] * 1e-3) / 1e12
+    res["tflops"] = tflops(flops or entry["useful_flops"], res["median_ms"])
     if "ours" in entry:
         entry[f"ours_over_{key}_time"] = entry["ours"]["median_ms"] / res["median_ms"]
     return res
@@ -617,7 +618,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             log("  ours: check, then forward + backward ...")
             ours = bench_ours(torch, layer, cfg, args, device, timer, opts)
             entry["ours"] = ours
-            ours["tflops"] = entry["useful_flops"] / (ours["median_ms"] * 1e-3) / 1e12
+            ours["tflops"] = tflops(entry["useful_flops"], ours["median_ms"])
             ours["fraction_of_ceiling"] = ours["tflops"] / ceiling["tflops"]
             if sustained is not None:
                 ours["fraction_of_sustained_ceiling"] = ours["tflops"] / sustained["tflops"]
@@ -737,7 +738,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{e.get('recompute_skipped') or e.get('recompute_error')}")
     for e in report["configs"]:
         if "liger" in e:
-            best = min(e["liger"]["median_ms"], e.get("hf", {}).get("median_ms", math.inf))
+            best = best_peer_ms(e)
             log(f"{e['name']}: Liger {e['liger']['median_ms']:.2f} ms "
                 f"({e['liger']['tflops']:.0f} TFLOP/s), ours/Liger "
                 f"{e.get('ours_over_liger_time', math.nan):.2f}, best peer / ours "

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench import useful_flops  # noqa: E402
+from bench import best_peer_ms, useful_flops  # noqa: E402
 
 # BENCH.md's configurations: T, d, n, E, k, and the shared expert's width m (deepseek-v3's
 # DeepseekV3MoE; its routed-only layer is "deepseek-v3-routed", bench.py's name)
@@ -140,15 +140,10 @@ def against_floor(bench: Dict[str, Any], model: Dict[str, float]) -> List[Dict[s
         work = step_work(*CONFIGS[name])
         fl = floor_ms(work, model)
         ours = entry["ours"]["median_ms"]
-        # the peers that do the same work: DeepseekV3MoE (hf_full) where bench.py ran it
-        # beside the Mixtral block without a shared expert (hf)
-        names = ("hf_full" if "hf_full" in entry else "hf", "liger")
-        peers = [entry[p]["median_ms"] for p in names
-                 if isinstance(entry.get(p), dict) and "median_ms" in entry[p]]
+        best = best_peer_ms(entry)
         row = {"name": name, **work, **fl, "ours_ms": ours, "ours_of_floor": fl["floor_ms"] / ours,
                "ours_of_compute_floor": fl["compute_ms"] / ours}
-        if peers:
-            best = min(peers)
+        if best is not None:
             row.update(best_peer_ms=best, peer_of_floor=fl["floor_ms"] / best,
                        ratio=best / ours, ratio_max=best / fl["floor_ms"],
                        target_1_3x_of_floor=fl["floor_ms"] / (best / 1.3))

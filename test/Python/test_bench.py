@@ -183,3 +183,12 @@ def test_recompute_of_another_layer_fails(tmp_path, capsys):
     entry = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"][0]
     assert "is not the same layer as mixtral-8x7b" in entry["recompute_error"]
     assert "recompute_over_kept" not in entry and "0 passed, 1 failed" in out
+
+
+def test_best_peer_does_the_same_work():
+    """The best peer is the fastest of Liger and the HF block, and the HF block is
+    DeepseekV3MoE (hf_full) where it ran, never the faster Mixtral block beside it, which
+    has no shared expert (power_floor.py reads the same rule from here)."""
+    assert bench.best_peer_ms({"hf": {"median_ms": 60.0}, "hf_full": {"median_ms": 66.0}}) == 66.0
+    assert bench.best_peer_ms({"hf": {"median_ms": 20.0}, "liger": {"median_ms": 16.5}}) == 16.5
+    assert bench.best_peer_ms({"hf_error": "RuntimeError: x"}) is None

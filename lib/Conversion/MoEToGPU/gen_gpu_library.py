@@ -3275,7 +3275,8 @@ PDL = os.environ.get("MOE_GPU_PDL", "0")
 if PDL not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GPU_PDL={PDL!r}: expected 0 or 1")
 PDL_MARKER = "llvm.mlir.global external constant @__moe_griddepcontrol(1 : i32) {addr_space = 4 : i32} : i32"
-KERNEL_HEAD = re.compile(r"^\s*(gpu\.func @\w+\(.*)?.*\bkernel attributes \{.*\} \{$")
+# the line that opens a kernel's body (the last of its gpu.func head)
+KERNEL_HEAD = re.compile(r"\bkernel attributes \{.*\} \{$")
 
 
 def with_dependent_launch(module_lines):
@@ -3285,7 +3286,7 @@ def with_dependent_launch(module_lines):
     for text in module_lines:
         for line in text.split("\n"):
             out.append(line)
-            if KERNEL_HEAD.match(line):
+            if KERNEL_HEAD.search(line):
                 out.append("      nvvm.griddepcontrol wait")
                 out.append("      nvvm.griddepcontrol launch_dependents")
     return out

@@ -19,7 +19,8 @@ def load(monkeypatch, **env):
     are read at import)."""
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
                 "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL",
-                "MOE_GEMM_TMA_STORE", "MOE_GEMM_DYNAMIC", "MOE_GEMM_IDLE_SKIP"):
+                "MOE_GEMM_TMA_STORE", "MOE_GEMM_DYNAMIC", "MOE_GEMM_IDLE_SKIP",
+                "MOE_GEMM_DACT_STAGE", "MOE_GEMM_DACT_FMA"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -355,6 +356,43 @@ def test_dswiglu_epilogue_loads_its_rows_first(tmp_path, unroll):
             assert "load %hsaved" not in block and "load %wrow" not in block, name
 
 
+@pytest.mark.parametrize("stage, fma", [("bf16", "0"), ("f32", "1"), ("bf16", "1")])
+def test_dswiglu_staging_and_arithmetic_variants(tmp_path, stage, fma):
+    """MOE_GEMM_DACT_STAGE=bf16: dA reaches the dSwiGLU's rows by 16 stmatrix.x4 a thread
+    and one 16-byte load a row, not 128 scalar f32 stores and 8 loads a row.
+    MOE_GEMM_DACT_FMA=1: two fused multiply-adds a value (dS's sum and d silu / dg) and
+    the bf16 inputs widened by shifts and masks. Either changes the dSwiGLU GEMMs alone."""
+    proc, text = generate(tmp_path, MOE_GEMM_DACT_STAGE=stage, MOE_GEMM_DACT_FMA=fma)
+    assert proc.returncode == 0, proc.stderr
+    base_proc, base = generate(tmp_path)
+    assert base_proc.returncode == 0, base_proc.stderr
+    bodies, base_bodies = kernel_bodies(text), kernel_bodies(base)
+    assert bodies.keys() == base_bodies.keys()
+    for name in bodies:
+        if not name.startswith("moe_gemm_dact_"):
+            assert bodies[name] == base_bodies[name], name
+    wg_store = re.compile(r"memref\.store .*: memref<\?xf32, #gpu\.address_space<workgroup>>")
+    for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
+        body, base_body = bodies[name], base_bodies[name]
+        assert body != base_body, name
+        loop = body[body.index("scf.for %ep"):]
+        rows = 4  # MOE_GEMM_DACT_UNROLL's default
+        ds_stores = rows if "gather" in name else 0  # a warp's row sums of dS, one a row
+        assert len(wg_store.findall(base_body)) == 128 + ds_stores
+        if stage == "bf16":
+            assert body.count("nvvm.stmatrix") == 16, name
+            assert len(wg_store.findall(body)) == ds_stores, name
+            assert loop.count("vector<8xbf16>") >= rows and "memref<?xf32, #gpu" not in loop.split(
+                "@__moe_gpu_sigmoid")[0], name
+        else:
+            assert "nvvm.stmatrix" not in body and len(wg_store.findall(body)) == 128 + ds_stores
+        if fma == "1":
+            assert loop.count("llvm.intr.fma") == 2 * 8 * rows, name
+            assert "arith.extf" not in loop and loop.count("arith.andi") >= 4 * 2 * rows, name
+        else:
+            assert "llvm.intr.fma" not in body, name
+
+
 def test_recomputed_h_writes_no_a(tmp_path):
     """The up projection's _h kernels (H recomputed in backward) take no A and store only
     H; the host functions of the recomputation launch them and allocate nothing for A."""
@@ -477,6 +515,8 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_TMA_STORE": "2"}, "expected 0 or 1"),
     ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
     ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
+    ({"MOE_GEMM_DACT_STAGE": "f16"}, "expected f32 or bf16"),
+    ({"MOE_GEMM_DACT_FMA": "yes"}, "expected 0 or 1"),
     ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
     ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
     ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),

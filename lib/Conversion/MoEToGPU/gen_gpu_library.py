@@ -146,6 +146,21 @@ DACT_UNROLL_TEXT = os.environ.get("MOE_GEMM_DACT_UNROLL", "4")
 if DACT_UNROLL_TEXT not in ("1", "2", "4", "8"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_UNROLL={DACT_UNROLL_TEXT!r}: expected 1, 2, 4 or 8")
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
+# MOE_GEMM_DACT_STAGE: how the dSwiGLU GEMM hands dA from the accumulators to the row-wise
+# epilogue through the (then free) ring. f32: a scalar store and a scalar load a value, in
+# rows XOR-swizzled by row % 32 (256 shared-memory instructions a thread a tile). bf16: dA
+# rounded to bf16 (as the GEMM's output is in the HF block) by stmatrix into rows padded to
+# BULK_ROW, read back 8 values a lane in one 16-byte load (32 instructions, half the bytes).
+DACT_STAGE = os.environ.get("MOE_GEMM_DACT_STAGE", "f32")
+if DACT_STAGE not in ("f32", "bf16"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_STAGE={DACT_STAGE!r}: expected f32 or bf16")
+# MOE_GEMM_DACT_FMA=1: the dSwiGLU's arithmetic in 12 f32 operations a value, not 15
+# (fused multiply-adds where a product is summed, d silu / dg as s + s (g - silu)), and
+# its bf16 inputs widened two bit operations a pair, not three. The epilogue issues
+# about 31 instructions a value (docs/perf.md, session 26).
+DACT_FMA = os.environ.get("MOE_GEMM_DACT_FMA", "0")
+if DACT_FMA not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_FMA={DACT_FMA!r}: expected 0 or 1")
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -282,6 +297,23 @@ class Emitter:
 
     def fsub(self, a, b):
         return self.op(f"arith.subf {a}, {b} : f32")
+
+    def ffma(self, a, b, c):
+        """a * b + c, rounded once. The LLVM intrinsic, not math.fma, which the NVVM
+        lowering may turn into a call of libdevice's __nv_fmaf that nothing links."""
+        return self.op(f"llvm.intr.fma({a}, {b}, {c}) : (f32, f32, f32) -> f32")
+
+    def bf16x8_to_f32(self, vec):
+        """The 8 lanes of a vector<8xbf16> in f32, two bit operations a pair: lane 2i is
+        the low half of 32-bit word i (LLVM's extract and extend take three)."""
+        words = self.op(f"vector.bitcast {vec} : vector<8xbf16> to vector<4xi32>")
+        out = []
+        for i in range(4):
+            w = self.op(f"vector.extract {words}[{i}] : i32 from vector<4xi32>")
+            lo = self.op(f"arith.shli {w}, {self.const(16, 'i32')} : i32")
+            hi = self.op(f"arith.andi {w}, {self.const(-65536, 'i32')} : i32")
+            out += [self.op(f"arith.bitcast {x} : i32 to f32") for x in (lo, hi)]
+        return out
 
 
 # ---------------------------------------------------------------------------
@@ -1606,7 +1638,8 @@ def gen_gemm(g):
         prologue(S)
         acc, _ = mainloop(S, c(0, I32))
         if_begin(S["valid"])
-        ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid)
+        ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid,
+                      stage_rows_bf16=lambda: stage_rows_stmatrix(sptr, acc))
         if_end()
 
     e.emit("gpu.return")
@@ -1720,6 +1753,8 @@ def dswiglu_loads(e, g, A, r, col):
 
     def vload_bf16(mem, idx):
         v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
+        if DACT_FMA == "1":
+            return e.bf16x8_to_f32(v)
         return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
                 for u in range(V)]
 
@@ -1750,12 +1785,16 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
         sgm, silu = silu_parts(e, gs[u])
         a = e.fmul(silu, us[u])
         da = e.fmul(a_accs[u], w)
-        # d silu / dg = s (1 + g (1 - s))
-        dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
+        if DACT_FMA == "1":
+            # s (1 + g (1 - s)) = s + s (g - silu)
+            dsilu = e.ffma(sgm, e.fsub(gs[u], silu), sgm)
+        else:
+            # d silu / dg = s (1 + g (1 - s))
+            dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
         dgs.append(bf16(e.fmul(e.fmul(da, us[u]), dsilu)))
         dus.append(bf16(e.fmul(da, silu)))
         was.append(bf16(e.fmul(w, a)))
-        part = e.fadd(part, e.fmul(a_accs[u], a))
+        part = e.ffma(a_accs[u], a, part) if DACT_FMA == "1" else e.fadd(part, e.fmul(a_accs[u], a))
     e.if_begin(ok)
     vstore(dgs, e.add(hrow, col), A["dh"])
     vstore(dus, e.add(hrow, e.add(half, col)), A["dh"])
@@ -1765,26 +1804,34 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
 
 
 # ---- epilogues of the other kernels (fp32 C through the ring) -----------------
-def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
+def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, stage_rows_bf16):
     """The ring is free after the k-loop: the fp32 tile goes through it so the
     epilogue walks the tile in an order that makes the global stores coalesced,
-    with few live registers."""
+    with few live registers. With MOE_GEMM_DACT_STAGE=bf16 the dSwiGLU's tile goes
+    through it in bf16 instead: stage_rows_bf16() writes it by stmatrix into rows of
+    BULK_ROW elements from the ring's start."""
     c = e.const
     m0, n0, m_end, expert, elo = S["m0"], S["n0"], S["m_end"], S["expert"], S["elo"]
     SF = f"memref<?xf32, {WG}>"
     e.emit("gpu.barrier")
-    stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BN)}] : {SMEM} to {SF}", "st")
+    bf16_stage = g.epi == "dswiglu" and DACT_STAGE == "bf16"
+    if bf16_stage:
+        stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BULK_ROW)}] : {SMEM} to {SBF16}", "st")
+        stage_rows_bf16()
+    else:
+        stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BN)}] : {SMEM} to {SF}", "st")
 
     def stage_index(lr, lc):
         # rows of 256 f32 with the column XOR-ed by row % 32: row-wise and
         # column-wise walks over the tile are both free of bank conflicts
         return e.add(e.mul(lr, c(BN)), e.xor(lc, e.rem(lr, c(32))))
 
-    for v in range(BN // 2):
-        j, i, cc = v // 4, (v // 2) % 2, v % 2
-        val = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
-        idx = stage_index(e.add(qrow, c(8 * i)), e.add(qcol, c(8 * j + cc)))
-        e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
+    if not bf16_stage:
+        for v in range(BN // 2):
+            j, i, cc = v // 4, (v // 2) % 2, v % 2
+            val = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
+            idx = stage_index(e.add(qrow, c(8 * i)), e.add(qcol, c(8 * j + cc)))
+            e.emit(f"memref.store {val}, {stage}[{idx}] : {SF}")
     e.emit("gpu.barrier")
 
     if_begin, if_end = e.if_begin, e.if_end
@@ -1796,6 +1843,17 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
 
     def staged(lr, lc):
         return e.op(f"memref.load {stage}[{stage_index(lr, lc)}] : {SF}")
+
+    def staged_group(lr, lc):
+        """dA of row lr, columns lc + [0, V) in f32 (lc a multiple of V)."""
+        if not bf16_stage:
+            return [staged(lr, e.add(lc, c(u))) for u in range(V)]
+        idx = e.add(e.mul(lr, c(BULK_ROW)), lc)
+        vec = e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
+        if DACT_FMA == "1":
+            return e.bf16x8_to_f32(vec)
+        wide = e.op(f"arith.extf {vec} : vector<{V}xbf16> to vector<{V}xf32>")
+        return [e.op(f"vector.extract {wide}[{u}] : f32 from vector<{V}xf32>") for u in range(V)]
 
     def vstore(vec, mem, idx, ty):
         e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>")
@@ -1845,8 +1903,7 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid):
             ok = e.op(f"arith.andi {r_ok}, {col_ok} : i1")
             batch.append((lr, r_in, ok, dswiglu_loads(e, g, A, r_in, col_in)))
         for lr, r_in, ok, loaded in batch:
-            part = dswiglu_group(e, g, A, r_in, col_in, [staged(lr, e.add(lc, c(u))) for u in range(V)],
-                                 loaded, ok)
+            part = dswiglu_group(e, g, A, r_in, col_in, staged_group(lr, lc), loaded, ok)
             if g.has_ds:
                 # a warp holds one row, 8 columns per lane
                 for mask in (16, 8, 4, 2, 1):

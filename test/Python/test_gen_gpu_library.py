@@ -20,7 +20,7 @@ def load(monkeypatch, **env):
     for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
                 "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL",
                 "MOE_GEMM_TMA_STORE", "MOE_GEMM_DYNAMIC", "MOE_GEMM_IDLE_SKIP",
-                "MOE_GEMM_DACT_STAGE", "MOE_GEMM_DACT_FMA"):
+                "MOE_GEMM_DACT_STAGE", "MOE_GEMM_DACT_FMA", "MOE_GEMM_DACT_PIPELINE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -393,6 +393,41 @@ def test_dswiglu_staging_and_arithmetic_variants(tmp_path, stage, fma):
             assert "llvm.intr.fma" not in body, name
 
 
+@pytest.mark.parametrize("stage", ["f32", "bf16"])
+def test_dswiglu_epilogue_loads_a_batch_ahead(tmp_path, stage):
+    """MOE_GEMM_DACT_PIPELINE=1: the first batch's H (and w) is loaded before dA is staged,
+    and each batch of the loop loads the next one's before its first arithmetic, carrying
+    the loaded vectors to the next iteration; no load sits under a branch."""
+    proc, text = generate(tmp_path, MOE_GEMM_DACT_PIPELINE="1", MOE_GEMM_DACT_STAGE=stage)
+    assert proc.returncode == 0, proc.stderr
+    base_proc, base = generate(tmp_path, MOE_GEMM_DACT_STAGE=stage)
+    assert base_proc.returncode == 0, base_proc.stderr
+    bodies, base_bodies = kernel_bodies(text), kernel_bodies(base)
+    for name in bodies:
+        if not name.startswith("moe_gemm_dact_"):
+            assert bodies[name] == base_bodies[name], name
+    rows = 4  # MOE_GEMM_DACT_UNROLL's default
+    for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
+        body = bodies[name]
+        has_w = "gather" in name
+        staging = body.index("nvvm.stmatrix" if stage == "bf16" else "memref.store %f")
+        head, loop = body[:body.index("scf.for %ep")], body[body.index("scf.for %ep"):]
+        before_staging = body[body.index("nvvm.wgmma.wait.group.sync.aligned 0"):staging]
+        assert before_staging.count("vector.load %hsaved") == 2 * rows, name
+        assert before_staging.count("memref.load %wrow") == (rows if has_w else 0), name
+        assert head.count("vector.load %hsaved") == 2 * rows, name
+        first_line = loop.split("\n")[0]
+        assert first_line.count("iter_args(") == 1, name
+        assert first_line.count("vector<8xbf16>") == 2 * rows, name
+        first_math = loop.index("@__moe_gpu_sigmoid")
+        assert loop[:first_math].count("vector.load %hsaved") == 2 * rows, name
+        assert loop.count("vector.load %hsaved") == 2 * rows, name
+        carried = 2 * rows + (rows if has_w else 0)
+        assert re.search(r"scf\.yield (%\w+, ){" + str(carried - 1) + r"}%\w+ : vector<8xbf16>", loop), name
+        for block in re.findall(r"scf\.if [^{]*\{(.*?)\n\s*\}", loop, re.S):
+            assert "load %hsaved" not in block and "load %wrow" not in block, name
+
+
 def test_recomputed_h_writes_no_a(tmp_path):
     """The up projection's _h kernels (H recomputed in backward) take no A and store only
     H; the host functions of the recomputation launch them and allocate nothing for A."""
@@ -517,6 +552,7 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
     ({"MOE_GEMM_DACT_STAGE": "f16"}, "expected f32 or bf16"),
     ({"MOE_GEMM_DACT_FMA": "yes"}, "expected 0 or 1"),
+    ({"MOE_GEMM_DACT_PIPELINE": "2"}, "expected 0 or 1"),
     ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
     ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
     ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),

@@ -161,6 +161,13 @@ if DACT_STAGE not in ("f32", "bf16"):
 DACT_FMA = os.environ.get("MOE_GEMM_DACT_FMA", "0")
 if DACT_FMA not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_FMA={DACT_FMA!r}: expected 0 or 1")
+# MOE_GEMM_DACT_PIPELINE=1: the dSwiGLU epilogue loads the next rows' H (and w) before it
+# computes the current ones, and the first rows' before dA is staged, so a batch's loads
+# wait behind the previous batch's arithmetic instead of in front of its own (the last
+# batch loads itself again, from L1, so that no branch holds a load).
+DACT_PIPELINE = os.environ.get("MOE_GEMM_DACT_PIPELINE", "0")
+if DACT_PIPELINE not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_PIPELINE={DACT_PIPELINE!r}: expected 0 or 1")
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -1753,15 +1760,43 @@ def dswiglu_loads(e, g, A, r, col):
 
     def vload_bf16(mem, idx):
         v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
-        if DACT_FMA == "1":
-            return e.bf16x8_to_f32(v)
-        return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-                for u in range(V)]
+        return widen_bf16x8(e, v)
 
     w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>") if g.has_w else c(1.0, "f32")
     hrow = e.mul(r, e.mul(half, c(2)))
     return (hrow, w, vload_bf16(A["hsaved"], e.add(hrow, col)),
             vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col))))
+
+
+def widen_bf16x8(e, v):
+    """The 8 lanes of a vector<8xbf16> in f32."""
+    if DACT_FMA == "1":
+        return e.bf16x8_to_f32(v)
+    return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+            for u in range(V)]
+
+
+def dswiglu_raw_loads(e, g, A, r, col):
+    """MOE_GEMM_DACT_PIPELINE: dswiglu_loads' loads alone, [gate, up] as vector<8xbf16>
+    (and w), to be carried into the next iteration and widened there by dswiglu_widen."""
+    half = A["dim_n"]
+    hrow = e.mul(r, e.mul(half, e.const(2)))
+    vals = [e.op(f"vector.load {A['hsaved']}[{e.add(hrow, e.add(off, col))}] {{alignment = 16}} : "
+                 f"memref<?xbf16>, vector<{V}xbf16>") for off in (e.const(0), half)]
+    if g.has_w:
+        vals.append(e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>"))
+    return vals
+
+
+def dswiglu_raw_types(g):
+    return [f"vector<{V}xbf16>"] * 2 + (["f32"] if g.has_w else [])
+
+
+def dswiglu_widen(e, g, A, r, raw):
+    """dswiglu_loads' tuple from dswiglu_raw_loads' values for row r."""
+    w = raw[2] if g.has_w else e.const(1.0, "f32")
+    hrow = e.mul(r, e.mul(A["dim_n"], e.const(2)))
+    return (hrow, w, widen_bf16x8(e, raw[0]), widen_bf16x8(e, raw[1]))
 
 
 def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
@@ -1813,6 +1848,32 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
     c = e.const
     m0, n0, m_end, expert, elo = S["m0"], S["n0"], S["m_end"], S["expert"], S["elo"]
     SF = f"memref<?xf32, {WG}>"
+    pipelined = g.epi == "dswiglu" and DACT_PIPELINE == "1"
+    if pipelined:
+        # A warp's rows: warp + 8 i of the batch at ep, 8 columns a lane; rows past the
+        # expert's end and columns past n are clamped to the last valid ones.
+        half = A["dim_n"]
+        lc = e.mul(lane, c(V))
+        col = e.add(n0, lc)
+        col_ok = e.cmp("ult", col, half)
+        col_in = e.select(col_ok, col, e.sub(half, c(V)))
+        last_row = e.sub(m_end, c(1))
+        rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
+
+        def batch_rows(ep):
+            rows = []
+            for u in range(DACT_UNROLL):
+                lr = e.add(e.add(ep, warp), c(8 * u))
+                r = e.add(m0, lr)
+                r_ok = e.cmp("ult", r, m_end)
+                rows.append((lr, e.select(r_ok, r, last_row), e.op(f"arith.andi {r_ok}, {col_ok} : i1")))
+            return rows
+
+        def batch_loads(ep):
+            return [v for _, r_in, _ in batch_rows(ep) for v in dswiglu_raw_loads(e, g, A, r_in, col_in)]
+
+        # the first batch's loads fly while dA is staged
+        first_loads = batch_loads(c(0))
     e.emit("gpu.barrier")
     bf16_stage = g.epi == "dswiglu" and DACT_STAGE == "bf16"
     if bf16_stage:
@@ -1871,6 +1932,40 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col), "f32")
         if_end()
         if_end()
+    elif pipelined:
+        # as the branch below, with the loads a batch ahead
+        ds_off = e.add(pad, c(g.ring_bytes))
+        stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
+        types = dswiglu_raw_types(g) * DACT_UNROLL
+        carried = [e.fresh("ld") for _ in types]
+        res = e.fresh("eps")
+        e.emit(f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
+               + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
+               + f") -> ({', '.join(types)}) {{")
+        e.indent += "  "
+        # the next batch (the last loads itself again: L1 hits, no branch)
+        nxt = batch_loads(e.minu(e.add("%ep", c(rows_per_batch)), c(BM - rows_per_batch)))
+        per_row = len(dswiglu_raw_types(g))
+        for u, (lr, r_in, ok) in enumerate(batch_rows("%ep")):
+            loaded = dswiglu_widen(e, g, A, r_in, carried[per_row * u:per_row * (u + 1)])
+            part = dswiglu_group(e, g, A, r_in, col_in, staged_group(lr, lc), loaded, ok)
+            if g.has_ds:
+                for mask in (16, 8, 4, 2, 1):
+                    name = e.fresh("sh")
+                    e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
+                    part = e.fadd(part, name)
+                if_begin(e.cmp("eq", lane, c(0)))
+                e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
+                if_end()
+        e.emit(f"scf.yield {', '.join(nxt)} : {', '.join(types)}")
+        if_end()
+        e.emit("gpu.barrier")
+        if g.has_ds:
+            r = e.add(m0, tid)
+            if_begin(e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', r, m_end)} : i1"))
+            total = e.op(f"memref.load {stage_ds}[{tid}] : {SF}")
+            e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
+            if_end()
     elif g.epi == "dswiglu":
         # acc = dA (unscaled) for columns n0 + [0,256) of n; w = wrow[r] (1 without
         # routing weights). The tile walks rows (a warp per row, 8 columns a lane:

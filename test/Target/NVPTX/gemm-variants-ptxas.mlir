@@ -7,7 +7,9 @@
 // by four TMA box stores where it is 1, the default; the last two in one library; MOE_GEMM_DACT_UNROLL=8 and 1 with the
 // first two: the dSwiGLU epilogue's rows loaded 8 and 1 at a time; MOE_GEMM_DACT_FMA=1 with
 // the second and, with MOE_GEMM_DACT_STAGE=bf16, with MOE_GEMM_DYNAMIC=all: the dSwiGLU's
-// fused multiply-adds, and its dA staged in bf16 by stmatrix) still compile for
+// fused multiply-adds, and its dA staged in bf16 by stmatrix; MOE_GEMM_DACT_PIPELINE=1 with
+// those and with the fourth, whose dA goes through f32: its H loads a batch ahead) still
+// compile for
 // sm_90a with no spill, no local stack and no wgmma serialisation warning (check_ptxas.py
 // fails on any).
 // REQUIRES: ptxas
@@ -24,7 +26,7 @@
 // RUN: %ptxas -arch=sm_90a -v %t.none.moe_kernels.ptx -o %t.none.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.none.txt
 // RUN: FileCheck %s --check-prefix=NONE < %t.none.txt
 // RUN: not grep "Used 168 registers" %t.none.txt
-// RUN: env MOE_GEMM_ROWS_TMA=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
+// RUN: env MOE_GEMM_ROWS_TMA=1 MOE_GEMM_DACT_PIPELINE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.rows.mlir > %t.rows.ops.mlir
 // RUN: mlir-opt %t.rows.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.rows.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
@@ -37,7 +39,7 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk
 // RUN: %ptxas -arch=sm_90a -v %t.bulk.moe_kernels.ptx -o %t.bulk.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.bulk.txt
 // RUN: FileCheck %s --check-prefix=BULK --input-file=%t.bulk.moe_kernels.ptx
-// RUN: env MOE_GEMM_DYNAMIC=all MOE_GEMM_DACT_STAGE=bf16 MOE_GEMM_DACT_FMA=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.dyn.mlir
+// RUN: env MOE_GEMM_DYNAMIC=all MOE_GEMM_DACT_STAGE=bf16 MOE_GEMM_DACT_FMA=1 MOE_GEMM_DACT_PIPELINE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.dyn.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.dyn.mlir > %t.dyn.ops.mlir
 // RUN: mlir-opt %t.dyn.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.dyn.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.dyn.isa.mlir %t.dyn
@@ -124,11 +126,16 @@
 // DYN-LABEL: .entry moe_gemm_rows_k_bf16(
 // DYN-DAG: atom.global.add.u32
 // DYN-DAG: redux.sync.min.u32
-// The dSwiGLU GEMM (static tiles) stages dA by 16 stmatrix.x4 a thread and reads it back
-// 16 bytes a row, and sums dS and forms d silu / dg with fused multiply-adds.
+// The dSwiGLU GEMM (static tiles) loads its first rows of H, stages dA by 16 stmatrix.x4 a
+// thread and reads it back 16 bytes a row, loads the next rows, and sums dS and forms
+// d silu / dg with fused multiply-adds.
 // DYN-LABEL: .entry moe_gemm_dact_gather(
 // DYN-NOT: atom.global.add
+// DYN-COUNT-8: ld.global.v4.b32
+// DYN: bar.sync
 // DYN-COUNT-16: stmatrix.sync.aligned.m8n8.x4.shared.b16
+// DYN: bar.sync
+// DYN-COUNT-8: ld.global.v4.b32
 // DYN: ld.shared.v4.b32
 // DYN: fma.rn.f32
 // DYN-LABEL: .entry moe_gemm_wgrad_gather(

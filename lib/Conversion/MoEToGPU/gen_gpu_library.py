@@ -1849,28 +1849,35 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
     m0, n0, m_end, expert, elo = S["m0"], S["n0"], S["m_end"], S["expert"], S["elo"]
     SF = f"memref<?xf32, {WG}>"
     pipelined = g.epi == "dswiglu" and DACT_PIPELINE == "1"
-    if pipelined:
-        # A warp's rows: warp + 8 i of the batch at ep, 8 columns a lane; rows past the
-        # expert's end and columns past n are clamped to the last valid ones.
+    rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
+
+    # The dSwiGLU walks rows (a warp per row, 8 columns a lane: coalesced H loads and dH,
+    # w*a stores): warp w takes rows w + 8 i of the batch at ep. Rows past the expert's end
+    # and columns past n read the last valid ones (no branch holds a load) and store nothing.
+    def dswiglu_columns():
+        """(lc, col_ok, col_in, last_row): the lane's columns in the tile, whether they are
+        in n, the clamped first column in n, the expert's last row."""
         half = A["dim_n"]
         lc = e.mul(lane, c(V))
         col = e.add(n0, lc)
         col_ok = e.cmp("ult", col, half)
-        col_in = e.select(col_ok, col, e.sub(half, c(V)))
-        last_row = e.sub(m_end, c(1))
-        rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
+        return lc, col_ok, e.select(col_ok, col, e.sub(half, c(V))), e.sub(m_end, c(1))
 
-        def batch_rows(ep):
-            rows = []
-            for u in range(DACT_UNROLL):
-                lr = e.add(e.add(ep, warp), c(8 * u))
-                r = e.add(m0, lr)
-                r_ok = e.cmp("ult", r, m_end)
-                rows.append((lr, e.select(r_ok, r, last_row), e.op(f"arith.andi {r_ok}, {col_ok} : i1")))
-            return rows
+    def dswiglu_row(ep, u, cols):
+        """(tile row, clamped row, whether to store) of the warp's row u of the batch at ep."""
+        _, col_ok, _, last_row = cols
+        lr = e.add(e.add(ep, warp), c(8 * u))
+        r = e.add(m0, lr)
+        r_ok = e.cmp("ult", r, m_end)
+        r_in = e.select(r_ok, r, last_row)
+        return lr, r_in, e.op(f"arith.andi {r_ok}, {col_ok} : i1")
+
+    if pipelined:
+        cols = dswiglu_columns()
 
         def batch_loads(ep):
-            return [v for _, r_in, _ in batch_rows(ep) for v in dswiglu_raw_loads(e, g, A, r_in, col_in)]
+            return [v for u in range(DACT_UNROLL)
+                    for v in dswiglu_raw_loads(e, g, A, dswiglu_row(ep, u, cols)[1], cols[2])]
 
         # the first batch's loads fly while dA is staged
         first_loads = batch_loads(c(0))
@@ -1932,73 +1939,17 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col), "f32")
         if_end()
         if_end()
-    elif pipelined:
-        # as the branch below, with the loads a batch ahead
-        ds_off = e.add(pad, c(g.ring_bytes))
-        stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
-        types = dswiglu_raw_types(g) * DACT_UNROLL
-        carried = [e.fresh("ld") for _ in types]
-        res = e.fresh("eps")
-        e.emit(f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
-               + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
-               + f") -> ({', '.join(types)}) {{")
-        e.indent += "  "
-        # the next batch (the last loads itself again: L1 hits, no branch)
-        nxt = batch_loads(e.minu(e.add("%ep", c(rows_per_batch)), c(BM - rows_per_batch)))
-        per_row = len(dswiglu_raw_types(g))
-        for u, (lr, r_in, ok) in enumerate(batch_rows("%ep")):
-            loaded = dswiglu_widen(e, g, A, r_in, carried[per_row * u:per_row * (u + 1)])
-            part = dswiglu_group(e, g, A, r_in, col_in, staged_group(lr, lc), loaded, ok)
-            if g.has_ds:
-                for mask in (16, 8, 4, 2, 1):
-                    name = e.fresh("sh")
-                    e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
-                    part = e.fadd(part, name)
-                if_begin(e.cmp("eq", lane, c(0)))
-                e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
-                if_end()
-        e.emit(f"scf.yield {', '.join(nxt)} : {', '.join(types)}")
-        if_end()
-        e.emit("gpu.barrier")
-        if g.has_ds:
-            r = e.add(m0, tid)
-            if_begin(e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', r, m_end)} : i1"))
-            total = e.op(f"memref.load {stage_ds}[{tid}] : {SF}")
-            e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
-            if_end()
     elif g.epi == "dswiglu":
         # acc = dA (unscaled) for columns n0 + [0,256) of n; w = wrow[r] (1 without
-        # routing weights). The tile walks rows (a warp per row, 8 columns a lane:
-        # coalesced H loads and dH, w*a stores); the weight gradients read dH and w*a
-        # MN-major from these rows. With dS, each warp sums its row's products acc*a
-        # in a fixed order.
-        half = A["dim_n"]
-        two_half = e.mul(half, c(2))
+        # routing weights); the weight gradients read dH and w*a MN-major from these rows.
+        # With dS, each warp sums its row's products acc*a in a fixed order.
+        if not pipelined:
+            two_half = e.mul(A["dim_n"], c(2))
         ds_off = e.add(pad, c(g.ring_bytes))
         stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
 
-        # A warp walks rows warp + 8 i, 8 columns a lane. The rows come DACT_UNROLL at a
-        # time, their loads first (rows past the expert's end and columns past n read
-        # the last valid ones and store nothing), so a thread waits for global memory
-        # 16 / DACT_UNROLL times a tile instead of 16.
-        lc = e.mul(lane, c(V))
-        col = e.add(n0, lc)
-        col_ok = e.cmp("ult", col, half)
-        col_in = e.select(col_ok, col, e.sub(half, c(V)))
-        last_row = e.sub(m_end, c(1))
-        rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
-        e.emit(f"scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} {{")
-        e.indent += "  "
-        batch = []
-        for u in range(DACT_UNROLL):
-            lr = e.add(e.add("%ep", warp), c(8 * u))
-            r = e.add(m0, lr)
-            r_ok = e.cmp("ult", r, m_end)
-            r_in = e.select(r_ok, r, last_row)
-            ok = e.op(f"arith.andi {r_ok}, {col_ok} : i1")
-            batch.append((lr, r_in, ok, dswiglu_loads(e, g, A, r_in, col_in)))
-        for lr, r_in, ok, loaded in batch:
-            part = dswiglu_group(e, g, A, r_in, col_in, staged_group(lr, lc), loaded, ok)
+        def finish_row(lr, r_in, ok, loaded):
+            part = dswiglu_group(e, g, A, r_in, cols[2], staged_group(lr, cols[0]), loaded, ok)
             if g.has_ds:
                 # a warp holds one row, 8 columns per lane
                 for mask in (16, 8, 4, 2, 1):
@@ -2008,6 +1959,35 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
                 if_begin(e.cmp("eq", lane, c(0)))
                 e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
                 if_end()
+
+        if pipelined:
+            # the loads a batch ahead, carried through the loop
+            types = dswiglu_raw_types(g) * DACT_UNROLL
+            carried = [e.fresh("ld") for _ in types]
+            res = e.fresh("eps")
+            e.emit(f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
+                   + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
+                   + f") -> ({', '.join(types)}) {{")
+            e.indent += "  "
+            # the next batch (the last loads itself again: L1 hits, no branch)
+            nxt = batch_loads(e.minu(e.add("%ep", c(rows_per_batch)), c(BM - rows_per_batch)))
+            per_row = len(dswiglu_raw_types(g))
+            for u in range(DACT_UNROLL):
+                lr, r_in, ok = dswiglu_row("%ep", u, cols)
+                finish_row(lr, r_in, ok, dswiglu_widen(e, g, A, r_in, carried[per_row * u:per_row * (u + 1)]))
+            e.emit(f"scf.yield {', '.join(nxt)} : {', '.join(types)}")
+        else:
+            # The rows come DACT_UNROLL at a time, their loads first, so a thread waits for
+            # global memory 16 / DACT_UNROLL times a tile instead of 16.
+            cols = dswiglu_columns()
+            e.emit(f"scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} {{")
+            e.indent += "  "
+            batch = []
+            for u in range(DACT_UNROLL):
+                lr, r_in, ok = dswiglu_row("%ep", u, cols)
+                batch.append((lr, r_in, ok, dswiglu_loads(e, g, A, r_in, cols[2])))
+            for row in batch:
+                finish_row(*row)
         if_end()
         e.emit("gpu.barrier")
         if g.has_ds:

@@ -1918,10 +1918,7 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
             return [staged(lr, e.add(lc, c(u))) for u in range(V)]
         idx = e.add(e.mul(lr, c(BULK_ROW)), lc)
         vec = e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
-        if DACT_FMA == "1":
-            return e.bf16x8_to_f32(vec)
-        wide = e.op(f"arith.extf {vec} : vector<{V}xbf16> to vector<{V}xf32>")
-        return [e.op(f"vector.extract {wide}[{u}] : f32 from vector<{V}xf32>") for u in range(V)]
+        return widen_bf16x8(e, vec)
 
     def vstore(vec, mem, idx, ty):
         e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>")

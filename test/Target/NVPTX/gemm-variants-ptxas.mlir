@@ -9,9 +9,8 @@
 // the second and, with MOE_GEMM_DACT_STAGE=bf16, with MOE_GEMM_DYNAMIC=all: the dSwiGLU's
 // fused multiply-adds, and its dA staged in bf16 by stmatrix; MOE_GEMM_DACT_PIPELINE=1 with
 // those and with the fourth, whose dA goes through f32: its H loads a batch ahead) still
-// compile for
-// sm_90a with no spill, no local stack and no wgmma serialisation warning (check_ptxas.py
-// fails on any).
+// compile for sm_90a with no spill, no local stack and no wgmma serialisation warning
+// (check_ptxas.py fails on any).
 // REQUIRES: ptxas
 // RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 MOE_GEMM_DACT_UNROLL=8 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir

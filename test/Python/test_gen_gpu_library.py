@@ -489,6 +489,47 @@ def test_router_weight_gradient_is_split_along_tokens(tmp_path):
     assert "scf.for %sl = %c0 to %S" in bodies["moe_sum_splits_bf16"]
 
 
+def test_router_dx_accumulates(tmp_path):
+    """MOE_GPU_ACCUMULATE_DX=1 adds the router's dX GEMM that adds every tile into dx by
+    four TMA reduce-add boxes (moe_gemm_rows_k_bf16_acc: one problem, so its map clips a
+    partial last tile and no tile is stored row by row) and __moe_gpu_router_grad_acc,
+    which launches it where __moe_gpu_router_grad launches the storing one; everything
+    else is the default library unchanged. By default neither exists."""
+    proc, default = generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "_acc" not in default and "tensor.reduce" not in default
+    proc, text = generate(tmp_path, MOE_GPU_ACCUMULATE_DX="1")
+    assert proc.returncode == 0, proc.stderr
+    bodies = kernel_bodies(text.split("func.func")[0])
+    acc, plain = bodies["moe_gemm_rows_k_bf16_acc"], bodies["moe_gemm_rows_k_bf16"]
+    boxes = re.findall(r"nvvm\.cp\.async\.bulk\.tensor\.reduce %cmap, %\w+, box\[(%\w+), (%\w+)\] "
+                       r"\{redKind = #nvvm\.tma_redux_kind<add>\}", acc)
+    assert len(boxes) == 4 and len({row for _, row in boxes}) == 1, boxes
+    assert acc.count("nvvm.cp.async.bulk.tensor.reduce") == 4
+    assert "nvvm.cp.async.bulk.tensor.global.shared.cta" not in acc
+    assert "nvvm.cp.async.bulk.global.shared.cta" not in acc and "llvm.store" not in acc
+    assert acc.count("nvvm.stmatrix") == 16
+    # the same GEMM up to its epilogue's stores (but for its constants and the numbering of
+    # values): the storing one then branches on a whole tile, the adding one does not
+    def numbered(body):
+        lines = body.split("nvvm.cp.async.bulk.wait_group 0 {read}")[0].split("\n")
+        return re.sub(r"%[cv]\d+", "%_", "\n".join(x for x in lines if "arith.constant" not in x))
+    assert numbered(acc).replace("_acc(", "(") == numbered(plain)
+
+    def host(name):
+        fn = text[text.index(f"func.func private @{name}("):]
+        return fn[:fn.index("\n  }\n")]
+    router, router_acc = host("__moe_gpu_router_grad"), host("__moe_gpu_router_grad_acc")
+    assert "@moe_kernels::@moe_gemm_rows_k_bf16_acc " in router_acc
+    assert "@moe_kernels::@moe_gemm_rows_k_bf16 " not in router_acc
+    assert router_acc.replace("_acc", "") == router
+    # the default library plus the two
+    rest = text.replace("  " + router_acc + "\n  }\n", "")
+    start = rest.index("    gpu.func @moe_gemm_rows_k_bf16_acc(")
+    rest = rest[:start] + rest[start + len(acc):]
+    assert rest == default
+
+
 def test_variants_generate(tmp_path):
     for ws in ("gather", "none"):
         proc, text = generate(tmp_path, MOE_GEMM_WS=ws)
@@ -556,6 +597,9 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
     ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
     ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),
+    ({"MOE_GPU_ACCUMULATE_DX": "yes"}, "expected 0 or 1"),
+    ({"MOE_GPU_ACCUMULATE_DX": "1", "MOE_GEMM_TMA_STORE": "0"}, "stores by TMA reduce boxes"),
+    ({"MOE_GPU_ACCUMULATE_DX": "1", "MOE_GEMM_WS": "gather"}, "stores by TMA reduce boxes"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

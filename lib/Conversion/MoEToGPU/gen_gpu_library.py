@@ -168,6 +168,13 @@ if DACT_FMA not in ("0", "1"):
 DACT_PIPELINE = os.environ.get("MOE_GEMM_DACT_PIPELINE", "0")
 if DACT_PIPELINE not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_PIPELINE={DACT_PIPELINE!r}: expected 0 or 1")
+# MOE_GPU_ACCUMULATE_DX=1: the library also has __moe_gpu_router_grad_acc, whose dX GEMM
+# adds dlogits W_r^T to what dx holds (TMA reduce-add box stores, moe_gemm_rows_k_bf16_acc)
+# instead of overwriting it; convert-moe-to-gpu then folds the backward's last add,
+# dx = dx of the experts + dx of the router, into it (docs/gpu-path.md).
+ACCUMULATE_DX = os.environ.get("MOE_GPU_ACCUMULATE_DX", "0")
+if ACCUMULATE_DX not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GPU_ACCUMULATE_DX={ACCUMULATE_DX!r}: expected 0 or 1")
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -347,7 +354,7 @@ class Emitter:
 
 class Gemm:
     def __init__(self, name, a, b, epi, sched, gather_a=False, gather_b=False, has_w=False,
-                 has_ds=False, store_a=True):
+                 has_ds=False, store_a=True, reduce_store=False):
         self.name, self.a, self.b, self.epi, self.sched = name, a, b, epi, sched
         self.gather_a, self.gather_b, self.has_w, self.has_ds = gather_a, gather_b, has_w, has_ds
         # swiglu: A = silu(gate) * up too, for the down projection (not when H is
@@ -371,6 +378,14 @@ class Gemm:
         # of a [rows, N] map, an expert's partial last tile (whose box would run into the
         # next expert's rows) row by row
         self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
+        # MOE_GPU_ACCUMULATE_DX: C += the tile, every tile by TMA reduce-add boxes of the
+        # [rows, N] map. Only for one problem (num_experts = 1): the map's rows end where
+        # the problem's do, so it clips a partial last tile (several experts' partial
+        # tiles would reach into the next expert's rows).
+        self.reduce_store = reduce_store
+        if reduce_store and not self.tma_store_rows:
+            sys.exit(f"gen_gpu_library.py: {name} (MOE_GPU_ACCUMULATE_DX=1) stores by TMA reduce "
+                     "boxes: it needs MOE_GEMM_WS=all, MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1")
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
@@ -1207,6 +1222,10 @@ def gen_gemm(g):
         for b in range(BN // 64):
             src = gep3(stage_ptr, c(b * TMA_BOX_BYTES, I32)) if b else stage_ptr
             col = e.add(n0, c(64 * b, I32), I32) if b else n0
+            if g.reduce_store:
+                e.emit(f"nvvm.cp.async.bulk.tensor.reduce {A['cmap']}, {src}, box[{col}, {m0}] "
+                       f"{{redKind = #nvvm.tma_redux_kind<add>}} : !llvm.ptr, {P3}")
+                continue
             e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
                    f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}")
         e.emit("nvvm.cp.async.bulk.commit.group")
@@ -1573,12 +1592,12 @@ def gen_gemm(g):
                     e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
                     consumer_barrier()
                     (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)
-                if g.tma_store_rows:
+                if g.tma_store_rows and not g.reduce_store:
                     # (a branch the whole consumer warpgroup pair takes alike)
                     whole = e.cmp("ule", e.add(S["m0"], c(BM)), S["m_end"])
                     e.if_else(whole, lambda: store(True), lambda: store(False))
                 else:
-                    store(g.tma_store)
+                    store(g.tma_store or g.reduce_store)
             else:
                 for h in (0, 1):
                     stage_half(e, g, stage, acc, h, qrow, qcol, lane)
@@ -2014,6 +2033,10 @@ GEMMS = [
     Gemm("moe_gemm_wgrad_gather_a", "mn", "rows_mn", "store_bf16_w", "varlen_k", gather_a=True),
     Gemm("moe_gemm_wgrad_rows", "mn", "rows_mn", "store_bf16_w", "varlen_k"),
 ]
+if ACCUMULATE_DX == "1":
+    # dx += dlogits W_r^T (the router's dX, one problem)
+    GEMMS.append(Gemm("moe_gemm_rows_k_bf16_acc", "rows", "w_k", "store_bf16", "varlen_m",
+                      reduce_store=True))
 
 
 # ---------------------------------------------------------------------------
@@ -3337,8 +3360,10 @@ def host_shared_expert_grad():
     return h.text()
 
 
-def host_router_grad():
-    h = Host("router_grad", [
+def host_router_grad(accumulate=False):
+    """__moe_gpu_router_grad; accumulate (MOE_GPU_ACCUMULATE_DX): __moe_gpu_router_grad_acc,
+    which adds dx's part to what dx holds."""
+    h = Host("router_grad_acc" if accumulate else "router_grad", [
         ("x", M2["bf16"]), ("wr", M2["bf16"]), ("logits", M2["f32"]), ("experts", M2["i32"]),
         ("d_weights", M2["f32"]), ("d_logits", M2["f32"]), ("scoring", "i32"),
         ("renormalize", "i1"), ("scaling", "f32"), ("dx", M2["bf16"]), ("d_wr", M2["bf16"])])
@@ -3359,8 +3384,9 @@ def host_router_grad():
     offs = single_offsets(h, T)
     xf = h.flat("%x", M2["bf16"])
     wrp = padded_copy(h, h.flat("%wr", M2["bf16"]), d, E, E8, "bf16")
-    h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
-             gemm_args(h, "moe_gemm_rows_k_bf16", dict(
+    dx_gemm = "moe_gemm_rows_k_bf16_acc" if accumulate else "moe_gemm_rows_k_bf16"
+    h.launch_gemm(dx_gemm, e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
+             gemm_args(h, dx_gemm, dict(
                  offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=wrp, ldb=E8, dim_m=T,
                  dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
     # dW_r = x^T dlogits, [d, E8]: K = T tokens, but only ceil(d / 128) output tiles, so
@@ -3442,6 +3468,8 @@ def main():
                lambda: host_shared_expert(with_y=False), host_expert_combine_grad,
                host_shared_expert_grad, host_router_grad, host_add):
         out.append(fn())
+    if ACCUMULATE_DX == "1":
+        out.append(host_router_grad(accumulate=True))
     out.append("}")
     text = "\n".join(out) + "\n"
     if len(sys.argv) == 3 and sys.argv[1] == "-o":

@@ -37,6 +37,11 @@ OPS = {
                     ("scaling", "f32"), ("dx", B2), ("d_wr", B2)],
     "add": [("a", BF1), ("b", BF1), ("out", BF1)],
 }
+# Host functions of a library built with some settings only: wrapped where it has them.
+OPTIONAL_OPS = {
+    # MOE_GPU_ACCUMULATE_DX=1: dx += the router's part
+    "router_grad_acc": OPS["router_grad"],
+}
 
 
 def wrapper(name, args):
@@ -67,7 +72,8 @@ def main():
     lib = open(sys.argv[1]).read().rstrip()
     assert lib.endswith("}")
     body = lib[:-1]
-    wrappers = "\n".join(wrapper(n, a) for n, a in OPS.items())
+    ops = dict(OPS, **{n: a for n, a in OPTIONAL_OPS.items() if f"@__moe_gpu_{n}(" in lib})
+    wrappers = "\n".join(wrapper(n, a) for n, a in ops.items())
     sys.stdout.write(body + wrappers + "\n}\n")
 
 

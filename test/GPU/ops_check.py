@@ -57,6 +57,11 @@ class Lib:
         self.so.moeGetLastStatus.restype = ctypes.c_int
         self.so.moeGetLastErrorMessage.restype = ctypes.c_char_p
 
+    def has(self, name):
+        """Whether the harness wraps host function `name` (some exist only in a library
+        built with their setting, gen_ops_harness.py's OPTIONAL_OPS)."""
+        return hasattr(self.so, "_mlir_ciface_op_" + name)
+
     def call(self, name, *args):
         conv = []
         for a in args:
@@ -339,16 +344,17 @@ def run_empty(lib):
     return ok
 
 
-def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling):
-    tag = f"router_grad T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
+def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling, accumulate=False):
+    """router_grad against autograd; accumulate: router_grad_acc, which adds dx's part to
+    what dx holds (random values of the part's size, so that an error in the part shows
+    in the sum as much as in the part)."""
+    name = "router_grad_acc" if accumulate else "router_grad"
+    tag = f"{name} T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
     x, wr = bf(T, d), bf(d, E, std=0.02)
     logits = x.float() @ wr.float()
     ex = distinct_picks(T, E, k).to(torch.int32)
     dw = torch.randn(T, k, device=DEV)
     dl_in = torch.randn(T, E, device=DEV) * 0.1
-    dx = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
-    dwr = torch.empty(d, E, dtype=torch.bfloat16, device=DEV)
-    lib.call("router_grad", x, wr, logits, ex, dw, dl_in, scoring, int(renorm), float(scaling), dx, dwr)
     xr = x.float().requires_grad_()
     wrr = wr.float().requires_grad_()
     lg = xr @ wrr
@@ -357,7 +363,15 @@ def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling):
     if renorm:
         u = u / u.sum(1, keepdim=True)
     ((u * scaling * dw).sum() + (lg * dl_in).sum()).backward()
-    ok = check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
+    if accumulate:
+        dx0 = bf(T, d, std=xr.grad.std().item())
+        dx = dx0.clone()
+    else:
+        dx0 = torch.zeros(T, d, dtype=torch.bfloat16, device=DEV)
+        dx = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    dwr = torch.empty(d, E, dtype=torch.bfloat16, device=DEV)
+    lib.call(name, x, wr, logits, ex, dw, dl_in, scoring, int(renorm), float(scaling), dx, dwr)
+    ok = check(f"{tag} dx", rel(dx, dx0.float() + xr.grad), 2e-2)
     ok &= check(f"{tag} d_w_router", rel(dwr, wrr.grad), 2e-2)
     return ok
 
@@ -429,6 +443,11 @@ def bench(lib, name, reps=5):
         ("router_grad", lambda: lib.call("router_grad", x, wr, lg, ex, dw, empty2, scoring, int(renorm), float(scaling), dxr, dwr)),
         ("add", lambda: lib.call("add", dxs.view(-1), dxr.view(-1), dx.view(-1))),
     ]
+    if lib.has("router_grad_acc"):
+        # what convert-moe-to-gpu makes of router_grad + add with such a library: the
+        # router's dx added into the experts' (dxs, which then holds dx)
+        ops[-2:] = [("router_grad", lambda: lib.call("router_grad_acc", x, wr, lg, ex, dw, empty2, scoring,
+                                                     int(renorm), float(scaling), dxs, dwr))]
     times = {name_: [] for name_, _ in ops}
     for rep in range(reps + 1):
         for op_name, fn in ops:
@@ -547,6 +566,15 @@ def main():
         ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
         ("empty-t0", lambda: run_empty(lib)),
     ]
+    if lib.has("router_grad_acc"):
+        # dx += the router's part by TMA reduce-add boxes: T below a tile (37) and a
+        # partial last tile (3000 = 23 * 128 + 56 rows); d of one tile (128), of two (256)
+        # and with a partial last one (320: 64 columns, the other boxes outside)
+        steps += [
+            ("router-grad-acc", lambda: run_router_grad(lib, 37, 128, 8, 2, 0, True, 1.0, True)),
+            ("router-grad-acc-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5, True)),
+            ("router-grad-acc-split", lambda: run_router_grad(lib, 3000, 320, 128, 8, 0, True, 1.0, True)),
+        ]
     if not args.quick:
         steps += [
             ("ffn-all-to-one", lambda: run_ffn(lib, 1000, 1536, 704, 8, 2, "all-to-one")),

@@ -52,7 +52,7 @@
 // DUMP-OPTIONS-NEXT: moe-generate-backward,
 // DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
 // DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
-// DUMP-OPTIONS-NEXT: convert-moe-to-gpu,
+// DUMP-OPTIONS-NEXT: convert-moe-to-gpu{library=},
 
 // DUMP: builtin.module(
 // DUMP-NEXT: moe-decompose,
@@ -62,7 +62,7 @@
 // DUMP-NEXT: ),
 // DUMP-NEXT: moe-generate-backward,
 // DUMP-NEXT: moe-offload{prefetch=early},
-// DUMP-NEXT: convert-moe-to-gpu,
+// DUMP-NEXT: convert-moe-to-gpu{library=},
 // DUMP-NEXT: inline{
 // DUMP-NEXT: symbol-dce,
 // DUMP-NEXT: canonicalize{

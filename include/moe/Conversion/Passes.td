@@ -119,6 +119,14 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     return
     ```
 
+    With a library that has `__moe_gpu_router_grad_acc` (one built with
+    `MOE_GPU_ACCUMULATE_DX=1`, embedded or given by `library`), a returned
+    `arith.addf` of a `moe.router_grad`'s `dx` and a value X, each used only
+    by that add, X the result of an op before the router's gradient, is
+    folded into the router's gradient: X is written straight into the add's
+    out-parameter and `__moe_gpu_router_grad_acc` adds the router's part of
+    dx to it, so no add runs.
+
     Rejected with an error at the op, as this version cannot run them:
     data other than bf16, dynamic shapes, activations other than swiglu, a
     dispatch capacity factor, `moe.aux_loss(_grad)`, the unfused
@@ -126,6 +134,12 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     an undecomposed `moe.layer`, any other op on tensors, and `d`, `n` or
     the shared expert's `m` not a multiple of 64.
   }];
+  let options = [
+    Option<"libraryPath", "library", "std::string", /*default=*/"\"\"",
+           "A GPU library file (gen_gpu_library.py's output) to use instead of the "
+           "embedded one, e.g. one built with other generator settings; empty: the "
+           "embedded library">,
+  ];
   let dependentDialects = [
     "::mlir::affine::AffineDialect",
     "::mlir::arith::ArithDialect",

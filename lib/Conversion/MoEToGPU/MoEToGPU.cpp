@@ -29,7 +29,9 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Parser/Parser.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/MemoryBuffer.h"
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_CONVERTMOETOGPU
@@ -40,6 +42,11 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
+
+/// The router gradient that adds its dx into what dx holds, in libraries built
+/// with MOE_GPU_ACCUMULATE_DX=1 only.
+constexpr llvm::StringLiteral kRouterGradAccumulate =
+    "__moe_gpu_router_grad_acc";
 
 /// The text of MoEGPULibrary.mlir, embedded at build time.
 constexpr llvm::StringLiteral kGPULibrary =
@@ -687,9 +694,12 @@ public:
 };
 
 /// Emits the library call of `op`: its tensor operands, then scalar config,
-/// then its results, as the contract of docs/gpu-path.md lists them.
+/// then its results, as the contract of docs/gpu-path.md lists them. With
+/// `accumulate`, a router gradient adds its dx into what the buffer holds
+/// (__moe_gpu_router_grad_acc).
 void emitCall(Operation *op, HostFunctionBuilder &h,
-              llvm::function_ref<Value(Value)> bufferOf) {
+              llvm::function_ref<Value(Value)> bufferOf,
+              bool accumulate = false) {
   SmallVector<Value> args;
   auto operands = [&]() {
     for (Value operand : op->getOperands())
@@ -726,7 +736,7 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     args.append({scoring(routing), h.i1(routing.getRenormalize()),
                  h.f32(routing.getScalingFactorValue())});
     results();
-    h.call("__moe_gpu_router_grad", args);
+    h.call(accumulate ? kRouterGradAccumulate : "__moe_gpu_router_grad", args);
   } else if (isa<DispatchOp>(op)) {
     operands();
     results();
@@ -853,8 +863,37 @@ getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
   return result;
 }
 
-/// Replaces `plan.func` with a host function on device memrefs.
-void convertFunction(FunctionPlan &plan) {
+/// The returned adds `dx = X + dx of a router gradient` that the router
+/// gradient can do itself (__moe_gpu_router_grad_acc), each mapped to that
+/// router gradient: the router's dx and X are used by the add alone, X is the
+/// result of an op before the router gradient, and the sum is an out-parameter
+/// (`buffers`), into which X is then written and the router adds its part.
+DenseMap<Operation *, RouterGradOp>
+getFoldableAdds(Block &body, const DenseMap<Value, Value> &buffers) {
+  DenseMap<Operation *, RouterGradOp> folds;
+  for (auto add : body.getOps<arith::AddFOp>()) {
+    if (!buffers.count(add.getResult()))
+      continue;
+    for (auto [routerDx, other] : {std::pair(add.getLhs(), add.getRhs()),
+                                   std::pair(add.getRhs(), add.getLhs())}) {
+      auto router = routerDx.getDefiningOp<RouterGradOp>();
+      Operation *producer = other.getDefiningOp();
+      // A prefetch's buffer is the runtime's, not one X could be placed in.
+      if (!router || routerDx != router.getDx() || !routerDx.hasOneUse() ||
+          !other.hasOneUse() || !producer || isa<PrefetchOp>(producer) ||
+          buffers.count(other) || producer->getBlock() != router->getBlock() ||
+          !producer->isBeforeInBlock(router))
+        continue;
+      folds[add] = router;
+      break;
+    }
+  }
+  return folds;
+}
+
+/// Replaces `plan.func` with a host function on device memrefs; `library` is
+/// the GPU library's text (which host functions it has).
+void convertFunction(FunctionPlan &plan, StringRef library) {
   func::FuncOp func = plan.func;
   MLIRContext *context = func.getContext();
   auto module = func->getParentOfType<ModuleOp>();
@@ -897,6 +936,20 @@ void convertFunction(FunctionPlan &plan) {
       copies.push_back({param, value});
     else
       buffers[value] = param;
+  }
+
+  // dx = X + dx of the router, with a library whose router gradient adds into
+  // dx: X goes straight into the sum's out-parameter and the router adds its
+  // part there (no add, and neither X nor the router's dx is a temporary).
+  DenseMap<Operation *, RouterGradOp> foldedAdds;
+  DenseSet<Operation *> accumulatingRouters;
+  if (library.contains(("@" + kRouterGradAccumulate + "(").str()))
+    foldedAdds = getFoldableAdds(body, buffers);
+  for (auto &[add, router] : foldedAdds) {
+    Value sum = buffers.lookup(add->getResult(0));
+    for (Value operand : add->getOperands())
+      buffers[operand] = sum;
+    accumulatingRouters.insert(router);
   }
 
   // Temporaries are freed after the last op that reads them.
@@ -1009,7 +1062,9 @@ void convertFunction(FunctionPlan &plan) {
                                        h.index(planned->second), ValueRange{})
                     .getResult();
     }
-    emitCall(&op, h, [&](Value value) { return buffers.lookup(value); });
+    auto bufferOf = [&](Value value) { return buffers.lookup(value); };
+    if (!foldedAdds.count(&op))
+      emitCall(&op, h, bufferOf, accumulatingRouters.contains(&op));
     deallocTemporaries(freeAfter.lookup(&op));
   }
   h.loc = returnOp.getLoc();
@@ -1045,7 +1100,8 @@ void convertFunction(FunctionPlan &plan) {
 /// reference (transitively) and the library's gpu.modules into `module`.
 /// Symbols the module already has are kept, but a host function must have the
 /// type its calls expect.
-LogicalResult addLibrary(ModuleOp module) {
+LogicalResult addLibrary(ModuleOp module, StringRef libraryText,
+                         StringRef libraryName) {
   SymbolTable symbols(module);
   SmallVector<StringAttr> worklist;
   WalkResult walk = module.walk([&](func::CallOp call) {
@@ -1071,14 +1127,15 @@ LogicalResult addLibrary(ModuleOp module) {
   if (worklist.empty())
     return success();
 
-  if (StringRef(kGPULibrary).trim().empty())
-    return module.emitError("the embedded GPU library is empty: rebuild after "
-                            "MoEGPULibrary.mlir is written in full");
+  if (libraryText.trim().empty())
+    return module.emitError("the GPU library ")
+           << libraryName
+           << " is empty: rebuild after MoEGPULibrary.mlir is written in full";
   ParserConfig config(module.getContext());
   OwningOpRef<ModuleOp> library =
-      parseSourceString<ModuleOp>(kGPULibrary, config, "MoEGPULibrary.mlir");
+      parseSourceString<ModuleOp>(libraryText, config, libraryName);
   if (!library)
-    return module.emitError("cannot parse the embedded GPU library");
+    return module.emitError("cannot parse the GPU library ") << libraryName;
   SymbolTable librarySymbols(*library);
 
   // The kernels, whether or not a copied function launches them yet.
@@ -1106,6 +1163,8 @@ LogicalResult addLibrary(ModuleOp module) {
 
 struct ConvertMoEToGPUPass
     : public mlir::moe::impl::ConvertMoEToGPUBase<ConvertMoEToGPUPass> {
+  using ConvertMoEToGPUBase::ConvertMoEToGPUBase;
+
   /// The pipeline inlines the host functions (their tensor-map set-up holds
   /// llvm ops).
   void getDependentDialects(DialectRegistry &registry) const override {
@@ -1169,10 +1228,27 @@ struct ConvertMoEToGPUPass
         return signalPassFailure();
       plans.push_back(std::move(*plan));
     }
-    for (FunctionPlan &plan : plans)
-      convertFunction(plan);
+    // The embedded library, or the one `library` names.
+    std::unique_ptr<llvm::MemoryBuffer> libraryFile;
+    StringRef libraryText = kGPULibrary;
+    std::string libraryName = "MoEGPULibrary.mlir (embedded)";
+    if (!libraryPath.empty()) {
+      llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> file =
+          llvm::MemoryBuffer::getFile(libraryPath);
+      if (!file) {
+        module.emitError("cannot read the GPU library '")
+            << libraryPath << "': " << file.getError().message();
+        return signalPassFailure();
+      }
+      libraryFile = std::move(*file);
+      libraryText = libraryFile->getBuffer();
+      libraryName = libraryPath;
+    }
 
-    if (failed(addLibrary(module)))
+    for (FunctionPlan &plan : plans)
+      convertFunction(plan, libraryText);
+
+    if (failed(addLibrary(module, libraryText, libraryName)))
       return signalPassFailure();
     module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                     UnitAttr::get(module.getContext()));

@@ -11,6 +11,13 @@
 // offloaded h is not in the temporaries' arena (the runtime frees it after
 // its copy).
 // RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu | FileCheck %s
+// With a library whose router gradient adds into dx (MOE_GPU_ACCUMULATE_DX=1,
+// accumulate-router-dx.mlir), the last add is folded where the sum of the other
+// two parts is made before the router's gradient, after the prefetches are
+// scheduled: in @ds_like, not in @ds_shared (its router gradient moves ahead
+// of the shared expert's, which waits for its prefetch).
+// RUN: env MOE_GPU_ACCUMULATE_DX=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.acc.mlir
+// RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu="library=%t.acc.mlir" | FileCheck %s --check-prefix=ACC
 
 // Both H offloaded (policy=offload).
 // CHECK-DAG: func.func private @mgpuMoeOffload(i64, i64, i64, i32)
@@ -34,6 +41,15 @@
 // CHECK: call @mgpuMoeOffloadsFinish() : () -> ()
 // CHECK-NEXT: gpu.wait [
 // CHECK-NEXT: return
+// ACC-LABEL: func.func @ds_like_backward(
+// ACC: call @mgpuMoeAwaitPrefetch(
+// ACC: call @__moe_gpu_shared_expert_grad(
+// ACC: call @mgpuMoeAwaitPrefetch(
+// ACC: call @__moe_gpu_expert_combine_grad(
+// ACC: call @__moe_gpu_add(
+// ACC: call @__moe_gpu_router_grad_acc(
+// ACC-NOT: call @__moe_gpu_add(
+// ACC: return
 // CHECK-LABEL: func.func @ds_like_backward(
 // CHECK-SAME: {dtype = "bf16", forward_param = "moe.expert_ffn.h", memory = "host", name = "moe.expert_ffn.h", role = "saved", shape = array<i64: 74, 128>}
 // The arena of the temporaries, then no device buffer for the prefetches:
@@ -74,6 +90,13 @@ func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: t
 // Only the shared expert's H offloaded: backward runs the experts' gradient,
 // which needs no prefetched tensor, before the shared expert's, so the copy
 // overlaps it; the router's gradient (after the experts') stays after it.
+// ACC-LABEL: func.func @ds_shared_backward(
+// ACC: call @__moe_gpu_expert_combine_grad(
+// ACC: call @__moe_gpu_router_grad(
+// ACC: call @__moe_gpu_shared_expert_grad(
+// ACC-COUNT-2: call @__moe_gpu_add(
+// ACC-NOT: __moe_gpu_router_grad_acc(
+// ACC: return
 // CHECK-LABEL: func.func @ds_shared_backward(
 // CHECK: call @mgpuMoePrefetch(
 // CHECK-NOT: call @mgpuMoePrefetch(

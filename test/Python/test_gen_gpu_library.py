@@ -489,16 +489,18 @@ def test_router_weight_gradient_is_split_along_tokens(tmp_path):
     assert "scf.for %sl = %c0 to %S" in bodies["moe_sum_splits_bf16"]
 
 
-def test_router_dx_accumulates(tmp_path):
-    """MOE_GPU_ACCUMULATE_DX=1 adds the router's dX GEMM that adds every tile into dx by
-    four TMA reduce-add boxes (moe_gemm_rows_k_bf16_acc: one problem, so its map clips a
-    partial last tile and no tile is stored row by row) and __moe_gpu_router_grad_acc,
-    which launches it where __moe_gpu_router_grad launches the storing one; everything
-    else is the default library unchanged. By default neither exists."""
+def test_accumulating_host_functions(tmp_path):
+    """MOE_GPU_ACCUMULATE=1 adds the host functions that add their result to what its
+    buffer holds: __moe_gpu_router_grad_acc, whose dX GEMM adds every tile into dx by four
+    TMA reduce-add boxes (moe_gemm_rows_k_bf16_acc: one problem, so its map clips a
+    partial last tile and no tile is stored row by row), and __moe_gpu_combine_acc and
+    __moe_gpu_expert_combine_grad_acc, whose gather-sum starts from what out holds
+    (moe_gather_sum_acc). Each is its plain form with the _acc kernel; everything else
+    is the default library unchanged. By default none of them exists."""
     proc, default = generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "_acc" not in default and "tensor.reduce" not in default
-    proc, text = generate(tmp_path, MOE_GPU_ACCUMULATE_DX="1")
+    proc, text = generate(tmp_path, MOE_GPU_ACCUMULATE="1")
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text.split("func.func")[0])
     acc, plain = bodies["moe_gemm_rows_k_bf16_acc"], bodies["moe_gemm_rows_k_bf16"]
@@ -509,6 +511,7 @@ def test_router_dx_accumulates(tmp_path):
     assert "nvvm.cp.async.bulk.tensor.global.shared.cta" not in acc
     assert "nvvm.cp.async.bulk.global.shared.cta" not in acc and "llvm.store" not in acc
     assert acc.count("nvvm.stmatrix") == 16
+
     # the same GEMM up to its epilogue's stores (but for its constants and the numbering of
     # values): the storing one then branches on a whole tile, the adding one does not
     def numbered(body):
@@ -516,17 +519,31 @@ def test_router_dx_accumulates(tmp_path):
         return re.sub(r"%[cv]\d+", "%_", "\n".join(x for x in lines if "arith.constant" not in x))
     assert numbered(acc).replace("_acc(", "(") == numbered(plain)
 
+    # the gather-sum: out's 8 values loaded and widened before the sum over j, which starts
+    # from them instead of zero, and stored to the same place
+    gsum, gsum_acc = bodies["moe_gather_sum"], bodies["moe_gather_sum_acc"]
+    loop = gsum_acc.index("scf.for %j")
+    held = gsum_acc.index("vector.load %out[%oi]")
+    assert held < gsum_acc.index("arith.extf %held") < loop
+    assert "iter_args(%a = %heldf)" in gsum_acc and "%zv" not in gsum_acc
+    assert gsum_acc.count("vector.store %ob, %out[%oi]") == 1
+    assert "vector.load %out" not in gsum and "iter_args(%a = %zv)" in gsum
+
     def host(name):
         fn = text[text.index(f"func.func private @{name}("):]
         return fn[:fn.index("\n  }\n")]
-    router, router_acc = host("__moe_gpu_router_grad"), host("__moe_gpu_router_grad_acc")
-    assert "@moe_kernels::@moe_gemm_rows_k_bf16_acc " in router_acc
-    assert "@moe_kernels::@moe_gemm_rows_k_bf16 " not in router_acc
-    assert router_acc.replace("_acc", "") == router
-    # the default library plus the two
-    rest = text.replace("  " + router_acc + "\n  }\n", "")
-    start = rest.index("    gpu.func @moe_gemm_rows_k_bf16_acc(")
-    rest = rest[:start] + rest[start + len(acc):]
+    rest = text
+    for name, kernel in (("router_grad", "moe_gemm_rows_k_bf16"), ("combine", "moe_gather_sum"),
+                         ("expert_combine_grad", "moe_gather_sum")):
+        plain_fn, acc_fn = host(f"__moe_gpu_{name}"), host(f"__moe_gpu_{name}_acc")
+        assert f"@moe_kernels::@{kernel}_acc " in acc_fn
+        assert f"@moe_kernels::@{kernel} " not in acc_fn
+        assert acc_fn.replace("_acc", "") == plain_fn, name
+        rest = rest.replace("  " + acc_fn + "\n  }\n", "")
+    # the default library plus those
+    for kernel in ("moe_gemm_rows_k_bf16_acc", "moe_gather_sum_acc"):
+        start = rest.index(f"    gpu.func @{kernel}(")
+        rest = rest[:start] + rest[start + len(bodies[kernel]):]
     assert rest == default
 
 
@@ -597,9 +614,9 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
     ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
     ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),
-    ({"MOE_GPU_ACCUMULATE_DX": "yes"}, "expected 0 or 1"),
-    ({"MOE_GPU_ACCUMULATE_DX": "1", "MOE_GEMM_TMA_STORE": "0"}, "stores by TMA reduce boxes"),
-    ({"MOE_GPU_ACCUMULATE_DX": "1", "MOE_GEMM_WS": "gather"}, "stores by TMA reduce boxes"),
+    ({"MOE_GPU_ACCUMULATE": "yes"}, "expected 0 or 1"),
+    ({"MOE_GPU_ACCUMULATE": "1", "MOE_GEMM_TMA_STORE": "0"}, "stores by TMA reduce boxes"),
+    ({"MOE_GPU_ACCUMULATE": "1", "MOE_GEMM_WS": "gather"}, "stores by TMA reduce boxes"),
 ])
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)

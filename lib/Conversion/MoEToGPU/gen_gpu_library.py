@@ -168,13 +168,15 @@ if DACT_FMA not in ("0", "1"):
 DACT_PIPELINE = os.environ.get("MOE_GEMM_DACT_PIPELINE", "0")
 if DACT_PIPELINE not in ("0", "1"):
     sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_PIPELINE={DACT_PIPELINE!r}: expected 0 or 1")
-# MOE_GPU_ACCUMULATE_DX=1: the library also has __moe_gpu_router_grad_acc, whose dX GEMM
-# adds dlogits W_r^T to what dx holds (TMA reduce-add box stores, moe_gemm_rows_k_bf16_acc)
-# instead of overwriting it; convert-moe-to-gpu then folds the backward's last add,
-# dx = dx of the experts + dx of the router, into it (docs/gpu-path.md).
-ACCUMULATE_DX = os.environ.get("MOE_GPU_ACCUMULATE_DX", "0")
-if ACCUMULATE_DX not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GPU_ACCUMULATE_DX={ACCUMULATE_DX!r}: expected 0 or 1")
+# MOE_GPU_ACCUMULATE=1: the library also has host functions that add their result to what
+# its buffer holds instead of overwriting it: __moe_gpu_router_grad_acc (dx += dlogits W_r^T,
+# TMA reduce-add box stores, moe_gemm_rows_k_bf16_acc), __moe_gpu_combine_acc and
+# __moe_gpu_expert_combine_grad_acc (out and dx += the gather-sum, which starts from what
+# they hold, moe_gather_sum_acc); convert-moe-to-gpu then folds the adds of the layer into
+# them (docs/gpu-path.md).
+ACCUMULATE = os.environ.get("MOE_GPU_ACCUMULATE", "0")
+if ACCUMULATE not in ("0", "1"):
+    sys.exit(f"gen_gpu_library.py: MOE_GPU_ACCUMULATE={ACCUMULATE!r}: expected 0 or 1")
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -378,13 +380,13 @@ class Gemm:
         # of a [rows, N] map, an expert's partial last tile (whose box would run into the
         # next expert's rows) row by row
         self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
-        # MOE_GPU_ACCUMULATE_DX: C += the tile, every tile by TMA reduce-add boxes of the
+        # MOE_GPU_ACCUMULATE: C += the tile, every tile by TMA reduce-add boxes of the
         # [rows, N] map. Only for one problem (num_experts = 1): the map's rows end where
         # the problem's do, so it clips a partial last tile (several experts' partial
         # tiles would reach into the next expert's rows).
         self.reduce_store = reduce_store
         if reduce_store and not self.tma_store_rows:
-            sys.exit(f"gen_gpu_library.py: {name} (MOE_GPU_ACCUMULATE_DX=1) stores by TMA reduce "
+            sys.exit(f"gen_gpu_library.py: {name} (MOE_GPU_ACCUMULATE=1) stores by TMA reduce "
                      "boxes: it needs MOE_GEMM_WS=all, MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1")
         self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
         self.stages = P_STAGES if self.persistent else STAGES
@@ -2033,7 +2035,7 @@ GEMMS = [
     Gemm("moe_gemm_wgrad_gather_a", "mn", "rows_mn", "store_bf16_w", "varlen_k", gather_a=True),
     Gemm("moe_gemm_wgrad_rows", "mn", "rows_mn", "store_bf16_w", "varlen_k"),
 ]
-if ACCUMULATE_DX == "1":
+if ACCUMULATE == "1":
     # dx += dlogits W_r^T (the router's dX, one problem)
     GEMMS.append(Gemm("moe_gemm_rows_k_bf16_acc", "rows", "w_k", "store_bf16", "varlen_m",
                       reduce_store=True))
@@ -2528,11 +2530,9 @@ SIMPLE.append(kernel(
 
 # out[t, :] = sum_j w[t, j] * src[rows[t, j], :] (w = 1 without weights), f32,
 # j ascending: the combine and the dx reduction, deterministic.
-SIMPLE.append(kernel(
-    "moe_gather_sum",
-    "%src: memref<?xbf16>, %rows: memref<?xi32>, %w: memref<?xf32>, %has_w: i1, %T: index, "
-    "%k: index, %d: index, %out: memref<?xbf16>",
-    """      %tid = gpu.thread_id x
+GATHER_SUM_ARGS = ("%src: memref<?xbf16>, %rows: memref<?xi32>, %w: memref<?xf32>, %has_w: i1, "
+                   "%T: index, %k: index, %d: index, %out: memref<?xbf16>")
+GATHER_SUM_BODY = """      %tid = gpu.thread_id x
       %t = gpu.block_id x
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -2577,7 +2577,32 @@ SIMPLE.append(kernel(
           vector.store %ob, %out[%oi] {alignment = 16} : memref<?xbf16>, vector<8xbf16>
         }
       }
-"""))
+"""
+SIMPLE.append(kernel("moe_gather_sum", GATHER_SUM_ARGS, GATHER_SUM_BODY))
+
+
+def accumulating_gather_sum(body):
+    """moe_gather_sum's body summing from out's values (in f32, one rounding) instead of
+    zero: out's 8 values are loaded before the sum over j and stored back after it."""
+    edits = [
+        ("      %zv = arith.constant dense<0.0> : vector<8xf32>\n", ""),
+        ("          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %zv)",
+         "          %oi = arith.addi %obase, %col : index\n"
+         "          %held = vector.load %out[%oi] {alignment = 16} : memref<?xbf16>, vector<8xbf16>\n"
+         "          %heldf = arith.extf %held : vector<8xbf16> to vector<8xf32>\n"
+         "          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %heldf)"),
+        ("          %oi = arith.addi %obase, %col : index\n          vector.store",
+         "          vector.store"),
+    ]
+    for old, new in edits:
+        assert body.count(old) == 1, old
+        body = body.replace(old, new)
+    return body
+
+
+if ACCUMULATE == "1":
+    SIMPLE.append(kernel("moe_gather_sum_acc", GATHER_SUM_ARGS,
+                         accumulating_gather_sum(GATHER_SUM_BODY)))
 
 # wrow[rows[t, j]] = weights[t, j]: the routing weight of each expert-ordered row.
 SIMPLE.append(kernel(
@@ -3245,14 +3270,16 @@ def host_shared_expert(with_y=True):
     return h.text()
 
 
-def host_combine():
-    h = Host("combine", [("y", M2["bf16"]), ("weights", M2["f32"]), ("rows", M2["i32"]),
-                         ("out", M2["bf16"])])
+def host_combine(accumulate=False):
+    """__moe_gpu_combine; accumulate (MOE_GPU_ACCUMULATE): __moe_gpu_combine_acc, which adds
+    the combined rows to what out holds."""
+    h = Host("combine_acc" if accumulate else "combine",
+             [("y", M2["bf16"]), ("weights", M2["f32"]), ("rows", M2["i32"]), ("out", M2["bf16"])])
     one = h.c(1)
     T = h.dim("%weights", M2["f32"], 0)
     k = h.dim("%weights", M2["f32"], 1)
     d = h.dim("%y", M2["bf16"], 1)
-    h.launch("moe_gather_sum", T, one, one,
+    h.launch("moe_gather_sum_acc" if accumulate else "moe_gather_sum", T, one, one,
              [(h.flat("%y", M2["bf16"]), BF16V), (h.flat("%rows", M2["i32"]), I32V),
               (h.flat("%weights", M2["f32"]), F32V), (h.c(1, "i1"), "i1"), (T, IDX), (k, IDX),
               (d, IDX), (h.flat("%out", M2["bf16"]), BF16V)])
@@ -3306,8 +3333,10 @@ def round8(h, v):
     return e.mul(h.ceil(v, 8), h.c(8))
 
 
-def host_expert_combine_grad():
-    h = Host("expert_combine_grad", [
+def host_expert_combine_grad(accumulate=False):
+    """__moe_gpu_expert_combine_grad; accumulate (MOE_GPU_ACCUMULATE):
+    __moe_gpu_expert_combine_grad_acc, which adds the experts' dx to what dx holds."""
+    h = Host("expert_combine_grad_acc" if accumulate else "expert_combine_grad", [
         ("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V), ("rows", M2["i32"]),
         ("weights", M2["f32"]), ("wgu", M3), ("wd", M3), ("h", M2["bf16"]), ("dout", M2["bf16"]),
         ("act", "i32"), ("dx", M2["bf16"]), ("d_weights", M2["f32"]), ("d_wgu", M3), ("d_wd", M3)])
@@ -3334,7 +3363,7 @@ def host_expert_combine_grad():
     h.launch("moe_dweights", h.ceil(Tk, THREADS), one, one,
              [(dspart, F32V), (rowsf, I32V), (Tk, IDX), (nt, IDX),
               (h.flat("%d_weights", M2["f32"]), F32V)])
-    h.launch("moe_gather_sum", T, one, one,
+    h.launch("moe_gather_sum_acc" if accumulate else "moe_gather_sum", T, one, one,
              [(dxe, BF16V), (rowsf, I32V), (wrow, F32V), (h.c(0, "i1"), "i1"), (T, IDX),
               (k, IDX), (d, IDX), (h.flat("%dx", M2["bf16"]), BF16V)])
     for buf, ty in ((dxe, "bf16"), (dspart, "f32"), (wrow, "f32")):
@@ -3361,7 +3390,7 @@ def host_shared_expert_grad():
 
 
 def host_router_grad(accumulate=False):
-    """__moe_gpu_router_grad; accumulate (MOE_GPU_ACCUMULATE_DX): __moe_gpu_router_grad_acc,
+    """__moe_gpu_router_grad; accumulate (MOE_GPU_ACCUMULATE): __moe_gpu_router_grad_acc,
     which adds dx's part to what dx holds."""
     h = Host("router_grad_acc" if accumulate else "router_grad", [
         ("x", M2["bf16"]), ("wr", M2["bf16"]), ("logits", M2["f32"]), ("experts", M2["i32"]),
@@ -3468,8 +3497,9 @@ def main():
                lambda: host_shared_expert(with_y=False), host_expert_combine_grad,
                host_shared_expert_grad, host_router_grad, host_add):
         out.append(fn())
-    if ACCUMULATE_DX == "1":
-        out.append(host_router_grad(accumulate=True))
+    if ACCUMULATE == "1":
+        for fn in (host_combine, host_expert_combine_grad, host_router_grad):
+            out.append(fn(accumulate=True))
     out.append("}")
     text = "\n".join(out) + "\n"
     if len(sys.argv) == 3 and sys.argv[1] == "-o":

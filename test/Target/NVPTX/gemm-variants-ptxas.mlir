@@ -9,7 +9,8 @@
 // the second and, with MOE_GEMM_DACT_STAGE=bf16, with MOE_GEMM_DYNAMIC=all: the dSwiGLU's
 // fused multiply-adds, and its dA staged in bf16 by stmatrix; MOE_GEMM_DACT_PIPELINE=1 with
 // those and with the fourth, whose dA goes through f32: its H loads a batch ahead;
-// MOE_GPU_ACCUMULATE_DX=1 with the fourth: the router's dX GEMM that adds into dx) still
+// MOE_GPU_ACCUMULATE=1 with the fourth: the router's dX GEMM that adds into dx, and the
+// gather-sum that starts from what out holds) still
 // compile for sm_90a with no spill, no local stack and no wgmma serialisation warning
 // (check_ptxas.py fails on any).
 // REQUIRES: ptxas
@@ -26,7 +27,7 @@
 // RUN: %ptxas -arch=sm_90a -v %t.none.moe_kernels.ptx -o %t.none.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.none.txt
 // RUN: FileCheck %s --check-prefix=NONE < %t.none.txt
 // RUN: not grep "Used 168 registers" %t.none.txt
-// RUN: env MOE_GEMM_ROWS_TMA=1 MOE_GEMM_DACT_PIPELINE=1 MOE_GPU_ACCUMULATE_DX=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
+// RUN: env MOE_GEMM_ROWS_TMA=1 MOE_GEMM_DACT_PIPELINE=1 MOE_GPU_ACCUMULATE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.rows.mlir > %t.rows.ops.mlir
 // RUN: mlir-opt %t.rows.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.rows.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
@@ -100,7 +101,7 @@
 // TSTORE-DAG: cp.async.bulk.global.shared::cta.bulk_group
 // TSTORE-LABEL: .entry moe_gemm_dact_gather(
 
-// MOE_GPU_ACCUMULATE_DX=1: the router's dX GEMM adds every tile, the partial last one
+// MOE_GPU_ACCUMULATE=1: the router's dX GEMM adds every tile, the partial last one
 // too, into dx by four TMA reduce-add boxes, and stores nothing otherwise.
 // ACC-LABEL: .entry moe_gemm_rows_k_bf16_acc(
 // ACC-NOT: cp.async.bulk.global.shared::cta
@@ -108,6 +109,11 @@
 // ACC-COUNT-4: cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group
 // ACC-NOT: cp.async.bulk.global.shared::cta
 // ACC-NOT: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+// ACC: .entry
+// The accumulating gather-sum reads and writes out 16 bytes at a time.
+// ACC-LABEL: .entry moe_gather_sum_acc(
+// ACC-DAG: ld.global.v4.b32
+// ACC-DAG: st.global.v4.b32
 // ACC: .entry
 
 // Without rows by TMA the weight gradients take both operands by cp.async; with bulk

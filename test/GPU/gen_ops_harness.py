@@ -39,8 +39,10 @@ OPS = {
 }
 # Host functions of a library built with some settings only: wrapped where it has them.
 OPTIONAL_OPS = {
-    # MOE_GPU_ACCUMULATE_DX=1: dx += the router's part
+    # MOE_GPU_ACCUMULATE=1: the result added to what its buffer holds
     "router_grad_acc": OPS["router_grad"],
+    "combine_acc": OPS["combine"],
+    "expert_combine_grad_acc": OPS["expert_combine_grad"],
 }
 
 

@@ -248,6 +248,12 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     out2 = torch.empty_like(out)
     lib.call("combine", y, w, rows, out2)
     ok &= check_exact(f"{tag} combine bitwise", out2.view(torch.int16), out.view(torch.int16))
+    if lib.has("combine_acc"):
+        # out += the combined rows (what a shared expert's y is added to), out of their size
+        out0 = bf(T, d, std=rout.std().item())
+        out_acc = out0.clone()
+        lib.call("combine_acc", y, w, rows, out_acc)
+        ok &= check(f"{tag} combine_acc", rel(out_acc, out0.float() + rout), 1e-2)
     if not grads:
         return ok
     dout = bf(T, d)
@@ -279,6 +285,18 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx2, dw, dwgu2, dwd)
     ok &= check_exact(f"{tag} backward bitwise", torch.cat([dx2.flatten(), dwgu2.flatten()]).view(torch.int16),
                       torch.cat([dx.flatten(), dwgu.flatten()]).view(torch.int16))
+    if lib.has("expert_combine_grad_acc"):
+        # dx += the experts' dx (what the shared expert's dx is added to), of its size; the
+        # other outputs as the plain call's, bit for bit
+        dx0 = bf(T, d, std=xr.grad.std().item())
+        dx_acc = dx0.clone()
+        dw3, dwgu3, dwd3 = torch.empty_like(dw), torch.empty_like(dwgu), torch.empty_like(dwd)
+        lib.call("expert_combine_grad_acc", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx_acc, dw3, dwgu3, dwd3)
+        ok &= check(f"{tag} dx accumulated", rel(dx_acc, dx0.float() + xr.grad), 2e-2)
+        ok &= check_exact(f"{tag} accumulating backward's weight gradients bitwise",
+                          torch.cat([dwgu3.flatten(), dwd3.flatten()]).view(torch.int16),
+                          torch.cat([dwgu.flatten(), dwd.flatten()]).view(torch.int16))
+        ok &= check_exact(f"{tag} accumulating backward's d_weights bitwise", dw3, dw)
     return ok
 
 

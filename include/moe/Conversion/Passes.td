@@ -119,13 +119,17 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     return
     ```
 
-    With a library that has `__moe_gpu_router_grad_acc` (one built with
-    `MOE_GPU_ACCUMULATE_DX=1`, embedded or given by `library`), a returned
-    `arith.addf` of a `moe.router_grad`'s `dx` and a value X, each used only
-    by that add, X the result of an op before the router's gradient, is
-    folded into the router's gradient: X is written straight into the add's
-    out-parameter and `__moe_gpu_router_grad_acc` adds the router's part of
-    dx to it, so no add runs.
+    With a library that has the accumulating host functions (one built with
+    `MOE_GPU_ACCUMULATE=1`, embedded or given by `library`), an
+    `arith.addf` `sum = X + P` is folded where P is the `dx` of a
+    `moe.router_grad` or a `moe.expert_combine_grad`, or the output of a
+    `moe.combine`: X is written straight into the sum's buffer and P's op,
+    by its `_acc` host function, adds P there, so no add runs. Only where
+    the sum has a buffer of its own (an out-parameter, or the X of another
+    fold), P and X are used by the add alone, X is the result of an op (not
+    an argument or a prefetch) and comes before P's op, or P's op can move
+    to right before the add (nothing reads its results before, and it does
+    not pass work that waits for a prefetch).
 
     Rejected with an error at the op, as this version cannot run them:
     data other than bf16, dynamic shapes, activations other than swiglu, a

@@ -43,10 +43,9 @@ using namespace mlir::moe;
 
 namespace {
 
-/// The router gradient that adds its dx into what dx holds, in libraries built
-/// with MOE_GPU_ACCUMULATE_DX=1 only.
-constexpr llvm::StringLiteral kRouterGradAccumulate =
-    "__moe_gpu_router_grad_acc";
+/// The suffix of the host functions that add their result to what its buffer
+/// holds (libraries built with MOE_GPU_ACCUMULATE=1 only).
+constexpr llvm::StringLiteral kAccumulateSuffix = "_acc";
 
 /// The text of MoEGPULibrary.mlir, embedded at build time.
 constexpr llvm::StringLiteral kGPULibrary =
@@ -695,11 +694,15 @@ public:
 
 /// Emits the library call of `op`: its tensor operands, then scalar config,
 /// then its results, as the contract of docs/gpu-path.md lists them. With
-/// `accumulate`, a router gradient adds its dx into what the buffer holds
-/// (__moe_gpu_router_grad_acc).
+/// `accumulate`, the call of the host function that adds the result
+/// getAccumulatingCallee names to what its buffer holds.
 void emitCall(Operation *op, HostFunctionBuilder &h,
               llvm::function_ref<Value(Value)> bufferOf,
               bool accumulate = false) {
+  auto call = [&](StringRef callee, ValueRange args) {
+    h.call(accumulate ? (callee + kAccumulateSuffix).str() : callee.str(),
+           args);
+  };
   SmallVector<Value> args;
   auto operands = [&]() {
     for (Value operand : op->getOperands())
@@ -736,7 +739,7 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     args.append({scoring(routing), h.i1(routing.getRenormalize()),
                  h.f32(routing.getScalingFactorValue())});
     results();
-    h.call(accumulate ? kRouterGradAccumulate : "__moe_gpu_router_grad", args);
+    call("__moe_gpu_router_grad", args);
   } else if (isa<DispatchOp>(op)) {
     operands();
     results();
@@ -744,7 +747,7 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
   } else if (isa<CombineOp>(op)) {
     operands();
     results();
-    h.call("__moe_gpu_combine", args);
+    call("__moe_gpu_combine", args);
   } else if (isa<arith::AddFOp>(op)) {
     for (Value value : llvm::concat<Value>(op->getOperands(), op->getResults()))
       args.push_back(h.flat(bufferOf(value)));
@@ -772,7 +775,7 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     operands();
     activation();
     results();
-    h.call(callee, args);
+    call(callee, args);
   }
 }
 
@@ -863,30 +866,75 @@ getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
   return result;
 }
 
-/// The returned adds `dx = X + dx of a router gradient` that the router
-/// gradient can do itself (__moe_gpu_router_grad_acc), each mapped to that
-/// router gradient: the router's dx and X are used by the add alone, X is the
-/// result of an op before the router gradient, and the sum is an out-parameter
-/// (`buffers`), into which X is then written and the router adds its part.
-DenseMap<Operation *, RouterGradOp>
-getFoldableAdds(Block &body, const DenseMap<Value, Value> &buffers) {
-  DenseMap<Operation *, RouterGradOp> folds;
-  for (auto add : body.getOps<arith::AddFOp>()) {
-    if (!buffers.count(add.getResult()))
+/// The host function whose `_acc` form can add `value` to what its buffer
+/// holds: the router's and the experts' dx, the combine's output; empty for
+/// any other value.
+StringRef getAccumulatingCallee(Value value) {
+  Operation *op = value.getDefiningOp();
+  if (auto grad = dyn_cast_or_null<RouterGradOp>(op);
+      grad && value == grad.getDx())
+    return "__moe_gpu_router_grad";
+  if (auto grad = dyn_cast_or_null<ExpertCombineGradOp>(op);
+      grad && value == grad.getDx())
+    return "__moe_gpu_expert_combine_grad";
+  if (isa_and_nonnull<CombineOp>(op))
+    return "__moe_gpu_combine";
+  return {};
+}
+
+/// Folds the adds `sum = X + P` whose P an op A can add into X's buffer itself
+/// (its `_acc` host function, where `library` has it): X is written straight
+/// into the sum's buffer, A adds P there, and the add runs no kernel. Only
+/// where the sum has a buffer of its own (an out-parameter, or the X of a
+/// later fold: the adds are visited last first), P and X are used by the add
+/// alone, and X is computed before A, or A can move to right before the add
+/// (nothing reads its results before, and it would not move past work that
+/// waits for a prefetch, which scheduleAroundPrefetches put after it). Returns
+/// each folded add with its A; `buffers` gets P's and X's buffers, and A may
+/// have moved.
+DenseMap<Operation *, Operation *>
+foldAdds(Block &body, DenseMap<Value, Value> &buffers, StringRef library) {
+  DenseMap<Operation *, Operation *> folds;
+  DenseSet<Operation *> waitsForPrefetch = getPrefetchDependents(body);
+  auto canMoveBefore = [&](Operation *op, Operation *add) {
+    for (Operation *next = op->getNextNode(); next != add;
+         next = next->getNextNode())
+      if (llvm::is_contained(op->getUsers(), next) ||
+          (waitsForPrefetch.contains(next) && !waitsForPrefetch.contains(op)))
+        return false;
+    return true;
+  };
+  auto adds = llvm::to_vector(body.getOps<arith::AddFOp>());
+  for (arith::AddFOp add : llvm::reverse(adds)) {
+    Value sum = buffers.lookup(add.getResult());
+    if (!sum)
       continue;
-    for (auto [routerDx, other] : {std::pair(add.getLhs(), add.getRhs()),
-                                   std::pair(add.getRhs(), add.getLhs())}) {
-      auto router = routerDx.getDefiningOp<RouterGradOp>();
+    // Either operand as P; an order that needs no move first.
+    auto tryFold = [&](Value part, Value other, bool allowMove) {
+      StringRef callee = getAccumulatingCallee(part);
+      Operation *accumulator = part.getDefiningOp();
       Operation *producer = other.getDefiningOp();
       // A prefetch's buffer is the runtime's, not one X could be placed in.
-      if (!router || routerDx != router.getDx() || !routerDx.hasOneUse() ||
-          !other.hasOneUse() || !producer || isa<PrefetchOp>(producer) ||
-          buffers.count(other) || producer->getBlock() != router->getBlock() ||
-          !producer->isBeforeInBlock(router))
-        continue;
-      folds[add] = router;
-      break;
-    }
+      if (callee.empty() ||
+          !library.contains(("@" + callee + kAccumulateSuffix + "(").str()) ||
+          !part.hasOneUse() || !other.hasOneUse() || !producer ||
+          isa<PrefetchOp>(producer) || buffers.count(other) ||
+          accumulator->getBlock() != &body || producer->getBlock() != &body)
+        return false;
+      if (!producer->isBeforeInBlock(accumulator)) {
+        if (!allowMove || !canMoveBefore(accumulator, add))
+          return false;
+        accumulator->moveBefore(add);
+      }
+      buffers[part] = sum;
+      buffers[other] = sum;
+      folds[add] = accumulator;
+      return true;
+    };
+    Value lhs = add.getLhs(), rhs = add.getRhs();
+    for (bool allowMove : {false, true})
+      if (tryFold(rhs, lhs, allowMove) || tryFold(lhs, rhs, allowMove))
+        break;
   }
   return folds;
 }
@@ -938,19 +986,13 @@ void convertFunction(FunctionPlan &plan, StringRef library) {
       buffers[value] = param;
   }
 
-  // dx = X + dx of the router, with a library whose router gradient adds into
-  // dx: X goes straight into the sum's out-parameter and the router adds its
-  // part there (no add, and neither X nor the router's dx is a temporary).
-  DenseMap<Operation *, RouterGradOp> foldedAdds;
-  DenseSet<Operation *> accumulatingRouters;
-  if (library.contains(("@" + kRouterGradAccumulate + "(").str()))
-    foldedAdds = getFoldableAdds(body, buffers);
-  for (auto &[add, router] : foldedAdds) {
-    Value sum = buffers.lookup(add->getResult(0));
-    for (Value operand : add->getOperands())
-      buffers[operand] = sum;
-    accumulatingRouters.insert(router);
-  }
+  // With a library that has accumulating host functions, adds become
+  // in-place accumulations (no add, and neither part is a temporary).
+  DenseMap<Operation *, Operation *> foldedAdds =
+      foldAdds(body, buffers, library);
+  DenseSet<Operation *> accumulators;
+  for (auto &fold : foldedAdds)
+    accumulators.insert(fold.second);
 
   // Temporaries are freed after the last op that reads them.
   DenseMap<Operation *, SmallVector<Value>> freeAfter;
@@ -1064,7 +1106,7 @@ void convertFunction(FunctionPlan &plan, StringRef library) {
     }
     auto bufferOf = [&](Value value) { return buffers.lookup(value); };
     if (!foldedAdds.count(&op))
-      emitCall(&op, h, bufferOf, accumulatingRouters.contains(&op));
+      emitCall(&op, h, bufferOf, accumulators.contains(&op));
     deallocTemporaries(freeAfter.lookup(&op));
   }
   h.loc = returnOp.getLoc();

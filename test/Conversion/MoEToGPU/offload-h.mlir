@@ -11,12 +11,13 @@
 // offloaded h is not in the temporaries' arena (the runtime frees it after
 // its copy).
 // RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu | FileCheck %s
-// With a library whose router gradient adds into dx (MOE_GPU_ACCUMULATE_DX=1,
-// accumulate-router-dx.mlir), the last add is folded where the sum of the other
-// two parts is made before the router's gradient, after the prefetches are
-// scheduled: in @ds_like, not in @ds_shared (its router gradient moves ahead
-// of the shared expert's, which waits for its prefetch).
-// RUN: env MOE_GPU_ACCUMULATE_DX=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.acc.mlir
+// With a library of accumulating host functions (MOE_GPU_ACCUMULATE=1,
+// accumulate.mlir) the adds are folded after the prefetches are scheduled,
+// but no op moves past work that waits for a prefetch: in @ds_like every add
+// goes, the forward's combine moving after the shared expert; in @ds_shared's
+// backward none (the router's and the experts' gradients run ahead of the
+// shared expert's, which waits for its prefetch).
+// RUN: env MOE_GPU_ACCUMULATE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.acc.mlir
 // RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu="library=%t.acc.mlir" | FileCheck %s --check-prefix=ACC
 
 // Both H offloaded (policy=offload).
@@ -41,12 +42,19 @@
 // CHECK: call @mgpuMoeOffloadsFinish() : () -> ()
 // CHECK-NEXT: gpu.wait [
 // CHECK-NEXT: return
+// ACC-LABEL: func.func @ds_like_forward(
+// ACC: call @__moe_gpu_expert_ffn(
+// ACC: call @mgpuMoeOffload(
+// ACC: call @__moe_gpu_shared_expert(
+// ACC: call @mgpuMoeOffload(
+// ACC: call @__moe_gpu_combine_acc(
+// ACC-NOT: call @__moe_gpu_add(
+// ACC: return
 // ACC-LABEL: func.func @ds_like_backward(
 // ACC: call @mgpuMoeAwaitPrefetch(
 // ACC: call @__moe_gpu_shared_expert_grad(
 // ACC: call @mgpuMoeAwaitPrefetch(
-// ACC: call @__moe_gpu_expert_combine_grad(
-// ACC: call @__moe_gpu_add(
+// ACC: call @__moe_gpu_expert_combine_grad_acc(
 // ACC: call @__moe_gpu_router_grad_acc(
 // ACC-NOT: call @__moe_gpu_add(
 // ACC: return
@@ -93,9 +101,10 @@ func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: t
 // ACC-LABEL: func.func @ds_shared_backward(
 // ACC: call @__moe_gpu_expert_combine_grad(
 // ACC: call @__moe_gpu_router_grad(
+// ACC: call @mgpuMoeAwaitPrefetch(
 // ACC: call @__moe_gpu_shared_expert_grad(
 // ACC-COUNT-2: call @__moe_gpu_add(
-// ACC-NOT: __moe_gpu_router_grad_acc(
+// ACC-NOT: _acc(
 // ACC: return
 // CHECK-LABEL: func.func @ds_shared_backward(
 // CHECK: call @mgpuMoePrefetch(

@@ -31,8 +31,8 @@
 // CHECK-DAG: func.func private @__moe_gpu_router_grad_acc(
 // CHECK-DAG: func.func private @__moe_gpu_expert_combine_grad(
 // CHECK-NOT: func.func private @__moe_gpu_expert_combine_grad_acc(
-// The embedded library has no __moe_gpu_router_grad_acc: the add stays, and
-// the experts' and the router's dx are temporaries (4864 bytes each, aligned).
+// The embedded library has no `_acc` host functions: the add stays, and the
+// experts' and the router's dx are temporaries (4864 bytes each, aligned).
 // DEFAULT-LABEL: func.func @fold(
 // DEFAULT-SAME: moe.gpu.workspace_bytes = 10024 : i64
 // DEFAULT: call @__moe_gpu_router_grad(

@@ -249,7 +249,7 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     lib.call("combine", y, w, rows, out2)
     ok &= check_exact(f"{tag} combine bitwise", out2.view(torch.int16), out.view(torch.int16))
     if lib.has("combine_acc"):
-        # out += the combined rows (what a shared expert's y is added to), out of their size
+        # out += the combined rows (what a shared expert's y is added to), out of the rows' size
         out0 = bf(T, d, std=rout.std().item())
         out_acc = out0.clone()
         lib.call("combine_acc", y, w, rows, out_acc)

@@ -35,6 +35,18 @@ STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
 # 64-column boxes).
 DESC_KMAJOR = 0x4000004004000000
 DESC_MNMAJOR = 0x4000004002000000
+
+
+def setting(name, default, allowed):
+    """The generator setting `name` from the environment (`default` where unset), one of
+    `allowed`; anything else ends the run with a message that lists them."""
+    value = os.environ.get(name, default)
+    if value not in allowed:
+        expected = ", ".join(allowed[:-1]) + " or " + allowed[-1]
+        sys.exit(f"gen_gpu_library.py: {name}={value!r}: expected {expected}")
+    return value
+
+
 GROUP_M = int(os.environ.get("MOE_GEMM_GROUP_M", "16"))  # M-tiles per raster group
 # Persistent kernels (the bf16 epilogues): NUM_CTAS CTAs, one an SM (a thread holds 255
 # registers, so two CTAs never share an SM), P_STAGES ring stages. C is staged in bf16
@@ -49,18 +61,14 @@ MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may ask for on sm_90
 # full[s] mbarriers, run wgmma, release slots on empty[s] and write C out. No block-wide
 # barrier is left in the k-loop, and the next tile's loads fill the whole ring while the
 # consumers run the epilogue (C has a staging buffer of its own).
-WS_KERNELS = os.environ.get("MOE_GEMM_WS", "all")
-if WS_KERNELS not in ("all", "gather", "none"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS={WS_KERNELS!r}: expected all, gather or none")
+WS_KERNELS = setting("MOE_GEMM_WS", "all", ("all", "gather", "none"))
 WS_THREADS = GEMM_THREADS + 128
 # MOE_GEMM_ROWS_TMA=1 (the default): the warp-specialised weight gradients with a gathered
 # operand load the other one, an expert's contiguous rows (w*A of dW_down, dH of
 # dW_gate_up), by TMA boxes of a per-call map, and by cp.async only in an expert's last,
 # partial k-step (a box would read the next expert's rows there). 0: both by cp.async.
 # Measured in docs/perf.md (session 17: mixtral's dW_gate_up 12.2 -> 11.5 ms).
-ROWS_TMA = os.environ.get("MOE_GEMM_ROWS_TMA", "1")
-if ROWS_TMA not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_ROWS_TMA={ROWS_TMA!r}: expected 0 or 1")
+ROWS_TMA = setting("MOE_GEMM_ROWS_TMA", "1", ("0", "1"))
 # MOE_GEMM_BULK_STORE=1 (the default): the warp-specialised kernels with a plain bf16 C
 # (down, dX, the weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank
 # conflicts) and write it out by one cp.async.bulk a row: the consumers go on to the next
@@ -69,9 +77,7 @@ if ROWS_TMA not in ("0", "1"):
 # read it. Default since session 18: the op-level step faster in 10 of its 12 comparisons
 # (1.0-5.5%; mixtral tied in the other two; docs/perf.md). "wgrad": the
 # weight gradients only; 0: 16-byte stores from every consumer thread.
-BULK_STORE = os.environ.get("MOE_GEMM_BULK_STORE", "1")
-if BULK_STORE not in ("0", "1", "wgrad"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_BULK_STORE={BULK_STORE!r}: expected 0, 1 or wgrad")
+BULK_STORE = setting("MOE_GEMM_BULK_STORE", "1", ("0", "1", "wgrad"))
 BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
 # MOE_GEMM_TMA_STORE=1 (with the bulk store; the default): the experts' weight gradients
 # (dW_gate_up, dW_down: whole [E, M, N] blocks, which a tensor map clips at M and N) and a
@@ -80,9 +86,7 @@ BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store
 # tile, which the compiler serialises lane by lane (the copy takes uniform registers): on
 # deepseek-v3's 4-k-step tiles that loop and the barrier waiting for it held 10-14% of the
 # samples (Nsight Compute, docs/perf.md session 21). 0: the row-wise copies everywhere.
-TMA_STORE = os.environ.get("MOE_GEMM_TMA_STORE", "1")
-if TMA_STORE not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
+TMA_STORE = setting("MOE_GEMM_TMA_STORE", "1", ("0", "1"))
 # MOE_GEMM_DYNAMIC=rows: the warp-specialised varlen-M GEMMs with a row-wise bf16 C (down,
 # dX) hand out their tiles from a global atomic counter in the order the CTAs reach them,
 # where the static schedule gives SM s the tiles s, s + 132, ...: the M-tiles that share a
@@ -95,18 +99,14 @@ if TMA_STORE not in ("0", "1"):
 # schedule: session 23 (docs/perf.md) measured "rows" with the skip below no faster than
 # it (deepseek-v3's down and dX 1.4-3% faster under Nsight Compute's fixed clocks, 0-3%
 # slower in a timed step, over 4 rounds) and "all" slower on the up projection.
-DYNAMIC = os.environ.get("MOE_GEMM_DYNAMIC", "0")
-if DYNAMIC not in ("0", "rows", "all"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DYNAMIC={DYNAMIC!r}: expected 0, rows or all")
+DYNAMIC = setting("MOE_GEMM_DYNAMIC", "0", ("0", "rows", "all"))
 # MOE_GEMM_IDLE_SKIP=1 (the default, for the kernels MOE_GEMM_DYNAMIC schedules): in a tile
 # whose rows end in its first half, the second consumer warpgroup runs no wgmma (it only
 # waits for each ring slot and frees it), so the tensor cores serve the first alone: one
 # warpgroup keeps the tensor pipe as busy as two (session 22 part 0). Never under the
 # static schedule, where it was slower (sessions 18 and 22). 0: both warpgroups multiply
 # every tile.
-IDLE_SKIP = os.environ.get("MOE_GEMM_IDLE_SKIP", "1")
-if IDLE_SKIP not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_IDLE_SKIP={IDLE_SKIP!r}: expected 0 or 1")
+IDLE_SKIP = setting("MOE_GEMM_IDLE_SKIP", "1", ("0", "1"))
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
 # free at least what the consumers take: 128 (168 - P) >= 256 (C - 168); consumers that ask
@@ -142,41 +142,31 @@ def ws_register_split(text):
 # computes any of them: the 16 rows a warp walks in a tile wait for global memory 16 / U
 # times (1: every row on its own, as up to session 18). 4 and 8 ran alike (docs/perf.md,
 # session 19); 16 spills.
-DACT_UNROLL_TEXT = os.environ.get("MOE_GEMM_DACT_UNROLL", "4")
-if DACT_UNROLL_TEXT not in ("1", "2", "4", "8"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_UNROLL={DACT_UNROLL_TEXT!r}: expected 1, 2, 4 or 8")
+DACT_UNROLL_TEXT = setting("MOE_GEMM_DACT_UNROLL", "4", ("1", "2", "4", "8"))
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
 # MOE_GEMM_DACT_STAGE: how the dSwiGLU GEMM hands dA from the accumulators to the row-wise
 # epilogue through the (then free) ring. f32: a scalar store and a scalar load a value, in
 # rows XOR-swizzled by row % 32 (256 shared-memory instructions a thread a tile). bf16: dA
 # rounded to bf16 (as the GEMM's output is in the HF block) by stmatrix into rows padded to
 # BULK_ROW, read back 8 values a lane in one 16-byte load (32 instructions, half the bytes).
-DACT_STAGE = os.environ.get("MOE_GEMM_DACT_STAGE", "f32")
-if DACT_STAGE not in ("f32", "bf16"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_STAGE={DACT_STAGE!r}: expected f32 or bf16")
+DACT_STAGE = setting("MOE_GEMM_DACT_STAGE", "f32", ("f32", "bf16"))
 # MOE_GEMM_DACT_FMA=1: the dSwiGLU's arithmetic in 12 f32 operations a value, not 15
 # (fused multiply-adds where a product is summed, d silu / dg as s + s (g - silu)), and
 # its bf16 inputs widened two bit operations a pair, not three. The epilogue issues
 # about 31 instructions a value (docs/perf.md, session 26).
-DACT_FMA = os.environ.get("MOE_GEMM_DACT_FMA", "0")
-if DACT_FMA not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_FMA={DACT_FMA!r}: expected 0 or 1")
+DACT_FMA = setting("MOE_GEMM_DACT_FMA", "0", ("0", "1"))
 # MOE_GEMM_DACT_PIPELINE=1: the dSwiGLU epilogue loads the next rows' H (and w) before it
 # computes the current ones, and the first rows' before dA is staged, so a batch's loads
 # wait behind the previous batch's arithmetic instead of in front of its own (the last
 # batch loads itself again, from L1, so that no branch holds a load).
-DACT_PIPELINE = os.environ.get("MOE_GEMM_DACT_PIPELINE", "0")
-if DACT_PIPELINE not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GEMM_DACT_PIPELINE={DACT_PIPELINE!r}: expected 0 or 1")
+DACT_PIPELINE = setting("MOE_GEMM_DACT_PIPELINE", "0", ("0", "1"))
 # MOE_GPU_ACCUMULATE=1: the library also has host functions that add their result to what
 # its buffer holds instead of overwriting it: __moe_gpu_router_grad_acc (dx += dlogits W_r^T,
 # TMA reduce-add box stores, moe_gemm_rows_k_bf16_acc), __moe_gpu_combine_acc and
 # __moe_gpu_expert_combine_grad_acc (out and dx += the gather-sum, which starts from what
 # they hold, moe_gather_sum_acc); convert-moe-to-gpu then folds the adds of the layer into
 # them (docs/gpu-path.md).
-ACCUMULATE = os.environ.get("MOE_GPU_ACCUMULATE", "0")
-if ACCUMULATE not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GPU_ACCUMULATE={ACCUMULATE!r}: expected 0 or 1")
+ACCUMULATE = setting("MOE_GPU_ACCUMULATE", "0", ("0", "1"))
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -3456,9 +3446,7 @@ def host_add():
 # tells libmoe_runtime to launch its kernels with programmatic stream serialization: the next
 # kernel's CTAs are placed on the SMs the current one's last wave frees, and start the moment
 # it completes, instead of after the launch that follows its completion.
-PDL = os.environ.get("MOE_GPU_PDL", "0")
-if PDL not in ("0", "1"):
-    sys.exit(f"gen_gpu_library.py: MOE_GPU_PDL={PDL!r}: expected 0 or 1")
+PDL = setting("MOE_GPU_PDL", "0", ("0", "1"))
 PDL_MARKER = "llvm.mlir.global external constant @__moe_griddepcontrol(1 : i32) {addr_space = 4 : i32} : i32"
 # the line that opens a kernel's body (the last of its gpu.func head)
 KERNEL_HEAD = re.compile(r"\bkernel attributes \{.*\} \{$")

@@ -6,29 +6,25 @@ using namespace moe::runtime::test;
 
 namespace {
 
-moeLaunchConfig plain(uint32_t grid, uint32_t block, uint32_t smem = 0) {
-  return plainLaunch(grid, block, smem);
-}
-
 uint32_t &axisOf(uint32_t &x, uint32_t &y, uint32_t &z, int axis) {
   return axis == 0 ? x : axis == 1 ? y : z;
 }
 
 moeLaunchConfig clustered(uint32_t grid, uint32_t cluster) {
-  moeLaunchConfig config = plain(grid, 128);
+  moeLaunchConfig config = plainLaunch(grid, 128);
   config.clusterX = cluster;
   config.clusterY = config.clusterZ = 1;
   return config;
 }
 
 TEST(RuntimeLaunch, ValidConfigurations) {
-  moeLaunchConfig config = plain(1, 1);
+  moeLaunchConfig config = plainLaunch(1, 1);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_SUCCESS);
-  config = plain(132, 384, 200 * 1024);
+  config = plainLaunch(132, 384, 200 * 1024);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_SUCCESS);
-  config = plain(2147483647u, 1024, MOE_MAX_DYNAMIC_SMEM_BYTES);
+  config = plainLaunch(2147483647u, 1024, MOE_MAX_DYNAMIC_SMEM_BYTES);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_SUCCESS);
-  config = plain(8, 32);
+  config = plainLaunch(8, 32);
   config.blockY = 8;
   config.blockZ = 4;
   config.gridY = 65535;
@@ -48,12 +44,12 @@ TEST(RuntimeLaunch, NullConfiguration) {
 
 TEST(RuntimeLaunch, ZeroGridOrBlock) {
   for (int axis = 0; axis < 3; ++axis) {
-    moeLaunchConfig config = plain(4, 64);
+    moeLaunchConfig config = plainLaunch(4, 64);
     axisOf(config.gridX, config.gridY, config.gridZ, axis) = 0;
     EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT)
         << "grid axis " << axis;
     EXPECT_NE(lastMessage().find("grid"), std::string::npos);
-    config = plain(4, 64);
+    config = plainLaunch(4, 64);
     axisOf(config.blockX, config.blockY, config.blockZ, axis) = 0;
     EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT)
         << "block axis " << axis;
@@ -62,27 +58,27 @@ TEST(RuntimeLaunch, ZeroGridOrBlock) {
 }
 
 TEST(RuntimeLaunch, GridLimits) {
-  moeLaunchConfig config = plain(2147483648u, 32);
+  moeLaunchConfig config = plainLaunch(2147483648u, 32);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
-  config = plain(1, 32);
+  config = plainLaunch(1, 32);
   config.gridY = 65536;
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
-  config = plain(1, 32);
+  config = plainLaunch(1, 32);
   config.gridZ = 65536;
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
 }
 
 TEST(RuntimeLaunch, BlockLimits) {
-  moeLaunchConfig config = plain(1, 1025);
+  moeLaunchConfig config = plainLaunch(1, 1025);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
-  config = plain(1, 1);
+  config = plainLaunch(1, 1);
   config.blockY = 1025;
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
-  config = plain(1, 1);
+  config = plainLaunch(1, 1);
   config.blockZ = 65;
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
   // Each axis in range, the product over 1024.
-  config = plain(1, 512);
+  config = plainLaunch(1, 512);
   config.blockY = 4;
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastMessage().find("2048 threads"), std::string::npos)
@@ -90,10 +86,10 @@ TEST(RuntimeLaunch, BlockLimits) {
 }
 
 TEST(RuntimeLaunch, OversizedSharedMemory) {
-  moeLaunchConfig config = plain(1, 128, MOE_MAX_DYNAMIC_SMEM_BYTES + 1);
+  moeLaunchConfig config = plainLaunch(1, 128, MOE_MAX_DYNAMIC_SMEM_BYTES + 1);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastMessage().find("232449"), std::string::npos) << lastMessage();
-  config = plain(1, 128, 0xffffffffu);
+  config = plainLaunch(1, 128, 0xffffffffu);
   EXPECT_EQ(moeLaunchValidate(&config), MOE_ERROR_INVALID_ARGUMENT);
 }
 

@@ -5,7 +5,8 @@
 # MOE_BUILD_DIR: the build folder (default build); MOE_BUILD_TARGET: what
 # ninja builds (default everything).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${MOE_BUILD_DIR:-$root/build}
 
 if [[ ! -f $build/build.ninja ]]; then

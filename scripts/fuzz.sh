@@ -2,20 +2,22 @@
 # Fuzzes the moe-mlir parser and passes with libFuzzer for SECONDS (default
 # 60): configures build-fuzz with -DMOE_ENABLE_FUZZER=ON (clang-22, ASan and
 # coverage on our libraries), builds tools/moe-parser-fuzzer only, and runs it
-# on a copy of test/Fuzz/corpus with test/Fuzz/moe.dict. Exits non-zero on any
-# crash, leak, timeout or out-of-memory, and prints the input that caused it.
+# on seeds that test/Fuzz/make-corpus.py cuts from the lit tests and examples
+# (made anew each run), with test/Fuzz/moe.dict. Exits non-zero on any crash,
+# leak, timeout or out-of-memory, and prints the input that caused it.
 #
 #   scripts/fuzz.sh [SECONDS]
 #
-# MOE_FUZZ_BUILD_DIR overrides the build folder; the run's corpus copy, log
-# and artifacts go to $MOE_FUZZ_BUILD_DIR/fuzz-run.
+# MOE_FUZZ_BUILD_DIR overrides the build folder; the run's corpus, log and
+# artifacts go to $MOE_FUZZ_BUILD_DIR/fuzz-run.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${MOE_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${1:-60}
+case "$seconds" in -h | --help) usage ;; esac
 if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
-  echo "usage: scripts/fuzz.sh [SECONDS]" >&2
-  exit 2
+  die "usage: scripts/fuzz.sh [SECONDS]"
 fi
 
 # libFuzzer and the sanitizer runtimes of clang-22 come with libclang-rt-22-dev.
@@ -26,8 +28,8 @@ MOE_BUILD_DIR=$build MOE_BUILD_TARGET=moe-parser-fuzzer "$root/scripts/build.sh"
 run=$build/fuzz-run
 rm -rf "$run"
 mkdir -p "$run/corpus" "$run/artifacts"
-cp "$root"/test/Fuzz/corpus/*.mlir.txt "$run/corpus/"
-echo "fuzz: $(ls "$run/corpus" | wc -l) seeds, ${seconds} s, log in $run/fuzz.log"
+python3 "$root/test/Fuzz/make-corpus.py" --out "$run/corpus"
+echo "fuzz: ${seconds} s, log in $run/fuzz.log"
 
 status=0
 "$build/bin/moe-parser-fuzzer" "$run/corpus" \

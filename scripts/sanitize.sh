@@ -10,7 +10,8 @@
 #
 # MOE_ASAN_BUILD_DIR overrides the build folder.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${MOE_ASAN_BUILD_DIR:-$root/build-asan}
 
 # The sanitizer runtimes of clang-22 come with libclang-rt-22-dev.

@@ -2,7 +2,8 @@
 # First command: install what is missing, build, and run the main job on a
 # bundled example (the Mixtral 8x7B layer through moe-training-pipeline).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${MOE_BUILD_DIR:-$root/build}
 
 "$root/scripts/install-deps.sh"

@@ -3,7 +3,8 @@
 # suite (lit, its round-trip leg, GoogleTest, lints, docs and format checks)
 # through ctest.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${MOE_BUILD_DIR:-$root/build}
 
 "$root/scripts/install-deps.sh"
@@ -12,7 +13,8 @@ build=${MOE_BUILD_DIR:-$root/build}
 if ! command -v ptxas >/dev/null && [ ! -x /usr/local/cuda/bin/ptxas ]; then
   ptxas=$(python3 "$root/scripts/fetch-ptxas.py") ||
     { echo "test.sh: could not fetch ptxas" >&2; exit 1; }
-  export PATH="$(dirname "$ptxas"):$PATH"
+  PATH="$(dirname "$ptxas"):$PATH"
+  export PATH
 fi
 "$root/scripts/build.sh"
 cd "$build"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerates the seed corpus of moe-parser-fuzzer (test/Fuzz/corpus/).
+"""Writes the seed corpus of moe-parser-fuzzer into a folder (scripts/fuzz.sh makes it anew
+for each run, so no generated seed is checked in).
 
 Every lit test of the dialect, the passes, the conversion and the pipelines,
 and every example, is split at its `// -----` markers; comment lines (RUN,
@@ -7,14 +8,17 @@ CHECK, expected-*) are dropped, and each case becomes one seed. The seeds end
 in .mlir.txt, not .mlir, so that lit and test/lint_tests.py do not take them
 for tests.
 
-    python3 test/Fuzz/make-corpus.py
+    python3 test/Fuzz/make-corpus.py --out DIR
 """
+import argparse
 import hashlib
 import pathlib
 import re
 
 root = pathlib.Path(__file__).resolve().parents[2]
-out = root / "test" / "Fuzz" / "corpus"
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--out", required=True, type=pathlib.Path, help="the corpus folder")
+out = parser.parse_args().out.resolve()
 sources = sorted(
     list((root / "test" / "Dialect" / "MoE").glob("*.mlir")) +
     list((root / "test" / "Transforms").glob("*.mlir")) +
@@ -65,4 +69,4 @@ for source in sources:
                 name += f"-{part_index:02d}"
             (out / (name + ".mlir.txt")).write_text(part)
             count += 1
-print(f"make-corpus: {count} seeds in {out.relative_to(root)}")
+print(f"make-corpus: {count} seeds in {out}")

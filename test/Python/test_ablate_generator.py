@@ -11,7 +11,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "ablate_generator.py")
+SCRIPT = os.path.join(ROOT, "scripts", "dev", "ablate_generator.py")
 WGRAD = ("moe_gemm_wgrad_gather", "moe_gemm_wgrad_gather_a")
 
 

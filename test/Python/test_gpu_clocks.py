@@ -27,7 +27,7 @@ def run_clocks(tmp_path, command):
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
                MOE_CLOCKS_MS="10")
-    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu-clocks.sh"), "bash", "-c",
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "dev", "gpu-clocks.sh"), "bash", "-c",
                            command], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -50,7 +50,7 @@ def test_stretches_between_output_lines(tmp_path):
 
 
 def test_no_command_is_refused(tmp_path):
-    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu-clocks.sh")],
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "dev", "gpu-clocks.sh")],
                           capture_output=True, text=True, timeout=30,
                           env=dict(os.environ, OUT=str(tmp_path / "out")))
     assert proc.returncode == 2 and "no command" in proc.stderr

@@ -1,4 +1,4 @@
-"""scripts/inputs-stamp.sh: the lines that build-gpu-inputs.sh and build-torch-inputs.sh
+"""scripts/inputs/stamp.sh: the lines that build-gpu-inputs.sh and build-torch-inputs.sh
 write to INPUTS.txt, and the "kernel library:" line that gpu-torch-check.sh reads back to
 refuse a torch cache built with other kernels than the layers."""
 
@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def stamp(build):
-    script = f'. "{ROOT}/scripts/inputs-stamp.sh"; inputs_stamp "{ROOT}" "{build}"'
+    script = f'. "{ROOT}/scripts/inputs/stamp.sh"; inputs_stamp "{ROOT}" "{build}"'
     return subprocess.run(["bash", "-c", script], check=True, capture_output=True,
                           text=True).stdout.splitlines()
 

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The PyTorch side of issue 7 on the GPU machine (CUDA 13, torch 2.11, transformers 5.17; no
+# LLVM). gpu-inputs/torch-cache comes from scripts/inputs/build-torch-cache.sh on the LLVM machine
+# (carry gpu-inputs). Steps, each with a time limit:
+#   build   runtime/ standalone (libmoe_runtime.so), which moe_mlir links the prebuilt layers
+#           with (MOE_RUNTIME_LIB);
+#   layer   bench/train_check.py --layer-check: MoELayer on CUDA, eager and torch.compile
+#           (fullgraph), forward + backward against the fp32 torch reference (BENCH.md
+#           tolerances), a softmax layer and a DeepSeek-V3-like one (sigmoid + bias, groups,
+#           scaling, shared expert);
+#   train   bench/train_check.py: small Mixtral-style and Qwen3-MoE-style models from config,
+#           50 AdamW steps with moe_mlir layers against HF grouped_mm experts; losses step by
+#           step (max |diff| <= 1e-2), tokens/s, peak memory; train_check.json, train_check.png;
+#           with HF's eager experts as a control (max |grouped_mm - eager|: the noise floor)
+#           and the model all in f32 as the reference each run's distance is measured to;
+#           twice: bf16 parameters (train-bf16) and mixed precision, f32 parameters under
+#           torch.autocast(bf16) (train-amp);
+#   long    bench/long_context.py --run gpu-inputs/long-context (not in the default steps):
+#           the largest T whose layer holds at most 4 GiB from forward to backward, ours
+#           (H kept, H recomputed; planned and compiled on the LLVM machine with
+#           long_context.py --prebuild) against HF grouped_mm (measured), long_context.json;
+#   offload bench/offload_stack.py --run gpu-inputs/offload (not in the default steps): a
+#           stack of deepseek-v3 layers with H kept and with H offloaded (policy="offload"),
+#           the share of the copy time hidden, bitwise equality; offload_stack.json.
+# Output in $OUT (default /tmp/moe-torch-out): gpu-torch-check.log, summary.txt ("N passed,
+# M failed" last), {bf16,amp}/train_check.json and train_check.png.
+#
+#   bash scripts/gpu/torch-check.sh [--only STEP[,STEP...]] [--steps N] [--deadline SECONDS]
+# Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-torch-build), PYTHON (python3),
+# MOE_GPU_INPUTS (default gpu-inputs).
+set -u -o pipefail
+# shellcheck source=../common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+out=${OUT:-/tmp/moe-torch-out}
+work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-torch-build}
+inputs=${MOE_GPU_INPUTS:-$root/gpu-inputs}
+python=${PYTHON:-python3}
+only="build,layer,train"
+steps=50
+deadline=560
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --only | --only=*) option_value --only "$@"; only=$value; shift "$consumed" ;;
+  --steps | --steps=*) option_value --steps "$@"; steps=$value; shift "$consumed" ;;
+  --deadline | --deadline=*) option_value --deadline "$@"; deadline=$value; shift "$consumed" ;;
+  -h | --help) usage ;;
+  *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+check_steps "$only" build layer train long offload
+
+mkdir -p "$out" "$work"
+gpu_path_setup
+export PYTHONUNBUFFERED=1
+summary_init "$out/summary.txt"
+log="$out/gpu-torch-check.log"
+gpu_environment "$log"
+{
+  echo "python: $($python --version 2>&1)"
+  $python -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+  $python -c 'import transformers; print("transformers", transformers.__version__)' 2>&1
+  echo "options: only=$only steps=$steps deadline=$deadline"
+  find "$inputs/torch-cache" -name meta.json 2>&1
+} >>"$log" 2>&1
+
+deadline_start "$deadline"
+if [ ! -d "$inputs/torch-cache/sm_90a" ]; then
+  fail "no $inputs/torch-cache/sm_90a: run scripts/inputs/build-torch-cache.sh on the LLVM machine and carry gpu-inputs"
+  finish
+fi
+# The cache is built apart from the layers (inputs/build-torch-cache.sh): checks that ran another
+# build's kernels than gpu-inputs/layers would say nothing about these.
+cache_kernels=$(sed -n 's/^kernel library: //p' "$inputs/torch-cache/INPUTS.txt" 2>/dev/null)
+layer_kernels=$(sed -n 's/^kernel library: //p' "$inputs/INPUTS.txt" 2>/dev/null)
+if [ -z "$cache_kernels" ] || [ "$cache_kernels" != "$layer_kernels" ]; then
+  fail "torch-cache holds kernel library '${cache_kernels:-unknown}', gpu-inputs/layers '${layer_kernels:-unknown}': run scripts/inputs/build-torch-cache.sh after inputs/build-layers.sh"
+fi
+lib=$work/runtime/lib
+if wants build || [ ! -f "$lib/libmoe_runtime.so" ]; then
+  run 240 "build runtime/ standalone" bash -c ". '$root/scripts/common.sh';
+    gpu_build_runtime '$work/runtime' /dev/stdout -DMOE_RUNTIME_BUILD_SMOKE=OFF -- moe_runtime"
+  if [ -f "$lib/libmoe_runtime.so" ]; then
+    pass "libmoe_runtime.so built ($lib)"
+  else
+    fail "runtime build (log: gpu-torch-check.log)"
+    finish
+  fi
+fi
+export MOE_RUNTIME_LIB=$lib/libmoe_runtime.so
+export MOE_MLIR_PREBUILT=$inputs/torch-cache
+export MOE_MLIR_CACHE=$work/cache
+
+if wants layer; then
+  mark=$(lines)
+  run 200 "train_check.py --layer-check" "$python" "$root/bench/train_check.py" --layer-check \
+    --device cuda
+  rc=$?
+  if [ $rc -eq 0 ]; then pass "layer check: $(tally "$mark")"
+  else fail "layer check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+fi
+
+for precision in bf16 amp; do
+  wants train || wants "train-$precision" || continue
+  mark=$(lines)
+  run 300 "train_check.py --precision $precision" "$python" "$root/bench/train_check.py" \
+    --device cuda --steps "$steps" --precision "$precision" --control --reference \
+    --out "$out/$precision"
+  rc=$?
+  # The tables (last lines) into the summary too.
+  since "$mark" | grep -A12 '^model    max' | grep -v '^model    max' | \
+    grep -vE '^[0-9]+ passed' | sed "s/^/  $precision /" | tee -a "$out/summary.txt"
+  if [ $rc -eq 0 ]; then pass "training check ($precision): $(tally "$mark")"
+  else fail "training check ($precision): $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+done
+# prebuilt_step TITLE SCRIPT FOLDER MARKER FILTER: bench/SCRIPT --run on gpu-inputs/FOLDER (whose
+# MARKER file the LLVM machine's SCRIPT --prebuild wrote); the log lines FILTER (grep -E) picks
+# go to the summary.
+prebuilt_step() {
+  local title=$1 script=$2 folder=$3 marker=$4 filter=$5 mark rc
+  mark=$(lines)
+  if [ ! -f "$inputs/$folder/$marker" ]; then
+    fail "no $inputs/$folder/$marker: run bench/$script --prebuild on the LLVM machine"
+    return
+  fi
+  run 300 "$script --run" "$python" "$root/bench/$script" --run "$inputs/$folder" --out "$out"
+  rc=$?
+  since "$mark" | grep -E "$filter" | sed 's/^/  /' | tee -a "$out/summary.txt"
+  if [ $rc -eq 0 ]; then pass "$title: $(tally "$mark")"
+  else fail "$title: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+}
+if wants long; then
+  prebuilt_step "long context" long_context.py long-context plan.json \
+    '^largest T|^layer |^[a-z0-9.-]+ +[0-9]+ +[0-9]+ +[0-9]+ '
+fi
+if wants offload; then
+  prebuilt_step "offload stack" offload_stack.py offload stack.json 'layers; keep'
+fi
+note "elapsed $(($(date +%s) - start)) s; log: $log"
+finish

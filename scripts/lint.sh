@@ -12,20 +12,18 @@
 # ignored); a FILE of another kind than a check's is skipped by that check. --fix lets
 # clang-format and ruff rewrite what they can. Exits non-zero when a check finds anything.
 # The tools come from scripts/install-deps.sh (pinned versions).
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -uo pipefail
 # shellcheck source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-fix=0
-checks=()
-files=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --fix) fix=1; shift ;;
-  --) shift; files=("$@"); break ;;
-  -h | --help) usage ;;
-  clang-format | ruff | shellcheck | large-files) checks+=("$1"); shift ;;
-  *) die "unknown check or option $1 (see --help)" ;;
+parse_options --fix:fix=1 -- "$@"
+checks=("${positional[@]}")
+files=("${rest[@]}")
+for check in "${checks[@]}"; do
+  case "$check" in
+  clang-format | ruff | shellcheck | large-files) ;;
+  *) die "unknown check $check (see --help)" ;;
   esac
 done
 [ ${#checks[@]} -gt 0 ] || checks=(clang-format ruff shellcheck large-files)
@@ -62,7 +60,7 @@ for check in "${checks[@]}"; do
   case "$check" in
   clang-format)
     if [ ${#cxx[@]} -eq 0 ] || ! tool clang-format-22; then continue; fi
-    if [ $fix = 1 ]; then
+    if [ "$fix" = 1 ]; then
       clang-format-22 -i "${cxx[@]}" || status=1
     else
       clang-format-22 --dry-run -Werror "${cxx[@]}" || status=1
@@ -70,7 +68,7 @@ for check in "${checks[@]}"; do
     ;;
   ruff)
     if [ ${#python[@]} -eq 0 ] || ! tool ruff; then continue; fi
-    if [ $fix = 1 ]; then
+    if [ "$fix" = 1 ]; then
       ruff check --fix --quiet "${python[@]}" || status=1
       ruff format --quiet "${python[@]}" || status=1
     else

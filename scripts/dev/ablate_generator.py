@@ -8,7 +8,7 @@ part costs by timing the copy beside the real library in one GPU run:
     bash scripts/inputs/build-ops-harness.sh gpu-inputs/ops-KIND /tmp/gen_KIND.py
     MOE_COMPARE_ROUNDS=2 bash scripts/gpu/session.sh ops     # on the GPU machine
 
-KIND (docs/perf.md, sessions 22 and 24, has what each cost on the H200):
+KIND (docs/gpu-kernels.md has what each cost on the H200):
   nostore  C staged as usual, the TMA box stores left out
   nostm    no conversion or stmatrix of C (the stores write the staging as it is)
   nowait   the wait for the last tile's stores to have read the staging, and the

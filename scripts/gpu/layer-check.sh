@@ -29,52 +29,34 @@
 # deepseek-v3-routed, deepseek-v3 without its shared expert as BENCH.md's baseline has it),
 # MOE_BENCH_GAPS (1: bench.py --gaps, where our step's time goes besides kernels),
 # MOE_BENCH_SUSTAINED (bench.py --sustained-ceiling, default 3 seconds; 0: not).
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 
 set -u -o pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 out=${OUT:-/tmp/moe-gpu-out}
 work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}
-inputs=${MOE_GPU_INPUTS:-$root/gpu-inputs}
-python=${PYTHON:-python3}
-only="build,example,check,sanitize,bench"
-quick=0
-deadline=530
-
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --only | --only=*) option_value --only "$@"; only=$value; shift "$consumed" ;;
-  --quick) quick=1; shift ;;
-  --deadline | --deadline=*) option_value --deadline "$@"; deadline=$value; shift "$consumed" ;;
-  -h | --help) usage ;;
-  *) die "unknown option $1 (see --help)" ;;
-  esac
-done
+parse_options --only=only=build,example,check,sanitize,bench --quick:quick=1 \
+  --deadline=deadline=530 -- "$@"
+no_positional
 check_steps "$only" build example check sanitize bench recompute offload
 
-mkdir -p "$out" "$work"
-gpu_path_setup
-export PYTHONUNBUFFERED=1
-summary_init "$out/summary.txt"
-log="$out/gpu-layer-check.log"
-gpu_environment "$log"
+mkdir -p "$work"
+gpu_check_start gpu-layer-check.log
 {
-  echo "python: $($python --version 2>&1)"
-  $python -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
-  $python -c 'import transformers; print("transformers", transformers.__version__)' 2>&1
   echo "options: only=$only quick=$quick deadline=$deadline"
-  echo "inputs: $inputs"
-  cat "$inputs/INPUTS.txt" 2>/dev/null || ls -l "$inputs/layers" 2>&1
+  echo "inputs: $gpu_inputs"
+  cat "$gpu_inputs/INPUTS.txt" 2>/dev/null || ls -l "$gpu_inputs/layers" 2>&1
 } >>"$log" 2>&1
 # layers compiled from a tree with uncommitted generator or compiler changes are not the
-# commit's (session 20 timed such layers without knowing): say so in the summary
-uncommitted=$(sed -n 's/^uncommitted in lib\/ include\/ tools\/: //p' "$inputs/INPUTS.txt" 2>/dev/null)
+# commit's, and a timing of them must not pass for the commit's: say so in the summary
+uncommitted=$(sed -n 's/^uncommitted in lib\/ include\/ tools\/: //p' "$gpu_inputs/INPUTS.txt" 2>/dev/null)
 if [ -n "$uncommitted" ] && [ "$uncommitted" != "none" ]; then
   note "NOTE: the layers were compiled with uncommitted changes in: $uncommitted"
 fi
 
 deadline_start "$deadline"
-layers_dir=$inputs/layers
+layers_dir=$gpu_inputs/layers
 small_layers=(small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny)
 # MOE_BENCH_LAYERS: another order or subset (comma-separated)
 bench_list=${MOE_BENCH_LAYERS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3,deepseek-v3-routed}
@@ -144,33 +126,34 @@ if wants example; then
 fi
 
 # ---------------------------------------------------------------- check
-if wants check; then
-  args=()
-  if [ $quick -eq 1 ]; then
-    names=(small-t37 sigmoid-groups-shared tiny)
-    routings=(--routing random)
-  else
-    names=("${small_layers[@]}")
-    routings=(--routing all)
-  fi
-  for name in "${names[@]}"; do
-    if have "$name"; then
-      args+=(--layer "$layers_dir/$name")
+# check_layers LIMIT WHAT DETAIL NAME... -- OPTIONS...: bench/check_layer.py on the layers NAME
+# (each built one; a missing one fails), then WHAT passes or fails with its tally.
+check_layers() {
+  local limit=$1 what=$2 detail=$3 mark
+  shift 3
+  local args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    if have "$1"; then
+      args+=(--layer "$layers_dir/$1")
     else
-      fail "check $name: $name.so or $name.json missing"
+      fail "$what $1: $1.so or $1.json missing"
     fi
+    shift
   done
-  if [ ${#args[@]} -gt 0 ]; then
-    mark=$(lines)
-    run 240 "check_layer.py" "$python" "$root/bench/check_layer.py" "${args[@]}" \
-      "${routings[@]}" --out "$out"
-    rc=$?
-    line=$(tally "$mark")
-    if [ $rc -eq 0 ]; then
-      pass "check_layer.py: $line"
-    else
-      fail "check_layer.py: ${line:-$(why $rc)} (table in gpu-layer-check.log, check_layer.json)"
-    fi
+  [ $# -gt 0 ] && shift
+  [ ${#args[@]} -gt 0 ] || return 0
+  mark=$(lines)
+  run "$limit" "$what" "$python" "$root/bench/check_layer.py" "${args[@]}" "$@"
+  verdict "$what" "$mark" $? "$detail"
+}
+
+if wants check; then
+  if [ "$quick" = 1 ]; then
+    check_layers 240 check_layer.py "table in gpu-layer-check.log, check_layer.json" \
+      small-t37 sigmoid-groups-shared tiny -- --routing random --out "$out"
+  else
+    check_layers 240 check_layer.py "table in gpu-layer-check.log, check_layer.json" \
+      "${small_layers[@]}" -- --routing all --out "$out"
   fi
 fi
 
@@ -178,7 +161,7 @@ fi
 # bench_step TITLE SUFFIX SUBDIR LIMIT [bench.py options...]: bench.py on the four BENCH.md
 # layers (NAME$SUFFIX), JSON into $out/SUBDIR.
 bench_step() {
-  local title=$1 suffix=$2 sub=$3 limit=$4 name rc line mark
+  local title=$1 suffix=$2 sub=$3 limit=$4 name mark
   shift 4
   local layer_args=()
   for name in "${bench_layers[@]}"; do
@@ -189,23 +172,20 @@ bench_step() {
   # bench.py starts no configuration after --deadline; one takes up to about 100 s.
   run "$limit" "$title" "$python" "$root/bench/bench.py" "${layer_args[@]}" \
     --deadline $((limit - 100)) "$@" --out "$out/$sub"
-  rc=$?
-  line=$(tally "$mark")
-  if [ $rc -eq 0 ]; then
-    pass "$title: $line (table in gpu-layer-check.log, ${sub}bench.json)"
-  else
-    fail "$title: ${line:-$(why $rc)} (log: gpu-layer-check.log)"
-  fi
+  verdict "$title" "$mark" $? "table in gpu-layer-check.log, ${sub}bench.json"
 }
 
 if wants bench; then
-  remaining=$(left)
+  remaining=$(($(seconds_left) - 10))
   # Leave the sanitizers about 3 minutes when they are to run.
   reserve=45
-  wants sanitize && reserve=$((quick == 1 ? 120 : 200))
+  if wants sanitize; then
+    reserve=200
+    [ "$quick" = 1 ] && reserve=120
+  fi
   bench_limit=$((remaining - reserve > 150 ? remaining - reserve : 150))
   bench_opts=()
-  [ $quick -eq 1 ] && bench_opts+=(--warmup 1 --iters 5)
+  [ "$quick" = 1 ] && bench_opts+=(--warmup 1 --iters 5)
   # MOE_BENCH_PEERS=liger: Liger-Kernel's fused MoE too (bench.py --peer)
   peers=${MOE_BENCH_PEERS:-}
   for peer in ${peers//,/ }; do bench_opts+=(--peer "$peer"); done
@@ -221,7 +201,7 @@ fi
 
 # ---------------------------------------------------------------- recompute
 if wants recompute && ! wants bench; then
-  remaining=$(left)
+  remaining=$(($(seconds_left) - 10))
   bench_step "bench.py recompute" -recompute recompute/ \
     $((remaining > 150 ? remaining - 30 : 120)) --no-hf
 fi
@@ -231,37 +211,20 @@ fi
 # backward, copied by the entry points): checked against the reference, then as stacks
 # against the kept layers, bitwise and in time (bench/offload_compiled.py).
 if wants offload; then
-  args=()
-  for name in sigmoid-groups-shared-offload olmoe-1b-7b-offload; do
-    if have "$name"; then
-      args+=(--layer "$layers_dir/$name")
-    else
-      fail "offload check $name: $name.so or $name.json missing"
-    fi
-  done
-  if [ ${#args[@]} -gt 0 ]; then
-    mark=$(lines)
-    run 150 "check_layer.py (offload)" "$python" "$root/bench/check_layer.py" "${args[@]}" \
-      --routing random --out "$out/offload" --json-name check_layer_offload.json
-    rc=$?
-    line=$(tally "$mark")
-    if [ $rc -eq 0 ]; then pass "check_layer.py offload: $line"
-    else fail "check_layer.py offload: ${line:-$(why $rc)} (log: gpu-layer-check.log)"; fi
-  fi
-  remaining=$(left)
+  check_layers 150 "check_layer.py offload" "log: gpu-layer-check.log" \
+    sigmoid-groups-shared-offload olmoe-1b-7b-offload -- \
+    --routing random --out "$out/offload" --json-name check_layer_offload.json
+  remaining=$(($(seconds_left) - 10))
   mark=$(lines)
   run $((remaining > 150 ? remaining - 30 : 120)) "offload_compiled.py" "$python" \
     "$root/bench/offload_compiled.py" --layers "$layers_dir" --out "$out/offload"
-  rc=$?
-  line=$(tally "$mark")
-  if [ $rc -eq 0 ]; then pass "offload_compiled.py: $line"
-  else fail "offload_compiled.py: ${line:-$(why $rc)} (log: gpu-layer-check.log)"; fi
+  verdict "offload_compiled.py" "$mark" $? "log: gpu-layer-check.log"
 fi
 
 # ---------------------------------------------------------------- sanitize
 if wants sanitize; then
   tools=(memcheck racecheck)
-  [ $quick -eq 1 ] && tools=(memcheck)
+  [ "$quick" = 1 ] && tools=(memcheck)
   if ! command -v compute-sanitizer >/dev/null 2>&1; then
     fail "compute-sanitizer not on PATH"
   elif ! have tiny; then

@@ -17,6 +17,7 @@
 # stalls) into ncu.txt and ncu-raw.csv, and for each REGEX2 in MOE_NCU_SOURCE the SASS
 # with its stall samples into source-REGEX2.csv.
 # Logs to $OUT (default /tmp/moe-gpu-out).
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -25,22 +26,9 @@ build=${MOE_RUNTIME_BUILD_DIR:-/tmp/moe-runtime-build}
 mkdir -p "$out"
 gpu_path_setup
 export PYTHONUNBUFFERED=1
-quick=""
-sanitize=0
-bench=""
-ops="$root/gpu-inputs/ops"
-ncu=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --quick) quick=--quick; shift ;;
-  --sanitize) sanitize=1; shift ;;
-  --bench | --bench=*) option_value --bench "$@"; bench=$value; shift "$consumed" ;;
-  --ops | --ops=*) option_value --ops "$@"; ops=$value; shift "$consumed" ;;
-  --ncu | --ncu=*) option_value --ncu "$@"; ncu=$value; shift "$consumed" ;;
-  -h | --help) usage ;;
-  *) die "unknown option $1 (see --help)" ;;
-  esac
-done
+parse_options --quick:quick=--quick --sanitize:sanitize=1 --bench=bench \
+  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu -- "$@"
+no_positional
 log="$out/ops.log"
 {
   echo "date: $(date -u +%FT%TZ) commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null) ops: $ops"
@@ -86,7 +74,7 @@ if [ -n "$bench" ]; then
     --json "$out/bench.json" 2>&1 | tee -a "$log"
   exit $?
 fi
-timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" $quick --json "$out/ops.json" \
+timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" ${quick:+"$quick"} --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
   # every op at the small shapes of --quick (every kernel runs)

@@ -51,25 +51,19 @@
 #   liger     .whl/liger_kernel*.whl installed, then gpu/layer-check.sh --only build,bench
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run, on MOE_LIGER_LAYERS (default qwen3-30b-a3b,olmoe-1b-7b: its Triton
-#             autotuning takes 2-4 minutes a configuration; MOE_BENCH_LAYERS is the layer
-#             step's, which session 18 learnt by setting it for both).
+#             autotuning takes 2-4 minutes a configuration; not MOE_BENCH_LAYERS, which is
+#             the layer step's).
 # After a step that runs out of its time (a hang, most likely) the rest are skipped.
 # Output in $OUT: session.txt (each step's summary lines and time) and session.tgz (every
 # log and JSON).
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 out=${OUT:-/tmp/moe-session-out}
-deadline=570
-steps=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --deadline | --deadline=*) option_value --deadline "$@"; deadline=$value; shift "$consumed" ;;
-  -h | --help) usage ;;
-  -*) die "unknown option $1 (see --help)" ;;
-  *) steps=$1; shift ;;
-  esac
-done
+parse_options --deadline=deadline=570 -- "$@"
+[ ${#positional[@]} -le 1 ] || die "one comma-separated list of steps (see --help)"
+steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
 check_steps "$steps" ops sanitize layer variants torch long offload gaps offload-compiled \
   energy ncu tensor floor liger

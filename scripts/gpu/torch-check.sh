@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PyTorch side of issue 7 on the GPU machine (CUDA 13, torch 2.11, transformers 5.17; no
+# The PyTorch side (moe_mlir) on the GPU machine (CUDA 13, torch 2.11, transformers 5.17; no
 # LLVM). gpu-inputs/torch-cache comes from scripts/inputs/build-torch-cache.sh on the LLVM machine
 # (carry gpu-inputs). Steps, each with a time limit:
 #   build   runtime/ standalone (libmoe_runtime.so), which moe_mlir links the prebuilt layers
@@ -28,50 +28,32 @@
 #   bash scripts/gpu/torch-check.sh [--only STEP[,STEP...]] [--steps N] [--deadline SECONDS]
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-torch-build), PYTHON (python3),
 # MOE_GPU_INPUTS (default gpu-inputs).
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 out=${OUT:-/tmp/moe-torch-out}
 work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-torch-build}
-inputs=${MOE_GPU_INPUTS:-$root/gpu-inputs}
-python=${PYTHON:-python3}
-only="build,layer,train"
-steps=50
-deadline=560
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --only | --only=*) option_value --only "$@"; only=$value; shift "$consumed" ;;
-  --steps | --steps=*) option_value --steps "$@"; steps=$value; shift "$consumed" ;;
-  --deadline | --deadline=*) option_value --deadline "$@"; deadline=$value; shift "$consumed" ;;
-  -h | --help) usage ;;
-  *) die "unknown option $1 (see --help)" ;;
-  esac
-done
+parse_options --only=only=build,layer,train --steps=steps=50 --deadline=deadline=560 -- "$@"
+no_positional
 check_steps "$only" build layer train long offload
 
-mkdir -p "$out" "$work"
-gpu_path_setup
-export PYTHONUNBUFFERED=1
-summary_init "$out/summary.txt"
-log="$out/gpu-torch-check.log"
-gpu_environment "$log"
+mkdir -p "$work"
+gpu_check_start gpu-torch-check.log
 {
-  echo "python: $($python --version 2>&1)"
-  $python -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
-  $python -c 'import transformers; print("transformers", transformers.__version__)' 2>&1
   echo "options: only=$only steps=$steps deadline=$deadline"
-  find "$inputs/torch-cache" -name meta.json 2>&1
+  find "$gpu_inputs/torch-cache" -name meta.json 2>&1
 } >>"$log" 2>&1
 
 deadline_start "$deadline"
-if [ ! -d "$inputs/torch-cache/sm_90a" ]; then
-  fail "no $inputs/torch-cache/sm_90a: run scripts/inputs/build-torch-cache.sh on the LLVM machine and carry gpu-inputs"
+if [ ! -d "$gpu_inputs/torch-cache/sm_90a" ]; then
+  fail "no $gpu_inputs/torch-cache/sm_90a: run scripts/inputs/build-torch-cache.sh on the LLVM machine and carry gpu-inputs"
   finish
 fi
 # The cache is built apart from the layers (inputs/build-torch-cache.sh): checks that ran another
 # build's kernels than gpu-inputs/layers would say nothing about these.
-cache_kernels=$(sed -n 's/^kernel library: //p' "$inputs/torch-cache/INPUTS.txt" 2>/dev/null)
-layer_kernels=$(sed -n 's/^kernel library: //p' "$inputs/INPUTS.txt" 2>/dev/null)
+cache_kernels=$(sed -n 's/^kernel library: //p' "$gpu_inputs/torch-cache/INPUTS.txt" 2>/dev/null)
+layer_kernels=$(sed -n 's/^kernel library: //p' "$gpu_inputs/INPUTS.txt" 2>/dev/null)
 if [ -z "$cache_kernels" ] || [ "$cache_kernels" != "$layer_kernels" ]; then
   fail "torch-cache holds kernel library '${cache_kernels:-unknown}', gpu-inputs/layers '${layer_kernels:-unknown}': run scripts/inputs/build-torch-cache.sh after inputs/build-layers.sh"
 fi
@@ -87,16 +69,14 @@ if wants build || [ ! -f "$lib/libmoe_runtime.so" ]; then
   fi
 fi
 export MOE_RUNTIME_LIB=$lib/libmoe_runtime.so
-export MOE_MLIR_PREBUILT=$inputs/torch-cache
+export MOE_MLIR_PREBUILT=$gpu_inputs/torch-cache
 export MOE_MLIR_CACHE=$work/cache
 
 if wants layer; then
   mark=$(lines)
   run 200 "train_check.py --layer-check" "$python" "$root/bench/train_check.py" --layer-check \
     --device cuda
-  rc=$?
-  if [ $rc -eq 0 ]; then pass "layer check: $(tally "$mark")"
-  else fail "layer check: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+  verdict "layer check" "$mark" $? "log: gpu-torch-check.log"
 fi
 
 for precision in bf16 amp; do
@@ -109,8 +89,7 @@ for precision in bf16 amp; do
   # The tables (last lines) into the summary too.
   since "$mark" | grep -A12 '^model    max' | grep -v '^model    max' | \
     grep -vE '^[0-9]+ passed' | sed "s/^/  $precision /" | tee -a "$out/summary.txt"
-  if [ $rc -eq 0 ]; then pass "training check ($precision): $(tally "$mark")"
-  else fail "training check ($precision): $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+  verdict "training check ($precision)" "$mark" $rc "log: gpu-torch-check.log"
 done
 # prebuilt_step TITLE SCRIPT FOLDER MARKER FILTER: bench/SCRIPT --run on gpu-inputs/FOLDER (whose
 # MARKER file the LLVM machine's SCRIPT --prebuild wrote); the log lines FILTER (grep -E) picks
@@ -118,15 +97,14 @@ done
 prebuilt_step() {
   local title=$1 script=$2 folder=$3 marker=$4 filter=$5 mark rc
   mark=$(lines)
-  if [ ! -f "$inputs/$folder/$marker" ]; then
-    fail "no $inputs/$folder/$marker: run bench/$script --prebuild on the LLVM machine"
+  if [ ! -f "$gpu_inputs/$folder/$marker" ]; then
+    fail "no $gpu_inputs/$folder/$marker: run bench/$script --prebuild on the LLVM machine"
     return
   fi
-  run 300 "$script --run" "$python" "$root/bench/$script" --run "$inputs/$folder" --out "$out"
+  run 300 "$script --run" "$python" "$root/bench/$script" --run "$gpu_inputs/$folder" --out "$out"
   rc=$?
   since "$mark" | grep -E "$filter" | sed 's/^/  /' | tee -a "$out/summary.txt"
-  if [ $rc -eq 0 ]; then pass "$title: $(tally "$mark")"
-  else fail "$title: $(tally "$mark") exit $rc (log: gpu-torch-check.log)"; fi
+  verdict "$title" "$mark" $rc "log: gpu-torch-check.log"
 }
 if wants long; then
   prebuilt_step "long context" long_context.py long-context plan.json \

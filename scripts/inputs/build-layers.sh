@@ -20,6 +20,7 @@
 # Environment: MOE_BUILD_DIR (default build), MOE_COMPILE (default $MOE_BUILD_DIR/bin/moe-compile),
 # PYTHON (default python3).
 # Last line: "N passed, M failed"; exit code non-zero on any failure.
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 
 set -u -o pipefail
 
@@ -27,21 +28,11 @@ set -u -o pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 build=${MOE_BUILD_DIR:-$root/build}
 compile=${MOE_COMPILE:-$build/bin/moe-compile}
-python=${PYTHON:-python3}
-out=$root/gpu-inputs
-only=""
-extra=()
 limit_mib=60
 
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --only | --only=*) option_value --only "$@"; only=$value; shift "$consumed" ;;
-  --out | --out=*) option_value --out "$@"; out=$value; shift "$consumed" ;;
-  --) shift; extra=("$@"); break ;;
-  -h | --help) usage ;;
-  *) die "unknown option $1 (see --help)" ;;
-  esac
-done
+parse_options --only=only --out=out="$root/gpu-inputs" -- "$@"
+no_positional
+extra=("${rest[@]}")
 
 [ -x "$compile" ] || die "$compile not found: build it first (ninja -C $build moe-compile)"
 
@@ -115,13 +106,13 @@ compile_one() {
 for src in "${sources[@]}"; do
   compile_one "$src" "$(basename "$src" .mlir)"
 done
-# the benchmark layers again with H recomputed in backward (issue 5: keep-H vs recompute-H)
+# the benchmark layers again with H recomputed in backward (keep-H against recompute-H)
 for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   compile_one "$root/examples/$example.mlir" "$example-recompute" --policy=recompute
 done
 compile_one "$mlir/deepseek-v3-routed.mlir" deepseek-v3-routed-recompute --policy=recompute
-# and with H offloaded to pinned host memory between forward and backward (issue 5:
-# offload-H through the compiled entry points), and a small one for the checks
+# and with H offloaded to pinned host memory between forward and backward (offload-H
+# through the compiled entry points), and a small one for the checks
 for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   compile_one "$root/examples/$example.mlir" "$example-offload" --policy=offload
 done

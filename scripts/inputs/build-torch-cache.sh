@@ -13,20 +13,15 @@
 #   bash scripts/inputs/build-torch-cache.sh [--size full|tiny]
 # Environment: MOE_BUILD_DIR (default build), PYTHON (default /usr/bin/python3).
 # Last line: "N passed, M failed".
+# shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
 
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 build=${MOE_BUILD_DIR:-$root/build}
 python=${PYTHON:-/usr/bin/python3}
-size=full
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --size | --size=*) option_value --size "$@"; size=$value; shift "$consumed" ;;
-  -h | --help) usage ;;
-  *) die "unknown option $1 (see --help)" ;;
-  esac
-done
+parse_options --size=size=full -- "$@"
+no_positional
 [ -x "$build/bin/moe-compile" ] || die "$build/bin/moe-compile not found: ninja -C $build moe-compile"
 if ! command -v ptxas >/dev/null && [ ! -x /usr/local/cuda/bin/ptxas ]; then
   ptxas=$("$python" "$root/scripts/fetch-ptxas.py") || die "no ptxas"

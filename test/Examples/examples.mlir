@@ -10,6 +10,8 @@
 // RUN: moe-opt %moe_src_root/examples/olmoe-1b-7b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=BWD
 // RUN: moe-opt %moe_src_root/examples/qwen3-30b-a3b.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=BWD
 // RUN: moe-opt %moe_src_root/examples/deepseek-v3.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=DEEPSEEK-BWD
+// RUN: moe-opt %moe_src_root/examples/small.mlir --moe-decompose --moe-generate-backward | FileCheck %s --check-prefix=SMALL-BWD
+// RUN: moe-opt %moe_src_root/examples/small.mlir --moe-training-pipeline="chip=sm_90a format=isa" | FileCheck %s --check-prefix=SMALL-GPU
 
 // MIXTRAL: moe.router {{.*}}routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>
 // MIXTRAL: moe.dispatch {{.*}}num_experts = 8 : i64} : tensor<16384x2xi32> -> tensor<32768xi32>, tensor<9xi32>, tensor<16384x2xi32>
@@ -61,3 +63,12 @@
 // DEEPSEEK-BWD: moe.shared_expert_grad
 // DEEPSEEK-BWD: moe.expert_combine_grad
 // DEEPSEEK-BWD: moe.router_grad
+
+// SMALL-BWD-LABEL: func.func @small_forward
+// SMALL-BWD: moe.dispatch {{.*}}num_experts = 4 : i64} : tensor<37x2xi32> -> tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
+// SMALL-BWD-LABEL: func.func @small_backward
+// SMALL-BWD: moe.expert_combine_grad
+// SMALL-BWD: moe.router_grad
+// SMALL-GPU: llvm.func @small_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 128 : i64
+// SMALL-GPU: llvm.func @small_backward(
+// SMALL-GPU: gpu.binary @moe_kernels

@@ -1,4 +1,4 @@
-// Inputs from the issue-8 reliability work (docs/reliability.md) on which
+// Inputs found by fuzzing and the reliability probes (docs/reliability.md) on which
 // convert-moe-to-linalg went wrong. Each case says what happened before its
 // fix.
 

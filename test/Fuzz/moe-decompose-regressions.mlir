@@ -1,5 +1,5 @@
-// Inputs from the issue-8 reliability work (fuzzing and the probes around it,
-// docs/reliability.md) that got past the verifier and broke a pass. Each case
+// Inputs from fuzzing and the reliability probes around it
+// (docs/reliability.md) that got past the verifier and broke a pass. Each case
 // says what went wrong before its fix.
 
 // RUN: moe-opt %s -split-input-file -verify-diagnostics --moe-decompose | FileCheck %s

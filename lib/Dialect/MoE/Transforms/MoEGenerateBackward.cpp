@@ -310,8 +310,17 @@ void BackwardBuilder::sortSavedArguments() {
     saved[value].replaceAllUsesWith(argument);
     resorted[value] = argument;
   }
-  for (BlockArgument seed : entry.getArguments().drop_front(saved.size()))
-    seed.replaceAllUsesWith(sorted->addArgument(seed.getType(), seed.getLoc()));
+  DenseMap<Value, Value> movedSeeds;
+  for (BlockArgument seed : entry.getArguments().drop_front(saved.size())) {
+    BlockArgument moved = sorted->addArgument(seed.getType(), seed.getLoc());
+    seed.replaceAllUsesWith(moved);
+    movedSeeds[seed] = moved;
+  }
+  // A result gradient that no op consumed (a float argument returned as it
+  // is) is still the old seed in the gradient map.
+  for (auto &[value, gradient] : gradients)
+    if (Value moved = movedSeeds.lookup(gradient))
+      gradient = moved;
   sorted->getOperations().splice(sorted->end(), entry.getOperations());
   backward.getBody().push_back(sorted);
   entry.erase();

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark compiled layers against the Hugging Face Mixtral block, as ../shared/BENCH.md says.
+"""Benchmark compiled layers against the Hugging Face Mixtral block, as docs/benchmarks.md says.
 
 In one process:
 1. the dense ceiling: an 8192^3 bf16 matmul through PyTorch, TFLOP/s (a short run, at the
@@ -12,7 +12,8 @@ In one process:
    `transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock` built from
    MixtralConfig(hidden_size=d, intermediate_size=n, num_local_experts=E,
    num_experts_per_tok=k) with `config._experts_implementation = "grouped_mm"` (for
-   deepseek-v3, which it cannot express, the Mixtral block with E=256, k=8, as BENCH.md did;
+   deepseek-v3, which it cannot express, the Mixtral block with E=256, k=8, the baseline of
+   docs/benchmarks.md;
    and for a layer with a sigmoid group router and a shared expert also transformers'
    `DeepseekV3MoE`, the real block of that configuration, reported beside it);
 3. ratio ours / HF time, TFLOP/s of the useful FLOPs 18·T·k·d·n + 18·T·d·m + 6·T·d·E (m: the
@@ -24,8 +25,8 @@ In one process:
 With --recompute each layer DIR/NAME is followed, in the same process and right after it, by
 DIR/NAME-recompute (the same layer compiled with H recomputed in backward): its check and its
 step timed the same way, its time over the kept layer's and the best peer's time over it, so
-that issue 6's recompute target (at most 1.25x the kept layer, still faster than the best
-peer) is read from one GPU state instead of two processes minutes apart.
+that the recompute target (at most 1.25x the kept layer, still faster than the best peer) is
+read from one GPU state instead of two processes minutes apart.
 
 With --peer liger (the pip package liger-kernel, pure Python and Triton) the same step also
 runs through Liger-Kernel's fused MoE (`LigerFusedMoEFunction`: gather fused into its grouped
@@ -57,8 +58,8 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_LAYERS = ["mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3"]
-# deepseek-v3 without its shared expert: the same work as BENCH.md's baseline for deepseek-v3
-# (the Mixtral block with E = 256, k = 8); scripts/build-gpu-inputs.sh builds it.
+# deepseek-v3 without its shared expert: the same work as the baseline for deepseek-v3 (the
+# Mixtral block with E = 256, k = 8; docs/benchmarks.md); scripts/inputs/build-layers.sh builds it.
 ROUTED_LAYERS = ["deepseek-v3-routed"]
 GIB = float(1 << 30)
 
@@ -93,8 +94,14 @@ class Timer:
         step()
         return (time.perf_counter() - t0) * 1e3
 
-    def measure(self, step, warmup: int, iters: int, budget_s: float,
-                before: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
+    def measure(
+        self,
+        step,
+        warmup: int,
+        iters: int,
+        budget_s: float,
+        before: Optional[Callable[[], Any]] = None,
+    ) -> Dict[str, Any]:
         """Warm-up, then `iters` timed steps (at least 5; fewer warm-ups when one step is
         slow, so the budget holds)."""
         first = self.time_ms(step, before)
@@ -108,9 +115,14 @@ class Timer:
             n_warm += 1
         for _ in range(iters):
             times.append(self.time_ms(step, before))
-        return {"median_ms": statistics.median(times), "min_ms": min(times),
-                "max_ms": max(times), "times_ms": times, "warmup": n_warm,
-                "first_ms": first}
+        return {
+            "median_ms": statistics.median(times),
+            "min_ms": min(times),
+            "max_ms": max(times),
+            "times_ms": times,
+            "warmup": n_warm,
+            "first_ms": first,
+        }
 
 
 def useful_flops(T: int, d: int, n: int, E: int, k: int, shared: int = 0) -> float:
@@ -128,12 +140,13 @@ def floor_bytes(T: int, d: int, n: int, k: int) -> int:
     return 2 * T * d + 4 * T * k * n + 12 * T * k
 
 
-def dense_ceiling(torch, device, timer: Timer, size: int, iters: int,
-                  after_s: float = 0.0) -> Dict[str, Any]:
-    """A size^3 bf16 matmul's rate. BENCH.md's ceiling is a short run, at the boost clock;
-    with `after_s` the matmul first runs that long back to back, and the rate is the one a
-    long run holds under the GPU's power cap, as a layer's timed loop (0.4 s and more) does,
-    ours and the peers alike (docs/perf.md, session 20)."""
+def dense_ceiling(
+    torch, device, timer: Timer, size: int, iters: int, after_s: float = 0.0
+) -> Dict[str, Any]:
+    """A size^3 bf16 matmul's rate. The ceiling of docs/benchmarks.md is a short run, at the
+    boost clock; with `after_s` the matmul first runs that long back to back, and the rate is the
+    one a long run holds under the GPU's power cap, as a layer's timed loop (0.4 s and more)
+    does, ours and the peers alike (docs/results.md, "The power cap")."""
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     t0 = time.perf_counter()
@@ -145,8 +158,8 @@ def dense_ceiling(torch, device, timer: Timer, size: int, iters: int,
     m["size"] = size
     if after_s > 0:
         m["after_s"] = after_s
-    m["tflops"] = 2.0 * size ** 3 / (m["median_ms"] * 1e-3) / 1e12
-    del a, b
+    m["tflops"] = 2.0 * size**3 / (m["median_ms"] * 1e-3) / 1e12
+    a = b = None  # frees the matrices (a closure above still names them)
     return m
 
 
@@ -157,8 +170,10 @@ def trim_runtime_pool() -> None:
         cuda = ctypes.CDLL("libcuda.so.1")
         dev = ctypes.c_int(0)
         pool = ctypes.c_void_p()
-        if cuda.cuCtxGetDevice(ctypes.byref(dev)) == 0 and \
-                cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev) == 0:
+        if (
+            cuda.cuCtxGetDevice(ctypes.byref(dev)) == 0
+            and cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev) == 0
+        ):
             cuda.cuMemPoolTrimTo(pool, ctypes.c_size_t(0))
     except OSError:
         pass
@@ -166,13 +181,17 @@ def trim_runtime_pool() -> None:
 
 # --------------------------------------------------------------------------- ours
 
+
 def make_args(torch, cfg, device, gen) -> Dict[str, Any]:
     def normal(shape, std):
-        return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
-                * std).to(torch.bfloat16)
+        return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(
+            torch.bfloat16
+        )
 
-    args = {"x": normal((cfg.tokens, cfg.hidden), 1.0),
-            "w_router": normal((cfg.hidden, cfg.experts), 0.02)}
+    args = {
+        "x": normal((cfg.tokens, cfg.hidden), 1.0),
+        "w_router": normal((cfg.hidden, cfg.experts), 0.02),
+    }
     if cfg.router_bias:
         args["router_bias"] = torch.randn((cfg.experts,), generator=gen, device=device) * 0.01
     args["w_gate_up"] = normal((cfg.experts, cfg.hidden, cfg.gate_up_width), 0.02)
@@ -187,6 +206,7 @@ def sample_check(torch, cfg, args, fwd, experts, tokens: int) -> Dict[str, Any]:
     """fp32 recomputation of out and the logits for the first `tokens` tokens with our
     routing; per-expert weights are cast on the fly, so no fp32 copy of a weight exists."""
     from moe_mlir import torch_reference as TR
+
     S = min(tokens, cfg.tokens)
     x = args["x"][:S].float()
     logits = x @ args["w_router"].float()
@@ -224,6 +244,7 @@ def sample_check(torch, cfg, args, fwd, experts, tokens: int) -> Dict[str, Any]:
 
 def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
     from check_layer import find_saved, forward_param_names
+
     params = forward_param_names(layer, cfg)
     inputs = {params[a]: t for a, t in args.items()}
     gen = torch.Generator(device=device)
@@ -231,16 +252,21 @@ def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str,
     cots = {}
     for spec in layer.manifest.backward.by_role("cotangent"):
         from moe_mlir.gpu import torch_dtype
+
         if spec.of in (None, "result0"):
             cots[spec.name] = torch.randn(tuple(spec.shape), generator=gen, device=device).to(
-                torch_dtype(spec.dtype))
+                torch_dtype(spec.dtype)
+            )
         else:  # no loss on the router logits: zeros, allocated once
-            cots[spec.name] = torch.zeros(tuple(spec.shape), device=device,
-                                          dtype=torch_dtype(spec.dtype))
+            cots[spec.name] = torch.zeros(
+                tuple(spec.shape), device=device, dtype=torch_dtype(spec.dtype)
+            )
     res: Dict[str, Any] = {
         "saved_bytes_manifest": layer.manifest.saved_bytes(),
-        "workspace_bytes": {"forward": layer.workspace_bytes("forward"),
-                            "backward": layer.workspace_bytes("backward")},
+        "workspace_bytes": {
+            "forward": layer.workspace_bytes("forward"),
+            "backward": layer.workspace_bytes("backward"),
+        },
     }
     # Numbers first: one step, a sample of tokens against fp32.
     timer.sync()
@@ -248,16 +274,18 @@ def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str,
     fwd = layer.forward(inputs)
     timer.sync()
     res["saved_bytes_torch"] = (torch.cuda.memory_allocated() - base) if timer.cuda else None
-    experts_name = find_saved(layer, contains="expert", dtype="i32",
-                              shape=(cfg.tokens, cfg.top_k))
+    experts_name = find_saved(layer, contains="expert", dtype="i32", shape=(cfg.tokens, cfg.top_k))
     grads = layer.backward(fwd, cots)
     timer.sync()
     if experts_name:
         res["check"] = sample_check(torch, cfg, args, fwd, fwd[experts_name], opts.check_tokens)
     else:
         res["check"] = {"ok": True, "note": "no experts saved: not checked"}
-    bad = [n for n, t in list(fwd.items()) + list(grads.items())
-           if n not in inputs and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [
+        n
+        for n, t in list(fwd.items()) + list(grads.items())
+        if n not in inputs and t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
     if bad:
         res["check"]["ok"] = False
         res["check"]["non_finite"] = bad
@@ -275,22 +303,31 @@ def bench_ours(torch, layer, cfg, args, device, timer: Timer, opts) -> Dict[str,
         res["peak_bytes_torch"] = torch.cuda.max_memory_allocated() - base
     if timer.cuda and opts.gaps:
         import step_gaps
+
         held = {}
-        res["gaps"] = step_gaps.report(torch, layer.name, [
-            ("forward", lambda: held.update(f=layer.forward(inputs))),
-            ("backward", lambda: layer.backward(held.pop("f"), cots))])
+        res["gaps"] = step_gaps.report(
+            torch,
+            layer.name,
+            [
+                ("forward", lambda: held.update(f=layer.forward(inputs))),
+                ("backward", lambda: layer.backward(held.pop("f"), cots)),
+            ],
+        )
     return res
 
 
 # --------------------------------------------------------------------------- HF
 
-def bench_recompute(torch, path: str, cfg, args, device, timer: Timer, opts,
-                    entry: Dict[str, Any]) -> None:
+
+def bench_recompute(
+    torch, path: str, cfg, args, device, timer: Timer, opts, entry: Dict[str, Any]
+) -> None:
     """--recompute, after entry["ours"]: PATH-recompute timed as bench_ours times PATH, into
     entry["ours_recompute"] (or entry["recompute_skipped"] / entry["recompute_error"]); the
     ratio to the kept layer in entry["recompute_over_kept"]. The caller frees the layer's
     memory afterwards, as after the kept one."""
     from moe_mlir import torch_reference as TR
+
     rpath = path + "-recompute"
     needed = rpath + (".json" if opts.emulate else ".so")
     if not os.path.exists(needed):
@@ -302,8 +339,10 @@ def bench_recompute(torch, path: str, cfg, args, device, timer: Timer, opts,
         layer = open_layer(rpath, opts)
         rcfg = TR.config_from_manifest(layer.layer)
         if rcfg != cfg:
-            raise ValueError(f"{os.path.basename(rpath)} is not the same layer as "
-                             f"{os.path.basename(path)}: {rcfg} against {cfg}")
+            raise ValueError(
+                f"{os.path.basename(rpath)} is not the same layer as "
+                f"{os.path.basename(path)}: {rcfg} against {cfg}"
+            )
         rec = bench_ours(torch, layer, cfg, args, device, timer, opts)
     except Exception as e:  # noqa: BLE001 - the peers still run
         entry["recompute_error"] = f"{type(e).__name__}: {e}"
@@ -312,9 +351,11 @@ def bench_recompute(torch, path: str, cfg, args, device, timer: Timer, opts,
     rec["tflops"] = tflops(entry["useful_flops"], rec["median_ms"])
     entry["ours_recompute"] = rec
     entry["recompute_over_kept"] = rec["median_ms"] / entry["ours"]["median_ms"]
-    log(f"  H recomputed: {rec['median_ms']:.2f} ms, "
+    log(
+        f"  H recomputed: {rec['median_ms']:.2f} ms, "
         f"{entry['recompute_over_kept']:.2f}x the kept layer; sample check "
-        f"{'ok' if rec['check']['ok'] else 'FAILED'}")
+        f"{'ok' if rec['check']['ok'] else 'FAILED'}"
+    )
 
 
 def best_peer_ms(entry: Dict[str, Any]) -> Optional[float]:
@@ -322,16 +363,24 @@ def best_peer_ms(entry: Dict[str, Any]) -> Optional[float]:
     Liger and the HF block, which is DeepseekV3MoE (hf_full) where it ran beside the Mixtral
     block without a shared expert or group router (hf)."""
     names = ("hf_full" if "hf_full" in entry else "hf", "liger")
-    times = [entry[p]["median_ms"] for p in names
-             if isinstance(entry.get(p), dict) and "median_ms" in entry[p]]
+    times = [
+        entry[p]["median_ms"]
+        for p in names
+        if isinstance(entry.get(p), dict) and "median_ms" in entry[p]
+    ]
     return min(times) if times else None
 
 
 def hf_mixtral_block(torch, cfg, args, device, opts):
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-    hc = MixtralConfig(hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
-                       num_local_experts=cfg.experts, num_experts_per_tok=cfg.top_k)
+
+    hc = MixtralConfig(
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.ffn,
+        num_local_experts=cfg.experts,
+        num_experts_per_tok=cfg.top_k,
+    )
     hc._experts_implementation = opts.hf_implementation
     block = MixtralSparseMoeBlock(hc).to(device=device, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -348,12 +397,19 @@ def hf_deepseek_block(torch, cfg, args, device, opts):
     expert), with our weights."""
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
     m = cfg.shared_ffn
-    hc = DeepseekV3Config(hidden_size=cfg.hidden, moe_intermediate_size=cfg.ffn,
-                          n_routed_experts=cfg.experts, num_experts_per_tok=cfg.top_k,
-                          n_group=cfg.num_groups, topk_group=cfg.topk_groups,
-                          routed_scaling_factor=cfg.scaling_factor,
-                          norm_topk_prob=cfg.renormalize, n_shared_experts=m // cfg.ffn)
+    hc = DeepseekV3Config(
+        hidden_size=cfg.hidden,
+        moe_intermediate_size=cfg.ffn,
+        n_routed_experts=cfg.experts,
+        num_experts_per_tok=cfg.top_k,
+        n_group=cfg.num_groups,
+        topk_group=cfg.topk_groups,
+        routed_scaling_factor=cfg.scaling_factor,
+        norm_topk_prob=cfg.renormalize,
+        n_shared_experts=m // cfg.ffn,
+    )
     hc._experts_implementation = opts.hf_implementation
     block = DeepseekV3MoE(hc).to(device=device, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -390,7 +446,7 @@ def bench_hf(torch, cfg, args, device, timer: Timer, opts, make_block=None) -> D
         return out[0] if isinstance(out, tuple) else out  # Mixtral: (out, router logits)
 
     measure_peer(torch, timer, opts, forward, clear, d_out, res)
-    del block, x, d_out
+    block = x = d_out = None  # frees them; the closures above name them
     return res
 
 
@@ -421,12 +477,14 @@ def measure_peer(torch, timer: Timer, opts, forward, clear, d_out, res: Dict[str
 
 # --------------------------------------------------------------------------- Liger
 
+
 class LigerBlock:
     """The Mixtral block's router (linear, softmax, top-k, renormalised) in torch, then
     Liger-Kernel's fused experts with our weights in its layout."""
 
     def __init__(self, torch, cfg, args):
         from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+
         self.torch, self.cfg, self.fn = torch, cfg, LigerFusedMoEFunction
         n = cfg.ffn
         self.w_router = args["w_router"].detach().clone().requires_grad_(True)  # [d, E]
@@ -445,8 +503,9 @@ class LigerBlock:
         weights, experts = torch.topk(probs, self.cfg.top_k, dim=-1)
         if self.cfg.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self.fn.apply(x, self.gate_up, self.down, experts.to(torch.int32),
-                             weights.to(x.dtype))
+        return self.fn.apply(
+            x, self.gate_up, self.down, experts.to(torch.int32), weights.to(x.dtype)
+        )
 
 
 def liger_applies(cfg) -> bool:
@@ -475,12 +534,13 @@ def bench_liger(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
     timer.sync()
     res["autotune_s"] = time.time() - started
     measure_peer(torch, timer, opts, lambda: block(x), clear, d_out, res)
-    del block, x, d_out
+    block = x = d_out = None  # frees them; the closures above name them
     return res
 
 
-def time_peer(entry: Dict[str, Any], key: str, label: str, run,
-              flops: Optional[float] = None) -> Optional[Dict[str, Any]]:
+def time_peer(
+    entry: Dict[str, Any], key: str, label: str, run, flops: Optional[float] = None
+) -> Optional[Dict[str, Any]]:
     """entry[key] = run() (a peer's timing, median_ms), with its TFLOP/s (of `flops`, by
     default the layer's) and ours / peer time as entry["ours_over_<key>_time"]; a failure is
     entry["<key>_error"], logged, and the other peers still run."""
@@ -499,11 +559,14 @@ def time_peer(entry: Dict[str, Any], key: str, label: str, run,
 
 # --------------------------------------------------------------------------- main
 
+
 def open_layer(path: str, opts):
     if opts.emulate:
         from emulate import EmulatedLayer
+
         return EmulatedLayer(path + ".so", path + ".json", require_cuda=opts.device == "cuda")
     from moe_mlir.gpu import CompiledLayer
+
     return CompiledLayer(path + ".so", path + ".json")
 
 
@@ -512,61 +575,99 @@ def fmt_gib(b: Optional[float]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layer", action="append",
-                   help="DIR/NAME of NAME.so + NAME.json (repeatable; default the four "
-                        "BENCH.md configs in gpu-inputs/layers)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--layer",
+        action="append",
+        help="DIR/NAME of NAME.so + NAME.json (repeatable; default the four "
+        "docs/benchmarks.md configs in gpu-inputs/layers)",
+    )
     p.add_argument("--layers-dir", default=os.path.join(ROOT, "gpu-inputs", "layers"))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=7)
-    p.add_argument("--budget", type=float, default=40.0,
-                   help="seconds one measurement may take before it drops to 1 warm-up + 5")
-    p.add_argument("--deadline", type=float, default=0.0,
-                   help="skip the configurations left after this many seconds (0: none)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=40.0,
+        help="seconds one measurement may take before it drops to 1 warm-up + 5",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="skip the configurations left after this many seconds (0: none)",
+    )
     p.add_argument("--ceiling-size", type=int, default=8192)
-    p.add_argument("--sustained-ceiling", type=float, default=0.0, metavar="SECONDS",
-                   help="also time the ceiling's matmul after SECONDS of it back to back "
-                        "(0: not), and print each layer's fraction of that")
+    p.add_argument(
+        "--sustained-ceiling",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also time the ceiling's matmul after SECONDS of it back to back "
+        "(0: not), and print each layer's fraction of that",
+    )
     p.add_argument("--check-tokens", type=int, default=256)
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--recompute", action="store_true",
-                   help="also time DIR/NAME-recompute (H recomputed in backward) right after "
-                        "each layer, and its ratio to it")
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="also time DIR/NAME-recompute (H recomputed in backward) right after "
+        "each layer, and its ratio to it",
+    )
     p.add_argument("--hf-implementation", default="grouped_mm")
-    p.add_argument("--peer", action="append", default=[], choices=["liger"],
-                   help="also time this peer (liger: liger-kernel's fused MoE)")
-    p.add_argument("--gaps", action="store_true",
-                   help="after timing ours, one step under the profiler: host time, GPU span "
-                        "and idle stretches of forward and backward (bench/step_gaps.py)")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        choices=["liger"],
+        help="also time this peer (liger: liger-kernel's fused MoE)",
+    )
+    p.add_argument(
+        "--gaps",
+        action="store_true",
+        help="after timing ours, one step under the profiler: host time, GPU span "
+        "and idle stretches of forward and backward (bench/step_gaps.py)",
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/moe-bench-out"))
     p.add_argument("--json-name", default="bench.json")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    p.add_argument("--emulate", action="store_true",
-                   help="dry run on bench/emulate.py's stand-in (reads NAME.json only)")
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="dry run on bench/emulate.py's stand-in (reads NAME.json only)",
+    )
     opts = p.parse_args(argv)
     if opts.iters < 5:
-        p.error("--iters must be at least 5 (BENCH.md: median of at least 5)")
+        p.error("--iters must be at least 5 (docs/benchmarks.md: median of at least 5)")
     if not opts.sustained_ceiling >= 0:  # also refuses nan
         p.error(f"--sustained-ceiling must be 0 or more seconds, not {opts.sustained_ceiling}")
-    layers = opts.layer or [os.path.join(opts.layers_dir, n)
-                            for n in DEFAULT_LAYERS + ROUTED_LAYERS]
-    layers = [l[:-3] if l.endswith(".so") else l for l in layers]
+    layers = opts.layer or [
+        os.path.join(opts.layers_dir, n) for n in DEFAULT_LAYERS + ROUTED_LAYERS
+    ]
+    layers = [path[:-3] if path.endswith(".so") else path for path in layers]
 
     from check_layer import import_torch
+
     torch = import_torch(opts.device)
     if torch is None:
         return 2
     from moe_mlir import torch_reference as TR
+
     device = torch.device(opts.device)
     timer = Timer(torch, device)
     started = time.time()
     report: Dict[str, Any] = {
         "device": torch.cuda.get_device_name() if timer.cuda else opts.device,
-        "torch": torch.__version__, "emulated": opts.emulate, "configs": []}
+        "torch": torch.__version__,
+        "emulated": opts.emulate,
+        "configs": [],
+    }
     try:
         import transformers
+
         report["transformers"] = transformers.__version__
     except Exception as e:  # noqa: BLE001
         report["transformers"] = None
@@ -580,9 +681,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     log(f"  {ceiling['tflops']:.0f} TFLOP/s ({ceiling['median_ms']:.2f} ms)")
     sustained = None
     if opts.sustained_ceiling > 0:
-        log(f"dense ceiling sustained: the same matmul after {opts.sustained_ceiling:g} s of it ...")
-        sustained = dense_ceiling(torch, device, timer, opts.ceiling_size, max(opts.iters, 5),
-                                  after_s=opts.sustained_ceiling)
+        log(
+            f"dense ceiling sustained: the same matmul after {opts.sustained_ceiling:g} s of it ..."
+        )
+        sustained = dense_ceiling(
+            torch,
+            device,
+            timer,
+            opts.ceiling_size,
+            max(opts.iters, 5),
+            after_s=opts.sustained_ceiling,
+        )
         report["sustained_ceiling"] = sustained
         log(f"  {sustained['tflops']:.0f} TFLOP/s ({sustained['median_ms']:.2f} ms)")
 
@@ -606,8 +715,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             layer = open_layer(path, opts)
             cfg = TR.config_from_manifest(layer.layer)
             T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
-            entry["config"] = dict(T=T, d=d, n=n, E=E, k=k, scoring=cfg.scoring,
-                                   groups=cfg.num_groups, shared_n=cfg.shared_ffn)
+            entry["config"] = dict(
+                T=T,
+                d=d,
+                n=n,
+                E=E,
+                k=k,
+                scoring=cfg.scoring,
+                groups=cfg.num_groups,
+                shared_n=cfg.shared_ffn,
+            )
             entry["useful_flops"] = useful_flops(T, d, n, E, k, cfg.shared_ffn)
             # what the Mixtral block computes: no shared expert
             entry["useful_flops_routed"] = useful_flops(T, d, n, E, k)
@@ -622,9 +739,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             ours["fraction_of_ceiling"] = ours["tflops"] / ceiling["tflops"]
             if sustained is not None:
                 ours["fraction_of_sustained_ceiling"] = ours["tflops"] / sustained["tflops"]
-            log(f"  ours: {ours['median_ms']:.2f} ms, {ours['tflops']:.0f} TFLOP/s; sample "
+            log(
+                f"  ours: {ours['median_ms']:.2f} ms, {ours['tflops']:.0f} TFLOP/s; sample "
                 f"check out {ours['check'].get('out', float('nan')):.2e} "
-                f"{'ok' if ours['check']['ok'] else 'FAILED'}")
+                f"{'ok' if ours['check']['ok'] else 'FAILED'}"
+            )
             if not ours["check"]["ok"]:
                 failures += 1
             if opts.recompute:
@@ -649,32 +768,50 @@ def main(argv: Optional[List[str]] = None) -> int:
             trim_runtime_pool()
         if not opts.no_hf and args is not None:
             log(f"  HF MixtralSparseMoeBlock ({opts.hf_implementation}) ...")
-            hf = time_peer(entry, "hf", "HF",
-                           lambda: bench_hf(torch, cfg, args, device, timer, opts),
-                           entry["useful_flops_routed"])
+            hf = time_peer(
+                entry,
+                "hf",
+                "HF",
+                lambda cfg=cfg, args=args: bench_hf(torch, cfg, args, device, timer, opts),
+                entry["useful_flops_routed"],
+            )
             if hf:
                 hf["fraction_of_ceiling"] = hf["tflops"] / ceiling["tflops"]
                 log(f"  HF: {hf['median_ms']:.2f} ms, {hf['tflops']:.0f} TFLOP/s")
             if hf_full_block_applies(cfg):
-                # BENCH.md times the Mixtral block for deepseek-v3 (no group router, no
+                # The baseline times the Mixtral block for deepseek-v3 (no group router, no
                 # shared expert, which ours runs); the real DeepseekV3MoE is the fair one
                 log(f"  HF DeepseekV3MoE ({opts.hf_implementation}) ...")
-                full = time_peer(entry, "hf_full", "HF DeepseekV3MoE", lambda: bench_hf(
-                    torch, cfg, args, device, timer, opts, hf_deepseek_block))
+                full = time_peer(
+                    entry,
+                    "hf_full",
+                    "HF DeepseekV3MoE",
+                    lambda cfg=cfg, args=args: bench_hf(
+                        torch, cfg, args, device, timer, opts, hf_deepseek_block
+                    ),
+                )
                 if full:
                     log(f"  HF DeepseekV3MoE: {full['median_ms']:.2f} ms")
         if "liger" in opts.peer and args is not None:
             if not liger_applies(cfg):
-                entry["liger_skipped"] = "no Liger block for a sigmoid group router or a shared expert"
+                entry["liger_skipped"] = (
+                    "no Liger block for a sigmoid group router or a shared expert"
+                )
             elif opts.deadline and time.time() - started > opts.deadline:
                 entry["liger_skipped"] = f"deadline of {opts.deadline:.0f} s reached"
             else:
                 log("  Liger fused MoE (autotunes first) ...")
-                lg = time_peer(entry, "liger", "Liger",
-                               lambda: bench_liger(torch, cfg, args, device, timer, opts))
+                lg = time_peer(
+                    entry,
+                    "liger",
+                    "Liger",
+                    lambda cfg=cfg, args=args: bench_liger(torch, cfg, args, device, timer, opts),
+                )
                 if lg:
-                    log(f"  Liger: {lg['median_ms']:.2f} ms, {lg['tflops']:.0f} TFLOP/s "
-                        f"(autotuning {lg['autotune_s']:.0f} s)")
+                    log(
+                        f"  Liger: {lg['median_ms']:.2f} ms, {lg['tflops']:.0f} TFLOP/s "
+                        f"(autotuning {lg['autotune_s']:.0f} s)"
+                    )
             if "liger_skipped" in entry:
                 log(f"  Liger skipped: {entry['liger_skipped']}")
         best = best_peer_ms(entry)
@@ -692,9 +829,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     log("")
     log(f"dense ceiling {ceiling['tflops']:.0f} TFLOP/s; saved in GiB; floor = 2Td + 4Tkn + 12Tk")
-    head = (f"{'config':<16} {'ours ms':>8} {'HF ms':>8} {'ours/HF':>7} {'ours TF/s':>9} "
-            f"{'of ceil':>7} {'HF TF/s':>8} {'saved':>6} {'HF sav':>6} {'floor':>6} "
-            f"{'check':>6}")
+    head = (
+        f"{'config':<16} {'ours ms':>8} {'HF ms':>8} {'ours/HF':>7} {'ours TF/s':>9} "
+        f"{'of ceil':>7} {'HF TF/s':>8} {'saved':>6} {'HF sav':>6} {'floor':>6} "
+        f"{'check':>6}"
+    )
     log(head)
     log("-" * len(head))
     for e in report["configs"]:
@@ -703,47 +842,61 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         o, h = e.get("ours", {}), e.get("hf", {})
         ratio = e.get("ours_over_hf_time")
-        row = (f"{e['name'][:16]:<16} {o.get('median_ms', math.nan):>8.2f} "
-               f"{h.get('median_ms', math.nan):>8.2f} "
-               f"{(ratio if ratio is not None else math.nan):>7.2f} "
-               f"{o.get('tflops', math.nan):>9.0f} "
-               f"{o.get('fraction_of_ceiling', math.nan):>7.2f} "
-               f"{h.get('tflops', math.nan):>8.0f} "
-               f"{fmt_gib(o.get('saved_bytes_manifest')):>6} "
-               f"{fmt_gib(h.get('saved_bytes_torch')):>6} "
-               f"{fmt_gib(e.get('floor_saved_bytes')):>6} "
-               f"{('ok' if o.get('check', {}).get('ok') else 'FAIL') if o else 'error':>6}")
+        row = (
+            f"{e['name'][:16]:<16} {o.get('median_ms', math.nan):>8.2f} "
+            f"{h.get('median_ms', math.nan):>8.2f} "
+            f"{(ratio if ratio is not None else math.nan):>7.2f} "
+            f"{o.get('tflops', math.nan):>9.0f} "
+            f"{o.get('fraction_of_ceiling', math.nan):>7.2f} "
+            f"{h.get('tflops', math.nan):>8.0f} "
+            f"{fmt_gib(o.get('saved_bytes_manifest')):>6} "
+            f"{fmt_gib(h.get('saved_bytes_torch')):>6} "
+            f"{fmt_gib(e.get('floor_saved_bytes')):>6} "
+            f"{('ok' if o.get('check', {}).get('ok') else 'FAIL') if o else 'error':>6}"
+        )
         log(row)
     if sustained is not None:
-        fractions = ", ".join(f"{e['name']} {e['ours']['fraction_of_sustained_ceiling']:.2f}"
-                              for e in report["configs"]
-                              if "fraction_of_sustained_ceiling" in e.get("ours", {}))
-        log(f"of the sustained ceiling ({sustained['tflops']:.0f} TFLOP/s after "
-            f"{sustained['after_s']:g} s of matmuls): {fractions}")
+        fractions = ", ".join(
+            f"{e['name']} {e['ours']['fraction_of_sustained_ceiling']:.2f}"
+            for e in report["configs"]
+            if "fraction_of_sustained_ceiling" in e.get("ours", {})
+        )
+        log(
+            f"of the sustained ceiling ({sustained['tflops']:.0f} TFLOP/s after "
+            f"{sustained['after_s']:g} s of matmuls): {fractions}"
+        )
     for e in report["configs"]:
         if "hf_full" in e:
-            log(f"{e['name']}: the full HF block (DeepseekV3MoE, shared expert and group "
+            log(
+                f"{e['name']}: the full HF block (DeepseekV3MoE, shared expert and group "
                 f"router included) {e['hf_full']['median_ms']:.2f} ms, ours/HF "
                 f"{e.get('ours_over_hf_full_time', math.nan):.2f}; saved "
-                f"{fmt_gib(e['hf_full'].get('saved_bytes_torch'))} GiB")
+                f"{fmt_gib(e['hf_full'].get('saved_bytes_torch'))} GiB"
+            )
     for e in report["configs"]:
         rec = e.get("ours_recompute")
         if rec:
-            log(f"{e['name']}: H recomputed {rec['median_ms']:.2f} ms, "
+            log(
+                f"{e['name']}: H recomputed {rec['median_ms']:.2f} ms, "
                 f"{e.get('recompute_over_kept', math.nan):.2f}x the kept layer (target <= 1.25), "
                 f"best peer / recomputed {e.get('best_peer_over_recompute_time', math.nan):.2f}x "
-                f"(target > 1); saved {fmt_gib(rec.get('saved_bytes_manifest'))} GiB")
+                f"(target > 1); saved {fmt_gib(rec.get('saved_bytes_manifest'))} GiB"
+            )
         elif "recompute_skipped" in e or "recompute_error" in e:
-            log(f"{e['name']}: H recomputed not timed: "
-                f"{e.get('recompute_skipped') or e.get('recompute_error')}")
+            log(
+                f"{e['name']}: H recomputed not timed: "
+                f"{e.get('recompute_skipped') or e.get('recompute_error')}"
+            )
     for e in report["configs"]:
         if "liger" in e:
             best = best_peer_ms(e)
-            log(f"{e['name']}: Liger {e['liger']['median_ms']:.2f} ms "
+            log(
+                f"{e['name']}: Liger {e['liger']['median_ms']:.2f} ms "
                 f"({e['liger']['tflops']:.0f} TFLOP/s), ours/Liger "
                 f"{e.get('ours_over_liger_time', math.nan):.2f}, best peer / ours "
                 f"{best / e.get('ours', {}).get('median_ms', math.nan):.2f}x; saved "
-                f"{fmt_gib(e['liger'].get('saved_bytes_torch'))} GiB")
+                f"{fmt_gib(e['liger'].get('saved_bytes_torch'))} GiB"
+            )
     log(f"json: {path}")
     ran = sum(1 for e in report["configs"] if "skipped" not in e)
     log(f"{ran - failures} passed, {failures} failed")

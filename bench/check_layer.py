@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check a compiled layer on the GPU against the fp32 torch reference (../shared/BENCH.md).
+"""Check a compiled layer on the GPU against the fp32 torch reference (docs/benchmarks.md).
 
 For each `--layer DIR/NAME` (NAME.so + NAME.json) and each routing variant:
 
@@ -48,8 +48,12 @@ ROUTINGS = ("random", "all-to-one", "skewed")
 
 # Numbers in the table and JSON under these names (reference key -> our label).
 GRAD_LABELS = {
-    "x": "dx", "w_router": "d_w_router", "w_gate_up": "d_w_gate_up", "w_down": "d_w_down",
-    "shared_gate_up": "d_shared_w_gate_up", "shared_down": "d_shared_w_down",
+    "x": "dx",
+    "w_router": "d_w_router",
+    "w_gate_up": "d_w_gate_up",
+    "w_down": "d_w_down",
+    "shared_gate_up": "d_shared_w_gate_up",
+    "shared_down": "d_shared_w_down",
 }
 
 
@@ -79,9 +83,12 @@ def open_layer(layer_path: str, opts):
     """The compiled layer, or its emulation (bench/emulate.py) for dry runs without a GPU."""
     if opts.emulate:
         from emulate import EmulatedLayer
-        return EmulatedLayer(layer_path + ".so", layer_path + ".json",
-                             require_cuda=opts.device == "cuda")
+
+        return EmulatedLayer(
+            layer_path + ".so", layer_path + ".json", require_cuda=opts.device == "cuda"
+        )
     from moe_mlir.gpu import CompiledLayer
+
     return CompiledLayer(layer_path + ".so", layer_path + ".json")
 
 
@@ -109,19 +116,20 @@ class Check:
 
 # --------------------------------------------------------------------------- inputs
 
+
 def make_inputs(torch, cfg, routing: str, gen, device) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """Layer arguments by LayerConfig name (bf16, bias f32) and what the variant did."""
     T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
 
     def normal(shape, std, dtype=torch.bfloat16):
-        return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
-                * std).to(dtype)
+        return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(
+            dtype
+        )
 
     x = normal((T, d), 1.0).float()
     wr = normal((d, E), 0.02).float()
     info: Dict[str, Any] = {}
-    bias = (torch.randn((E,), generator=gen, device=device) * 0.01
-            if cfg.router_bias else None)
+    bias = torch.randn((E,), generator=gen, device=device) * 0.01 if cfg.router_bias else None
     if routing == "all-to-one":
         # A constant feature times a large router column: +10 on the winner's logit, about
         # 9 standard deviations above the others' (std 0.02 * sqrt(d)).
@@ -161,6 +169,7 @@ def make_inputs(torch, cfg, routing: str, gen, device) -> Tuple[Dict[str, Any], 
 def forward_param_names(layer, cfg) -> Dict[str, str]:
     """LayerConfig argument name -> forward parameter name ("x" -> "arg0")."""
     from moe_mlir.torch_reference import INPUT_ALIASES
+
     fwd_inputs = [p.name for p in layer.manifest.forward.by_role("input")]
     mapping: Dict[str, str] = {}
     for name, param in layer.manifest.input_names.items():
@@ -172,14 +181,19 @@ def forward_param_names(layer, cfg) -> Dict[str, str]:
         return {w: mapping[w] for w in wanted}
     # No usable names: the manifest's input order is the layer's argument order.
     if len(fwd_inputs) != len(wanted):
-        raise ValueError(f"the manifest's forward has {len(fwd_inputs)} inputs, the layer "
-                         f"config {len(wanted)} ({', '.join(wanted)})")
+        raise ValueError(
+            f"the manifest's forward has {len(fwd_inputs)} inputs, the layer "
+            f"config {len(wanted)} ({', '.join(wanted)})"
+        )
     return dict(zip(wanted, fwd_inputs))
 
 
 def find_saved(layer, *, contains: str, dtype: str, shape: Tuple[int, ...]) -> Optional[str]:
-    cands = [p for p in layer.manifest.forward.by_role("saved")
-             if p.dtype == dtype and tuple(p.shape) == tuple(shape)]
+    cands = [
+        p
+        for p in layer.manifest.forward.by_role("saved")
+        if p.dtype == dtype and tuple(p.shape) == tuple(shape)
+    ]
     for p in cands:
         if contains in p.name:
             return p.name
@@ -187,6 +201,7 @@ def find_saved(layer, *, contains: str, dtype: str, shape: Tuple[int, ...]) -> O
 
 
 # --------------------------------------------------------------------------- comparisons
+
 
 def rel_error(torch, ours, ref) -> float:
     a = ours.detach().double()
@@ -231,9 +246,11 @@ def compare_routing(torch, check: Check, ours, own, c, tie_tol: float) -> None:
     check.metrics["routing_worst_gap"] = float(worst.max())
     if real:
         t = int(torch.argmax(worst))
-        check.fail(f"experts differ from the reference's routing on {real} token(s) beyond "
-                   f"near-ties (token {t}: ours {ours[t].tolist()}, reference "
-                   f"{own[t].tolist()}, score gap {float(worst[t]):.3g} > {tie_tol:g})")
+        check.fail(
+            f"experts differ from the reference's routing on {real} token(s) beyond "
+            f"near-ties (token {t}: ours {ours[t].tolist()}, reference "
+            f"{own[t].tolist()}, score gap {float(worst[t]):.3g} > {tie_tol:g})"
+        )
     else:
         check.note(f"experts differ on {ties} token(s), all near-ties (gap <= {tie_tol:g})")
 
@@ -247,16 +264,24 @@ def check_dispatch(torch, check: Check, fwd, layer, cfg, experts) -> None:
     want = torch.zeros(cfg.experts + 1, dtype=torch.long, device=offsets.device)
     want[1:] = torch.cumsum(counts, 0)
     if not torch.equal(offsets, want):
-        check.fail(f"{name} {offsets.tolist()[:12]}... does not match the experts' token "
-                   f"counts {want.tolist()[:12]}...")
+        check.fail(
+            f"{name} {offsets.tolist()[:12]}... does not match the experts' token "
+            f"counts {want.tolist()[:12]}..."
+        )
     else:
         check.metrics["dispatch_offsets_ok"] = True
 
 
 def hf_shaped(cfg) -> bool:
-    return (cfg.scoring == "softmax" and cfg.renormalize and not cfg.router_bias
-            and cfg.num_groups == 1 and float(cfg.scaling_factor) == 1.0
-            and not cfg.has_shared and cfg.activation == "swiglu")
+    return (
+        cfg.scoring == "softmax"
+        and cfg.renormalize
+        and not cfg.router_bias
+        and cfg.num_groups == 1
+        and float(cfg.scaling_factor) == 1.0
+        and not cfg.has_shared
+        and cfg.activation == "swiglu"
+    )
 
 
 def grads_by_arg(layer, params: Dict[str, str], grads: Dict[str, Any]) -> Dict[str, Any]:
@@ -269,8 +294,20 @@ def grads_by_arg(layer, params: Dict[str, str], grads: Dict[str, Any]) -> Dict[s
     return out
 
 
-def compare_hf(torch, check: Check, cfg, args, layer, fwd, params, experts, d_out,
-               d_out_name: str, implementation: str, routing: str) -> None:
+def compare_hf(
+    torch,
+    check: Check,
+    cfg,
+    args,
+    layer,
+    fwd,
+    params,
+    experts,
+    d_out,
+    d_out_name: str,
+    implementation: str,
+    routing: str,
+) -> None:
     """transformers' MixtralSparseMoeBlock with our weights and routing decisions."""
     device = args["x"].device
     try:
@@ -281,8 +318,9 @@ def compare_hf(torch, check: Check, cfg, args, layer, fwd, params, experts, d_ou
         check.note(f"transformers comparison skipped: {type(e).__name__}: {e}")
         return
     T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
-    hc = MixtralConfig(hidden_size=d, intermediate_size=n, num_local_experts=E,
-                       num_experts_per_tok=k)
+    hc = MixtralConfig(
+        hidden_size=d, intermediate_size=n, num_local_experts=E, num_experts_per_tok=k
+    )
     hc._experts_implementation = implementation
     block = MixtralSparseMoeBlock(hc).to(device=args["x"].device, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -313,13 +351,17 @@ def compare_hf(torch, check: Check, cfg, args, layer, fwd, params, experts, d_ou
     # Ours again with d_logits = 0 (a missing cotangent is zeros): HF has no logits output.
     ours_named = grads_by_arg(layer, params, layer.backward(fwd, {d_out_name: d_out}))
     sync(torch, device)
-    pairs = [("hf_out", fwd["result0"], out),
-             ("hf_dx", ours_named.get("x"), x.grad),
-             ("hf_d_w_router", ours_named.get("w_router"), block.gate.weight.grad.t()),
-             ("hf_d_w_gate_up", ours_named.get("w_gate_up"),
-              block.experts.gate_up_proj.grad.transpose(1, 2)),
-             ("hf_d_w_down", ours_named.get("w_down"),
-              block.experts.down_proj.grad.transpose(1, 2))]
+    pairs = [
+        ("hf_out", fwd["result0"], out),
+        ("hf_dx", ours_named.get("x"), x.grad),
+        ("hf_d_w_router", ours_named.get("w_router"), block.gate.weight.grad.t()),
+        (
+            "hf_d_w_gate_up",
+            ours_named.get("w_gate_up"),
+            block.experts.gate_up_proj.grad.transpose(1, 2),
+        ),
+        ("hf_d_w_down", ours_named.get("w_down"), block.experts.down_proj.grad.transpose(1, 2)),
+    ]
     for label, ours_t, hf_t in pairs:
         if ours_t is None or hf_t is None:
             check.note(f"{label}: nothing to compare")
@@ -339,6 +381,7 @@ def compare_hf(torch, check: Check, cfg, args, layer, fwd, params, experts, d_ou
 
 # --------------------------------------------------------------------------- one check
 
+
 def run_check(torch, layer_path: str, routing: str, opts) -> Check:
     from moe_mlir import torch_reference as TR
     from moe_mlir.gpu import torch_dtype
@@ -348,15 +391,29 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
     start = time.time()
     layer = open_layer(layer_path, opts)
     cfg = TR.config_from_manifest(layer.layer)
-    device = (torch.device("cuda", torch.cuda.current_device()) if opts.device == "cuda"
-              else torch.device(opts.device))
-    check.metrics["config"] = dict(T=cfg.tokens, d=cfg.hidden, n=cfg.ffn, E=cfg.experts,
-                                   k=cfg.top_k, scoring=cfg.scoring,
-                                   renormalize=cfg.renormalize, groups=cfg.num_groups,
-                                   topk_groups=cfg.topk_groups, scaling=cfg.scaling_factor,
-                                   bias=cfg.router_bias, shared_n=cfg.shared_ffn)
-    check.metrics["workspace_bytes"] = {"forward": layer.workspace_bytes("forward"),
-                                        "backward": layer.workspace_bytes("backward")}
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if opts.device == "cuda"
+        else torch.device(opts.device)
+    )
+    check.metrics["config"] = dict(
+        T=cfg.tokens,
+        d=cfg.hidden,
+        n=cfg.ffn,
+        E=cfg.experts,
+        k=cfg.top_k,
+        scoring=cfg.scoring,
+        renormalize=cfg.renormalize,
+        groups=cfg.num_groups,
+        topk_groups=cfg.topk_groups,
+        scaling=cfg.scaling_factor,
+        bias=cfg.router_bias,
+        shared_n=cfg.shared_ffn,
+    )
+    check.metrics["workspace_bytes"] = {
+        "forward": layer.workspace_bytes("forward"),
+        "backward": layer.workspace_bytes("backward"),
+    }
     gen = torch.Generator(device=device)
     gen.manual_seed(opts.seed)
     args, info = make_inputs(torch, cfg, routing, gen, device)
@@ -369,7 +426,8 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
         shape = tuple(spec.shape)
         scale = 1.0 if spec.of in (None, "result0") else 0.1
         cots[spec.name] = (torch.randn(shape, generator=gen, device=device) * scale).to(
-            torch_dtype(spec.dtype))
+            torch_dtype(spec.dtype)
+        )
     d_out_name = next((s.name for s in cot_specs if s.of == "result0"), cot_specs[0].name)
     d_log_name = next((s.name for s in cot_specs if s.of == "result1"), None)
 
@@ -377,8 +435,7 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
     fwd = layer.forward(inputs)
     grads = layer.backward(fwd, cots)
     sync(torch, device)
-    experts_name = find_saved(layer, contains="expert", dtype="i32",
-                              shape=(cfg.tokens, cfg.top_k))
+    experts_name = find_saved(layer, contains="expert", dtype="i32", shape=(cfg.tokens, cfg.top_k))
     experts = fwd[experts_name].long() if experts_name else None
 
     for label, tensors in (("forward", fwd), ("gradients", grads)):
@@ -389,8 +446,7 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
         bad = int(((experts < 0) | (experts >= cfg.experts)).sum())
         if bad:
             check.fail(f"{bad} experts outside [0, {cfg.experts})")
-        elif cfg.top_k > 1 and bool(
-                (torch.sort(experts, 1).values.diff(dim=1) == 0).any()):
+        elif cfg.top_k > 1 and bool((torch.sort(experts, 1).values.diff(dim=1) == 0).any()):
             check.fail("a token picked the same expert twice")
     if opts.ours_only:
         check.seconds = time.time() - start
@@ -410,9 +466,9 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
     # The reference, with our routing decisions.
     if experts is None:
         check.note("the manifest saves no experts [T,k] i32: the reference routes itself")
-    ref, ref_grads = TR.forward_backward(cfg, args, cots[d_out_name],
-                                         cots[d_log_name] if d_log_name else None,
-                                         experts=experts)
+    ref, ref_grads = TR.forward_backward(
+        cfg, args, cots[d_out_name], cots[d_log_name] if d_log_name else None, experts=experts
+    )
     errors = {"out": rel_error(torch, fwd["result0"], ref.out)}
     if "result1" in fwd:
         errors["router_logits"] = rel_error(torch, fwd["result1"], ref.logits)
@@ -431,8 +487,7 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
 
     # Our routing against the reference's own choice.
     if experts is not None:
-        own = TR.select_experts(ref.selection_scores, cfg.top_k, cfg.num_groups,
-                                cfg.topk_groups)
+        own = TR.select_experts(ref.selection_scores, cfg.top_k, cfg.num_groups, cfg.topk_groups)
         compare_routing(torch, check, experts, own, ref.selection_scores, opts.tie_tol)
         check_dispatch(torch, check, fwd, layer, cfg, experts)
         counts = torch.bincount(experts.flatten(), minlength=cfg.experts)
@@ -442,19 +497,34 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
             hit = int((experts[:, 0] == info["winner"]).sum())
             check.metrics["tokens_to_winner"] = hit
             if hit != cfg.tokens:
-                check.fail(f"all-to-one: only {hit} of {cfg.tokens} tokens picked expert "
-                           f"{info['winner']} first")
+                check.fail(
+                    f"all-to-one: only {hit} of {cfg.tokens} tokens picked expert "
+                    f"{info['winner']} first"
+                )
         if routing == "skewed" and int((counts == 0).sum()) == 0:
             check.fail("skewed: every expert got a token")
 
     if hf_shaped(cfg) and not opts.no_hf and experts is not None:
-        compare_hf(torch, check, cfg, args, layer, fwd, params, experts, cots[d_out_name],
-                   d_out_name, opts.hf_implementation, routing)
+        compare_hf(
+            torch,
+            check,
+            cfg,
+            args,
+            layer,
+            fwd,
+            params,
+            experts,
+            cots[d_out_name],
+            d_out_name,
+            opts.hf_implementation,
+            routing,
+        )
     check.seconds = time.time() - start
     return check
 
 
 # --------------------------------------------------------------------------- main
+
 
 def fmt(v: Any) -> str:
     if isinstance(v, float):
@@ -463,8 +533,16 @@ def fmt(v: Any) -> str:
 
 
 def print_table(checks: List[Check]) -> None:
-    cols = ["out", "router_logits", "dx", "d_w_router", "d_w_gate_up", "d_w_down",
-            "d_shared_w_gate_up", "d_shared_w_down"]
+    cols = [
+        "out",
+        "router_logits",
+        "dx",
+        "d_w_router",
+        "d_w_gate_up",
+        "d_w_down",
+        "d_shared_w_gate_up",
+        "d_shared_w_down",
+    ]
     short = ["out", "logits", "dx", "d_wr", "d_wgu", "d_wd", "d_sgu", "d_sd"]
     head = f"{'layer':<22} {'routing':<10} " + " ".join(f"{s:>8}" for s in short)
     head += f" {'ties':>5} {'bits':>4} {'hf_out':>8} {'result':>6}"
@@ -480,32 +558,55 @@ def print_table(checks: List[Check]) -> None:
         row += f" {fmt(ties):>5} {('yes' if bits else 'no') if bits is not None else '-':>4}"
         row += f" {fmt(c.metrics.get('hf_out')):>8} {'PASS' if c.passed else 'FAIL':>6}"
         log(row)
-    log(f"tolerances: out/logits {OUT_TOL:g}, gradients {GRAD_TOL:g} (relative Frobenius, fp32 "
-        f"reference with our routing)")
+    log(
+        f"tolerances: out/logits {OUT_TOL:g}, gradients {GRAD_TOL:g} (relative Frobenius, fp32 "
+        f"reference with our routing)"
+    )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layer", action="append", required=True,
-                   help="DIR/NAME of NAME.so + NAME.json (repeatable)")
-    p.add_argument("--routing", action="append", choices=ROUTINGS + ("all",),
-                   help="routing variant (repeatable; default random; 'all' = every one)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--layer",
+        action="append",
+        required=True,
+        help="DIR/NAME of NAME.so + NAME.json (repeatable)",
+    )
+    p.add_argument(
+        "--routing",
+        action="append",
+        choices=ROUTINGS + ("all",),
+        help="routing variant (repeatable; default random; 'all' = every one)",
+    )
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--tie-tol", type=float, default=1e-4,
-                   help="selection-score gap below which a different pick is a near-tie")
-    p.add_argument("--ours-only", action="store_true",
-                   help="run our forward + backward once and check finiteness only "
-                        "(for compute-sanitizer)")
+    p.add_argument(
+        "--tie-tol",
+        type=float,
+        default=1e-4,
+        help="selection-score gap below which a different pick is a near-tie",
+    )
+    p.add_argument(
+        "--ours-only",
+        action="store_true",
+        help="run our forward + backward once and check finiteness only (for compute-sanitizer)",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--hf-implementation", default="grouped_mm")
-    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/moe-check-out"),
-                   help="folder for the JSON (default $OUT)")
+    p.add_argument(
+        "--out",
+        default=os.environ.get("OUT", "/tmp/moe-check-out"),
+        help="folder for the JSON (default $OUT)",
+    )
     p.add_argument("--json-name", default="check_layer.json")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    p.add_argument("--emulate", action="store_true",
-                   help="dry run: bench/emulate.py's stand-in instead of NAME.so (only "
-                        "NAME.json is read); checks this script, not the kernels")
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="dry run: bench/emulate.py's stand-in instead of NAME.so (only "
+        "NAME.json is read); checks this script, not the kernels",
+    )
     opts = p.parse_args(argv)
     routings = opts.routing or ["random"]
     if "all" in routings:
@@ -537,8 +638,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 c.fail(f"{type(e).__name__}: {e}")
                 log(traceback.format_exc())
                 text = str(e)
-                if ("illegal" in text or "KERNEL_FAULT" in text or "CUDA error" in text
-                        or "unspecified launch failure" in text):
+                if (
+                    "illegal" in text
+                    or "KERNEL_FAULT" in text
+                    or "CUDA error" in text
+                    or "unspecified launch failure" in text
+                ):
                     fatal = True
             checks.append(c)
             log(f"   {'PASS' if c.passed else 'FAIL'} in {c.seconds:.1f} s")
@@ -546,13 +651,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(opts.out, exist_ok=True)
     path = os.path.join(opts.out, opts.json_name)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"tolerances": {"output": OUT_TOL, "gradient": GRAD_TOL},
-                   "device": (torch.cuda.get_device_name() if opts.device == "cuda"
-                              else opts.device),
-                   "emulated": opts.emulate,
-                   "torch": torch.__version__,
-                   "checks": [dataclasses.asdict(c) | {"passed": c.passed} for c in checks]},
-                  f, indent=1, default=str)
+        json.dump(
+            {
+                "tolerances": {"output": OUT_TOL, "gradient": GRAD_TOL},
+                "device": (torch.cuda.get_device_name() if opts.device == "cuda" else opts.device),
+                "emulated": opts.emulate,
+                "torch": torch.__version__,
+                "checks": [dataclasses.asdict(c) | {"passed": c.passed} for c in checks],
+            },
+            f,
+            indent=1,
+            default=str,
+        )
     print_table(checks)
     failed = sum(not c.passed for c in checks)
     log(f"json: {path}")

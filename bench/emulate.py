@@ -26,43 +26,95 @@ def manifest_for(cfg: LayerConfig, name: str) -> Dict[str, Any]:
     T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
     R = T * k
     args = cfg.arg_specs()
-    inputs = [{"name": f"arg{i}", "role": "input", "dtype": dt, "shape": list(shape)}
-              for i, (_, shape, dt) in enumerate(args)]
-    saved = [("moe.router.weights", "f32", [T, k]), ("moe.router.experts", "i32", [T, k]),
-             ("moe.router.logits", "f32", [T, E]), ("moe.dispatch.token_ids", "i32", [R]),
-             ("moe.dispatch.offsets", "i32", [E + 1]), ("moe.dispatch.rows", "i32", [T, k]),
-             ("moe.expert_ffn.h", cfg.dtype, [R, cfg.gate_up_width])]
+    inputs = [
+        {"name": f"arg{i}", "role": "input", "dtype": dt, "shape": list(shape)}
+        for i, (_, shape, dt) in enumerate(args)
+    ]
+    saved = [
+        ("moe.router.weights", "f32", [T, k]),
+        ("moe.router.experts", "i32", [T, k]),
+        ("moe.router.logits", "f32", [T, E]),
+        ("moe.dispatch.token_ids", "i32", [R]),
+        ("moe.dispatch.offsets", "i32", [E + 1]),
+        ("moe.dispatch.rows", "i32", [T, k]),
+        ("moe.expert_ffn.h", cfg.dtype, [R, cfg.gate_up_width]),
+    ]
     if cfg.has_shared:
         saved.append(("moe.shared_expert.h", cfg.dtype, [T, cfg.shared_gate_up_width]))
-    fwd = inputs + [
-        {"name": "result0", "role": "output", "dtype": cfg.dtype, "shape": [T, d]},
-        {"name": "result1", "role": "output", "dtype": "f32", "shape": [T, E]},
-    ] + [{"name": s, "role": "saved", "dtype": dt, "shape": sh} for s, dt, sh in saved]
+    fwd = (
+        inputs
+        + [
+            {"name": "result0", "role": "output", "dtype": cfg.dtype, "shape": [T, d]},
+            {"name": "result1", "role": "output", "dtype": "f32", "shape": [T, E]},
+        ]
+        + [{"name": s, "role": "saved", "dtype": dt, "shape": sh} for s, dt, sh in saved]
+    )
     bwd = [dict(p, role="saved", forward_param=p["name"]) for p in inputs]
-    bwd += [{"name": s, "role": "saved", "forward_param": s, "dtype": dt, "shape": sh}
-            for s, dt, sh in saved]
-    bwd += [{"name": "d_result0", "role": "cotangent", "of": "result0", "dtype": cfg.dtype,
-             "shape": [T, d]},
-            {"name": "d_result1", "role": "cotangent", "of": "result1", "dtype": "f32",
-             "shape": [T, E]}]
-    bwd += [{"name": f"d_arg{i}", "role": "gradient", "of": f"arg{i}", "dtype": dt,
-             "shape": list(shape)}
-            for i, (a, shape, dt) in enumerate(args) if a != "router_bias"]
+    bwd += [
+        {"name": s, "role": "saved", "forward_param": s, "dtype": dt, "shape": sh}
+        for s, dt, sh in saved
+    ]
+    bwd += [
+        {
+            "name": "d_result0",
+            "role": "cotangent",
+            "of": "result0",
+            "dtype": cfg.dtype,
+            "shape": [T, d],
+        },
+        {
+            "name": "d_result1",
+            "role": "cotangent",
+            "of": "result1",
+            "dtype": "f32",
+            "shape": [T, E],
+        },
+    ]
+    bwd += [
+        {
+            "name": f"d_arg{i}",
+            "role": "gradient",
+            "of": f"arg{i}",
+            "dtype": dt,
+            "shape": list(shape),
+        }
+        for i, (a, shape, dt) in enumerate(args)
+        if a != "router_bias"
+    ]
     return {
-        "name": name, "chip": "sm_90a", "compiler": "emulate.py",
-        "layer": {"T": T, "d": d, "n": n, "E": E, "k": k, "activation": cfg.activation,
-                  "scoring": cfg.scoring, "renormalize": cfg.renormalize,
-                  "num_groups": cfg.num_groups, "topk_groups": cfg.topk_groups,
-                  "scaling_factor": cfg.scaling_factor, "round_logits": cfg.round_logits,
-                  "has_bias": cfg.router_bias,
-                  "shared_n": cfg.shared_ffn,
-                  "inputs": {a: f"arg{i}" for i, (a, _, _) in enumerate(args)}},
+        "name": name,
+        "chip": "sm_90a",
+        "compiler": "emulate.py",
+        "layer": {
+            "T": T,
+            "d": d,
+            "n": n,
+            "E": E,
+            "k": k,
+            "activation": cfg.activation,
+            "scoring": cfg.scoring,
+            "renormalize": cfg.renormalize,
+            "num_groups": cfg.num_groups,
+            "topk_groups": cfg.topk_groups,
+            "scaling_factor": cfg.scaling_factor,
+            "round_logits": cfg.round_logits,
+            "has_bias": cfg.router_bias,
+            "shared_n": cfg.shared_ffn,
+            "inputs": {a: f"arg{i}" for i, (a, _, _) in enumerate(args)},
+        },
         "entry_points": {
-            "forward": {"symbol": f"{name}_forward",
-                        "workspace_symbol": f"{name}_forward_workspace_bytes", "params": fwd},
-            "backward": {"symbol": f"{name}_backward",
-                         "workspace_symbol": f"{name}_backward_workspace_bytes",
-                         "params": bwd}}}
+            "forward": {
+                "symbol": f"{name}_forward",
+                "workspace_symbol": f"{name}_forward_workspace_bytes",
+                "params": fwd,
+            },
+            "backward": {
+                "symbol": f"{name}_backward",
+                "workspace_symbol": f"{name}_backward_workspace_bytes",
+                "params": bwd,
+            },
+        },
+    }
 
 
 def write_layer(cfg: LayerConfig, path_prefix: str) -> str:
@@ -90,6 +142,7 @@ class EmulatedLayer(gpu.CompiledLayer):
 
     def _call(self, kind, ep, tensors, device):
         import torch
+
         cfg = self.cfg
         if kind == "forward":
             ref = TR.forward(cfg, self._named(tensors), requires_grad=False)
@@ -103,16 +156,23 @@ class EmulatedLayer(gpu.CompiledLayer):
             offsets = torch.zeros(cfg.experts + 1, dtype=torch.long)
             offsets[1:] = torch.cumsum(counts.cpu(), 0)
             tensors["moe.dispatch.offsets"].copy_(offsets)
-            for name in ("moe.dispatch.token_ids", "moe.dispatch.rows", "moe.expert_ffn.h",
-                         "moe.shared_expert.h"):
+            for name in (
+                "moe.dispatch.token_ids",
+                "moe.dispatch.rows",
+                "moe.expert_ffn.h",
+                "moe.shared_expert.h",
+            ):
                 if name in tensors:
                     tensors[name].zero_()  # not needed by the emulated backward
             return
         named = self._named(tensors)
-        _, grads = TR.forward_backward(cfg, named, tensors["d_result0"],
-                                       tensors["d_result1"],
-                                       experts=tensors["moe.router.experts"])
+        _, grads = TR.forward_backward(
+            cfg,
+            named,
+            tensors["d_result0"],
+            tensors["d_result1"],
+            experts=tensors["moe.router.experts"],
+        )
         for spec in ep.by_role("gradient"):
             arg = self.input_name(spec.of)
             tensors[spec.name].copy_(grads[TR.INPUT_ALIASES.get(arg, arg)])
-

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Long context (issue 5): the largest token count T whose MoE layer fits a fixed activation
+"""Long context: the largest token count T whose MoE layer fits a fixed activation
 budget, ours (H kept, H recomputed) against the Hugging Face `grouped_mm` Mixtral block.
 
 "Fits" means: the bytes the layer holds from the end of its forward to its backward are at most
@@ -22,7 +22,7 @@ Two steps, because the GPU machine has no compiler:
     python3 bench/long_context.py --run gpu-inputs/long-context --out $OUT
 
 T is a multiple of --step (256). The ratio ours / HF of the largest T is the long-context gain
-(issue 5's goal: at least 2x). Last line: "N passed, M failed" (a layer passes when ours at its
+(the target: at least 2x). Last line: "N passed, M failed" (a layer passes when ours at its
 planned T holds at most the budget and its forward + backward runs). Writes long_context.json.
 """
 
@@ -49,12 +49,11 @@ DEFAULT_LAYERS = ["mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3"]
 
 
 def parse_bytes(text: str) -> int:
-    """"4GiB", "512MiB", "1000000B" or a plain integer, as bytes."""
+    """ "4GiB", "512MiB", "1000000B" or a plain integer, as bytes."""
     units = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10, "B": 1}
-    for unit, scale in units.items():
-        if text.endswith(unit):
-            number = text[:-len(unit)].strip()
-            break
+    unit = next((unit for unit in units if text.endswith(unit)), None)
+    if unit:
+        number, scale = text[: -len(unit)].strip(), units[unit]
     else:
         number, scale = text.strip(), 1
     try:
@@ -69,6 +68,7 @@ def parse_bytes(text: str) -> int:
 def layer_configs(layers_dir: str, names: List[str]):
     """name -> LayerConfig from moe-compile's manifests (NAME.json) of the benchmark layers."""
     from moe_mlir import torch_reference as TR  # noqa: PLC0415
+
     configs = {}
     for name in names:
         path = os.path.join(layers_dir, f"{name}.json")
@@ -114,6 +114,7 @@ def largest_tokens(held: Callable[[int], int], budget: int, step: int, hint: int
 def plan(configs, budget: int, step: int) -> Dict[str, Any]:
     """Ours' largest T per layer and policy, from moe-opt's activation plan (exact bytes)."""
     from moe_mlir.memory import plan_activations  # noqa: PLC0415
+
     out: Dict[str, Any] = {}
     for name, cfg in configs.items():
         out[name] = {}
@@ -128,16 +129,23 @@ def plan(configs, budget: int, step: int) -> Dict[str, Any]:
                 return cache[tokens]
 
             t = largest_tokens(held, budget, step, cfg.tokens)
-            out[name][policy] = {"tokens": t, "held_bytes": held(t) if t else None,
-                                 "next_held_bytes": held(t + step)}
-            print(f"plan {name} {policy}: T = {t} holds {held(t) / GIB:.3f} GiB "
-                  f"(T + {step}: {held(t + step) / GIB:.3f} GiB)", flush=True)
+            out[name][policy] = {
+                "tokens": t,
+                "held_bytes": held(t) if t else None,
+                "next_held_bytes": held(t + step),
+            }
+            print(
+                f"plan {name} {policy}: T = {t} holds {held(t) / GIB:.3f} GiB "
+                f"(T + {step}: {held(t + step) / GIB:.3f} GiB)",
+                flush=True,
+            )
     return out
 
 
 def prebuild(folder: str, layers_dir: str, names: List[str], budget: int, step: int) -> int:
     from moe_mlir import compile_cache as cc  # noqa: PLC0415
     from moe_mlir.gpu import Manifest  # noqa: PLC0415
+
     os.makedirs(folder, exist_ok=True)
     os.environ["MOE_MLIR_CACHE"] = os.path.abspath(folder)
     configs = layer_configs(layers_dir, names)
@@ -148,29 +156,43 @@ def prebuild(folder: str, layers_dir: str, names: List[str], budget: int, step: 
             t = planned[name][policy]["tokens"]
             t0 = time.time()
             try:
-                entry = cc.build_gpu_entry(dataclasses.replace(cfg, tokens=t),
-                                           cc.BuildOptions(policy=policy))
+                entry = cc.build_gpu_entry(
+                    dataclasses.replace(cfg, tokens=t), cc.BuildOptions(policy=policy)
+                )
                 # The compiled layer's saved tensors are what the plan counted.
                 manifest = Manifest.load(str(entry.path / f"{entry.name}.json"))
                 saved = manifest.saved_bytes() + output_bytes(cfg, t) + input_bytes(cfg, t)
                 want = planned[name][policy]["held_bytes"]
                 if saved != want:
-                    raise RuntimeError(f"the compiled layer holds {saved} B, the plan said "
-                                       f"{want} B")
-                print(f"PASS {name} {policy} T={t}: holds {saved} B; {entry.path} "
-                      f"({time.time() - t0:.1f} s)")
+                    raise RuntimeError(
+                        f"the compiled layer holds {saved} B, the plan said {want} B"
+                    )
+                print(
+                    f"PASS {name} {policy} T={t}: holds {saved} B; {entry.path} "
+                    f"({time.time() - t0:.1f} s)"
+                )
             except Exception as e:  # noqa: BLE001
                 failed += 1
                 print(f"FAIL {name} {policy} T={t}: {type(e).__name__}: {e}")
     with open(os.path.join(folder, "plan.json"), "w") as f:
-        json.dump({"budget_bytes": budget, "step": step, "layers": {
-            name: {"config": dataclasses.asdict(cfg), **planned[name]}
-            for name, cfg in configs.items()}}, f, indent=1)
+        json.dump(
+            {
+                "budget_bytes": budget,
+                "step": step,
+                "layers": {
+                    name: {"config": dataclasses.asdict(cfg), **planned[name]}
+                    for name, cfg in configs.items()
+                },
+            },
+            f,
+            indent=1,
+        )
     print(f"{2 * len(configs) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
 # --------------------------------------------------------------------------- the GPU side
+
 
 def sync(torch, device) -> None:
     if device.type == "cuda":
@@ -209,11 +231,16 @@ def measure(torch, device, forward: Callable, x, d_out, iters: int) -> Dict[str,
 
 def hf_block(torch, cfg, device, dtype):
     """HF's Mixtral block with `grouped_mm` experts and cfg's sizes (deepseek-v3's too, as
-    BENCH.md measures it: the Mixtral block with E = 256, k = 8)."""
+    docs/benchmarks.md measures it: the Mixtral block with E = 256, k = 8)."""
     from transformers import MixtralConfig  # noqa: PLC0415
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa
-    hc = MixtralConfig(hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
-                       num_local_experts=cfg.experts, num_experts_per_tok=cfg.top_k)
+
+    hc = MixtralConfig(
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.ffn,
+        num_local_experts=cfg.experts,
+        num_experts_per_tok=cfg.top_k,
+    )
     hc._experts_implementation = "grouped_mm"
     torch.manual_seed(0)
     block = MixtralSparseMoeBlock(hc).to(device=device, dtype=dtype)
@@ -223,16 +250,18 @@ def hf_block(torch, cfg, device, dtype):
     return block
 
 
-def run_hf(torch, cfg, device, dtype, budget: int, step: int, hint: int,
-           iters: int) -> Dict[str, Any]:
+def run_hf(
+    torch, cfg, device, dtype, budget: int, step: int, hint: int, iters: int
+) -> Dict[str, Any]:
     block = hf_block(torch, cfg, device, dtype)
     gen = torch.Generator(device=device).manual_seed(1)
     cache: Dict[int, int] = {}
 
     def held(tokens: int) -> int:
         if tokens not in cache:
-            x = torch.randn((1, tokens, cfg.hidden), generator=gen, device=device,
-                            dtype=dtype).requires_grad_(True)
+            x = torch.randn(
+                (1, tokens, cfg.hidden), generator=gen, device=device, dtype=dtype
+            ).requires_grad_(True)
             sync(torch, device)
             base = allocated(torch, device)
             out = block(x)
@@ -250,23 +279,34 @@ def run_hf(torch, cfg, device, dtype, budget: int, step: int, hint: int,
     slope = (held(t2) - held(t1)) / (t2 - t1)
     guess = int((budget - held(t1)) / slope) + t1 if slope > 0 else hint
     t = largest_tokens(held, budget, step, guess)
-    res = {"tokens": t, "held_bytes": held(t), "next_held_bytes": held(t + step),
-           "bytes_per_token": slope, "measured_token_counts": sorted(cache)}
-    x = torch.randn((1, t, cfg.hidden), generator=gen, device=device,
-                    dtype=dtype).requires_grad_(True)
+    res = {
+        "tokens": t,
+        "held_bytes": held(t),
+        "next_held_bytes": held(t + step),
+        "bytes_per_token": slope,
+        "measured_token_counts": sorted(cache),
+    }
+    x = torch.randn((1, t, cfg.hidden), generator=gen, device=device, dtype=dtype).requires_grad_(
+        True
+    )
     d_out = torch.randn_like(x)
-    res.update({k: v for k, v in measure(torch, device, lambda: block(x), x, d_out, iters).items()
-                if k != "held_bytes"})
-    del block, x, d_out
+    res.update(
+        {
+            k: v
+            for k, v in measure(torch, device, lambda: block(x), x, d_out, iters).items()
+            if k != "held_bytes"
+        }
+    )
+    block = x = d_out = None  # frees them; the closures above name them
     return res
 
 
 def run_ours(torch, cfg, policy: str, tokens: int, device, iters: int) -> Dict[str, Any]:
     from moe_mlir.layer import MoELayer  # noqa: PLC0415
+
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
-    layer = MoELayer(dataclasses.replace(cfg, tokens=0), policy=policy, device=device,
-                     dtype=dtype)
+    layer = MoELayer(dataclasses.replace(cfg, tokens=0), policy=policy, device=device, dtype=dtype)
     if cfg.router_bias:
         layer.router_bias.normal_(0.0, 0.01)
     gen = torch.Generator(device=device).manual_seed(2)
@@ -274,23 +314,26 @@ def run_ours(torch, cfg, policy: str, tokens: int, device, iters: int) -> Dict[s
     d_out = torch.randn_like(x)
     res = measure(torch, device, lambda: layer(x), x, d_out, iters)
     res["tokens"] = tokens
-    del layer, x, d_out
+    layer = x = d_out = None  # frees them; the lambda above names them
     return res
 
 
 def run(folder: str, names: Optional[List[str]], device, iters: int, out_dir: str) -> int:
     import torch  # noqa: PLC0415
     from moe_mlir.config import LayerConfig  # noqa: PLC0415
+
     with open(os.path.join(folder, "plan.json")) as f:
         planned = json.load(f)
     budget, step = planned["budget_bytes"], planned["step"]
     prebuilt = os.environ.get("MOE_MLIR_PREBUILT", "")
-    if os.path.abspath(folder) not in [os.path.abspath(p) for p in prebuilt.split(os.pathsep)
-                                       if p]:
+    if os.path.abspath(folder) not in [os.path.abspath(p) for p in prebuilt.split(os.pathsep) if p]:
         os.environ["MOE_MLIR_PREBUILT"] = os.pathsep.join(p for p in (folder, prebuilt) if p)
-    report: Dict[str, Any] = {"budget_bytes": budget, "step": step, "device":
-                              torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                              "layers": {}}
+    report: Dict[str, Any] = {
+        "budget_bytes": budget,
+        "step": step,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "layers": {},
+    }
     passed = failed = 0
     for name, entry in planned["layers"].items():
         if names and name not in names:
@@ -314,9 +357,16 @@ def run(folder: str, names: Optional[List[str]], device, iters: int, out_dir: st
                 torch.cuda.empty_cache()
             print(f"{name} ours {policy}: {json.dumps(r)}", flush=True)
         try:
-            rep["hf"] = run_hf(torch, cfg, device, torch.bfloat16 if device.type == "cuda"
-                               else torch.float32, budget, step, rep["keep"].get("tokens", 0),
-                               iters)
+            rep["hf"] = run_hf(
+                torch,
+                cfg,
+                device,
+                torch.bfloat16 if device.type == "cuda" else torch.float32,
+                budget,
+                step,
+                rep["keep"].get("tokens", 0),
+                iters,
+            )
         except Exception as e:  # noqa: BLE001
             rep["hf"] = {"tokens": 0, "error": f"{type(e).__name__}: {e}"}
         gc.collect()
@@ -329,10 +379,14 @@ def run(folder: str, names: Optional[List[str]], device, iters: int, out_dir: st
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "long_context.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print(f"\nlargest T holding at most {budget / GIB:g} GiB from forward to backward "
-          f"(multiples of {step}):")
-    print(f"{'layer':16s} {'ours keep':>10s} {'recompute':>10s} {'HF':>8s} {'keep/HF':>8s} "
-          f"{'recomp/HF':>9s} {'ms keep':>8s} {'ms recomp':>9s} {'ms HF':>8s}")
+    print(
+        f"\nlargest T holding at most {budget / GIB:g} GiB from forward to backward "
+        f"(multiples of {step}):"
+    )
+    print(
+        f"{'layer':16s} {'ours keep':>10s} {'recompute':>10s} {'HF':>8s} {'keep/HF':>8s} "
+        f"{'recomp/HF':>9s} {'ms keep':>8s} {'ms recomp':>9s} {'ms HF':>8s}"
+    )
     for name, rep in report["layers"].items():
         tk, tr, th = (rep[p].get("tokens", 0) for p in ("keep", "recompute", "hf"))
 
@@ -342,23 +396,32 @@ def run(folder: str, names: Optional[List[str]], device, iters: int, out_dir: st
         def ms(r):
             return f"{r['median_ms']:.1f}" if "median_ms" in r else "-"
 
-        print(f"{name:16s} {tk:10d} {tr:10d} {th:8d} {ratio(tk, th):>8s} {ratio(tr, th):>9s} "
-              f"{ms(rep['keep']):>8s} {ms(rep['recompute']):>9s} {ms(rep['hf']):>8s}")
+        print(
+            f"{name:16s} {tk:10d} {tr:10d} {th:8d} {ratio(tk, th):>8s} {ratio(tr, th):>9s} "
+            f"{ms(rep['keep']):>8s} {ms(rep['recompute']):>9s} {ms(rep['hf']):>8s}"
+        )
     print(f"{passed} passed, {failed} failed")
     if not report["layers"]:
-        print(f"long_context.py: none of {', '.join(names or [])} is in "
-              f"{os.path.join(folder, 'plan.json')}", file=sys.stderr)
+        print(
+            f"long_context.py: none of {', '.join(names or [])} is in "
+            f"{os.path.join(folder, 'plan.json')}",
+            file=sys.stderr,
+        )
         return 1
     return 1 if failed else 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prebuild", metavar="DIR", help="plan and compile ours into DIR (LLVM "
-                   "machine)")
+    p.add_argument(
+        "--prebuild", metavar="DIR", help="plan and compile ours into DIR (LLVM machine)"
+    )
     p.add_argument("--run", metavar="DIR", help="run the plan of DIR (GPU machine)")
-    p.add_argument("--layers", default=os.path.join(ROOT, "gpu-inputs", "layers"),
-                   help="moe-compile manifests of the benchmark layers (NAME.json)")
+    p.add_argument(
+        "--layers",
+        default=os.path.join(ROOT, "gpu-inputs", "layers"),
+        help="moe-compile manifests of the benchmark layers (NAME.json)",
+    )
     p.add_argument("--only", default=",".join(DEFAULT_LAYERS))
     p.add_argument("--budget", default="4GiB")
     p.add_argument("--step", type=int, default=256)
@@ -381,6 +444,7 @@ def main(argv=None) -> int:
     if args.prebuild:
         return prebuild(args.prebuild, args.layers, names, budget, args.step)
     import torch  # noqa: PLC0415
+
     return run(args.run, names, torch.device(args.device), args.iters, args.out)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offload of H through the compiled entry points (moe-compile --policy=offload; issue 5).
+"""Offload of H through the compiled entry points (moe-compile --policy=offload).
 
 For each configuration NAME, the layers DIR/NAME (H kept) and DIR/NAME-offload (H in pinned
 host memory between forward and backward: the forward entry point copies it out on the
@@ -16,11 +16,11 @@ Checked: the offloading stack's outputs and gradients equal the kept stack's bit
 offload variants). Measured (median of --iters after a warm-up): each variant's step, the
 device bytes torch holds after the forwards, the H bytes on the host, and the copies' own time
 (H out and back on a stream alone, per layer, times depth). Hidden fraction = 1 - (offload -
-keep) / copies. Issue 5's goal: at least 80% hidden on deepseek-v3.
+keep) / copies. The target: at least 80% hidden on deepseek-v3.
 
     python3 bench/offload_compiled.py --layers gpu-inputs/layers [--config NAME ...]
 
-(the .so files are linked by scripts/gpu-layer-check.sh's build step). Last line: "N passed,
+(the .so files are linked by scripts/gpu/layer-check.sh's build step). Last line: "N passed,
 M failed". Writes offload_compiled.json to --out.
 """
 
@@ -52,16 +52,27 @@ def digest(torch, t, chunk: int = 1 << 26):
     bits = t.reshape(-1).view(torch.int16 if t.element_size() == 2 else torch.int32)
     plain = weighted = 0
     for start in range(0, bits.numel(), chunk):
-        part = bits[start:start + chunk].to(torch.int64)
+        part = bits[start : start + chunk].to(torch.int64)
         plain += int(part.sum())
-        weights = torch.arange(start, start + part.numel(), device=part.device,
-                               dtype=torch.int64) % 65521 + 1
+        weights = (
+            torch.arange(start, start + part.numel(), device=part.device, dtype=torch.int64) % 65521
+            + 1
+        )
         weighted += int((part * weights).sum())
     return (tuple(t.shape), str(t.dtype), plain, weighted)
 
 
-def run_stack(torch, layer, weights: Dict[str, Any], x_param: str, x, d_out, depth: int,
-              early: bool, keep_results: bool = False):
+def run_stack(
+    torch,
+    layer,
+    weights: Dict[str, Any],
+    x_param: str,
+    x,
+    d_out,
+    depth: int,
+    early: bool,
+    keep_results: bool = False,
+):
     """One forward through `depth` applications and backward; the device bytes held after
     the forwards and, with keep_results, the output and a digest of every backward's
     gradients."""
@@ -91,8 +102,7 @@ def run_stack(torch, layer, weights: Dict[str, Any], x_param: str, x, d_out, dep
     return h, grads, held
 
 
-def time_stack(torch, layer, weights, x_param, x, d_out, depth: int, early: bool,
-               iters: int):
+def time_stack(torch, layer, weights, x_param, x, d_out, depth: int, early: bool, iters: int):
     times = []
     for i in range(iters + 1):
         torch.cuda.synchronize()
@@ -104,9 +114,14 @@ def time_stack(torch, layer, weights, x_param, x, d_out, depth: int, early: bool
 
 
 def same_bits(torch, a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
-        b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(
+            a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+            b.view(torch.int16) if b.dtype == torch.bfloat16 else b,
+        )
+    )
 
 
 def check_config(torch, layers_dir: str, name: str, depth: int, iters: int) -> Dict[str, Any]:
@@ -123,25 +138,29 @@ def check_config(torch, layers_dir: str, name: str, depth: int, iters: int) -> D
     cfg = TR.config_from_manifest(keep.layer)
     gen = torch.Generator(device="cuda").manual_seed(1234)
     args = make_args(torch, cfg, torch.device("cuda"), gen)
-    d_out = torch.randn((cfg.tokens, cfg.hidden), generator=gen, device="cuda").to(
-        torch.bfloat16)
+    d_out = torch.randn((cfg.tokens, cfg.hidden), generator=gen, device="cuda").to(torch.bfloat16)
     params = forward_param_names(keep, cfg)
     weights = {params[a]: t for a, t in args.items() if a != "x"}
     x_param, x = params["x"], args["x"]
 
-    rep: Dict[str, Any] = {"depth": depth,
-                           "host_bytes_per_layer": sum(p.nbytes for p in host),
-                           "host_tensors": [p.name for p in host]}
+    rep: Dict[str, Any] = {
+        "depth": depth,
+        "host_bytes_per_layer": sum(p.nbytes for p in host),
+        "host_tensors": [p.name for p in host],
+    }
     results = {}
-    for label, layer, early in (("keep", keep, False), ("offload", off, False),
-                                ("offload_early", off, True)):
-        out, grads, held = run_stack(torch, layer, weights, x_param, x, d_out, depth, early,
-                                     keep_results=True)
+    for label, layer, early in (
+        ("keep", keep, False),
+        ("offload", off, False),
+        ("offload_early", off, True),
+    ):
+        out, grads, held = run_stack(
+            torch, layer, weights, x_param, x, d_out, depth, early, keep_results=True
+        )
         results[label] = (out, grads)
         del out
         gc.collect()
-        median, times = time_stack(torch, layer, weights, x_param, x, d_out, depth, early,
-                                   iters)
+        median, times = time_stack(torch, layer, weights, x_param, x, d_out, depth, early, iters)
         rep[label] = {"median_ms": median, "times_ms": times, "held_bytes": held}
         gc.collect()
     ref_out, ref_grads = results["keep"]
@@ -152,8 +171,9 @@ def check_config(torch, layers_dir: str, name: str, depth: int, iters: int) -> D
     copies = copy_time(torch, rep["host_bytes_per_layer"], iters) * depth
     rep["copy_ms"] = copies
     for label in ("offload", "offload_early"):
-        rep[label]["hidden_fraction"] = 1.0 - (
-            rep[label]["median_ms"] - rep["keep"]["median_ms"]) / copies
+        rep[label]["hidden_fraction"] = (
+            1.0 - (rep[label]["median_ms"] - rep["keep"]["median_ms"]) / copies
+        )
     return rep
 
 
@@ -166,6 +186,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/moe-offload-out"))
     opts = p.parse_args(argv)
     import torch  # noqa: PLC0415
+
     report: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "configs": {}}
     passed = failed = 0
     for name in opts.config or CONFIGS:
@@ -173,16 +194,19 @@ def main(argv=None) -> int:
             rep = check_config(torch, opts.layers, name, opts.depth, opts.iters)
             ok = all(rep[v]["bitwise_equal_to_keep"] for v in ("offload", "offload_early"))
             k, o, e = rep["keep"], rep["offload"], rep["offload_early"]
-            print(f"{name}: {opts.depth} layers; keep {k['median_ms']:.1f} ms, holds "
-                  f"{k['held_bytes'] / GIB:.2f} GiB; offload {o['median_ms']:.1f} ms, holds "
-                  f"{o['held_bytes'] / GIB:.2f} GiB on the device and "
-                  f"{rep['host_bytes_per_layer'] * opts.depth / GIB:.2f} GiB on the host; "
-                  f"early prefetch {e['median_ms']:.1f} ms; copies alone {rep['copy_ms']:.1f} "
-                  f"ms; hidden {o['hidden_fraction'] * 100:.0f}% / "
-                  f"{e['hidden_fraction'] * 100:.0f}% (early); bitwise equal to keep: {ok}",
-                  flush=True)
+            print(
+                f"{name}: {opts.depth} layers; keep {k['median_ms']:.1f} ms, holds "
+                f"{k['held_bytes'] / GIB:.2f} GiB; offload {o['median_ms']:.1f} ms, holds "
+                f"{o['held_bytes'] / GIB:.2f} GiB on the device and "
+                f"{rep['host_bytes_per_layer'] * opts.depth / GIB:.2f} GiB on the host; "
+                f"early prefetch {e['median_ms']:.1f} ms; copies alone {rep['copy_ms']:.1f} "
+                f"ms; hidden {o['hidden_fraction'] * 100:.0f}% / "
+                f"{e['hidden_fraction'] * 100:.0f}% (early); bitwise equal to keep: {ok}",
+                flush=True,
+            )
         except Exception as exc:  # noqa: BLE001 - the other configurations still run
             import traceback  # noqa: PLC0415
+
             traceback.print_exc()
             rep, ok = {"error": f"{type(exc).__name__}: {exc}"}, False
             print(f"FAIL {name}: {rep['error']}", flush=True)

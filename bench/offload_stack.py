@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offload of H on the CUDA path (issue 5): how much of its copy time a stack of layers hides.
+"""Offload of H on the CUDA path: how much of its copy time a stack of layers hides.
 
 A stack of L layers (one `MoELayer` applied L times, so each application saves its own H; its
 weights are shared, as a stack's compute and copies are the same either way), forward through
@@ -8,7 +8,7 @@ memory (`policy="offload"`: moe_mlir.offload copies a layer's H out on a stream 
 while the next layer's forward runs, and back one layer ahead in backward; the last layer's H,
 whose backward comes first, stays on the device). The copy time is that of the bytes copied out
 and back, on that stream alone. Hidden fraction = 1 - (offload - keep) / copies.
-Issue 5's goal: at least 80% hidden on deepseek-v3. Also checked: the offloaded stack's output
+The target: at least 80% hidden on deepseek-v3. Also checked: the offloaded stack's output
 and gradients equal the kept stack's bitwise, and the device memory held between forward and
 backward.
 
@@ -42,6 +42,7 @@ GIB = float(1 << 30)
 def prebuild(folder: str, layers_dir: str, names: List[str]) -> int:
     from long_context import layer_configs  # noqa: PLC0415
     from moe_mlir import compile_cache as cc  # noqa: PLC0415
+
     os.makedirs(folder, exist_ok=True)
     os.environ["MOE_MLIR_CACHE"] = os.path.abspath(folder)
     configs = layer_configs(layers_dir, names)
@@ -54,8 +55,7 @@ def prebuild(folder: str, layers_dir: str, names: List[str]) -> int:
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {e}")
     with open(os.path.join(folder, "stack.json"), "w") as f:
-        json.dump({"layers": {n: dataclasses.asdict(c) for n, c in configs.items()}}, f,
-                  indent=1)
+        json.dump({"layers": {n: dataclasses.asdict(c) for n, c in configs.items()}}, f, indent=1)
     print(f"{len(configs) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
@@ -63,6 +63,7 @@ def prebuild(folder: str, layers_dir: str, names: List[str]) -> int:
 def run_stack(torch, layer, x, d_out, depth: int, iters: int) -> Dict[str, Any]:
     """Forward through `depth` applications of `layer`, backward; the median of `iters`
     steps after one warm-up; the bytes held after the forward (minus before) and the result."""
+
     def step():
         h = x
         for _ in range(depth):
@@ -75,8 +76,11 @@ def run_stack(torch, layer, x, d_out, depth: int, iters: int) -> Dict[str, Any]:
     torch.cuda.synchronize()
     held = torch.cuda.memory_allocated() - base
     out.backward(d_out)
-    result = {"out": out.detach().clone(), "x_grad": x.grad.clone(),
-              "grads": {n: p.grad.clone() for n, p in layer.named_parameters()}}
+    result = {
+        "out": out.detach().clone(),
+        "x_grad": x.grad.clone(),
+        "grads": {n: p.grad.clone() for n, p in layer.named_parameters()},
+    }
     del out
     times = []
     for i in range(iters + 1):
@@ -88,8 +92,12 @@ def run_stack(torch, layer, x, d_out, depth: int, iters: int) -> Dict[str, Any]:
         torch.cuda.synchronize()
         if i:
             times.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(times), "times_ms": times, "held_bytes": held,
-            "result": result}
+    return {
+        "median_ms": statistics.median(times),
+        "times_ms": times,
+        "held_bytes": held,
+        "result": result,
+    }
 
 
 def copy_time(torch, nbytes: int, iters: int) -> float:
@@ -115,28 +123,35 @@ def run(folder: str, depth: int, iters: int, out_dir: str) -> int:
     from moe_mlir.config import LayerConfig  # noqa: PLC0415
     from moe_mlir.layer import MoELayer  # noqa: PLC0415
     from moe_mlir.offload import offloader  # noqa: PLC0415
+
     with open(os.path.join(folder, "stack.json")) as f:
         planned = json.load(f)
     os.environ["MOE_MLIR_PREBUILT"] = os.pathsep.join(
-        p for p in (folder, os.environ.get("MOE_MLIR_PREBUILT", "")) if p)
-    report: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "depth": depth,
-                              "layers": {}}
+        p for p in (folder, os.environ.get("MOE_MLIR_PREBUILT", "")) if p
+    )
+    report: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "depth": depth, "layers": {}}
     passed = failed = 0
     for name, fields in planned["layers"].items():
         cfg = LayerConfig(**fields)
         rep: Dict[str, Any] = {"config": fields}
         try:
             gen = torch.Generator(device="cuda").manual_seed(1)
-            x = torch.randn((cfg.tokens, cfg.hidden), generator=gen, device="cuda",
-                            dtype=torch.bfloat16).requires_grad_(True)
-            d_out = torch.randn((cfg.tokens, cfg.hidden), generator=gen, device="cuda",
-                                dtype=torch.bfloat16)
+            x = torch.randn(
+                (cfg.tokens, cfg.hidden), generator=gen, device="cuda", dtype=torch.bfloat16
+            ).requires_grad_(True)
+            d_out = torch.randn(
+                (cfg.tokens, cfg.hidden), generator=gen, device="cuda", dtype=torch.bfloat16
+            )
             runs = {}
             state = None
             for policy in ("keep", "offload"):
                 torch.manual_seed(0)
-                layer = MoELayer(dataclasses.replace(cfg, tokens=0), policy=policy,
-                                 device="cuda", dtype=torch.bfloat16)
+                layer = MoELayer(
+                    dataclasses.replace(cfg, tokens=0),
+                    policy=policy,
+                    device="cuda",
+                    dtype=torch.bfloat16,
+                )
                 if state is None:
                     if cfg.router_bias:
                         layer.router_bias.normal_(0.0, 0.01)
@@ -145,30 +160,43 @@ def run(folder: str, depth: int, iters: int, out_dir: str) -> int:
                     layer.load_state_dict(state)
                 before = offloader(torch.device("cuda")).offloaded_bytes
                 runs[policy] = run_stack(torch, layer, x, d_out, depth, iters)
-                runs[policy]["offloaded_bytes"] = \
+                runs[policy]["offloaded_bytes"] = (
                     offloader(torch.device("cuda")).offloaded_bytes - before
+                )
                 del layer
                 x.grad = None
                 gc.collect()
                 torch.cuda.empty_cache()
             keep, off = runs["keep"], runs["offload"]
             rk, ro = keep.pop("result"), off.pop("result")
-            same = (torch.equal(rk["out"], ro["out"]) and torch.equal(rk["x_grad"], ro["x_grad"])
-                    and all(torch.equal(rk["grads"][n], ro["grads"][n]) for n in rk["grads"]))
+            same = (
+                torch.equal(rk["out"], ro["out"])
+                and torch.equal(rk["x_grad"], ro["x_grad"])
+                and all(torch.equal(rk["grads"][n], ro["grads"][n]) for n in rk["grads"])
+            )
             per_step = off["offloaded_bytes"] / (iters + 2)  # the untimed step, the warm-up
             copies = copy_time(torch, int(per_step / depth), iters) * depth
             hidden = 1.0 - (off["median_ms"] - keep["median_ms"]) / copies
-            rep.update(keep=keep, offload=off, bitwise_equal=same,
-                       offloaded_bytes_per_step=per_step, copy_ms=copies,
-                       hidden_fraction=hidden)
+            rep.update(
+                keep=keep,
+                offload=off,
+                bitwise_equal=same,
+                offloaded_bytes_per_step=per_step,
+                copy_ms=copies,
+                hidden_fraction=hidden,
+            )
             ok = same and per_step > 0
-            print(f"{name}: {depth} layers; keep {keep['median_ms']:.1f} ms, holds "
-                  f"{keep['held_bytes'] / GIB:.2f} GiB; offload {off['median_ms']:.1f} ms, holds "
-                  f"{off['held_bytes'] / GIB:.2f} GiB on the device; H out and back "
-                  f"{per_step / GIB:.2f} GiB a step, {copies:.1f} ms of copies alone; hidden "
-                  f"{hidden * 100:.0f}%; output and gradients bitwise equal: {same}", flush=True)
+            print(
+                f"{name}: {depth} layers; keep {keep['median_ms']:.1f} ms, holds "
+                f"{keep['held_bytes'] / GIB:.2f} GiB; offload {off['median_ms']:.1f} ms, holds "
+                f"{off['held_bytes'] / GIB:.2f} GiB on the device; H out and back "
+                f"{per_step / GIB:.2f} GiB a step, {copies:.1f} ms of copies alone; hidden "
+                f"{hidden * 100:.0f}%; output and gradients bitwise equal: {same}",
+                flush=True,
+            )
         except Exception as e:  # noqa: BLE001
             import traceback  # noqa: PLC0415
+
             traceback.print_exc()
             rep["error"] = f"{type(e).__name__}: {e}"
             ok = False
@@ -194,8 +222,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args(argv)
     if bool(args.prebuild) == bool(args.run) or args.depth < 1 or args.iters < 1:
-        print("offload_stack.py: give one of --prebuild DIR and --run DIR (depth, iters >= 1)",
-              file=sys.stderr)
+        print(
+            "offload_stack.py: give one of --prebuild DIR and --run DIR (depth, iters >= 1)",
+            file=sys.stderr,
+        )
         return 2
     names = [n for n in args.only.split(",") if n]
     if args.prebuild:

@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """How much of the varlen-M GEMMs' rows is padding under the bench's routing.
 
-Replays test/GPU/ops_check.py's bench recipe for one BENCH.md configuration on the CPU
+Replays test/GPU/ops_check.py's bench recipe for one benchmark configuration on the CPU
 (x ~ N(0, 1) and W_r ~ N(0, 0.02) in bf16, bias ~ U(0, 0.1) with sigmoid scoring, the
 group-limited top-k of the reference), so the draws are the CPU generator's, not the
 GPU's, and counts the rows that 128-row M-tiles hold, and 128-row tiles with a 64-row
-last tile where at most 64 rows are left (docs/perf.md, "What is next", item 6).
+last tile where at most 64 rows are left (docs/gpu-kernels.md).
 
     python3 bench/routing_padding.py [deepseek-v3|qwen3-30b-a3b|olmoe-1b-7b|mixtral-8x7b]
 """
+
 import sys
 
 import torch
 
-CONFIGS = {  # T, d, E, k, sigmoid, groups, topk_groups (BENCH.md)
+CONFIGS = {  # T, d, E, k, sigmoid, groups, topk_groups (docs/benchmarks.md)
     "mixtral-8x7b": (16384, 4096, 8, 2, False, 1, 1),
     "olmoe-1b-7b": (16384, 2048, 64, 8, False, 1, 1),
     "qwen3-30b-a3b": (16384, 2048, 128, 8, False, 1, 1),
@@ -41,7 +42,9 @@ def main():
     tokens = T * k
     full = int(((counts + 127) // 128 * 128).sum())
     rem = counts % 128
-    tails = int((counts // 128 * 128 + torch.where(rem == 0, 0, torch.where(rem <= 64, 64, 128))).sum())
+    tails = int(
+        (counts // 128 * 128 + torch.where(rem == 0, 0, torch.where(rem <= 64, 64, 128))).sum()
+    )
     print(f"{name}: {tokens} rows, {int(counts.min())}-{int(counts.max())} an expert")
     print(f"  128-row tiles: {full} rows, {100 * (full - tokens) / full:.1f}% padding")
     print(f"  64-row last tiles: {tails} rows, {100 * (tails - tokens) / tails:.1f}% padding")

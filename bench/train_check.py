@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Training check of issue 7: small Mixtral-style and Qwen3-MoE-style models built from config
+"""Training check: small Mixtral-style and Qwen3-MoE-style models built from config
 (random init, no downloads), N AdamW steps with moe-mlir layers (`moe_mlir.hf.replace_moe_blocks`)
 against the same model with Hugging Face's `grouped_mm` experts; same init, same data.
 
@@ -24,7 +24,7 @@ test/Python/test_hf_blocks.py runs.
 
     python bench/train_check.py --device cuda --out $OUT          # needs MOE_MLIR_PREBUILT and
                                                                   # MOE_RUNTIME_LIB (see
-                                                                  # scripts/gpu-torch-check.sh)
+                                                                  # scripts/gpu/torch-check.sh)
 Last line: "N passed, M failed" (one check per model).
 """
 
@@ -48,24 +48,60 @@ import torch  # noqa: E402
 
 SIZES = {
     "full": {
-        "mixtral": dict(vocab_size=8192, hidden_size=1024, intermediate_size=1024,
-                        num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=4,
-                        num_attention_heads=16, num_key_value_heads=4, head_dim=64),
-        "qwen3": dict(vocab_size=8192, hidden_size=1024, moe_intermediate_size=768,
-                      intermediate_size=2048, num_experts=64, num_experts_per_tok=8,
-                      norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=16,
-                      num_key_value_heads=4, head_dim=64),
-        "batch": 4, "seq": 1024,
+        "mixtral": dict(
+            vocab_size=8192,
+            hidden_size=1024,
+            intermediate_size=1024,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+        ),
+        "qwen3": dict(
+            vocab_size=8192,
+            hidden_size=1024,
+            moe_intermediate_size=768,
+            intermediate_size=2048,
+            num_experts=64,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+        ),
+        "batch": 4,
+        "seq": 1024,
     },
     "tiny": {
-        "mixtral": dict(vocab_size=128, hidden_size=64, intermediate_size=64,
-                        num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-        "qwen3": dict(vocab_size=128, hidden_size=64, moe_intermediate_size=64,
-                      intermediate_size=128, num_experts=8, num_experts_per_tok=2,
-                      norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16),
-        "batch": 2, "seq": 16,
+        "mixtral": dict(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+        "qwen3": dict(
+            vocab_size=128,
+            hidden_size=64,
+            moe_intermediate_size=64,
+            intermediate_size=128,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+        "batch": 2,
+        "seq": 16,
     },
 }
 
@@ -73,10 +109,12 @@ SIZES = {
 def model_config(name: str, size: str):
     """The transformers config of one model (max_position_embeddings covers the sequence)."""
     from transformers import MixtralConfig, Qwen3MoeConfig  # noqa: PLC0415
+
     kwargs = dict(SIZES[size][name])
     kwargs["max_position_embeddings"] = max(SIZES[size]["seq"], 64)
-    kwargs.update(bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                  tie_word_embeddings=False)
+    kwargs.update(
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False
+    )
     cls = {"mixtral": MixtralConfig, "qwen3": Qwen3MoeConfig}[name]
     return cls(**kwargs)
 
@@ -86,6 +124,7 @@ def build_model(name: str, size: str, experts: str, seed: int, device, dtype):
     are drawn in f32, then cast); `experts` = "grouped_mm" or "eager" (HF's two expert
     implementations) or "moe_mlir" (blocks swapped)."""
     from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM  # noqa: PLC0415
+
     cfg = model_config(name, size)
     cfg._experts_implementation = "eager" if experts == "eager" else "grouped_mm"
     cls = {"mixtral": MixtralForCausalLM, "qwen3": Qwen3MoeForCausalLM}[name]
@@ -95,6 +134,7 @@ def build_model(name: str, size: str, experts: str, seed: int, device, dtype):
     model.train()
     if experts == "moe_mlir":
         from moe_mlir import hf  # noqa: PLC0415
+
         hf.replace_moe_blocks(model)
     elif experts not in ("grouped_mm", "eager"):
         raise ValueError(f"experts must be grouped_mm, eager or moe_mlir, got {experts!r}")
@@ -145,8 +185,11 @@ def train(model, batches, lr: float, device, warmup: int, autocast: bool = False
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0 if t0 is not None else float("nan")
-    result = {"losses": losses, "tokens_per_s": tokens / elapsed if tokens else float("nan"),
-              "timed_steps": len(batches) - warmup}
+    result = {
+        "losses": losses,
+        "tokens_per_s": tokens / elapsed if tokens else float("nan"),
+        "timed_steps": len(batches) - warmup,
+    }
     if cuda:
         result["peak_bytes"] = int(torch.cuda.max_memory_allocated())
         result["peak_bytes_above_start"] = int(torch.cuda.max_memory_allocated() - base)
@@ -155,17 +198,25 @@ def train(model, batches, lr: float, device, warmup: int, autocast: bool = False
 
 # --------------------------------------------------------------------------- PNG, no matplotlib
 
+
 def write_png(path: str, series, title: str = "", width: int = 900, height: int = 500) -> None:
     """Loss curves as a PNG: matplotlib when it is installed, else a small rasteriser
     (`series`: list of (label, [values], (r, g, b)))."""
     try:
         import matplotlib  # noqa: PLC0415
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
+
         fig, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
         for label, values, color in series:
-            ax.plot(range(1, len(values) + 1), values, label=label,
-                    color=tuple(c / 255 for c in color), linewidth=1.2)
+            ax.plot(
+                range(1, len(values) + 1),
+                values,
+                label=label,
+                color=tuple(c / 255 for c in color),
+                linewidth=1.2,
+            )
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.set_title(title)
@@ -186,7 +237,7 @@ def write_png(path: str, series, title: str = "", width: int = 900, height: int 
     def put(x, y, c):
         if 0 <= x < width and 0 <= y < height:
             i = (y * width + x) * 3
-            pix[i:i + 3] = bytes(c)
+            pix[i : i + 3] = bytes(c)
 
     def line(x0, y0, x1, y1, c):
         steps = max(abs(x1 - x0), abs(y1 - y0), 1)
@@ -199,15 +250,24 @@ def write_png(path: str, series, title: str = "", width: int = 900, height: int 
     line(m, height - m, width - m, height - m, (0, 0, 0))
     line(m, m, m, height - m, (0, 0, 0))
     for _, vs, color in series:
-        pts = [(m + (width - 2 * m) * i / max(n - 1, 1),
-                height - m - (height - 2 * m) * (v - lo) / (hi - lo)) for i, v in enumerate(vs)]
+        pts = [
+            (
+                m + (width - 2 * m) * i / max(n - 1, 1),
+                height - m - (height - 2 * m) * (v - lo) / (hi - lo),
+            )
+            for i, v in enumerate(vs)
+        ]
         for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
             line(round(x0), round(y0), round(x1), round(y1), color)
-    raw = b"".join(b"\x00" + bytes(pix[y * width * 3:(y + 1) * width * 3]) for y in range(height))
+    raw = b"".join(b"\x00" + bytes(pix[y * width * 3 : (y + 1) * width * 3]) for y in range(height))
 
     def chunk(kind, data):
-        return (struct.pack(">I", len(data)) + kind + data +
-                struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     with open(path, "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n")
@@ -223,9 +283,20 @@ def write_png(path: str, series, title: str = "", width: int = 900, height: int 
 # scaling, shared expert).
 CHECK_LAYERS = {
     "softmax-t256": dict(tokens=256, hidden=256, ffn=128, experts=8, top_k=2, renormalize=True),
-    "deepseek-t200": dict(tokens=200, hidden=256, ffn=128, experts=16, top_k=4,
-                          scoring="sigmoid", renormalize=True, router_bias=True, num_groups=4,
-                          topk_groups=2, scaling_factor=2.5, shared_ffn=128),
+    "deepseek-t200": dict(
+        tokens=200,
+        hidden=256,
+        ffn=128,
+        experts=16,
+        top_k=4,
+        scoring="sigmoid",
+        renormalize=True,
+        router_bias=True,
+        num_groups=4,
+        topk_groups=2,
+        scaling_factor=2.5,
+        shared_ffn=128,
+    ),
 }
 
 
@@ -235,6 +306,7 @@ def training_layer_configs(size: str):
     import dataclasses  # noqa: PLC0415
     from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM  # noqa: PLC0415
     from moe_mlir import hf  # noqa: PLC0415
+
     tokens = SIZES[size]["batch"] * SIZES[size]["seq"]
     configs = {}
     for name, cls in (("mixtral", MixtralForCausalLM), ("qwen3", Qwen3MoeForCausalLM)):
@@ -250,9 +322,9 @@ def training_layer_configs(size: str):
 def prebuild(folder: str, size: str) -> int:
     """Compiles, with moe-compile, the sm_90a cache entries the device run needs (the training
     models' layers and CHECK_LAYERS) into `folder` (MOE_MLIR_CACHE layout)."""
-    import dataclasses  # noqa: PLC0415
     from moe_mlir import compile_cache as cc  # noqa: PLC0415
     from moe_mlir.config import LayerConfig  # noqa: PLC0415
+
     os.environ["MOE_MLIR_CACHE"] = os.path.abspath(folder)
     configs = dict(training_layer_configs(size))
     for name, kw in CHECK_LAYERS.items():
@@ -272,11 +344,12 @@ def prebuild(folder: str, size: str) -> int:
 
 def layer_check(device) -> int:
     """CHECK_LAYERS through MoELayer (eager and torch.compile) against the fp32 torch reference
-    with the same routing: BENCH.md's tolerances (1e-2 output, 2e-2 gradients); and an f32 copy
-    under torch.autocast against the bf16 layer (bitwise)."""
+    with the same routing: docs/benchmarks.md's tolerances (1e-2 output, 2e-2 gradients); and an
+    f32 copy under torch.autocast against the bf16 layer (bitwise)."""
     from moe_mlir import torch_reference as TR  # noqa: PLC0415
     from moe_mlir.config import LayerConfig  # noqa: PLC0415
     from moe_mlir.layer import MoELayer  # noqa: PLC0415
+
     passed = failed = 0
     for name, kw in CHECK_LAYERS.items():
         cfg = LayerConfig(**kw)
@@ -299,23 +372,29 @@ def layer_check(device) -> int:
                 inputs.update({n: p.detach().float() for n, p in layer.named_parameters()})
                 if cfg.router_bias:
                     inputs["router_bias"] = layer.router_bias.float()
-                # Our routing decisions, from our logits (BENCH.md: the same routing for both).
+                # Our routing decisions, from our logits (the same routing for both sides).
                 c = TR.scores(logits.detach().float(), cfg.scoring)
                 if cfg.router_bias:
                     c = c + inputs["router_bias"]
                 experts = TR.select_experts(c, cfg.top_k, cfg.num_groups, cfg.topk_groups)
-                ref, grads = TR.forward_backward(cfg, inputs, d_out.float(),
-                                                 torch.zeros_like(logits), experts=experts)
+                ref, grads = TR.forward_backward(
+                    cfg, inputs, d_out.float(), torch.zeros_like(logits), experts=experts
+                )
                 grads["out"] = ref.out
                 worst = {}
                 for key, val in ours.items():
                     want = grads[key].to(val.device)
                     worst[key] = float((val - want).norm() / want.norm().clamp_min(1e-30))
-                bad = [k for k, v in worst.items()
-                       if not math.isfinite(v) or v > (1e-2 if k == "out" else 2e-2)]
+                bad = [
+                    k
+                    for k, v in worst.items()
+                    if not math.isfinite(v) or v > (1e-2 if k == "out" else 2e-2)
+                ]
                 status = "FAIL" if bad else "PASS"
-                print(f"{status} layer {name} ({mode}): " +
-                      ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+                print(
+                    f"{status} layer {name} ({mode}): "
+                    + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
+                )
             except Exception as e:  # noqa: BLE001
                 bad = [f"{type(e).__name__}: {e}"]
                 print(f"FAIL layer {name} ({mode}): {bad[0]}")
@@ -336,14 +415,21 @@ def layer_check(device) -> int:
             layer.zero_grad(set_to_none=True)
             out_b = layer(xb)
             out_b.backward(d_out)
-            same = {"out": out_a.dtype == torch.float32 and torch.equal(out_a, out_b.float()),
-                    "x": torch.equal(xa.grad, xb.grad.float())}
+            same = {
+                "out": out_a.dtype == torch.float32 and torch.equal(out_a, out_b.float()),
+                "x": torch.equal(xa.grad, xb.grad.float()),
+            }
             for (n, pa), (_, pb) in zip(master.named_parameters(), layer.named_parameters()):
                 same[n] = pa.grad.dtype == torch.float32 and torch.equal(pa.grad, pb.grad.float())
             bad = [k for k, v in same.items() if not v]
-            print(f"{'FAIL' if bad else 'PASS'} layer {name} (autocast, f32 parameters): " +
-                  ("bitwise the bf16 layer's output and gradients" if not bad else
-                   "differs from the bf16 layer in " + ", ".join(bad)))
+            print(
+                f"{'FAIL' if bad else 'PASS'} layer {name} (autocast, f32 parameters): "
+                + (
+                    "bitwise the bf16 layer's output and gradients"
+                    if not bad
+                    else "differs from the bf16 layer in " + ", ".join(bad)
+                )
+            )
         except Exception as e:  # noqa: BLE001
             bad = [f"{type(e).__name__}: {e}"]
             print(f"FAIL layer {name} (autocast, f32 parameters): {bad[0]}")
@@ -354,6 +440,7 @@ def layer_check(device) -> int:
 
 
 # --------------------------------------------------------------------------- main
+
 
 # The runs of one model: (key, experts, parameter dtype, autocast).
 # "fp32" (--reference): HF's eager experts, all in f32 and without autocast, the most exact of
@@ -380,16 +467,18 @@ def first_step_over(a, b, tol):
 def run_model(name, args, device, dtype):
     size = SIZES[args.size]
     vocab = size[name]["vocab_size"]
-    batches = make_batches(vocab, args.batch or size["batch"], args.seq or size["seq"],
-                           args.steps, args.seed + 1)
+    batches = make_batches(
+        vocab, args.batch or size["batch"], args.seq or size["seq"], args.steps, args.seed + 1
+    )
     results = {}
     # With --control, HF's eager experts too: two correct bf16 implementations of the same
     # model, whose loss difference is the noise floor the 1e-2 check is read against
     # (top-k routing flips on near-ties amplify rounding differences over the steps).
     for key, experts, run_dtype, autocast in planned_runs(args, dtype):
         model = build_model(name, args.size, experts, args.seed, device, run_dtype)
-        results[key] = train(model, batches, args.lr, device,
-                             min(args.warmup, args.steps - 1), autocast)
+        results[key] = train(
+            model, batches, args.lr, device, min(args.warmup, args.steps - 1), autocast
+        )
         del model
         gc.collect()
         if device.type == "cuda":
@@ -397,22 +486,36 @@ def run_model(name, args, device, dtype):
     a, b = results["grouped_mm"]["losses"], results["moe_mlir"]["losses"]
     diffs = [abs(x - y) for x, y in zip(a, b)]
     worst = max(diffs) if diffs else float("nan")
-    ok = bool(diffs) and all(math.isfinite(x) and math.isfinite(y) for x, y in zip(a, b)) \
+    ok = (
+        bool(diffs)
+        and all(math.isfinite(x) and math.isfinite(y) for x, y in zip(a, b))
         and worst <= args.tol
-    out = {"model": name, "config": SIZES[args.size][name],
-           "batch": args.batch or size["batch"], "seq": args.seq or size["seq"],
-           "precision": args.precision, "results": results, "loss_diffs": diffs,
-           "max_abs_diff": worst, "first_step_over_tol": first_step_over(a, b, args.tol),
-           "tol": args.tol, "passed": ok}
+    )
+    out = {
+        "model": name,
+        "config": SIZES[args.size][name],
+        "batch": args.batch or size["batch"],
+        "seq": args.seq or size["seq"],
+        "precision": args.precision,
+        "results": results,
+        "loss_diffs": diffs,
+        "max_abs_diff": worst,
+        "first_step_over_tol": first_step_over(a, b, args.tol),
+        "tol": args.tol,
+        "passed": ok,
+    }
     if "eager" in results:
         out["control_max_abs_diff"] = max_abs_diff(a, results["eager"]["losses"])
     if "fp32" in results:
         ref = results["fp32"]["losses"]
-        out["max_abs_diff_to_fp32"] = {k: max_abs_diff(r["losses"], ref)
-                                       for k, r in results.items() if k != "fp32"}
+        out["max_abs_diff_to_fp32"] = {
+            k: max_abs_diff(r["losses"], ref) for k, r in results.items() if k != "fp32"
+        }
         out["mean_abs_diff_to_fp32"] = {
             k: sum(abs(x - y) for x, y in zip(r["losses"], ref)) / max(len(ref), 1)
-            for k, r in results.items() if k != "fp32"}
+            for k, r in results.items()
+            if k != "fp32"
+        }
         # Beside the 1e-2 check (which decides the exit status): is ours any further from
         # the f32 model than HF's own bf16 runs are?
         far = out["max_abs_diff_to_fp32"]
@@ -427,30 +530,50 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--size", choices=sorted(SIZES), default="full")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=("bf16", "f32"), default=None,
-                   help="default: bf16 on CUDA, f32 on the CPU")
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "f32"),
+        default=None,
+        help="default: bf16 on CUDA, f32 on the CPU",
+    )
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--seq", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=3, help="steps not timed")
     p.add_argument("--tol", type=float, default=1e-2)
-    p.add_argument("--control", action="store_true",
-                   help="also train with HF eager experts and report max |grouped_mm - eager| "
-                        "(the noise floor between two correct implementations)")
-    p.add_argument("--reference", action="store_true",
-                   help="also train the model all in f32 (HF eager experts, no autocast) and "
-                        "report each run's distance to it")
-    p.add_argument("--precision", choices=("bf16", "amp"), default="bf16",
-                   help="bf16: bf16 parameters and activations (default); amp: f32 parameters "
-                        "with the forward under torch.autocast(bf16), mixed precision")
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="also train with HF eager experts and report max |grouped_mm - eager| "
+        "(the noise floor between two correct implementations)",
+    )
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="also train the model all in f32 (HF eager experts, no autocast) and "
+        "report each run's distance to it",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "amp"),
+        default="bf16",
+        help="bf16: bf16 parameters and activations (default); amp: f32 parameters "
+        "with the forward under torch.autocast(bf16), mixed precision",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
-    p.add_argument("--prebuild", metavar="DIR",
-                   help="compile the sm_90a layers the device run needs into DIR and exit "
-                        "(the LLVM machine; scripts/build-torch-inputs.sh)")
-    p.add_argument("--layer-check", action="store_true",
-                   help="check MoELayer (eager and torch.compile) against the fp32 torch "
-                        "reference on --device and exit")
+    p.add_argument(
+        "--prebuild",
+        metavar="DIR",
+        help="compile the sm_90a layers the device run needs into DIR and exit "
+        "(the LLVM machine; scripts/inputs/build-torch-cache.sh)",
+    )
+    p.add_argument(
+        "--layer-check",
+        action="store_true",
+        help="check MoELayer (eager and torch.compile) against the fp32 torch "
+        "reference on --device and exit",
+    )
     args = p.parse_args(argv)
     if args.prebuild:
         return prebuild(args.prebuild, args.size)
@@ -458,16 +581,24 @@ def main(argv=None) -> int:
     if args.layer_check:
         return layer_check(device)
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[
-        args.dtype or ("bf16" if device.type == "cuda" and args.precision == "bf16" else "f32")]
+        args.dtype or ("bf16" if device.type == "cuda" and args.precision == "bf16" else "f32")
+    ]
     if args.precision == "amp" and dtype != torch.float32:
         print("train_check: --precision amp trains f32 parameters (--dtype f32)")
         return 2
     os.makedirs(args.out, exist_ok=True)
     import transformers  # noqa: PLC0415
-    env = {"torch": torch.__version__, "transformers": transformers.__version__,
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "dtype": str(dtype), "precision": args.precision, "steps": args.steps,
-           "lr": args.lr, "size": args.size}
+
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype),
+        "precision": args.precision,
+        "steps": args.steps,
+        "lr": args.lr,
+        "size": args.size,
+    }
     print("train_check:", json.dumps(env))
     reports, passed, failed = [], 0, 0
     for name in [m for m in args.models.split(",") if m]:
@@ -478,6 +609,7 @@ def main(argv=None) -> int:
             rep = run_model(name, args, device, dtype)
         except Exception as e:  # report and go on with the next model
             import traceback  # noqa: PLC0415
+
             traceback.print_exc()
             rep = {"model": name, "passed": False, "error": f"{type(e).__name__}: {e}"}
         reports.append(rep)
@@ -488,9 +620,11 @@ def main(argv=None) -> int:
             b = rep["results"]["moe_mlir"]["losses"]
             c = rep["results"].get("eager", {}).get("losses")
             r = rep["results"].get("fp32", {}).get("losses")
-            print(f"\n{name}: step  hf_grouped_mm   moe_mlir    |diff|" +
-                  ("   hf_eager  |eager-grouped_mm|" if c else "") +
-                  ("      fp32" if r else ""))
+            print(
+                f"\n{name}: step  hf_grouped_mm   moe_mlir    |diff|"
+                + ("   hf_eager  |eager-grouped_mm|" if c else "")
+                + ("      fp32" if r else "")
+            )
             for i, (x, y) in enumerate(zip(a, b)):
                 extra = f"  {c[i]:12.6f}  {abs(c[i] - x):.2e}" if c else ""
                 extra += f"  {r[i]:12.6f}" if r else ""
@@ -500,45 +634,60 @@ def main(argv=None) -> int:
     series = []
     colors = [((31, 119, 180), (255, 127, 14)), ((44, 160, 44), (214, 39, 40))]
     for rep, (c1, c2) in zip([r for r in reports if "results" in r], colors * 4):
-        series.append((f"{rep['model']} HF grouped_mm", rep["results"]["grouped_mm"]["losses"],
-                       c1))
+        series.append((f"{rep['model']} HF grouped_mm", rep["results"]["grouped_mm"]["losses"], c1))
         series.append((f"{rep['model']} moe_mlir", rep["results"]["moe_mlir"]["losses"], c2))
         if "fp32" in rep["results"]:
-            series.append((f"{rep['model']} HF f32", rep["results"]["fp32"]["losses"],
-                           (127, 127, 127)))
+            series.append(
+                (f"{rep['model']} HF f32", rep["results"]["fp32"]["losses"], (127, 127, 127))
+            )
     if series:
-        write_png(os.path.join(args.out, "train_check.png"), series,
-                  title=f"loss, {args.steps} AdamW steps ({env['device']}, {args.precision})")
-    print("\nmodel    max|dloss|  control  tokens/s HF  tokens/s ours  ours/HF  peak GiB HF  "
-          "peak GiB ours")
+        write_png(
+            os.path.join(args.out, "train_check.png"),
+            series,
+            title=f"loss, {args.steps} AdamW steps ({env['device']}, {args.precision})",
+        )
+    print(
+        "\nmodel    max|dloss|  control  tokens/s HF  tokens/s ours  ours/HF  peak GiB HF  "
+        "peak GiB ours"
+    )
     for rep in reports:
         if "results" not in rep:
             print(f"{rep['model']:8s} ERROR {rep['error']}")
             continue
         hf_r, ours = rep["results"]["grouped_mm"], rep["results"]["moe_mlir"]
-        gib = lambda r: (f"{r['peak_bytes'] / 2**30:11.3f}" if "peak_bytes" in r  # noqa: E731
-                         else "          -")
+
+        def gib(r):
+            return f"{r['peak_bytes'] / 2**30:11.3f}" if "peak_bytes" in r else "          -"
+
         ctl = rep.get("control_max_abs_diff")
         ctl = f"{ctl:.2e}" if ctl is not None else "       -"
-        print(f"{rep['model']:8s} {rep['max_abs_diff']:.2e}  {ctl}  {hf_r['tokens_per_s']:11.0f}  "
-              f"{ours['tokens_per_s']:13.0f}  {ours['tokens_per_s'] / hf_r['tokens_per_s']:7.3f}"
-              f"  {gib(hf_r)}  {gib(ours)}  {'PASS' if rep['passed'] else 'FAIL'}")
+        print(
+            f"{rep['model']:8s} {rep['max_abs_diff']:.2e}  {ctl}  {hf_r['tokens_per_s']:11.0f}  "
+            f"{ours['tokens_per_s']:13.0f}  {ours['tokens_per_s'] / hf_r['tokens_per_s']:7.3f}"
+            f"  {gib(hf_r)}  {gib(ours)}  {'PASS' if rep['passed'] else 'FAIL'}"
+        )
     for rep in reports:
         # Whose rounding a difference is: each run's distance to the all-f32 run.
         for stat in ("max", "mean"):
             far = rep.get(f"{stat}_abs_diff_to_fp32")
             if far:
-                print(f"{rep['model']:8s} {stat} |loss - fp32|: " +
-                      ", ".join(f"{k} {v:.2e}" for k, v in far.items()))
+                print(
+                    f"{rep['model']:8s} {stat} |loss - fp32|: "
+                    + ", ".join(f"{k} {v:.2e}" for k, v in far.items())
+                )
         if "no_further_from_fp32_than_hf" in rep:
             far = rep["max_abs_diff_to_fp32"]
             hf_worst = max(v for k, v in far.items() if k != "moe_mlir")
-            print(f"{rep['model']:8s} ours no further from fp32 than HF's runs: "
-                  f"{'yes' if rep['no_further_from_fp32_than_hf'] else 'no'} "
-                  f"(ours {far['moe_mlir']:.2e}, HF worst {hf_worst:.2e})")
+            print(
+                f"{rep['model']:8s} ours no further from fp32 than HF's runs: "
+                f"{'yes' if rep['no_further_from_fp32_than_hf'] else 'no'} "
+                f"(ours {far['moe_mlir']:.2e}, HF worst {hf_worst:.2e})"
+            )
         if "first_step_over_tol" in rep:
-            print(f"{rep['model']:8s} first step with |diff| > {rep['tol']:g}: "
-                  f"{rep['first_step_over_tol'] or 'none'}")
+            print(
+                f"{rep['model']:8s} first step with |diff| > {rep['tol']:g}: "
+                f"{rep['first_step_over_tol'] or 'none'}"
+            )
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

@@ -9,6 +9,7 @@ ptxas in the pip wheel nvidia-cuda-nvcc-cu12; this downloads that one pinned whe
 standard library (no pip needed), checks its SHA-256 and extracts bin/ptxas into DIR
 (default ~/.cache/moe-mlir/ptxas-VERSION). Nothing happens when DIR already has it.
 """
+
 import argparse
 import hashlib
 import io
@@ -44,14 +45,23 @@ def main() -> int:
         with urllib.request.urlopen(index, timeout=60) as response:
             release = json.load(response)
         release["urls"] = release.get("releases", {}).get(VERSION, release["urls"])
-    wheel = next((f for f in release["urls"] if f["filename"].endswith(".whl")
-                  and "manylinux" in f["filename"] and "x86_64" in f["filename"]), None)
+    wheel = next(
+        (
+            f
+            for f in release["urls"]
+            if f["filename"].endswith(".whl")
+            and "manylinux" in f["filename"]
+            and "x86_64" in f["filename"]
+        ),
+        None,
+    )
     if wheel is None:
         print(f"fetch-ptxas: no x86-64 wheel of {PACKAGE} {VERSION} on the index", file=sys.stderr)
         return 1
     url = urllib.parse.urljoin(index, wheel["url"])
-    print(f"fetch-ptxas: downloading {wheel['filename']} ({wheel['size'] >> 20} MiB)",
-          file=sys.stderr)
+    print(
+        f"fetch-ptxas: downloading {wheel['filename']} ({wheel['size'] >> 20} MiB)", file=sys.stderr
+    )
     with urllib.request.urlopen(url, timeout=600) as response:
         data = response.read()
     digest = hashlib.sha256(data).hexdigest()

@@ -6,6 +6,7 @@
   moe-opt, which then exits 0.
 - A lit test with no RUN line at all never runs.
 """
+
 import pathlib
 import re
 import sys
@@ -24,8 +25,10 @@ for path in sorted(root.rglob("*.mlir")):
             problems.append(f"{rel}:{number}: CHECK directive without a colon")
     if "RUN:" not in text:
         problems.append(f"{rel}: no RUN line")
-    if re.search(r"expected-(error|warning|note|remark)", text) and \
-            "-verify-diagnostics" not in text:
+    if (
+        re.search(r"expected-(error|warning|note|remark)", text)
+        and "-verify-diagnostics" not in text
+    ):
         problems.append(f"{rel}: expected-* diagnostics without -verify-diagnostics")
 
 for problem in problems:

@@ -33,7 +33,7 @@ namespace {
 using moe_layer::DType;
 using moe_layer::Param;
 
-constexpr double kOutputTolerance = 1e-2;   // ../shared/BENCH.md
+constexpr double kOutputTolerance = 1e-2;   // docs/benchmarks.md
 constexpr double kGradientTolerance = 2e-2; // relative Frobenius error
 
 int passed = 0, failed = 0;

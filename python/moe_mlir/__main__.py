@@ -41,9 +41,12 @@ def main(argv=None) -> int:
     run = sub.add_parser("run", help="run a function of a tensor-level module on the CPU")
     run.add_argument("module", help="tensor-level .mlir file")
     run.add_argument("--function", help="function to run (default: the only public one)")
-    run.add_argument("--pre-passes", default="",
-                     help="comma-separated moe-opt flags to apply first, e.g. "
-                          "--moe-decompose,--moe-generate-backward")
+    run.add_argument(
+        "--pre-passes",
+        default="",
+        help="comma-separated moe-opt flags to apply first, e.g. "
+        "--moe-decompose,--moe-generate-backward",
+    )
     run.add_argument("--inputs", nargs="*", default=[], help=".npy inputs, in argument order")
     run.add_argument("--out", required=True, help="folder for the .npy results")
     args = parser.parse_args(argv)

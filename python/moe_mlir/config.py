@@ -77,8 +77,7 @@ class LayerConfig:
         if self.scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {SCORINGS}, got {self.scoring!r}")
         if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("renormalize", "round_logits", "router_bias"):
@@ -86,42 +85,46 @@ class LayerConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if experts >= I32_MAX:
             raise ValueError(
-                f"the number of experts ({experts}) exceeds the i32 expert index range")
+                f"the number of experts ({experts}) exceeds the i32 expert index range"
+            )
         if top_k > experts:
             raise ValueError(f"top_k ({top_k}) exceeds the number of experts ({experts})")
         if experts % groups != 0:
-            raise ValueError(
-                f"num_groups ({groups}) must divide the number of experts ({experts})")
+            raise ValueError(f"num_groups ({groups}) must divide the number of experts ({experts})")
         if topk_groups > groups:
             raise ValueError(
-                f"topk_groups must be in [1, num_groups = {groups}], got {topk_groups}")
+                f"topk_groups must be in [1, num_groups = {groups}], got {topk_groups}"
+            )
         candidates = topk_groups * (experts // groups)
         if top_k > candidates:
             raise ValueError(
                 f"top_k ({top_k}) exceeds the {candidates} experts of the topk_groups "
-                f"({topk_groups}) best groups")
+                f"({topk_groups}) best groups"
+            )
         if tokens * top_k > I32_MAX:
-            raise ValueError(
-                f"T * k ({tokens} * {top_k}) exceeds the i32 row index range")
+            raise ValueError(f"T * k ({tokens} * {top_k}) exceeds the i32 row index range")
         try:
             scaling = float(self.scaling_factor)
         except (TypeError, ValueError):
             raise ValueError(
-                f"scaling_factor must be a number, got {self.scaling_factor!r}") from None
+                f"scaling_factor must be a number, got {self.scaling_factor!r}"
+            ) from None
         if not math.isfinite(scaling) or scaling <= 0.0:
             raise ValueError(
-                f"scaling_factor must be a positive finite number, got {self.scaling_factor!r}")
+                f"scaling_factor must be a positive finite number, got {self.scaling_factor!r}"
+            )
         if self.capacity_factor is not None:
             try:
                 cf = float(self.capacity_factor)
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"capacity_factor must be a number or None, got "
-                    f"{self.capacity_factor!r}") from None
+                    f"capacity_factor must be a number or None, got {self.capacity_factor!r}"
+                ) from None
             if not math.isfinite(cf) or cf <= 0.0:
                 raise ValueError(
                     f"capacity_factor must be positive and finite (or None for dropless), "
-                    f"got {self.capacity_factor!r}")
+                    f"got {self.capacity_factor!r}"
+                )
         return self
 
     # ------------------------------------------------------------ derived sizes
@@ -168,8 +171,10 @@ class LayerConfig:
 
     def result_specs(self) -> List[Tuple[str, Tuple[int, ...], str]]:
         """(name, shape, element type) of the layer's results: out and the router logits."""
-        return [("out", (self.tokens, self.hidden), self.dtype),
-                ("logits", (self.tokens, self.experts), "f32")]
+        return [
+            ("out", (self.tokens, self.hidden), self.dtype),
+            ("logits", (self.tokens, self.experts), "f32"),
+        ]
 
     def arg_names(self) -> List[str]:
         return [name for name, _, _ in self.arg_specs()]

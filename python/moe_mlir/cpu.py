@@ -36,11 +36,29 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 __all__ = [
-    "ToolError", "MoeOptError", "CompileError", "UnsupportedTypeError",
-    "find_moe_opt", "find_mlir_opt", "find_mlir_translate", "find_clang", "run_opt", "moe_opt_has_passes",
-    "TensorSpec", "FunctionSignature", "parse_functions", "numpy_dtype",
-    "CpuModule", "CompiledFunction", "CompiledModule", "compile_mlir", "compile_function",
-    "CompiledLayer", "CPU_PIPELINE", "UPSTREAM_CPU_PIPELINE", "LAYER_PRE_PASSES",
+    "ToolError",
+    "MoeOptError",
+    "CompileError",
+    "UnsupportedTypeError",
+    "find_moe_opt",
+    "find_mlir_opt",
+    "find_mlir_translate",
+    "find_clang",
+    "run_opt",
+    "moe_opt_has_passes",
+    "TensorSpec",
+    "FunctionSignature",
+    "parse_functions",
+    "numpy_dtype",
+    "CpuModule",
+    "CompiledFunction",
+    "CompiledModule",
+    "compile_mlir",
+    "compile_function",
+    "CompiledLayer",
+    "CPU_PIPELINE",
+    "UPSTREAM_CPU_PIPELINE",
+    "LAYER_PRE_PASSES",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,18 +86,19 @@ LAYER_PRE_PASSES = ("--moe-decompose", "--moe-generate-backward")
 
 # =========================================================================== errors
 
+
 class ToolError(RuntimeError):
     """A tool (moe-opt, mlir-translate, clang) failed; `.diagnostics` holds its stderr."""
 
-    def __init__(self, tool: str, args: Sequence[str], returncode: Optional[int],
-                 diagnostics: str):
+    def __init__(self, tool: str, args: Sequence[str], returncode: Optional[int], diagnostics: str):
         self.tool = tool
         self.args_list = list(args)
         self.returncode = returncode
         self.diagnostics = diagnostics
         status = f"exit status {returncode}" if returncode is not None else "did not run"
-        super().__init__(f"{tool} failed ({status}): {' '.join(map(str, args))}\n"
-                         f"{diagnostics.rstrip()}")
+        super().__init__(
+            f"{tool} failed ({status}): {' '.join(map(str, args))}\n{diagnostics.rstrip()}"
+        )
 
 
 class MoeOptError(ToolError):
@@ -95,6 +114,7 @@ class UnsupportedTypeError(ValueError):
 
 
 # =========================================================================== tools
+
 
 def _which(candidates: Sequence[Union[str, Path]]) -> Optional[str]:
     for c in candidates:
@@ -115,9 +135,9 @@ def _tool(env: str, candidates: Sequence[Union[str, Path]], what: str) -> str:
         return value
     found = _which(candidates)
     if found is None:
-        raise ToolError(what, [], None,
-                        f"{what} not found (tried {', '.join(map(str, candidates))}); "
-                        f"set {env}")
+        raise ToolError(
+            what, [], None, f"{what} not found (tried {', '.join(map(str, candidates))}); set {env}"
+        )
     return found
 
 
@@ -135,16 +155,20 @@ def find_mlir_opt() -> str:
 
 
 def find_mlir_translate() -> str:
-    return _tool("MLIR_TRANSLATE", [LLVM_BIN / "mlir-translate", "mlir-translate-22",
-                                    "mlir-translate"], "mlir-translate")
+    return _tool(
+        "MLIR_TRANSLATE",
+        [LLVM_BIN / "mlir-translate", "mlir-translate-22", "mlir-translate"],
+        "mlir-translate",
+    )
 
 
 def find_clang() -> str:
     return _tool("CLANG", ["clang-22", LLVM_BIN / "clang", "clang"], "clang")
 
 
-def _run(tool: str, args: Sequence[str], stdin: Optional[str], error_cls, what: str,
-         retries: int = 3) -> str:
+def _run(
+    tool: str, args: Sequence[str], stdin: Optional[str], error_cls, what: str, retries: int = 3
+) -> str:
     """Runs tool; retries when it cannot start or dies from a signal (a binary being rebuilt)."""
     cmd = [tool, *args]
     last: Optional[Exception] = None
@@ -195,9 +219,17 @@ def moe_opt_has_passes(*names: str, tool: Optional[str] = None) -> Tuple[bool, L
 # =========================================================================== types
 
 _NUMPY_DTYPES = {
-    "f64": np.float64, "f32": np.float32, "f16": np.float16,
-    "i64": np.int64, "i32": np.int32, "i16": np.int16, "i8": np.int8, "i1": np.bool_,
-    "ui8": np.uint8, "ui32": np.uint32, "ui64": np.uint64,
+    "f64": np.float64,
+    "f32": np.float32,
+    "f16": np.float16,
+    "i64": np.int64,
+    "i32": np.int32,
+    "i16": np.int16,
+    "i8": np.int8,
+    "i1": np.bool_,
+    "ui8": np.uint8,
+    "ui32": np.uint32,
+    "ui64": np.uint64,
 }
 
 
@@ -205,13 +237,14 @@ def numpy_dtype(element: str) -> np.dtype:
     """numpy dtype of an MLIR element type; bf16 and others raise UnsupportedTypeError."""
     if element == "bf16":
         raise UnsupportedTypeError(
-            "bf16 tensors are not supported by the CPU runner yet (numpy has no bfloat16); "
-            "use f32")
+            "bf16 tensors are not supported by the CPU runner yet (numpy has no bfloat16); use f32"
+        )
     try:
         return np.dtype(_NUMPY_DTYPES[element])
     except KeyError:
-        raise UnsupportedTypeError(f"element type {element!r} is not supported by the CPU "
-                                   f"runner") from None
+        raise UnsupportedTypeError(
+            f"element type {element!r} is not supported by the CPU runner"
+        ) from None
 
 
 _TENSOR_RE = re.compile(r"^tensor<\s*((?:(?:\d+|\?)x)*)([A-Za-z_][\w.]*)\s*>$")
@@ -221,6 +254,7 @@ _TENSOR_RE = re.compile(r"^tensor<\s*((?:(?:\d+|\?)x)*)([A-Za-z_][\w.]*)\s*>$")
 class TensorSpec:
     """A ranked tensor type: shape (None = dynamic) and element type; `text` is the MLIR type
     as written. Non-tensor types have `element` None."""
+
     text: str
     shape: Optional[Tuple[Optional[int], ...]] = None
     element: Optional[str] = None
@@ -334,7 +368,7 @@ def _split_top(text: str, sep: str) -> List[str]:
             j = i + 1
             while j < len(text) and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
-            cur.append(text[i:j + 1])
+            cur.append(text[i : j + 1])
             i = j + 1
             continue
         if ch == "-" and text.startswith("->", i):
@@ -384,7 +418,7 @@ def strip_comments(text: str) -> str:
             j = i + 1
             while j < n and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
+            out.append(text[i : j + 1])
             i = j + 1
         elif text.startswith("//", i):
             j = text.find("\n", i)
@@ -404,7 +438,7 @@ def parse_functions(text: str) -> Dict[str, FunctionSignature]:
         open_paren = m.end() - 1
         close = _matching(text, open_paren)
         inputs = []
-        for entry in _split_top(text[open_paren + 1:close - 1], ","):
+        for entry in _split_top(text[open_paren + 1 : close - 1], ","):
             entry = _strip_attr_dict(entry)
             if entry.startswith("%"):
                 entry = entry.split(":", 1)[1]
@@ -420,8 +454,10 @@ def parse_functions(text: str) -> Dict[str, FunctionSignature]:
                 i += 1
             if text[i] == "(":
                 end = _matching(text, i)
-                results = [TensorSpec.parse(_strip_attr_dict(e))
-                           for e in _split_top(text[i + 1:end - 1], ",")]
+                results = [
+                    TensorSpec.parse(_strip_attr_dict(e))
+                    for e in _split_top(text[i + 1 : end - 1], ",")
+                ]
             else:
                 j = i
                 while j < len(text) and not text[j].isspace() and text[j] not in "{":
@@ -440,13 +476,14 @@ def parse_functions(text: str) -> Dict[str, FunctionSignature]:
             while text[i].isspace():
                 i += 1
             end = _matching(text, i)
-            attributes = text[i + 1:end - 1].strip()
+            attributes = text[i + 1 : end - 1].strip()
             i = end
         while i < len(text) and text[i].isspace():
             i += 1
         is_decl = not text.startswith("{", i)
-        sigs[name] = FunctionSignature(name, inputs, results, attributes,
-                                       m.group(1) or "public", is_decl)
+        sigs[name] = FunctionSignature(
+            name, inputs, results, attributes, m.group(1) or "public", is_decl
+        )
     return sigs
 
 
@@ -460,12 +497,16 @@ def descriptor_type(rank: int) -> type:
     {T *allocated, T *aligned, int64 offset, int64 sizes[rank], int64 strides[rank]};
     rank 0 has only the first three fields."""
     if rank not in _DESCRIPTORS:
-        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
-                  ("offset", ctypes.c_int64)]
+        fields = [
+            ("allocated", ctypes.c_void_p),
+            ("aligned", ctypes.c_void_p),
+            ("offset", ctypes.c_int64),
+        ]
         if rank:
             fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-        _DESCRIPTORS[rank] = type(f"MemRefDescriptor{rank}D", (ctypes.Structure,),
-                                  {"_fields_": fields})
+        _DESCRIPTORS[rank] = type(
+            f"MemRefDescriptor{rank}D", (ctypes.Structure,), {"_fields_": fields}
+        )
     return _DESCRIPTORS[rank]
 
 
@@ -490,9 +531,11 @@ def _descriptor(array: np.ndarray):
 
 
 _CIFACE_RE = re.compile(r"llvm\.func\s+@_mlir_ciface_([\w$.]+)\s*\(")
-_LOAD_RE = re.compile(r"llvm\.load\s+%arg(\d+)\s*:\s*!llvm\.ptr\s*->\s*"
-                      r"!llvm\.struct<\(ptr, ptr, i64(?:, array<(\d+) x i64>, "
-                      r"array<\d+ x i64>)?\)>")
+_LOAD_RE = re.compile(
+    r"llvm\.load\s+%arg(\d+)\s*:\s*!llvm\.ptr\s*->\s*"
+    r"!llvm\.struct<\(ptr, ptr, i64(?:, array<(\d+) x i64>, "
+    r"array<\d+ x i64>)?\)>"
+)
 _STORE_RE = re.compile(r"llvm\.store\s+%[\w.#]+\s*,\s*%arg\d+\s*:")
 
 
@@ -503,15 +546,15 @@ def _ciface_ranks(llvm_text: str) -> Dict[str, Optional[List[Optional[int]]]]:
     for m in _CIFACE_RE.finditer(llvm_text):
         name = m.group(1)
         close = _matching(llvm_text, m.end() - 1)
-        args = [_strip_attr_dict(a) for a in _split_top(llvm_text[m.end():close - 1], ",")]
-        returns_value = llvm_text[close:close + 80].lstrip().startswith("->")
+        args = [_strip_attr_dict(a) for a in _split_top(llvm_text[m.end() : close - 1], ",")]
+        returns_value = llvm_text[close : close + 80].lstrip().startswith("->")
         if returns_value or not all(a.endswith("!llvm.ptr") for a in args):
             out[name] = None  # not the memref-only, void convention
             continue
         ranks: List[Optional[int]] = [None] * len(args)
         # the ciface body: up to the next llvm.func
         nxt = re.compile(r"\bllvm\.func\b").search(llvm_text, close)
-        body = llvm_text[close: nxt.start() if nxt else len(llvm_text)]
+        body = llvm_text[close : nxt.start() if nxt else len(llvm_text)]
         if _STORE_RE.search(body):
             out[name] = None  # results returned through a struct pointer
             continue
@@ -524,12 +567,19 @@ def _ciface_ranks(llvm_text: str) -> Dict[str, Optional[List[Optional[int]]]]:
 
 
 def _runner_utils_flags() -> List[str]:
-    libs = [lib for lib in ("mlir_c_runner_utils", "mlir_runner_utils")
-            if (LLVM_LIB / f"lib{lib}.so").exists()]
+    libs = [
+        lib
+        for lib in ("mlir_c_runner_utils", "mlir_runner_utils")
+        if (LLVM_LIB / f"lib{lib}.so").exists()
+    ]
     if not libs:
         return []
-    return [f"-L{LLVM_LIB}", f"-Wl,-rpath,{LLVM_LIB}", "-Wl,--as-needed",
-            *[f"-l{lib}" for lib in libs]]
+    return [
+        f"-L{LLVM_LIB}",
+        f"-Wl,-rpath,{LLVM_LIB}",
+        "-Wl,--as-needed",
+        *[f"-l{lib}" for lib in libs],
+    ]
 
 
 class CpuModule:
@@ -539,8 +589,9 @@ class CpuModule:
     the caller's arrays are never written), `outputs` a list of (shape, dtype); returns the
     output arrays. Arguments are checked against what the C interface shows (count, rank)."""
 
-    def __init__(self, llvm_mlir_text: str, *, opt_level: str = "-O1",
-                 keep_dir: Optional[str] = None):
+    def __init__(
+        self, llvm_mlir_text: str, *, opt_level: str = "-O1", keep_dir: Optional[str] = None
+    ):
         self.llvm_mlir_text = llvm_mlir_text
         self.ranks = _ciface_ranks(llvm_mlir_text)
         translate, clang = find_mlir_translate(), find_clang()
@@ -552,11 +603,33 @@ class CpuModule:
             so = os.path.join(workdir, "module.so")
             with open(src, "w") as fh:
                 fh.write(llvm_mlir_text)
-            _run(translate, ["--mlir-to-llvmir", src, "-o", ll], None, CompileError,
-                 "mlir-translate", retries=1)
-            _run(clang, ["-shared", "-fPIC", opt_level, "-Wno-override-module", ll, "-o", so,
-                         "-Wl,--no-undefined", *_runner_utils_flags(), "-lm"],
-                 None, CompileError, "clang", retries=1)
+            _run(
+                translate,
+                ["--mlir-to-llvmir", src, "-o", ll],
+                None,
+                CompileError,
+                "mlir-translate",
+                retries=1,
+            )
+            _run(
+                clang,
+                [
+                    "-shared",
+                    "-fPIC",
+                    opt_level,
+                    "-Wno-override-module",
+                    ll,
+                    "-o",
+                    so,
+                    "-Wl,--no-undefined",
+                    *_runner_utils_flags(),
+                    "-lm",
+                ],
+                None,
+                CompileError,
+                "clang",
+                retries=1,
+            )
             try:
                 self.lib = ctypes.CDLL(so)
             except OSError as exc:
@@ -587,21 +660,29 @@ class CpuModule:
     def functions(self) -> List[str]:
         return sorted(self.ranks)
 
-    def call(self, name: str, inputs: Sequence[np.ndarray],
-             outputs: Sequence[Tuple[Sequence[int], object]]) -> List[np.ndarray]:
+    def call(
+        self,
+        name: str,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[Tuple[Sequence[int], object]],
+    ) -> List[np.ndarray]:
         if name not in self.ranks:
-            raise ValueError(f"no function _mlir_ciface_{name} in the module (C interfaces: "
-                             f"{', '.join(self.functions) or 'none'})")
+            raise ValueError(
+                f"no function _mlir_ciface_{name} in the module (C interfaces: "
+                f"{', '.join(self.functions) or 'none'})"
+            )
         try:
             fn = getattr(self.lib, f"_mlir_ciface_{name}")
         except AttributeError:
-            raise ValueError(f"_mlir_ciface_{name} is not exported by the compiled module") \
-                from None
+            raise ValueError(
+                f"_mlir_ciface_{name} is not exported by the compiled module"
+            ) from None
         arrays = []
         for i, a in enumerate(inputs):
             if not isinstance(a, np.ndarray):
-                raise ValueError(f"input {i} of @{name} is a {type(a).__name__}, "
-                                 f"expected a numpy array")
+                raise ValueError(
+                    f"input {i} of @{name} is a {type(a).__name__}, expected a numpy array"
+                )
             arrays.append(np.array(a, order="C", copy=True))
         outs = []
         for i, spec in enumerate(outputs):
@@ -610,25 +691,31 @@ class CpuModule:
                 shape = tuple(int(s) for s in shape)
                 dtype = np.dtype(dtype)
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"output {i} of @{name}: expected (shape, dtype), got "
-                                 f"{spec!r}") from exc
+                raise ValueError(
+                    f"output {i} of @{name}: expected (shape, dtype), got {spec!r}"
+                ) from exc
             if any(s < 0 for s in shape):
                 raise ValueError(f"output {i} of @{name}: negative size in {shape}")
             outs.append(np.zeros(shape, dtype=dtype))
         ranks = self.ranks[name]
         every = arrays + outs
         if ranks is None:
-            raise ValueError(f"_mlir_ciface_{name} does not follow the calling convention "
-                             f"(void, one memref descriptor pointer per argument): scalar "
-                             f"arguments, or results not turned into out-params")
+            raise ValueError(
+                f"_mlir_ciface_{name} does not follow the calling convention "
+                f"(void, one memref descriptor pointer per argument): scalar "
+                f"arguments, or results not turned into out-params"
+            )
         if len(ranks) != len(every):
-            raise ValueError(f"@{name} takes {len(ranks)} memref arguments (inputs, then "
-                             f"outputs), got {len(arrays)} inputs and {len(outs)} outputs")
+            raise ValueError(
+                f"@{name} takes {len(ranks)} memref arguments (inputs, then "
+                f"outputs), got {len(arrays)} inputs and {len(outs)} outputs"
+            )
         for i, (r, a) in enumerate(zip(ranks, every)):
             if r is not None and r != a.ndim:
                 what = f"input {i}" if i < len(arrays) else f"output {i - len(arrays)}"
-                raise ValueError(f"@{name}: {what} has rank {a.ndim}, the function "
-                                 f"expects rank {r}")
+                raise ValueError(
+                    f"@{name}: {what} has rank {a.ndim}, the function expects rank {r}"
+                )
         descs = [_descriptor(a) for a in every]
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p] * len(descs)
@@ -639,18 +726,21 @@ class CpuModule:
 
 # =========================================================================== tensor level
 
+
 def check_signature_supported(sig: FunctionSignature) -> None:
     """Raises UnsupportedTypeError unless every input and result is a ranked tensor of a
     supported element type and every result shape is static."""
     for kind, types in (("input", sig.inputs), ("result", sig.results)):
         for i, t in enumerate(types):
             try:
-                t.dtype
+                _ = t.dtype
             except UnsupportedTypeError as exc:
                 raise UnsupportedTypeError(f"@{sig.name} {kind} {i} ({t}): {exc}") from None
             if kind == "result" and not t.is_static:
-                raise UnsupportedTypeError(f"@{sig.name} result {i} ({t}) has a dynamic "
-                                           f"shape; the caller must allocate outputs")
+                raise UnsupportedTypeError(
+                    f"@{sig.name} result {i} ({t}) has a dynamic "
+                    f"shape; the caller must allocate outputs"
+                )
 
 
 class CompiledFunction:
@@ -670,12 +760,14 @@ class CompiledFunction:
         for i, (a, t) in enumerate(zip(inputs, sig.inputs)):
             a = np.asarray(a)
             if a.dtype != t.dtype:
-                raise ValueError(f"@{sig.name} input {i} ({t}) has dtype {a.dtype}, "
-                                 f"expected {t.dtype}")
-            if a.ndim != t.rank or any(s is not None and s != n
-                                       for s, n in zip(t.shape, a.shape)):
-                raise ValueError(f"@{sig.name} input {i} ({t}) has shape {tuple(a.shape)}, "
-                                 f"expected {tuple('?' if s is None else s for s in t.shape)}")
+                raise ValueError(
+                    f"@{sig.name} input {i} ({t}) has dtype {a.dtype}, expected {t.dtype}"
+                )
+            if a.ndim != t.rank or any(s is not None and s != n for s, n in zip(t.shape, a.shape)):
+                raise ValueError(
+                    f"@{sig.name} input {i} ({t}) has shape {tuple(a.shape)}, "
+                    f"expected {tuple('?' if s is None else s for s in t.shape)}"
+                )
             arrays.append(a)
         return arrays
 
@@ -699,8 +791,11 @@ class CompiledModule:
         if name not in self._functions:
             sig = self.signatures.get(name)
             if sig is None or sig.visibility != "public" or sig.is_declaration:
-                public = [n for n, s in self.signatures.items()
-                          if s.visibility == "public" and not s.is_declaration]
+                public = [
+                    n
+                    for n, s in self.signatures.items()
+                    if s.visibility == "public" and not s.is_declaration
+                ]
                 raise KeyError(f"no public function @{name} (have: {', '.join(public)})")
             self._functions[name] = CompiledFunction(self.cpu, sig)
         return self._functions[name]
@@ -709,9 +804,14 @@ class CompiledModule:
         return name in self.signatures
 
 
-def compile_mlir(text: str, passes: Optional[Sequence[str]] = None, *,
-                 pre_passes: Sequence[str] = (), opt_tool: Optional[str] = None,
-                 keep_dir: Optional[str] = None) -> CompiledModule:
+def compile_mlir(
+    text: str,
+    passes: Optional[Sequence[str]] = None,
+    *,
+    pre_passes: Sequence[str] = (),
+    opt_tool: Optional[str] = None,
+    keep_dir: Optional[str] = None,
+) -> CompiledModule:
     """Lowers tensor-level MLIR with `opt_tool` (default moe-opt) and compiles it.
 
     `pre_passes` (if any) run first and their output is the tensor-level IR whose signatures
@@ -724,17 +824,26 @@ def compile_mlir(text: str, passes: Optional[Sequence[str]] = None, *,
     return CompiledModule(text, lowered, CpuModule(lowered, keep_dir=keep_dir))
 
 
-def compile_function(text: str, name: Optional[str] = None,
-                     passes: Optional[Sequence[str]] = None, *, opt_tool: Optional[str] = None,
-                     keep_dir: Optional[str] = None) -> CompiledFunction:
+def compile_function(
+    text: str,
+    name: Optional[str] = None,
+    passes: Optional[Sequence[str]] = None,
+    *,
+    opt_tool: Optional[str] = None,
+    keep_dir: Optional[str] = None,
+) -> CompiledFunction:
     """One function of tensor-level MLIR as a numpy callable. With `name` None the module must
     hold exactly one public function. Its types are checked before any tool runs."""
-    sigs = {n: s for n, s in parse_functions(text).items()
-            if s.visibility == "public" and not s.is_declaration}
+    sigs = {
+        n: s
+        for n, s in parse_functions(text).items()
+        if s.visibility == "public" and not s.is_declaration
+    }
     if name is None:
         if len(sigs) != 1:
-            raise ValueError(f"expected one public function, found {len(sigs)}: "
-                             f"{', '.join(sigs)}; pass name=")
+            raise ValueError(
+                f"expected one public function, found {len(sigs)}: {', '.join(sigs)}; pass name="
+            )
         name = next(iter(sigs))
     if name not in sigs:
         raise KeyError(f"no public function @{name} (have: {', '.join(sigs)})")
@@ -743,6 +852,7 @@ def compile_function(text: str, name: Optional[str] = None,
 
 
 # =========================================================================== a layer
+
 
 class CompiledLayer:
     """One `moe.layer` (from a LayerConfig) through `moe-decompose`, `moe-generate-backward`
@@ -757,10 +867,17 @@ class CompiledLayer:
     `@<name>_forward`/`@<name>_backward` contract (moe.num_saved, moe.gradient_args, the types)
     is checked when the module is built."""
 
-    def __init__(self, config, name: str = "moe_layer", *,
-                 pre_passes: Sequence[str] = LAYER_PRE_PASSES,
-                 passes: Sequence[str] = CPU_PIPELINE, opt_tool: Optional[str] = None,
-                 source: Optional[str] = None, module: Optional["CompiledModule"] = None):
+    def __init__(
+        self,
+        config,
+        name: str = "moe_layer",
+        *,
+        pre_passes: Sequence[str] = LAYER_PRE_PASSES,
+        passes: Sequence[str] = CPU_PIPELINE,
+        opt_tool: Optional[str] = None,
+        source: Optional[str] = None,
+        module: Optional["CompiledModule"] = None,
+    ):
         from .mlir_text import layer_mlir
 
         self.config = config
@@ -768,8 +885,11 @@ class CompiledLayer:
         # `source` replaces the generated layer text (tests of the plumbing use it).
         self.source = layer_mlir(config, name) if source is None else source
         # `module`: the layer compiled before (the compile cache passes it); nothing runs then.
-        self.module = module if module is not None else compile_mlir(
-            self.source, passes, pre_passes=pre_passes, opt_tool=opt_tool)
+        self.module = (
+            module
+            if module is not None
+            else compile_mlir(self.source, passes, pre_passes=pre_passes, opt_tool=opt_tool)
+        )
         self.arg_names = config.arg_names()
         self.has_backward = f"{name}_backward" in self.module.signatures
         if self.has_backward:
@@ -788,22 +908,29 @@ class CompiledLayer:
         if [t.text for t in fwd.inputs] != [t.text for t in f.inputs]:
             problems.append(f"@{fwd.name} inputs differ from @{f.name}'s")
         if len(fwd.results) != len(f.results) + num_saved:
-            problems.append(f"@{fwd.name} has {len(fwd.results)} results, expected "
-                            f"{len(f.results)} + moe.num_saved = {num_saved}")
-        saved = fwd.results[len(f.results):]
+            problems.append(
+                f"@{fwd.name} has {len(fwd.results)} results, expected "
+                f"{len(f.results)} + moe.num_saved = {num_saved}"
+            )
+        saved = fwd.results[len(f.results) :]
         expected_in = [t.text for t in saved] + [t.text for t in f.results]
         if [t.text for t in bwd.inputs] != expected_in:
-            problems.append(f"@{bwd.name} inputs ({', '.join(map(str, bwd.inputs))}) are not "
-                            f"saved + d_out, d_logits ({', '.join(expected_in)})")
+            problems.append(
+                f"@{bwd.name} inputs ({', '.join(map(str, bwd.inputs))}) are not "
+                f"saved + d_out, d_logits ({', '.join(expected_in)})"
+            )
         if len(bwd.results) != len(grad_args):
-            problems.append(f"@{bwd.name} returns {len(bwd.results)} gradients but "
-                            f"moe.gradient_args lists {len(grad_args)}")
+            problems.append(
+                f"@{bwd.name} returns {len(bwd.results)} gradients but "
+                f"moe.gradient_args lists {len(grad_args)}"
+            )
         for idx, t in zip(grad_args, bwd.results):
             if not 0 <= idx < len(f.inputs):
                 problems.append(f"moe.gradient_args index {idx} out of range")
             elif t.text != f.inputs[idx].text:
-                problems.append(f"gradient of argument {idx} has type {t}, expected "
-                                f"{f.inputs[idx]}")
+                problems.append(
+                    f"gradient of argument {idx} has type {t}, expected {f.inputs[idx]}"
+                )
         if problems:
             raise ValueError("backward contract violated: " + "; ".join(problems))
         self.num_saved = num_saved
@@ -815,8 +942,9 @@ class CompiledLayer:
             given = args[0]
             unknown = set(given) - set(self.arg_names)
             if unknown:
-                raise ValueError(f"unknown layer arguments {sorted(unknown)}; expected "
-                                 f"{self.arg_names}")
+                raise ValueError(
+                    f"unknown layer arguments {sorted(unknown)}; expected {self.arg_names}"
+                )
             missing = [n for n in self.arg_names if given.get(n) is None]
             if missing:
                 raise ValueError(f"missing layer arguments {missing}")
@@ -828,13 +956,15 @@ class CompiledLayer:
 
     def forward(self, *args):
         if not self.has_backward:
-            raise ValueError(f"the module has no @{self.name}_forward (run "
-                             f"--moe-generate-backward)")
+            raise ValueError(
+                f"the module has no @{self.name}_forward (run --moe-generate-backward)"
+            )
         res = self.module[f"{self.name}_forward"](*self._args(args))
         return res[0], res[1], tuple(res[2:])
 
-    def backward(self, saved: Sequence[np.ndarray], d_out: np.ndarray,
-                 d_logits: np.ndarray) -> Dict[str, np.ndarray]:
+    def backward(
+        self, saved: Sequence[np.ndarray], d_out: np.ndarray, d_logits: np.ndarray
+    ) -> Dict[str, np.ndarray]:
         if not self.has_backward:
             raise ValueError(f"the module has no @{self.name}_backward")
         grads = self.module[f"{self.name}_backward"](*saved, d_out, d_logits)

@@ -27,8 +27,17 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["ParamSpec", "EntryPoint", "Manifest", "CompiledLayer", "DTYPES", "ROLES",
-           "ALIGNMENT", "torch_dtype", "element_size"]
+__all__ = [
+    "ParamSpec",
+    "EntryPoint",
+    "Manifest",
+    "CompiledLayer",
+    "DTYPES",
+    "ROLES",
+    "ALIGNMENT",
+    "torch_dtype",
+    "element_size",
+]
 
 # Manifest element types: (torch dtype attribute name, bytes per element).
 DTYPES: Dict[str, Tuple[str, int]] = {
@@ -43,9 +52,16 @@ CU_STREAM_LEGACY = 0x1  # cuda.h: the legacy default stream as a stream handle
 
 # moeStatus names, for messages when the library cannot name a status itself.
 _STATUS_NAMES = [
-    "MOE_SUCCESS", "MOE_ERROR_NO_DRIVER", "MOE_ERROR_NO_DEVICE", "MOE_ERROR_INVALID_ARGUMENT",
-    "MOE_ERROR_MISALIGNED", "MOE_ERROR_OUT_OF_MEMORY", "MOE_ERROR_MODULE_LOAD",
-    "MOE_ERROR_NOT_FOUND", "MOE_ERROR_SHAPE_MISMATCH", "MOE_ERROR_CUDA",
+    "MOE_SUCCESS",
+    "MOE_ERROR_NO_DRIVER",
+    "MOE_ERROR_NO_DEVICE",
+    "MOE_ERROR_INVALID_ARGUMENT",
+    "MOE_ERROR_MISALIGNED",
+    "MOE_ERROR_OUT_OF_MEMORY",
+    "MOE_ERROR_MODULE_LOAD",
+    "MOE_ERROR_NOT_FOUND",
+    "MOE_ERROR_SHAPE_MISMATCH",
+    "MOE_ERROR_CUDA",
     "MOE_ERROR_KERNEL_FAULT",
 ]
 
@@ -54,8 +70,7 @@ def _torch():
     try:
         import torch  # noqa: PLC0415 (lazy: the manifest needs no torch)
     except ImportError as e:  # pragma: no cover - depends on the machine
-        raise ImportError("moe_mlir.gpu needs PyTorch to run a layer "
-                          "(pip install torch)") from e
+        raise ImportError("moe_mlir.gpu needs PyTorch to run a layer (pip install torch)") from e
     return torch
 
 
@@ -74,9 +89,11 @@ def element_size(dtype: str) -> int:
 
 # --------------------------------------------------------------------------- manifest
 
+
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
     """One pointer parameter of an entry point."""
+
     name: str
     role: str
     dtype: str
@@ -119,8 +136,10 @@ class EntryPoint:
         for p in self.params:
             if p.name == name:
                 return p
-        raise KeyError(f"{self.symbol} has no parameter {name!r} "
-                       f"(it has {', '.join(p.name for p in self.params)})")
+        raise KeyError(
+            f"{self.symbol} has no parameter {name!r} "
+            f"(it has {', '.join(p.name for p in self.params)})"
+        )
 
 
 def _need(obj: Mapping[str, Any], key: str, kind, where: str):
@@ -130,8 +149,9 @@ def _need(obj: Mapping[str, Any], key: str, kind, where: str):
     if kind is int and isinstance(value, bool):
         raise ValueError(f"manifest: {where}.{key} must be an integer, got {value!r}")
     if not isinstance(value, kind):
-        raise ValueError(f"manifest: {where}.{key} must be {getattr(kind, '__name__', kind)}, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"manifest: {where}.{key} must be {getattr(kind, '__name__', kind)}, got {value!r}"
+        )
     return value
 
 
@@ -145,13 +165,13 @@ def _parse_param(raw: Any, where: str) -> ParamSpec:
         raise ValueError(f"manifest: {where}.role is {role!r}, expected one of {ROLES}")
     dtype = _need(raw, "dtype", str, where)
     if dtype not in DTYPES:
-        raise ValueError(f"manifest: {where}.dtype is {dtype!r}, expected one of "
-                         f"{tuple(DTYPES)}")
+        raise ValueError(f"manifest: {where}.dtype is {dtype!r}, expected one of {tuple(DTYPES)}")
     shape = _need(raw, "shape", list, where)
     for s in shape:
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"manifest: {where}.shape must hold non-negative integers, "
-                             f"got {shape!r}")
+            raise ValueError(
+                f"manifest: {where}.shape must hold non-negative integers, got {shape!r}"
+            )
     fp = raw.get("forward_param")
     of = raw.get("of")
     for key, value in (("forward_param", fp), ("of", of)):
@@ -159,13 +179,21 @@ def _parse_param(raw: Any, where: str) -> ParamSpec:
             raise ValueError(f"manifest: {where}.{key} must be a string, got {value!r}")
     memory = raw.get("memory", "device")
     if memory not in ("device", "host"):
-        raise ValueError(f"manifest: {where}.memory is {memory!r}, expected 'device' or "
-                         f"'host'")
+        raise ValueError(f"manifest: {where}.memory is {memory!r}, expected 'device' or 'host'")
     if memory == "host" and role != "saved":
-        raise ValueError(f"manifest: {where} is in host memory, but only saved tensors can "
-                         f"be (its role is {role!r})")
-    return ParamSpec(name=name, role=role, dtype=dtype, shape=tuple(shape), forward_param=fp,
-                     of=of, memory=memory)
+        raise ValueError(
+            f"manifest: {where} is in host memory, but only saved tensors can "
+            f"be (its role is {role!r})"
+        )
+    return ParamSpec(
+        name=name,
+        role=role,
+        dtype=dtype,
+        shape=tuple(shape),
+        forward_param=fp,
+        of=of,
+        memory=memory,
+    )
 
 
 def _parse_entry(kind: str, raw: Any) -> EntryPoint:
@@ -181,18 +209,23 @@ def _parse_entry(kind: str, raw: Any) -> EntryPoint:
         if p.name in seen:
             raise ValueError(f"manifest: {where} lists the parameter {p.name!r} twice")
         seen.add(p.name)
-    allowed = {"forward": ("input", "output", "saved"),
-               "backward": ("saved", "cotangent", "gradient")}[kind]
+    allowed = {
+        "forward": ("input", "output", "saved"),
+        "backward": ("saved", "cotangent", "gradient"),
+    }[kind]
     for p in params:
         if p.role not in allowed:
-            raise ValueError(f"manifest: {where}: parameter {p.name!r} has role {p.role!r}, "
-                             f"which a {kind} entry point cannot have ({allowed})")
+            raise ValueError(
+                f"manifest: {where}: parameter {p.name!r} has role {p.role!r}, "
+                f"which a {kind} entry point cannot have ({allowed})"
+            )
     return EntryPoint(kind=kind, symbol=symbol, workspace_symbol=ws, params=params)
 
 
 @dataclasses.dataclass
 class Manifest:
     """NAME.json as moe-compile writes it."""
+
     name: str
     chip: str
     compiler: str
@@ -211,8 +244,11 @@ class Manifest:
         if "forward" not in entries:
             raise ValueError("manifest: entry_points has no 'forward'")
         forward = _parse_entry("forward", entries["forward"])
-        backward = (_parse_entry("backward", entries["backward"])
-                    if entries.get("backward") is not None else None)
+        backward = (
+            _parse_entry("backward", entries["backward"])
+            if entries.get("backward") is not None
+            else None
+        )
         if backward is not None:
             fwd_names = {p.name for p in forward.params}
             fwd_outputs = {p.name for p in forward.by_role("output")}
@@ -223,21 +259,33 @@ class Manifest:
                     if src not in fwd_names:
                         raise ValueError(
                             f"manifest: backward saved parameter {p.name!r} names the forward "
-                            f"parameter {src!r}, which the forward does not have")
+                            f"parameter {src!r}, which the forward does not have"
+                        )
                     fp = forward.param(src)
                     if (fp.dtype, fp.shape, fp.memory) != (p.dtype, p.shape, p.memory):
                         raise ValueError(
                             f"manifest: backward saved parameter {p.name!r} is "
-                            f"{p.describe()} but the forward's {src!r} is {fp.describe()}")
+                            f"{p.describe()} but the forward's {src!r} is {fp.describe()}"
+                        )
                 elif p.role == "cotangent" and p.of is not None and p.of not in fwd_outputs:
-                    raise ValueError(f"manifest: cotangent {p.name!r} is of {p.of!r}, which "
-                                     f"is not a forward output")
+                    raise ValueError(
+                        f"manifest: cotangent {p.name!r} is of {p.of!r}, which "
+                        f"is not a forward output"
+                    )
                 elif p.role == "gradient" and p.of is not None and p.of not in fwd_inputs:
-                    raise ValueError(f"manifest: gradient {p.name!r} is of {p.of!r}, which "
-                                     f"is not a forward input")
-        return cls(name=name, chip=str(data.get("chip", "")),
-                   compiler=str(data.get("compiler", "")), layer=dict(layer),
-                   forward=forward, backward=backward, path=path)
+                    raise ValueError(
+                        f"manifest: gradient {p.name!r} is of {p.of!r}, which "
+                        f"is not a forward input"
+                    )
+        return cls(
+            name=name,
+            chip=str(data.get("chip", "")),
+            compiler=str(data.get("compiler", "")),
+            layer=dict(layer),
+            forward=forward,
+            backward=backward,
+            path=path,
+        )
 
     @classmethod
     def load(cls, path: str) -> "Manifest":
@@ -245,8 +293,9 @@ class Manifest:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
-            raise FileNotFoundError(f"manifest {path} does not exist (moe-compile writes "
-                                    f"NAME.json beside NAME.o)") from None
+            raise FileNotFoundError(
+                f"manifest {path} does not exist (moe-compile writes NAME.json beside NAME.o)"
+            ) from None
         except json.JSONDecodeError as e:
             raise ValueError(f"manifest {path} is not valid JSON: {e}") from None
         try:
@@ -260,8 +309,7 @@ class Manifest:
             return self.forward
         if kind == "backward":
             if self.backward is None:
-                raise ValueError(f"layer {self.name!r} was compiled without a backward entry "
-                                 f"point")
+                raise ValueError(f"layer {self.name!r} was compiled without a backward entry point")
             return self.backward
         raise ValueError(f"entry point kind must be 'forward' or 'backward', got {kind!r}")
 
@@ -289,47 +337,66 @@ class Manifest:
 TensorArgs = Union[Mapping[str, Any], Sequence[Any]]
 
 
-def check_tensor(tensor: Any, spec: ParamSpec, where: str, *, require_cuda: bool = True,
-                 device_index: Optional[int] = None) -> None:
+def check_tensor(
+    tensor: Any,
+    spec: ParamSpec,
+    where: str,
+    *,
+    require_cuda: bool = True,
+    device_index: Optional[int] = None,
+) -> None:
     """Raises TypeError/ValueError saying what is wrong with `tensor` for `spec`."""
     torch = _torch()
     expected = f"{spec.describe()} contiguous CUDA tensor"
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{where}: {spec.name} must be a torch.Tensor ({expected}), got "
-                        f"{type(tensor).__name__}")
+        raise TypeError(
+            f"{where}: {spec.name} must be a torch.Tensor ({expected}), got {type(tensor).__name__}"
+        )
     want = torch_dtype(spec.dtype)
     if tensor.dtype != want:
-        raise TypeError(f"{where}: {spec.name} has dtype {tensor.dtype}, expected {want} "
-                        f"({spec.dtype})")
+        raise TypeError(
+            f"{where}: {spec.name} has dtype {tensor.dtype}, expected {want} ({spec.dtype})"
+        )
     if tuple(tensor.shape) != spec.shape:
-        raise ValueError(f"{where}: {spec.name} has shape {tuple(tensor.shape)}, expected "
-                         f"{spec.shape}")
+        raise ValueError(
+            f"{where}: {spec.name} has shape {tuple(tensor.shape)}, expected {spec.shape}"
+        )
     if not tensor.is_contiguous():
-        raise ValueError(f"{where}: {spec.name} is not contiguous (strides "
-                         f"{tuple(tensor.stride())}); pass .contiguous()")
+        raise ValueError(
+            f"{where}: {spec.name} is not contiguous (strides "
+            f"{tuple(tensor.stride())}); pass .contiguous()"
+        )
     if spec.on_host:
         # an offloaded saved tensor: the copies are asynchronous only from pinned memory
         if tensor.device.type != "cpu":
-            raise ValueError(f"{where}: {spec.name} is on {tensor.device}, expected pinned "
-                             f"host memory (a CPU tensor with pin_memory=True)")
+            raise ValueError(
+                f"{where}: {spec.name} is on {tensor.device}, expected pinned "
+                f"host memory (a CPU tensor with pin_memory=True)"
+            )
         if require_cuda and not tensor.is_pinned():
-            raise ValueError(f"{where}: {spec.name} is a CPU tensor in pageable memory; the "
-                             f"offload copies need pinned memory (pin_memory=True)")
+            raise ValueError(
+                f"{where}: {spec.name} is a CPU tensor in pageable memory; the "
+                f"offload copies need pinned memory (pin_memory=True)"
+            )
     elif require_cuda:
         if tensor.device.type != "cuda":
-            raise ValueError(f"{where}: {spec.name} is on {tensor.device}, expected a CUDA "
-                             f"device")
+            raise ValueError(f"{where}: {spec.name} is on {tensor.device}, expected a CUDA device")
         if device_index is not None and tensor.device.index != device_index:
-            raise ValueError(f"{where}: {spec.name} is on {tensor.device}, but the current "
-                             f"device is cuda:{device_index}")
+            raise ValueError(
+                f"{where}: {spec.name} is on {tensor.device}, but the current "
+                f"device is cuda:{device_index}"
+            )
     if spec.numel and tensor.data_ptr() % ALIGNMENT:
-        raise ValueError(f"{where}: {spec.name} at 0x{tensor.data_ptr():x} is not "
-                         f"{ALIGNMENT}-byte aligned (a view with an offset?); pass a "
-                         f"fresh tensor or .clone()")
+        raise ValueError(
+            f"{where}: {spec.name} at 0x{tensor.data_ptr():x} is not "
+            f"{ALIGNMENT}-byte aligned (a view with an offset?); pass a "
+            f"fresh tensor or .clone()"
+        )
 
 
-def _as_named(args: TensorArgs, specs: Sequence[ParamSpec], where: str,
-              aliases: Mapping[str, str]) -> Dict[str, Any]:
+def _as_named(
+    args: TensorArgs, specs: Sequence[ParamSpec], where: str, aliases: Mapping[str, str]
+) -> Dict[str, Any]:
     """Maps a dict (parameter names or aliases) or a list (in `specs` order) to
     {param name: value}; raises on unknown or duplicate names and on a wrong count."""
     names = [s.name for s in specs]
@@ -339,27 +406,33 @@ def _as_named(args: TensorArgs, specs: Sequence[ParamSpec], where: str,
             name = key if key in names else aliases.get(key)
             if name is None or name not in names:
                 known = [f"{a} ({p})" for a, p in aliases.items() if p in names] or names
-                raise ValueError(f"{where}: unknown argument {key!r} (expected "
-                                 f"{', '.join(known)})")
+                raise ValueError(f"{where}: unknown argument {key!r} (expected {', '.join(known)})")
             if name in out and out[name] is not value:
                 raise ValueError(f"{where}: {name} given twice (as {key!r} too)")
             out[name] = value
         return out
     if isinstance(args, (list, tuple)):
         if len(args) != len(specs):
-            raise ValueError(f"{where}: {len(args)} tensors given, expected {len(specs)} "
-                             f"({', '.join(names)})")
+            raise ValueError(
+                f"{where}: {len(args)} tensors given, expected {len(specs)} ({', '.join(names)})"
+            )
         return dict(zip(names, args))
     raise TypeError(f"{where}: pass a dict or a list of tensors, got {type(args).__name__}")
 
 
 # --------------------------------------------------------------------------- the layer
 
+
 class CompiledLayer:
     """A compiled layer: NAME.so (NAME.o linked with libmoe_runtime) and NAME.json."""
 
-    def __init__(self, so_path: Optional[str], manifest_path: Optional[str] = None, *,
-                 require_cuda: bool = True):
+    def __init__(
+        self,
+        so_path: Optional[str],
+        manifest_path: Optional[str] = None,
+        *,
+        require_cuda: bool = True,
+    ):
         """`so_path` None: the manifest only (argument checks work, calls raise).
         `require_cuda=False` accepts CPU tensors and passes a null stream: for tests of the
         calling convention against a stand-in library, never for a real layer."""
@@ -386,8 +459,10 @@ class CompiledLayer:
     # ---------------------------------------------------------------- loading
     def _load(self, so_path: str) -> None:
         if not os.path.exists(so_path):
-            raise FileNotFoundError(f"{so_path} does not exist (link NAME.o with "
-                                    f"libmoe_runtime: scripts/gpu-layer-check.sh does)")
+            raise FileNotFoundError(
+                f"{so_path} does not exist (link NAME.o with "
+                f"libmoe_runtime: scripts/gpu/layer-check.sh does)"
+            )
         try:
             lib = ctypes.CDLL(os.path.abspath(so_path))
         except OSError as e:
@@ -399,8 +474,10 @@ class CompiledLayer:
             try:
                 fn = getattr(lib, ep.symbol)
             except AttributeError:
-                raise RuntimeError(f"{so_path} has no symbol {ep.symbol} (the manifest "
-                                   f"{self.manifest.path} names it)") from None
+                raise RuntimeError(
+                    f"{so_path} has no symbol {ep.symbol} (the manifest "
+                    f"{self.manifest.path} names it)"
+                ) from None
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * (1 + len(ep.params))
             self._fns[kind] = fn
@@ -410,12 +487,13 @@ class CompiledLayer:
                     ws.restype = ctypes.c_size_t
                     ws.argtypes = []
                     self._fns[kind + "_workspace"] = ws
-        for sym, res, args in (("moeGetLastErrorMessage", ctypes.c_char_p, []),
-                               ("moeStatusString", ctypes.c_char_p, [ctypes.c_int]),
-                               ("moeSetDevice", ctypes.c_int, [ctypes.c_int]),
-                               ("moeOffloadSynchronize", ctypes.c_int, []),
-                               ("moePrefetchSaved", ctypes.c_int,
-                                [ctypes.c_void_p, ctypes.c_size_t])):
+        for sym, res, args in (
+            ("moeGetLastErrorMessage", ctypes.c_char_p, []),
+            ("moeStatusString", ctypes.c_char_p, [ctypes.c_int]),
+            ("moeSetDevice", ctypes.c_int, [ctypes.c_int]),
+            ("moeOffloadSynchronize", ctypes.c_int, []),
+            ("moePrefetchSaved", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]),
+        ):
             f = getattr(lib, sym, None)
             if f is not None:
                 f.restype = res
@@ -450,12 +528,12 @@ class CompiledLayer:
             return None
         torch = _torch()
         if not torch.cuda.is_available():
-            raise RuntimeError("CUDA is not available to torch; a compiled layer runs on "
-                               "the GPU")
+            raise RuntimeError("CUDA is not available to torch; a compiled layer runs on the GPU")
         return torch.cuda.current_device()
 
-    def _check_all(self, ep: EntryPoint, given: Dict[str, Any], roles: Sequence[str],
-                   where: str) -> Optional[int]:
+    def _check_all(
+        self, ep: EntryPoint, given: Dict[str, Any], roles: Sequence[str], where: str
+    ) -> Optional[int]:
         """Checks every tensor of `roles`, then that they share the current CUDA device;
         returns that device (None without require_cuda)."""
         specs = [spec for spec in ep.params if spec.role in roles]
@@ -473,25 +551,33 @@ class CompiledLayer:
                     continue
                 index = given[spec.name].device.index
                 if index != device:
-                    raise ValueError(f"{where}: {spec.name} is on cuda:{index}, but the "
-                                     f"current device is cuda:{device}")
+                    raise ValueError(
+                        f"{where}: {spec.name} is on cuda:{index}, but the "
+                        f"current device is cuda:{device}"
+                    )
         return device
 
     def _empty(self, spec: ParamSpec, device: Optional[int], zero: bool = False):
         torch = _torch()
         make = torch.zeros if zero else torch.empty
         if spec.on_host:
-            return make(spec.shape, dtype=torch_dtype(spec.dtype), device="cpu",
-                        pin_memory=self.require_cuda)
+            return make(
+                spec.shape,
+                dtype=torch_dtype(spec.dtype),
+                device="cpu",
+                pin_memory=self.require_cuda,
+            )
         dev = torch.device("cuda", device) if self.require_cuda else torch.device("cpu")
         return make(spec.shape, dtype=torch_dtype(spec.dtype), device=dev)
 
-    def _call(self, kind: str, ep: EntryPoint, tensors: Dict[str, Any],
-              device: Optional[int]) -> None:
+    def _call(
+        self, kind: str, ep: EntryPoint, tensors: Dict[str, Any], device: Optional[int]
+    ) -> None:
         fn = self._fns.get(kind)
         if fn is None:
-            raise RuntimeError(f"{ep.symbol}: no library loaded (CompiledLayer was made from "
-                               f"the manifest only)")
+            raise RuntimeError(
+                f"{ep.symbol}: no library loaded (CompiledLayer was made from the manifest only)"
+            )
         torch = _torch()
         stream = None
         if self.require_cuda:
@@ -505,8 +591,9 @@ class CompiledLayer:
         ptrs = [ctypes.c_void_p(tensors[p.name].data_ptr() or None) for p in ep.params]
         status = fn(ctypes.c_void_p(stream or None), *ptrs)
         if status != 0:
-            raise RuntimeError(f"{ep.symbol} failed: {self._status_name(status)}: "
-                               f"{self._last_message()}")
+            raise RuntimeError(
+                f"{ep.symbol} failed: {self._status_name(status)}: {self._last_message()}"
+            )
 
     def _status_name(self, status: int) -> str:
         f = self._fns.get("moeStatusString")
@@ -551,8 +638,10 @@ class CompiledLayer:
                 continue
             src = spec.forward_param or spec.name
             if src not in saved:
-                raise ValueError(f"prefetch: saved has no {src!r} ({spec.describe()}); pass "
-                                 f"the dict that forward returned")
+                raise ValueError(
+                    f"prefetch: saved has no {src!r} ({spec.describe()}); pass "
+                    f"the dict that forward returned"
+                )
             # the copy reads spec.nbytes from the pointer: the tensor must be what it says
             check_tensor(saved[src], spec, "prefetch", require_cuda=self.require_cuda)
             host.append((saved[src], spec))
@@ -562,8 +651,9 @@ class CompiledLayer:
         for tensor, spec in host:
             status = fn(ctypes.c_void_p(tensor.data_ptr()), spec.nbytes)
             if status != 0:
-                raise RuntimeError(f"moePrefetchSaved failed: {self._status_name(status)}: "
-                                   f"{self._last_message()}")
+                raise RuntimeError(
+                    f"moePrefetchSaved failed: {self._status_name(status)}: {self._last_message()}"
+                )
 
     def synchronize_offloads(self) -> None:
         """Waits for the copies of offloaded saved tensors (a layer compiled with
@@ -573,16 +663,17 @@ class CompiledLayer:
         if fn is not None and self.require_cuda:
             status = fn()
             if status != 0:
-                raise RuntimeError(f"moeOffloadSynchronize failed: "
-                                   f"{self._status_name(status)}: {self._last_message()}")
+                raise RuntimeError(
+                    f"moeOffloadSynchronize failed: "
+                    f"{self._status_name(status)}: {self._last_message()}"
+                )
         self._offloads_in_flight.clear()
         self._offloads_until.clear()
 
     def _release_offloads(self, saved_host: List[Any]) -> None:
         """After a backward: its host tensors and those of earlier forwards wait for an event
         on the current stream; those of earlier backwards whose event passed are let go."""
-        self._offloads_until = [(e, held) for e, held in self._offloads_until
-                                if not e.query()]
+        self._offloads_until = [(e, held) for e, held in self._offloads_until if not e.query()]
         held = self._offloads_in_flight + saved_host
         self._offloads_in_flight = []
         if self.require_cuda:
@@ -590,8 +681,9 @@ class CompiledLayer:
             event.record()
             self._offloads_until.append((event, held))
 
-    def backward(self, saved: Mapping[str, Any],
-                 cotangents: Union[Mapping[str, Any], Sequence[Any]]) -> Dict[str, Any]:
+    def backward(
+        self, saved: Mapping[str, Any], cotangents: Union[Mapping[str, Any], Sequence[Any]]
+    ) -> Dict[str, Any]:
         """Runs the backward. `saved`: what `forward` returned (keyed by forward parameter
         names). `cotangents`: keyed by the cotangent's name ("d_result0") or its result's
         ("result0"), or a list in manifest order; a missing cotangent is zeros. Returns the
@@ -599,8 +691,9 @@ class CompiledLayer:
         ep = self.manifest.entry("backward")
         where = ep.symbol
         if not isinstance(saved, Mapping):
-            raise TypeError(f"{where}: saved must be the dict that forward returned, got "
-                            f"{type(saved).__name__}")
+            raise TypeError(
+                f"{where}: saved must be the dict that forward returned, got {type(saved).__name__}"
+            )
         tensors: Dict[str, Any] = {}
         for spec in ep.by_role("saved"):
             src = spec.forward_param or spec.name
@@ -609,15 +702,19 @@ class CompiledLayer:
             elif spec.name in saved:
                 tensors[spec.name] = saved[spec.name]
             else:
-                raise ValueError(f"{where}: saved has no {src!r} ({spec.describe()}); pass "
-                                 f"the dict that forward returned")
+                raise ValueError(
+                    f"{where}: saved has no {src!r} ({spec.describe()}); pass "
+                    f"the dict that forward returned"
+                )
         cot_specs = ep.by_role("cotangent")
         aliases = {p.of: p.name for p in cot_specs if p.of}
         if isinstance(cotangents, Mapping):
             for key in cotangents:
                 if key not in aliases and key not in {p.name for p in cot_specs}:
-                    raise ValueError(f"{where}: unknown cotangent {key!r} (expected "
-                                     f"{', '.join(p.name for p in cot_specs)})")
+                    raise ValueError(
+                        f"{where}: unknown cotangent {key!r} (expected "
+                        f"{', '.join(p.name for p in cot_specs)})"
+                    )
         given = _as_named(cotangents, cot_specs, where, aliases)
         for name, value in given.items():
             check_tensor(value, ep.param(name), where, require_cuda=self.require_cuda)
@@ -625,8 +722,9 @@ class CompiledLayer:
         device = self._check_all(ep, tensors, ("saved",), where)
         for name, value in given.items():
             if device is not None and value.device.index != device:
-                raise ValueError(f"{where}: {name} is on {value.device}, but the current "
-                                 f"device is cuda:{device}")
+                raise ValueError(
+                    f"{where}: {name} is on {value.device}, but the current device is cuda:{device}"
+                )
         for spec in cot_specs:  # a missing cotangent is zeros
             if spec.name not in tensors:
                 tensors[spec.name] = self._empty(spec, device, zero=True)

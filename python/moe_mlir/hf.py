@@ -32,7 +32,6 @@ router module's forward is not called; ask `layer(x, return_router_logits=True)`
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -41,17 +40,30 @@ from torch import nn
 from .config import LayerConfig
 from .layer import MoELayer
 
-__all__ = ["SUPPORTED_BLOCKS", "config_from_hf_block", "from_hf_block", "replace_moe_blocks",
-           "HFMoELayer", "is_moe_block"]
+__all__ = [
+    "SUPPORTED_BLOCKS",
+    "config_from_hf_block",
+    "from_hf_block",
+    "replace_moe_blocks",
+    "HFMoELayer",
+    "is_moe_block",
+]
 
-SUPPORTED_BLOCKS = ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock",
-                    "DeepseekV3MoE")
+SUPPORTED_BLOCKS = (
+    "MixtralSparseMoeBlock",
+    "Qwen3MoeSparseMoeBlock",
+    "OlmoeSparseMoeBlock",
+    "DeepseekV3MoE",
+)
 
 
 def is_moe_block(module: nn.Module) -> bool:
     """A module that looks like a HF MoE block: it has a router `gate` and `experts`."""
-    return hasattr(module, "gate") and hasattr(module, "experts") and \
-        isinstance(getattr(module, "experts"), nn.Module)
+    return (
+        hasattr(module, "gate")
+        and hasattr(module, "experts")
+        and isinstance(module.experts, nn.Module)
+    )
 
 
 def _check_silu(block: nn.Module, what: str) -> None:
@@ -60,7 +72,8 @@ def _check_silu(block: nn.Module, what: str) -> None:
     if not (isinstance(act, nn.SiLU) or name in ("SiLUActivation", "SiLU")):
         raise NotImplementedError(
             f"{what}: experts use the activation {name}; moe_mlir builds SwiGLU experts from "
-            f"HF blocks (hidden_act='silu')")
+            f"HF blocks (hidden_act='silu')"
+        )
 
 
 def config_from_hf_block(block: nn.Module) -> LayerConfig:
@@ -68,32 +81,41 @@ def config_from_hf_block(block: nn.Module) -> LayerConfig:
     kind = type(block).__name__
     if kind not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
-            f"{kind} is not a supported MoE block; supported: {', '.join(SUPPORTED_BLOCKS)}")
+            f"{kind} is not a supported MoE block; supported: {', '.join(SUPPORTED_BLOCKS)}"
+        )
     gate, experts = block.gate, block.experts
     _check_silu(block, kind)
     E, two_n, d = experts.gate_up_proj.shape
     if experts.down_proj.shape != (E, d, two_n // 2) or two_n % 2:
-        raise ValueError(f"{kind}: gate_up_proj {tuple(experts.gate_up_proj.shape)} and "
-                         f"down_proj {tuple(experts.down_proj.shape)} are not [E, 2n, d] and "
-                         f"[E, d, n]")
-    if getattr(experts, "has_bias", False) or getattr(experts, "gate_up_proj_bias", None) \
-            is not None:
+        raise ValueError(
+            f"{kind}: gate_up_proj {tuple(experts.gate_up_proj.shape)} and "
+            f"down_proj {tuple(experts.down_proj.shape)} are not [E, 2n, d] and "
+            f"[E, d, n]"
+        )
+    if (
+        getattr(experts, "has_bias", False)
+        or getattr(experts, "gate_up_proj_bias", None) is not None
+    ):
         raise NotImplementedError(f"{kind}: experts with biases are not supported")
     if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
-        raise NotImplementedError(f"{kind}: transposed or interleaved expert weights are not "
-                                  f"supported")
+        raise NotImplementedError(
+            f"{kind}: transposed or interleaved expert weights are not supported"
+        )
     n = two_n // 2
     top_k = int(getattr(gate, "top_k", getattr(block, "top_k", 0)))
-    common = dict(tokens=0, hidden=int(d), ffn=int(n), experts=int(E), top_k=top_k,
-                  activation="swiglu")
+    common = dict(
+        tokens=0, hidden=int(d), ffn=int(n), experts=int(E), top_k=top_k, activation="swiglu"
+    )
     if kind == "MixtralSparseMoeBlock":
         if float(getattr(block, "jitter_noise", 0.0) or 0.0) > 0.0:
             raise NotImplementedError(f"{kind}: router_jitter_noise > 0 is not supported")
-        return LayerConfig(**common, scoring="softmax", renormalize=True,
-                           round_logits=True).validate()
+        return LayerConfig(
+            **common, scoring="softmax", renormalize=True, round_logits=True
+        ).validate()
     if kind in ("Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock"):
-        return LayerConfig(**common, scoring="softmax", renormalize=bool(gate.norm_topk_prob),
-                           round_logits=True).validate()
+        return LayerConfig(
+            **common, scoring="softmax", renormalize=bool(gate.norm_topk_prob), round_logits=True
+        ).validate()
     # DeepseekV3MoE
     shared = block.shared_experts
     if type(getattr(shared, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):
@@ -101,10 +123,16 @@ def config_from_hf_block(block: nn.Module) -> LayerConfig:
     m = shared.gate_proj.weight.shape[0]
     if shared.up_proj.weight.shape != (m, d) or shared.down_proj.weight.shape != (d, m):
         raise ValueError(f"{kind}: unexpected shared expert shapes")
-    return LayerConfig(**common, scoring="sigmoid", renormalize=bool(gate.norm_topk_prob),
-                       num_groups=int(gate.num_group), topk_groups=int(gate.topk_group),
-                       scaling_factor=float(gate.routed_scaling_factor), router_bias=True,
-                       shared_ffn=int(m)).validate()
+    return LayerConfig(
+        **common,
+        scoring="sigmoid",
+        renormalize=bool(gate.norm_topk_prob),
+        num_groups=int(gate.num_group),
+        topk_groups=int(gate.topk_group),
+        scaling_factor=float(gate.routed_scaling_factor),
+        router_bias=True,
+        shared_ffn=int(m),
+    ).validate()
 
 
 class HFMoELayer(MoELayer):
@@ -124,11 +152,14 @@ class HFMoELayer(MoELayer):
         return f"from={self.block_type}, " + super().extra_repr()
 
     def layer_weights(self) -> Dict[str, Optional[torch.Tensor]]:
-        w = {"w_router": self.gate.weight.t(),
-             "router_bias": None,
-             "w_gate_up": self.experts.gate_up_proj.transpose(1, 2),
-             "w_down": self.experts.down_proj.transpose(1, 2),
-             "shared_gate_up": None, "shared_down": None}
+        w = {
+            "w_router": self.gate.weight.t(),
+            "router_bias": None,
+            "w_gate_up": self.experts.gate_up_proj.transpose(1, 2),
+            "w_down": self.experts.down_proj.transpose(1, 2),
+            "shared_gate_up": None,
+            "shared_down": None,
+        }
         if self.config.router_bias:
             w["router_bias"] = self.gate.e_score_correction_bias.float()
         if self.config.has_shared:
@@ -138,8 +169,13 @@ class HFMoELayer(MoELayer):
         return w
 
 
-def from_hf_block(block: nn.Module, *, weights: str = "share",
-                  memory_budget: Optional[str] = None, policy: str = "auto") -> MoELayer:
+def from_hf_block(
+    block: nn.Module,
+    *,
+    weights: str = "share",
+    memory_budget: Optional[str] = None,
+    policy: str = "auto",
+) -> MoELayer:
     """A moe-mlir layer computing what `block` computes (see the module doc for the blocks and
     the two weight modes). Raises NotImplementedError for blocks or settings it cannot run."""
     config = config_from_hf_block(block)
@@ -149,8 +185,9 @@ def from_hf_block(block: nn.Module, *, weights: str = "share",
         raise ValueError(f"weights must be 'share' or 'copy', got {weights!r}")
     src = HFMoELayer(block, config)
     ref = block.experts.gate_up_proj
-    layer = MoELayer(config, memory_budget=memory_budget, policy=policy, device=ref.device,
-                     dtype=ref.dtype)
+    layer = MoELayer(
+        config, memory_budget=memory_budget, policy=policy, device=ref.device, dtype=ref.dtype
+    )
     with torch.no_grad():
         for name, value in src.layer_weights().items():
             if value is None:
@@ -163,9 +200,14 @@ def from_hf_block(block: nn.Module, *, weights: str = "share",
     return layer
 
 
-def replace_moe_blocks(model: nn.Module, memory_budget: Optional[str] = None, *,
-                       weights: str = "share", policy: str = "auto",
-                       strict: bool = True) -> List[str]:
+def replace_moe_blocks(
+    model: nn.Module,
+    memory_budget: Optional[str] = None,
+    *,
+    weights: str = "share",
+    policy: str = "auto",
+    strict: bool = True,
+) -> List[str]:
     """Swaps every supported MoE block of `model` (in place) for a moe-mlir layer; returns the
     qualified names swapped. A block that looks like an MoE block (`gate` and `experts`) but is
     not supported raises NotImplementedError naming it (with `strict=False` it is left as is).
@@ -181,12 +223,16 @@ def replace_moe_blocks(model: nn.Module, memory_budget: Optional[str] = None, *,
     if unsupported and strict:
         raise NotImplementedError(
             f"unsupported MoE blocks: {', '.join(unsupported)}; supported: "
-            f"{', '.join(SUPPORTED_BLOCKS)} (strict=False leaves them as they are)")
+            f"{', '.join(SUPPORTED_BLOCKS)} (strict=False leaves them as they are)"
+        )
     if not found:
-        raise ValueError(f"{type(model).__name__} has no supported MoE block "
-                         f"({', '.join(SUPPORTED_BLOCKS)})")
-    layers = [(name, from_hf_block(m, weights=weights, memory_budget=memory_budget,
-                                   policy=policy)) for name, m in found]
+        raise ValueError(
+            f"{type(model).__name__} has no supported MoE block ({', '.join(SUPPORTED_BLOCKS)})"
+        )
+    layers = [
+        (name, from_hf_block(m, weights=weights, memory_budget=memory_budget, policy=policy))
+        for name, m in found
+    ]
     for (name, block), (_, layer) in zip(found, layers):
         layer.train(block.training)
         parent_name, _, attr = name.rpartition(".")

@@ -44,13 +44,20 @@ __all__ = ["MoELayer", "LayerSpec", "GPU_DTYPE", "check_gpu_config", "kernel_for
 GPU_DTYPE = torch.bfloat16
 CPU_DTYPE = torch.float32
 _ELEMENT = {torch.float32: "f32", torch.bfloat16: "bf16"}
-_NP_TO_TORCH = {"float32": torch.float32, "int32": torch.int32, "float64": torch.float64,
-                "int64": torch.int64}
-_GPU_TO_TORCH = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32,
-                 "f16": torch.float16}
+_NP_TO_TORCH = {
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "float64": torch.float64,
+    "int64": torch.int64,
+}
+_GPU_TO_TORCH = {
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "i32": torch.int32,
+    "f16": torch.float16,
+}
 # Layer arguments in LayerConfig.arg_specs order; the custom op takes all seven (None if absent).
-ARG_NAMES = ("x", "w_router", "router_bias", "w_gate_up", "w_down", "shared_gate_up",
-             "shared_down")
+ARG_NAMES = ("x", "w_router", "router_bias", "w_gate_up", "w_down", "shared_gate_up", "shared_down")
 
 
 def check_gpu_config(config: LayerConfig) -> None:
@@ -60,22 +67,29 @@ def check_gpu_config(config: LayerConfig) -> None:
         problems.append(f"activation {config.activation!r} (supported: 'swiglu')")
     if config.capacity_factor is not None:
         problems.append(f"capacity_factor {config.capacity_factor} (supported: None, dropless)")
-    for name, value in (("hidden", config.hidden), ("ffn", config.ffn),
-                        ("shared_ffn", config.shared_ffn)):
+    for name, value in (
+        ("hidden", config.hidden),
+        ("ffn", config.ffn),
+        ("shared_ffn", config.shared_ffn),
+    ):
         if value % 64:
             problems.append(f"{name} = {value} (supported: a multiple of 64)")
     if problems:
         raise NotImplementedError(
-            "the CUDA path of moe_mlir does not run this layer: " + "; ".join(problems) +
-            ". It runs bf16 SwiGLU layers without capacity dropping, hidden/ffn/shared_ffn "
-            "multiples of 64 (the CPU path runs the rest, in f32)")
+            "the CUDA path of moe_mlir does not run this layer: "
+            + "; ".join(problems)
+            + ". It runs bf16 SwiGLU layers without capacity dropping, hidden/ffn/shared_ffn "
+            "multiples of 64 (the CPU path runs the rest, in f32)"
+        )
 
 
 # --------------------------------------------------------------------------- specs and kernels
 
+
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
     """A layer without its token count: what the custom op's `spec` string names."""
+
     config: LayerConfig  # tokens and dtype are ignored
     options: cc.BuildOptions
 
@@ -87,8 +101,9 @@ class LayerSpec:
         return "moe_" + hashlib.sha256(data.encode()).hexdigest()[:20]
 
     def config_for(self, tokens: int, target: str) -> LayerConfig:
-        return dataclasses.replace(self.config, tokens=int(tokens),
-                                   dtype="f32" if target == "cpu" else "bf16")
+        return dataclasses.replace(
+            self.config, tokens=int(tokens), dtype="f32" if target == "cpu" else "bf16"
+        )
 
 
 _SPECS: Dict[str, LayerSpec] = {}
@@ -117,11 +132,11 @@ class _Kernel:
         if target == "cpu":
             self.cpu = cc.get_cpu_layer(self.config, spec.options)
             sig = self.cpu.module.signatures[f"{self.cpu.name}_forward"]
-            self.out_specs = [(tuple(t.shape), _NP_TO_TORCH[t.dtype.name])
-                              for t in sig.results]
+            self.out_specs = [(tuple(t.shape), _NP_TO_TORCH[t.dtype.name]) for t in sig.results]
             self.cpu_grad_names = list(self.cpu.gradient_names)
         else:
             from . import gpu  # noqa: PLC0415
+
             check_gpu_config(self.config)
             options = spec.options
             # policy="offload" on CUDA: the sm_90a layer keeps H and moe_mlir.offload moves it
@@ -133,7 +148,8 @@ class _Kernel:
                 if options.memory_budget is not None:
                     raise NotImplementedError(
                         "policy='offload' on CUDA offloads every H and takes no memory_budget "
-                        "(give one with policy='auto', 'keep' or 'recompute')")
+                        "(give one with policy='auto', 'keep' or 'recompute')"
+                    )
                 options = dataclasses.replace(options, policy="keep")
             self.entry = cc.find_gpu_entry(self.config, options)
             self.manifest = gpu.Manifest.load(str(self.entry.path / f"{self.entry.name}.json"))
@@ -142,13 +158,17 @@ class _Kernel:
             saved = fwd.by_role("saved")
             self.saved_params = [p.name for p in saved]
             from .offload import is_offloaded_name  # noqa: PLC0415
-            self.offloaded = [i for i, n in enumerate(self.saved_params)
-                              if self.offload and is_offloaded_name(n)]
+
+            self.offloaded = [
+                i for i, n in enumerate(self.saved_params) if self.offload and is_offloaded_name(n)
+            ]
             # The forward's inputs are the layer function's arguments, in order (arg0, ...).
             inputs = [p.name for p in fwd.by_role("input")]
             if len(inputs) != len(self.arg_names):
-                raise ValueError(f"{self.manifest.path}: {len(inputs)} inputs, expected "
-                                 f"{len(self.arg_names)} ({', '.join(self.arg_names)})")
+                raise ValueError(
+                    f"{self.manifest.path}: {len(inputs)} inputs, expected "
+                    f"{len(self.arg_names)} ({', '.join(self.arg_names)})"
+                )
             self.param_of = dict(zip(self.arg_names, inputs))
             self.arg_of = dict(zip(inputs, self.arg_names))
             self.out_specs = [(p.shape, _GPU_TO_TORCH[p.dtype]) for p in [*outs, *saved]]
@@ -158,6 +178,7 @@ class _Kernel:
     def gpu_layer(self):
         if self._gpu is None:
             from . import gpu  # noqa: PLC0415
+
             so, manifest = cc.link_gpu_layer(self.entry)
             self._gpu = gpu.CompiledLayer(so, manifest)
         return self._gpu
@@ -172,17 +193,27 @@ class _Kernel:
         outs = [p.name for p in self.manifest.forward.by_role("output")]
         return [res[n] for n in outs] + [res[n] for n in self.saved_params]
 
-    def backward(self, args: Dict[str, torch.Tensor], saved: Sequence[torch.Tensor],
-                 d_out: torch.Tensor, d_logits: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    def backward(
+        self,
+        args: Dict[str, torch.Tensor],
+        saved: Sequence[torch.Tensor],
+        d_out: torch.Tensor,
+        d_logits: Optional[torch.Tensor],
+    ) -> List[torch.Tensor]:
         if self.target == "cpu":
             if d_logits is None:
-                d_logits = torch.zeros((self.config.tokens, self.config.experts),
-                                       dtype=torch.float32)
-            grads = self.cpu.backward([s.detach().numpy() for s in saved],
-                                      d_out.detach().contiguous().numpy(),
-                                      d_logits.detach().contiguous().numpy())
-            return [torch.from_numpy(grads[n]) if n in grads else torch.zeros_like(args[n])
-                    for n in self.grad_names]
+                d_logits = torch.zeros(
+                    (self.config.tokens, self.config.experts), dtype=torch.float32
+                )
+            grads = self.cpu.backward(
+                [s.detach().numpy() for s in saved],
+                d_out.detach().contiguous().numpy(),
+                d_logits.detach().contiguous().numpy(),
+            )
+            return [
+                torch.from_numpy(grads[n]) if n in grads else torch.zeros_like(args[n])
+                for n in self.grad_names
+            ]
         layer = self.gpu_layer()
         fwd = dict(zip(self.saved_params, saved))
         for n in self.arg_names:
@@ -191,10 +222,11 @@ class _Kernel:
         if d_logits is not None:
             cot["result1"] = _aligned(d_logits)
         grads = layer.backward(fwd, cot)
-        by_name = {self.arg_of.get(p.of or "", p.name): grads[p.name]
-                   for p in self.manifest.entry("backward").by_role("gradient")}
-        return [by_name[n] if n in by_name else torch.zeros_like(args[n])
-                for n in self.grad_names]
+        by_name = {
+            self.arg_of.get(p.of or "", p.name): grads[p.name]
+            for p in self.manifest.entry("backward").by_role("gradient")
+        }
+        return [by_name[n] if n in by_name else torch.zeros_like(args[n]) for n in self.grad_names]
 
 
 def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
@@ -206,16 +238,20 @@ def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
         except Exception:  # a SymInt without a hint
             raise NotImplementedError(
                 "moe_mlir layers are compiled for a static token count; compile the model "
-                "with torch.compile(dynamic=False)") from None
+                "with torch.compile(dynamic=False)"
+            ) from None
     target = {"cpu": "cpu", "cuda": "sm_90a"}.get(device.type)
     if target is None:
-        raise ValueError(f"moe_mlir runs layers on CUDA (sm_90a, bf16) or the CPU (f32), "
-                         f"not on {device.type}")
+        raise ValueError(
+            f"moe_mlir runs layers on CUDA (sm_90a, bf16) or the CPU (f32), not on {device.type}"
+        )
     with _LOCK:
         spec = _SPECS.get(spec_key)
         if spec is None:
-            raise KeyError(f"unknown moe_mlir layer spec {spec_key!r} (build the MoELayer in "
-                           f"this process first)")
+            raise KeyError(
+                f"unknown moe_mlir layer spec {spec_key!r} (build the MoELayer in "
+                f"this process first)"
+            )
         k = (spec_key, tokens, target)
         if k not in _KERNELS:
             _KERNELS[k] = _Kernel(spec, tokens, target)
@@ -249,16 +285,23 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- custom ops
 
+
 def _args_dict(x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
     values = (x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down)
     return {n: v for n, v in zip(ARG_NAMES, values) if v is not None}
 
 
 @torch.library.custom_op("moe_mlir::layer_forward", mutates_args=())
-def layer_forward(spec: str, x: torch.Tensor, w_router: torch.Tensor,
-                  router_bias: Optional[torch.Tensor], w_gate_up: torch.Tensor,
-                  w_down: torch.Tensor, shared_gate_up: Optional[torch.Tensor],
-                  shared_down: Optional[torch.Tensor]) -> List[torch.Tensor]:
+def layer_forward(
+    spec: str,
+    x: torch.Tensor,
+    w_router: torch.Tensor,
+    router_bias: Optional[torch.Tensor],
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    shared_gate_up: Optional[torch.Tensor],
+    shared_down: Optional[torch.Tensor],
+) -> List[torch.Tensor]:
     """[out [T,d], router logits [T,E] f32, saved tensors...] of the compiled forward."""
     args = _args_dict(x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down)
     kernel = kernel_for(spec, x.shape[0], x.device)
@@ -270,15 +313,21 @@ def layer_forward(spec: str, x: torch.Tensor, w_router: torch.Tensor,
 
 
 @layer_forward.register_fake
-def _layer_forward_fake(spec, x, w_router, router_bias, w_gate_up, w_down, shared_gate_up,
-                        shared_down):
+def _layer_forward_fake(
+    spec, x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down
+):
     kernel = kernel_for(spec, x.shape[0], x.device)
     return [x.new_empty(shape, dtype=dtype) for shape, dtype in kernel.out_specs]
 
 
 @torch.library.custom_op("moe_mlir::layer_backward", mutates_args=())
-def layer_backward(spec: str, inputs: List[torch.Tensor], saved: List[torch.Tensor],
-                   d_out: torch.Tensor, d_logits: Optional[torch.Tensor]) -> List[torch.Tensor]:
+def layer_backward(
+    spec: str,
+    inputs: List[torch.Tensor],
+    saved: List[torch.Tensor],
+    d_out: torch.Tensor,
+    d_logits: Optional[torch.Tensor],
+) -> List[torch.Tensor]:
     """Gradients of the layer's inputs but the router bias, in argument order. `inputs`: the
     present forward arguments in LayerConfig.arg_specs order; `saved`: what layer_forward
     returned after out and logits."""
@@ -311,9 +360,12 @@ def _setup_context(ctx, inputs, output):
         kernel = kernel_for(spec, present[0].shape[0], present[0].device)
         if kernel.offloaded:
             if torch.compiler.is_compiling():
-                raise NotImplementedError("policy='offload' runs in eager mode only: its copies "
-                                          "are side effects a compiled graph does not hold")
+                raise NotImplementedError(
+                    "policy='offload' runs in eager mode only: its copies "
+                    "are side effects a compiled graph does not hold"
+                )
             from .offload import offloader  # noqa: PLC0415
+
             mover = offloader(present[0].device)
             entries = mover.offload_layer([saved[i] for i in kernel.offloaded])
             ctx.offloaded = dict(zip(kernel.offloaded, entries))
@@ -327,10 +379,11 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grads):
     d_out, d_logits = grads[0], grads[1]
     tensors = ctx.saved_tensors
-    inputs, kept = list(tensors[:ctx.n_inputs]), iter(tensors[ctx.n_inputs:])
+    inputs, kept = list(tensors[: ctx.n_inputs]), iter(tensors[ctx.n_inputs :])
     fetched = {}
     if ctx.offloaded:
         from .offload import offloader  # noqa: PLC0415
+
         order = sorted(ctx.offloaded)
         back = offloader(inputs[0].device).fetch([ctx.offloaded[i] for i in order])
         fetched = dict(zip(order, back))
@@ -353,6 +406,7 @@ layer_forward.register_autograd(_backward, setup_context=_setup_context)
 
 # --------------------------------------------------------------------------- the module
 
+
 class MoELayer(nn.Module):
     """A moe-mlir layer with its own parameters, in the compiler's layout (docs/dialect.md):
     `w_router` [d, E], `w_gate_up` [E, d, 2n] (gate columns first, then up), `w_down`
@@ -367,17 +421,26 @@ class MoELayer(nn.Module):
     ahead in backward (moe_mlir.offload; eager mode; no memory_budget); on the CPU, where the
     host is the device, it is the offload plan of moe-plan-activations, which keeps H."""
 
-    def __init__(self, config: LayerConfig, *, memory_budget: Optional[str] = None,
-                 policy: str = "auto", init_std: float = 0.02,
-                 device=None, dtype: Optional[torch.dtype] = None, _params: bool = True):
+    def __init__(
+        self,
+        config: LayerConfig,
+        *,
+        memory_budget: Optional[str] = None,
+        policy: str = "auto",
+        init_std: float = 0.02,
+        device=None,
+        dtype: Optional[torch.dtype] = None,
+        _params: bool = True,
+    ):
         super().__init__()
         config = dataclasses.replace(config)
         if config.tokens < 0:
             config.tokens = 0
         config.validate()
         if policy not in ("auto", "keep", "recompute", "offload"):
-            raise ValueError(f"policy must be 'auto', 'keep', 'recompute' or 'offload', got "
-                             f"{policy!r}")
+            raise ValueError(
+                f"policy must be 'auto', 'keep', 'recompute' or 'offload', got {policy!r}"
+            )
         if memory_budget is not None and not isinstance(memory_budget, str):
             memory_budget = f"{int(memory_budget)}B"
         self.config = config
@@ -388,17 +451,18 @@ class MoELayer(nn.Module):
         c = config
         factory = {"device": device, "dtype": dtype or torch.float32}
         self.w_router = nn.Parameter(torch.empty(c.hidden, c.experts, **factory))
-        self.w_gate_up = nn.Parameter(torch.empty(c.experts, c.hidden, c.gate_up_width,
-                                                  **factory))
+        self.w_gate_up = nn.Parameter(torch.empty(c.experts, c.hidden, c.gate_up_width, **factory))
         self.w_down = nn.Parameter(torch.empty(c.experts, c.ffn, c.hidden, **factory))
         if c.router_bias:
-            self.register_buffer("router_bias", torch.zeros(c.experts, device=device,
-                                                            dtype=torch.float32))
+            self.register_buffer(
+                "router_bias", torch.zeros(c.experts, device=device, dtype=torch.float32)
+            )
         else:
             self.router_bias = None
         if c.has_shared:
-            self.shared_gate_up = nn.Parameter(torch.empty(c.hidden, c.shared_gate_up_width,
-                                                           **factory))
+            self.shared_gate_up = nn.Parameter(
+                torch.empty(c.hidden, c.shared_gate_up_width, **factory)
+            )
             self.shared_down = nn.Parameter(torch.empty(c.shared_ffn, c.hidden, **factory))
         else:
             self.shared_gate_up = self.shared_down = None
@@ -409,63 +473,85 @@ class MoELayer(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         extra = f", shared_ffn={c.shared_ffn}" if c.has_shared else ""
-        return (f"hidden={c.hidden}, ffn={c.ffn}, experts={c.experts}, top_k={c.top_k}, "
-                f"scoring={c.scoring}, renormalize={c.renormalize}{extra}")
+        return (
+            f"hidden={c.hidden}, ffn={c.ffn}, experts={c.experts}, top_k={c.top_k}, "
+            f"scoring={c.scoring}, renormalize={c.renormalize}{extra}"
+        )
 
     # ---------------------------------------------------------------- inputs
     def layer_weights(self) -> Dict[str, Optional[torch.Tensor]]:
         """The layer's weights in the compiler's layout (subclasses transform theirs)."""
         # .to(dtype) casts buffers too; the bias is f32 for the kernels whatever the module's.
         bias = None if self.router_bias is None else self.router_bias.float()
-        return {"w_router": self.w_router, "router_bias": bias,
-                "w_gate_up": self.w_gate_up, "w_down": self.w_down,
-                "shared_gate_up": self.shared_gate_up, "shared_down": self.shared_down}
+        return {
+            "w_router": self.w_router,
+            "router_bias": bias,
+            "w_gate_up": self.w_gate_up,
+            "w_down": self.w_down,
+            "shared_gate_up": self.shared_gate_up,
+            "shared_down": self.shared_down,
+        }
 
-    def _check(self, x: torch.Tensor, weights: Dict[str, Optional[torch.Tensor]],
-               autocast: bool = False) -> None:
+    def _check(
+        self, x: torch.Tensor, weights: Dict[str, Optional[torch.Tensor]], autocast: bool = False
+    ) -> None:
         """Raises for inputs the layer cannot run. `autocast`: the weights and x are about to
         be cast to the autocast dtype, so only their devices and shapes must match."""
         c = self.config
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MoELayer expects a torch.Tensor, got {type(x).__name__}")
         if x.dim() < 1 or x.shape[-1] != c.hidden:
-            raise ValueError(f"MoELayer: input of shape {tuple(x.shape)}; expected [..., "
-                             f"{c.hidden}] (hidden = {c.hidden})")
+            raise ValueError(
+                f"MoELayer: input of shape {tuple(x.shape)}; expected [..., "
+                f"{c.hidden}] (hidden = {c.hidden})"
+            )
         if x.numel() == 0:
             raise ValueError("MoELayer: the input holds no tokens; layers need T >= 1")
         dev = x.device.type
         if dev not in ("cuda", "cpu"):
-            raise ValueError(f"MoELayer: input on {x.device}; supported devices: cuda "
-                             f"(bf16, the sm_90a kernels) and cpu (f32 reference path)")
+            raise ValueError(
+                f"MoELayer: input on {x.device}; supported devices: cuda "
+                f"(bf16, the sm_90a kernels) and cpu (f32 reference path)"
+            )
         if dev == "cuda":
             if x.dtype != GPU_DTYPE and not autocast:
-                raise TypeError(f"MoELayer: input dtype {x.dtype} on CUDA; the CUDA path runs "
-                                f"torch.bfloat16 only (cast the model with .bfloat16(), or "
-                                f"run it under torch.autocast('cuda', dtype=torch.bfloat16))")
+                raise TypeError(
+                    f"MoELayer: input dtype {x.dtype} on CUDA; the CUDA path runs "
+                    f"torch.bfloat16 only (cast the model with .bfloat16(), or "
+                    f"run it under torch.autocast('cuda', dtype=torch.bfloat16))"
+                )
             check_gpu_config(c)
         elif x.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"MoELayer: input dtype {x.dtype} on the CPU; the CPU path runs "
-                            f"torch.float32 (and torch.bfloat16, computed in float32)")
+            raise TypeError(
+                f"MoELayer: input dtype {x.dtype} on the CPU; the CPU path runs "
+                f"torch.float32 (and torch.bfloat16, computed in float32)"
+            )
         shapes = {n: s for n, s, _ in c.arg_specs()}
         for name, w in weights.items():
             if w is None:
                 continue
             if w.device != x.device:
-                raise ValueError(f"MoELayer: {name} is on {w.device} but the input is on "
-                                 f"{x.device}; move the layer with .to(device)")
+                raise ValueError(
+                    f"MoELayer: {name} is on {w.device} but the input is on "
+                    f"{x.device}; move the layer with .to(device)"
+                )
             if tuple(w.shape) != tuple(shapes[name]):
-                raise ValueError(f"MoELayer: {name} has shape {tuple(w.shape)}, expected "
-                                 f"{tuple(shapes[name])}")
+                raise ValueError(
+                    f"MoELayer: {name} has shape {tuple(w.shape)}, expected {tuple(shapes[name])}"
+                )
             if autocast and name != "router_bias":
                 if not w.is_floating_point():
-                    raise TypeError(f"MoELayer: {name} is {w.dtype}; weights must be "
-                                    f"floating point")
+                    raise TypeError(
+                        f"MoELayer: {name} is {w.dtype}; weights must be floating point"
+                    )
                 continue
             want = torch.float32 if name == "router_bias" else x.dtype
             if w.dtype != want:
-                raise TypeError(f"MoELayer: {name} is {w.dtype} but the input is {x.dtype}; "
-                                f"parameters and input must share a dtype (the router bias is "
-                                f"float32)")
+                raise TypeError(
+                    f"MoELayer: {name} is {w.dtype} but the input is {x.dtype}; "
+                    f"parameters and input must share a dtype (the router bias is "
+                    f"float32)"
+                )
 
     def forward(self, hidden_states: torch.Tensor, return_router_logits: bool = False):
         """y (x's shape and dtype), and the router logits [T, E] (f32) when asked.
@@ -476,27 +562,40 @@ class MoELayer(nn.Module):
         CUDA autocast to another dtype than bf16 raises TypeError."""
         weights = self.layer_weights()
         if not isinstance(hidden_states, torch.Tensor):
-            raise TypeError(f"MoELayer expects a torch.Tensor, got "
-                            f"{type(hidden_states).__name__}")
+            raise TypeError(f"MoELayer expects a torch.Tensor, got {type(hidden_states).__name__}")
         autocast = _autocast_dtype(hidden_states.device) is not None
         self._check(hidden_states, weights, autocast)
         shape, dtype = hidden_states.shape, hidden_states.dtype
         x = hidden_states.reshape(-1, self.config.hidden)
-        compute = GPU_DTYPE if x.device.type == "cuda" else (
-            CPU_DTYPE if autocast or dtype != CPU_DTYPE else None)
+        compute = (
+            GPU_DTYPE
+            if x.device.type == "cuda"
+            else (CPU_DTYPE if autocast or dtype != CPU_DTYPE else None)
+        )
         if compute is not None:
             # Outside autocast's own region, so the casts are not themselves autocast.
             with torch.autocast(x.device.type, enabled=False):
                 x = x.to(compute)
                 # One copy per weight: the cast writes the contiguous layout the kernels read
                 # (HF-shared weights arrive as transposed views).
-                weights = {n: (w if w is None or n == "router_bias" else
-                               w.to(compute, memory_format=torch.contiguous_format))
-                           for n, w in weights.items()}
-        outs = layer_forward(self.spec_key, x.contiguous(), weights["w_router"].contiguous(),
-                             weights["router_bias"], weights["w_gate_up"].contiguous(),
-                             weights["w_down"].contiguous(),
-                             _contig(weights["shared_gate_up"]), _contig(weights["shared_down"]))
+                weights = {
+                    n: (
+                        w
+                        if w is None or n == "router_bias"
+                        else w.to(compute, memory_format=torch.contiguous_format)
+                    )
+                    for n, w in weights.items()
+                }
+        outs = layer_forward(
+            self.spec_key,
+            x.contiguous(),
+            weights["w_router"].contiguous(),
+            weights["router_bias"],
+            weights["w_gate_up"].contiguous(),
+            weights["w_down"].contiguous(),
+            _contig(weights["shared_gate_up"]),
+            _contig(weights["shared_down"]),
+        )
         out = outs[0].to(dtype).reshape(shape)
         if return_router_logits:
             return out, outs[1]
@@ -507,9 +606,9 @@ class MoELayer(nn.Module):
         layer's types), as `moe-plan-activations` reports it: a `memory.ActivationPlan`
         (`.report()` for text)."""
         from .memory import plan_activations  # noqa: PLC0415
+
         cfg = dataclasses.replace(self.config, tokens=int(tokens), dtype="bf16")
-        return plan_activations(cfg, self.options.memory_budget, self.options.policy,
-                                gpu_tflops)
+        return plan_activations(cfg, self.options.memory_budget, self.options.policy, gpu_tflops)
 
     def compile_for(self, tokens: int, device="cpu") -> None:
         """Compiles (or loads from the cache) the layer for `tokens` tokens on `device` now,
@@ -525,8 +624,10 @@ def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
         return None
     dtype = torch.get_autocast_dtype(kind)
     if kind == "cuda" and dtype != GPU_DTYPE:
-        raise TypeError(f"MoELayer: torch.autocast('cuda', dtype={dtype}); the CUDA path runs "
-                        f"torch.bfloat16 only (use dtype=torch.bfloat16)")
+        raise TypeError(
+            f"MoELayer: torch.autocast('cuda', dtype={dtype}); the CUDA path runs "
+            f"torch.bfloat16 only (use dtype=torch.bfloat16)"
+        )
     return dtype
 
 

@@ -57,9 +57,13 @@ class ActivationPlan:
         return "\n".join(lines)
 
 
-def plan_activations(config: LayerConfig, memory_budget: Optional[str] = None,
-                     policy: str = "auto", gpu_tflops: float = 780.0,
-                     opt_tool: Optional[str] = None) -> ActivationPlan:
+def plan_activations(
+    config: LayerConfig,
+    memory_budget: Optional[str] = None,
+    policy: str = "auto",
+    gpu_tflops: float = 780.0,
+    opt_tool: Optional[str] = None,
+) -> ActivationPlan:
     """Runs `moe-opt --moe-decompose --moe-plan-activations=...` on the layer and parses its
     remark. A budget no plan meets raises ValueError with moe-opt's message."""
     from . import cpu  # noqa: PLC0415
@@ -72,28 +76,40 @@ def plan_activations(config: LayerConfig, memory_budget: Optional[str] = None,
             memory_budget = f"{int(memory_budget)}B"
         opts.insert(0, f"memory-budget={memory_budget}")
     tool = opt_tool or cpu.find_moe_opt()
-    args = ["--moe-decompose", f"--moe-plan-activations={' '.join(opts)}", "-o", "/dev/null",
-            "-"]
+    args = ["--moe-decompose", f"--moe-plan-activations={' '.join(opts)}", "-o", "/dev/null", "-"]
     import subprocess  # noqa: PLC0415
-    proc = subprocess.run([tool, *args], input=layer_mlir(config, "layer"), capture_output=True,
-                          text=True)
+
+    proc = subprocess.run(
+        [tool, *args], input=layer_mlir(config, "layer"), capture_output=True, text=True
+    )
     text = proc.stderr
     if proc.returncode != 0:
-        msg = " ".join(line.split("error: ", 1)[1] for line in text.splitlines()
-                       if "error: " in line)
+        msg = " ".join(
+            line.split("error: ", 1)[1] for line in text.splitlines() if "error: " in line
+        )
         raise ValueError(f"no activation plan: {msg or text.strip()}")
-    remark = next((line.split("remark: ", 1)[1] for line in text.splitlines()
-                   if "remark: activation plan" in line), None)
+    remark = next(
+        (
+            line.split("remark: ", 1)[1]
+            for line in text.splitlines()
+            if "remark: activation plan" in line
+        ),
+        None,
+    )
     if remark is None:
         raise RuntimeError(f"moe-opt printed no activation plan remark: {text.strip()}")
     recompute = _RECOMPUTE_RE.search(remark)
     return ActivationPlan(
-        config=config, memory_budget=memory_budget, policy=policy,
+        config=config,
+        memory_budget=memory_budget,
+        policy=policy,
         plan=_PLAN_RE.search(remark).group(1),
         keep_bytes=int(_KEEP_RE.search(remark).group(1)),
         recompute_bytes=int(recompute.group(1)) if recompute else 0,
         recompute_flops=float(recompute.group(2)) if recompute else 0.0,
-        planned_bytes=int(_PLANNED_RE.search(remark).group(1)), remark=remark)
+        planned_bytes=int(_PLANNED_RE.search(remark).group(1)),
+        remark=remark,
+    )
 
 
 def memory_report(plan: ActivationPlan, opt_tool: Optional[str] = None) -> str:
@@ -107,12 +123,20 @@ def memory_report(plan: ActivationPlan, opt_tool: Optional[str] = None) -> str:
     opts = [f"policy={plan.policy}", "report=false"]
     if plan.memory_budget is not None:
         opts.insert(0, f"memory-budget={plan.memory_budget}")
-    args = ["--moe-decompose", f"--moe-plan-activations={' '.join(opts)}",
-            "--moe-generate-backward", "--moe-offload", "--moe-plan-memory=memory-report=-",
-            "-o", "/dev/null", "-"]
+    args = [
+        "--moe-decompose",
+        f"--moe-plan-activations={' '.join(opts)}",
+        "--moe-generate-backward",
+        "--moe-offload",
+        "--moe-plan-memory=memory-report=-",
+        "-o",
+        "/dev/null",
+        "-",
+    ]
     tool = opt_tool or cpu.find_moe_opt()
-    proc = subprocess.run([tool, *args], input=layer_mlir(plan.config, "layer"),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [tool, *args], input=layer_mlir(plan.config, "layer"), capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise ValueError(f"no memory report: {proc.stderr.strip()}")
     return proc.stdout
@@ -124,6 +148,5 @@ def plot_plan(plan: ActivationPlan, path: str, opt_tool: Optional[str] = None) -
     from . import memory_plot  # noqa: PLC0415
 
     c = plan.config
-    title = (f"T={c.tokens} d={c.hidden} n={c.ffn} E={c.experts} k={c.top_k}, "
-             f"plan {plan.plan}")
+    title = f"T={c.tokens} d={c.hidden} n={c.ffn} E={c.experts} k={c.top_k}, plan {plan.plan}"
     return memory_plot.plot_memory_report(memory_report(plan, opt_tool), path, title=title)

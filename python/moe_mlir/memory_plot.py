@@ -43,6 +43,7 @@ class Buffer:
 @dataclasses.dataclass
 class MemoryReport:
     """One step of the report: the ops in order, the device buffers and the host copies."""
+
     forward: str
     backward: Optional[str]
     backward_start: int  # index of the first backward op (= number of ops without backward)
@@ -83,14 +84,15 @@ class MemoryReport:
             assert 0 <= b.first <= b.last < len(self.ops), f"{b.name} lives outside the step"
         ordered = sorted(device, key=lambda b: b.first)
         for i, a in enumerate(ordered):
-            for b in ordered[i + 1:]:
+            for b in ordered[i + 1 :]:
                 if b.first > a.last:
                     break
                 if a.size and b.size:
-                    assert (a.offset + a.size <= b.offset or b.offset + b.size <= a.offset), (
+                    assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset, (
                         f"buffers {a.id} ({a.name}) and {b.id} ({b.name}) are live together "
                         f"and overlap: [{a.offset}, {a.offset + a.size}) and "
-                        f"[{b.offset}, {b.offset + b.size})")
+                        f"[{b.offset}, {b.offset + b.size})"
+                    )
         live = self.live_bytes()
         assert max(live, default=0) == self.peak, (max(live, default=0), self.peak)
         assert live[self.peak_op] == self.peak
@@ -100,13 +102,16 @@ class MemoryReport:
             for b in device:
                 if b.saved:
                     assert b.first < self.backward_start <= b.last or (
-                        b.last == self.backward_start - 1), f"saved {b.name} ends in forward"
+                        b.last == self.backward_start - 1
+                    ), f"saved {b.name} ends in forward"
         if self.offloaded is not None:
             assert sum(b.size for b in self.host) == self.offloaded
 
 
-_HEADER = re.compile(r"moe-plan-memory: forward @(\S+) ops \[0, (-?\d+)\]"
-                     r"(?:, backward @(\S+) ops \[(\d+), (\d+)\])?, alignment (\d+) B")
+_HEADER = re.compile(
+    r"moe-plan-memory: forward @(\S+) ops \[0, (-?\d+)\]"
+    r"(?:, backward @(\S+) ops \[(\d+), (\d+)\])?, alignment (\d+) B"
+)
 _OP = re.compile(r"op (\d+) (\S+)")
 _BUFFER = re.compile(r"buffer (\d+) (.+): (\d+) B at offset (\d+), live \[(\d+), (\d+)\](, saved)?")
 _HOST = re.compile(r"host (\d+) (.+): (\d+) B, live \[(\d+), (\d+)\]")
@@ -126,9 +131,14 @@ def parse_reports(text: str) -> List[MemoryReport]:
         m = _HEADER.fullmatch(line)
         if m:
             forward_end = int(m.group(2))
-            reports.append(MemoryReport(forward=m.group(1), backward=m.group(3),
-                                        backward_start=forward_end + 1,
-                                        alignment=int(m.group(6))))
+            reports.append(
+                MemoryReport(
+                    forward=m.group(1),
+                    backward=m.group(3),
+                    backward_start=forward_end + 1,
+                    alignment=int(m.group(6)),
+                )
+            )
             continue
         if not reports:
             raise ValueError(f"not a moe-plan-memory report: {line!r}")
@@ -137,11 +147,23 @@ def parse_reports(text: str) -> List[MemoryReport]:
             assert int(m.group(1)) == len(r.ops), line
             r.ops.append(m.group(2))
         elif m := _BUFFER.fullmatch(line):
-            r.buffers.append(Buffer(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(5)),
-                                    int(m.group(6)), int(m.group(4)), bool(m.group(7))))
+            r.buffers.append(
+                Buffer(
+                    int(m.group(1)),
+                    m.group(2),
+                    int(m.group(3)),
+                    int(m.group(5)),
+                    int(m.group(6)),
+                    int(m.group(4)),
+                    bool(m.group(7)),
+                )
+            )
         elif m := _HOST.fullmatch(line):
-            r.buffers.append(Buffer(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)),
-                                    int(m.group(5))))
+            r.buffers.append(
+                Buffer(
+                    int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
+                )
+            )
         elif m := _PEAK.match(line):
             r.peak, r.peak_op = int(m.group(1)), int(m.group(2))
         elif m := _ARENA.match(line):
@@ -173,6 +195,7 @@ def _pyplot():
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+
     return plt
 
 
@@ -183,8 +206,9 @@ def _unit(nbytes: int):
     return 1, "B"
 
 
-def plot_memory_report(report: Union[MemoryReport, str], path: str, *,
-                       title: Optional[str] = None) -> str:
+def plot_memory_report(
+    report: Union[MemoryReport, str], path: str, *, title: Optional[str] = None
+) -> str:
     """Writes a PNG of the step to `path`: above, the device bytes live at each op (saved
     tensors apart, host copies dashed) with the peak and the forward/backward boundary; below, the arena, each
     buffer a box at its offset over its lifetime. `report` is a MemoryReport or the report
@@ -205,34 +229,61 @@ def plot_memory_report(report: Union[MemoryReport, str], path: str, *,
     xs = list(range(n))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, n * 0.35), 8), sharex=True)
     top.step(xs, [v / scale for v in live], where="mid", color="tab:blue", label="live")
-    top.fill_between(xs, [v / scale for v in saved], step="mid", color="tab:orange", alpha=0.6,
-                     label="saved for backward")
+    top.fill_between(
+        xs,
+        [v / scale for v in saved],
+        step="mid",
+        color="tab:orange",
+        alpha=0.6,
+        label="saved for backward",
+    )
     if report.host:
         host = [0] * n
         for b in report.host:
             for i in range(b.first, b.last + 1):
                 host[i] += b.size
-        top.step(xs, [v / scale for v in host], where="mid", color="tab:green", linestyle="--",
-                 label="offloaded (host)")
+        top.step(
+            xs,
+            [v / scale for v in host],
+            where="mid",
+            color="tab:green",
+            linestyle="--",
+            label="offloaded (host)",
+        )
     top.axhline(report.peak / scale, color="tab:red", linestyle=":", linewidth=1)
-    top.annotate(f"peak {report.peak / scale:.3g} {unit} at op {report.peak_op}",
-                 (report.peak_op, report.peak / scale), textcoords="offset points",
-                 xytext=(4, 4), fontsize=8, color="tab:red")
+    top.annotate(
+        f"peak {report.peak / scale:.3g} {unit} at op {report.peak_op}",
+        (report.peak_op, report.peak / scale),
+        textcoords="offset points",
+        xytext=(4, 4),
+        fontsize=8,
+        color="tab:red",
+    )
     if report.backward:
         for ax in (top, bottom):
             ax.axvline(report.backward_start - 0.5, color="gray", linestyle="--", linewidth=1)
-        top.text(report.backward_start - 0.4, 0, "backward", fontsize=8, color="gray",
-                 va="bottom")
+        top.text(report.backward_start - 0.4, 0, "backward", fontsize=8, color="gray", va="bottom")
     top.set_ylabel(f"device memory ({unit})")
     top.legend(loc="upper left", fontsize=8)
-    top.set_title(title or f"moe-plan-memory: @{report.forward}"
-                  + (f" + @{report.backward}" if report.backward else ""))
+    top.set_title(
+        title
+        or f"moe-plan-memory: @{report.forward}"
+        + (f" + @{report.backward}" if report.backward else "")
+    )
 
     for b in report.device:
         color = "tab:orange" if b.saved else "tab:blue"
-        bottom.add_patch(Rectangle((b.first - 0.45, b.offset / scale), b.last - b.first + 0.9,
-                                   max(b.size / scale, 1e-9), facecolor=color, alpha=0.5,
-                                   edgecolor="black", linewidth=0.3))
+        bottom.add_patch(
+            Rectangle(
+                (b.first - 0.45, b.offset / scale),
+                b.last - b.first + 0.9,
+                max(b.size / scale, 1e-9),
+                facecolor=color,
+                alpha=0.5,
+                edgecolor="black",
+                linewidth=0.3,
+            )
+        )
     bottom.set_xlim(-0.5, n - 0.5)
     bottom.set_ylim(0, max(report.arena, 1) / scale)
     bottom.set_ylabel(f"arena offset ({unit})")

@@ -74,8 +74,10 @@ def layer_mlir(config: LayerConfig, name: str = "moe_layer") -> str:
     if config.router_bias:
         extras += f"\n      bias(%router_bias : {types['router_bias']})"
     if config.has_shared:
-        extras += (f"\n      shared(%shared_gate_up, %shared_down : "
-                   f"{types['shared_gate_up']}, {types['shared_down']})")
+        extras += (
+            f"\n      shared(%shared_gate_up, %shared_down : "
+            f"{types['shared_gate_up']}, {types['shared_down']})"
+        )
     main_types = ", ".join(types[a] for a in ("x", "w_router", "w_gate_up", "w_down"))
     return (
         f"func.func @{name}(\n    {params})\n    -> ({out_t}, {logits_t}) {{\n"

@@ -39,8 +39,19 @@ class Offloaded:
     """A saved tensor in pinned host memory: its host copy, the events of its copies and, once
     prefetched, its device copy."""
 
-    __slots__ = ("host", "shape", "dtype", "device", "d2h_done", "on_device", "h2d_done",
-                 "bytes", "waiting", "ready", "__weakref__")
+    __slots__ = (
+        "host",
+        "shape",
+        "dtype",
+        "device",
+        "d2h_done",
+        "on_device",
+        "h2d_done",
+        "bytes",
+        "waiting",
+        "ready",
+        "__weakref__",
+    )
 
     def __init__(self, tensor: torch.Tensor, ready=None):
         self.shape, self.dtype, self.device = tensor.shape, tensor.dtype, tensor.device
@@ -75,7 +86,9 @@ class Offloader:
         entries = [Offloaded(t, ready) for t in tensors]
         with self.lock:
             self.order = [r for r in self.order if r() is not None]
-            earlier = [e for e in (r() for r in self.order) if e is not None and e.waiting is not None]
+            earlier = [
+                e for e in (r() for r in self.order) if e is not None and e.waiting is not None
+            ]
             self.order.extend(weakref.ref(e) for e in entries)
         for entry in earlier:
             self._copy_out(entry)
@@ -146,8 +159,8 @@ def previous_layer(live: List[Offloaded], entries: List[Offloaded]) -> List[Offl
     positions = [i for i, e in enumerate(live) if id(e) in ids]
     if not positions:
         return []
-    waiting = [e for e in live[:min(positions)] if e.h2d_done is None and e.on_device is None]
-    return waiting[-len(entries):]
+    waiting = [e for e in live[: min(positions)] if e.h2d_done is None and e.on_device is None]
+    return waiting[-len(entries) :]
 
 
 _OFFLOADERS: Dict[int, Offloader] = {}

@@ -18,15 +18,34 @@ import numpy as np
 from .config import ACTIVATIONS, SCORINGS, LayerConfig, capacity_for
 
 __all__ = [
-    "LayerConfig", "capacity_for",
-    "compute_dtype", "scores", "select_experts", "group_scores", "router", "router_grad",
-    "dispatch", "activation", "activation_grad", "expert_ffn", "expert_ffn_grad",
-    "expert_combine_grad", "shared_expert", "shared_expert_grad", "combine", "combine_grad",
-    "aux_loss", "aux_loss_grad", "LayerCache", "layer_forward", "layer_backward",
+    "LayerConfig",
+    "capacity_for",
+    "compute_dtype",
+    "scores",
+    "select_experts",
+    "group_scores",
+    "router",
+    "router_grad",
+    "dispatch",
+    "activation",
+    "activation_grad",
+    "expert_ffn",
+    "expert_ffn_grad",
+    "expert_combine_grad",
+    "shared_expert",
+    "shared_expert_grad",
+    "combine",
+    "combine_grad",
+    "aux_loss",
+    "aux_loss_grad",
+    "LayerCache",
+    "layer_forward",
+    "layer_backward",
 ]
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def compute_dtype(*arrays) -> np.dtype:
     """float64 when any floating input is float64, else float32."""
@@ -92,6 +111,7 @@ def scores(logits: np.ndarray, scoring: str) -> np.ndarray:
 
 # --------------------------------------------------------------------------- selection
 
+
 def _argbest(values: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """Per row, the index of the best candidate under the order rule of docs/cpu-path.md §2.
 
@@ -130,8 +150,9 @@ def group_scores(c: np.ndarray, num_groups: int) -> np.ndarray:
     return out
 
 
-def select_experts(c: np.ndarray, top_k: int, num_groups: int = 1,
-                   topk_groups: int = 1) -> np.ndarray:
+def select_experts(
+    c: np.ndarray, top_k: int, num_groups: int = 1, topk_groups: int = 1
+) -> np.ndarray:
     """[T, k] int32: k rounds of the best remaining candidate of the selection scores `c`
     (group-limited when num_groups > 1). experts[t, j] is the j-th pick."""
     c = np.asarray(c)
@@ -141,15 +162,18 @@ def select_experts(c: np.ndarray, top_k: int, num_groups: int = 1,
     if num_groups < 1 or E % num_groups != 0:
         raise ValueError(f"num_groups ({num_groups}) must divide the number of experts ({E})")
     if not 1 <= topk_groups <= num_groups:
-        raise ValueError(f"topk_groups must be in [1, num_groups = {num_groups}], "
-                         f"got {topk_groups}")
+        raise ValueError(
+            f"topk_groups must be in [1, num_groups = {num_groups}], got {topk_groups}"
+        )
     rows = np.arange(T)
     candidates = np.ones((T, E), dtype=bool)
     if num_groups > 1:
         size = E // num_groups
         if top_k > topk_groups * size:
-            raise ValueError(f"top_k ({top_k}) exceeds the {topk_groups * size} experts of "
-                             f"the topk_groups ({topk_groups}) best groups")
+            raise ValueError(
+                f"top_k ({top_k}) exceeds the {topk_groups * size} experts of "
+                f"the topk_groups ({topk_groups}) best groups"
+            )
         gs = group_scores(c, num_groups)
         gavail = np.ones((T, num_groups), dtype=bool)
         kept = np.zeros((T, num_groups), dtype=bool)
@@ -168,9 +192,20 @@ def select_experts(c: np.ndarray, top_k: int, num_groups: int = 1,
 
 # --------------------------------------------------------------------------- router
 
-def router(x, wr, bias=None, *, scoring: str = "softmax", top_k: int = 1,
-           renormalize: bool = False, num_groups: int = 1, topk_groups: int = 1,
-           scaling: float = 1.0, logits=None):
+
+def router(
+    x,
+    wr,
+    bias=None,
+    *,
+    scoring: str = "softmax",
+    top_k: int = 1,
+    renormalize: bool = False,
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    scaling: float = 1.0,
+    logits=None,
+):
     """`__moe_cpu_router`: returns weights [T,k], experts [T,k] int32, logits [T,E].
     `logits` given (e.g. rounded to bf16, routing round_logits) replaces x @ wr."""
     _check_scoring(scoring)
@@ -197,8 +232,18 @@ def router(x, wr, bias=None, *, scoring: str = "softmax", top_k: int = 1,
     return w, experts, logits
 
 
-def router_grad(x, wr, logits, experts, d_weights, d_logits=None, *, scoring: str = "softmax",
-                renormalize: bool = False, scaling: float = 1.0):
+def router_grad(
+    x,
+    wr,
+    logits,
+    experts,
+    d_weights,
+    d_logits=None,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    scaling: float = 1.0,
+):
     """`__moe_cpu_router_grad`: returns dx [T,d], d_wr [d,E]."""
     _check_scoring(scoring)
     dt = compute_dtype(x, wr, logits, d_weights, d_logits)
@@ -243,6 +288,7 @@ def router_grad(x, wr, logits, experts, d_weights, d_logits=None, *, scoring: st
 
 # --------------------------------------------------------------------------- dispatch
 
+
 def dispatch(experts, num_experts: int, capacity: Optional[int] = None):
     """`__moe_cpu_dispatch`: returns token_ids [R], offsets [E+1], rows [T,k] (all int32).
 
@@ -275,6 +321,7 @@ def dispatch(experts, num_experts: int, capacity: Optional[int] = None):
 
 
 # --------------------------------------------------------------------------- activations
+
 
 def _silu(v):
     return v * _sigmoid(v)
@@ -323,6 +370,7 @@ def activation_grad(h, da, act: str):
 
 # --------------------------------------------------------------------------- experts
 
+
 def _expert_rows(offsets, E):
     offsets = _i32(offsets)
     for e in range(E):
@@ -370,8 +418,9 @@ def expert_ffn_grad(x, token_ids, offsets, wgu, wd, h, dy, act: str):
     """`__moe_cpu_expert_ffn_grad`: returns dx [T,d], d_wgu, d_wd."""
     _check_act(act)
     dt = compute_dtype(x, wgu, wd, h, dy)
-    return _ffn_backward(_f(x, dt), _i32(token_ids), offsets, _f(wgu, dt), _f(wd, dt),
-                         _f(h, dt), _f(dy, dt), act, dt)
+    return _ffn_backward(
+        _f(x, dt), _i32(token_ids), offsets, _f(wgu, dt), _f(wd, dt), _f(h, dt), _f(dy, dt), act, dt
+    )
 
 
 def expert_combine_grad(x, token_ids, offsets, rows, weights, wgu, wd, h, dout, act: str):
@@ -430,6 +479,7 @@ def shared_expert_grad(x, wgu, wd, h, dy, act: str):
 
 # --------------------------------------------------------------------------- combine
 
+
 def combine(y, weights, rows):
     """`__moe_cpu_combine`: out[t] = Σ_j (rows[t,j] ≥ 0) weights[t,j]·y[rows[t,j]], in j order."""
     dt = compute_dtype(y, weights)
@@ -462,6 +512,7 @@ def combine_grad(dout, weights, rows, y):
 
 
 # --------------------------------------------------------------------------- aux losses
+
 
 def _aux_probs(logits, scoring):
     if scoring == "softmax":
@@ -521,9 +572,11 @@ def aux_loss_grad(logits, experts, d_lb, d_z, scoring: str = "softmax"):
 
 # --------------------------------------------------------------------------- the layer
 
+
 @dataclasses.dataclass
 class LayerCache:
     """Everything `layer_backward` reads, as the forward computed it."""
+
     config: LayerConfig
     x: np.ndarray
     w_router: np.ndarray
@@ -545,8 +598,9 @@ class LayerCache:
     shared_h: Optional[np.ndarray] = None
 
     def as_dict(self) -> Dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "config"}
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "config"
+        }
 
 
 def _check_layer_shapes(config: LayerConfig, arrays: Dict[str, Optional[np.ndarray]]):
@@ -559,25 +613,50 @@ def _check_layer_shapes(config: LayerConfig, arrays: Dict[str, Optional[np.ndarr
             raise ValueError(f"{name} has shape {tuple(np.shape(a))}, expected {tuple(shape)}")
     if not config.router_bias and arrays.get("router_bias") is not None:
         raise ValueError("router_bias given but config.router_bias is False")
-    if not config.has_shared and (arrays.get("shared_gate_up") is not None
-                                  or arrays.get("shared_down") is not None):
+    if not config.has_shared and (
+        arrays.get("shared_gate_up") is not None or arrays.get("shared_down") is not None
+    ):
         raise ValueError("shared expert weights given but config.shared_ffn is 0")
 
 
-def layer_forward(config: LayerConfig, x, w_router, w_gate_up, w_down, router_bias=None,
-                  shared_gate_up=None, shared_down=None):
+def layer_forward(
+    config: LayerConfig,
+    x,
+    w_router,
+    w_gate_up,
+    w_down,
+    router_bias=None,
+    shared_gate_up=None,
+    shared_down=None,
+):
     """The whole layer (moe.layer after moe-decompose). Returns (out [T,d], logits [T,E],
     cache)."""
-    _check_layer_shapes(config, dict(x=x, w_router=w_router, w_gate_up=w_gate_up,
-                                     w_down=w_down, router_bias=router_bias,
-                                     shared_gate_up=shared_gate_up, shared_down=shared_down))
+    _check_layer_shapes(
+        config,
+        dict(
+            x=x,
+            w_router=w_router,
+            w_gate_up=w_gate_up,
+            w_down=w_down,
+            router_bias=router_bias,
+            shared_gate_up=shared_gate_up,
+            shared_down=shared_down,
+        ),
+    )
     dt = compute_dtype(x, w_router, w_gate_up, w_down, shared_gate_up, shared_down)
     x, w_router = _f(x, dt), _f(w_router, dt)
     w_gate_up, w_down = _f(w_gate_up, dt), _f(w_down, dt)
     weights, experts, logits = router(
-        x, w_router, router_bias, scoring=config.scoring, top_k=config.top_k,
-        renormalize=config.renormalize, num_groups=config.num_groups,
-        topk_groups=config.topk_groups, scaling=config.scaling_factor)
+        x,
+        w_router,
+        router_bias,
+        scoring=config.scoring,
+        top_k=config.top_k,
+        renormalize=config.renormalize,
+        num_groups=config.num_groups,
+        topk_groups=config.topk_groups,
+        scaling=config.scaling_factor,
+    )
     token_ids, offsets, rows = dispatch(experts, config.experts, config.capacity)
     y, h = expert_ffn(x, token_ids, offsets, w_gate_up, w_down, config.activation)
     routed = combine(y, weights, rows)
@@ -587,16 +666,33 @@ def layer_forward(config: LayerConfig, x, w_router, w_gate_up, w_down, router_bi
         shared_gate_up, shared_down = _f(shared_gate_up, dt), _f(shared_down, dt)
         shared_y, shared_h = shared_expert(x, shared_gate_up, shared_down, config.activation)
         out = routed + shared_y
-    cache = LayerCache(config=config, x=x, w_router=w_router, w_gate_up=w_gate_up,
-                       w_down=w_down, router_bias=router_bias, shared_gate_up=shared_gate_up,
-                       shared_down=shared_down, weights=weights, experts=experts,
-                       logits=logits, token_ids=token_ids, offsets=offsets, rows=rows, y=y,
-                       h=h, routed_out=routed, shared_y=shared_y, shared_h=shared_h)
+    cache = LayerCache(
+        config=config,
+        x=x,
+        w_router=w_router,
+        w_gate_up=w_gate_up,
+        w_down=w_down,
+        router_bias=router_bias,
+        shared_gate_up=shared_gate_up,
+        shared_down=shared_down,
+        weights=weights,
+        experts=experts,
+        logits=logits,
+        token_ids=token_ids,
+        offsets=offsets,
+        rows=rows,
+        y=y,
+        h=h,
+        routed_out=routed,
+        shared_y=shared_y,
+        shared_h=shared_h,
+    )
     return out, logits, cache
 
 
-def layer_backward(config: LayerConfig, cache: LayerCache, d_out, d_logits=None,
-                   fused: bool = True) -> Tuple[np.ndarray, ...]:
+def layer_backward(
+    config: LayerConfig, cache: LayerCache, d_out, d_logits=None, fused: bool = True
+) -> Tuple[np.ndarray, ...]:
     """Gradients of the layer for the cotangents d_out [T,d] and d_logits [T,E] (None = 0).
 
     Returns (dx, d_router, d_gate_up, d_down), plus (d_shared_gate_up, d_shared_down) with a
@@ -614,20 +710,30 @@ def layer_backward(config: LayerConfig, cache: LayerCache, d_out, d_logits=None,
     act = config.activation
     if fused:
         dx_e, d_weights, d_wgu, d_wd = expert_combine_grad(
-            c.x, c.token_ids, c.offsets, c.rows, c.weights, c.w_gate_up, c.w_down, c.h,
-            d_out, act)
+            c.x, c.token_ids, c.offsets, c.rows, c.weights, c.w_gate_up, c.w_down, c.h, d_out, act
+        )
     else:
         dy, d_weights = combine_grad(d_out, c.weights, c.rows, c.y)
-        dx_e, d_wgu, d_wd = expert_ffn_grad(c.x, c.token_ids, c.offsets, c.w_gate_up,
-                                            c.w_down, c.h, dy, act)
-    dx_r, d_wr = router_grad(c.x, c.w_router, c.logits, c.experts, d_weights, d_logits,
-                             scoring=config.scoring, renormalize=config.renormalize,
-                             scaling=config.scaling_factor)
+        dx_e, d_wgu, d_wd = expert_ffn_grad(
+            c.x, c.token_ids, c.offsets, c.w_gate_up, c.w_down, c.h, dy, act
+        )
+    dx_r, d_wr = router_grad(
+        c.x,
+        c.w_router,
+        c.logits,
+        c.experts,
+        d_weights,
+        d_logits,
+        scoring=config.scoring,
+        renormalize=config.renormalize,
+        scaling=config.scaling_factor,
+    )
     dx = dx_e + dx_r
     grads = [dx, d_wr, d_wgu, d_wd]
     if config.has_shared:
-        dx_s, d_sgu, d_sd = shared_expert_grad(c.x, c.shared_gate_up, c.shared_down,
-                                               c.shared_h, d_out, act)
+        dx_s, d_sgu, d_sd = shared_expert_grad(
+            c.x, c.shared_gate_up, c.shared_down, c.shared_h, d_out, act
+        )
         grads[0] = dx + dx_s
         grads += [d_sgu, d_sd]
     return tuple(grads)

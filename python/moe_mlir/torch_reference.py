@@ -8,8 +8,8 @@ checks use CUDA), always in float32.
 
 Gradients: the expert choice is discrete; gradients flow through the scores of the chosen
 experts, into x, w_router, w_gate_up, w_down and the shared expert's weights (the selection
-bias gets none). `experts=` forces the routing decisions (BENCH.md: compare with the same
-routing, so that a near-tie in bf16 does not flip a choice).
+bias gets none). `experts=` forces the routing decisions (docs/benchmarks.md: compare with the
+same routing, so that a near-tie in bf16 does not flip a choice).
 
     ref = forward(config, {"x": x, "w_router": wr, "w_gate_up": wgu, "w_down": wd},
                   experts=ours_experts)
@@ -28,9 +28,19 @@ import torch.nn.functional as F
 
 from .config import LayerConfig
 
-__all__ = ["INPUT_ALIASES", "config_from_manifest", "canonical_inputs", "scores",
-           "select_experts", "group_scores", "router", "activation", "ReferenceOutput",
-           "forward", "forward_backward"]
+__all__ = [
+    "INPUT_ALIASES",
+    "config_from_manifest",
+    "canonical_inputs",
+    "scores",
+    "select_experts",
+    "group_scores",
+    "router",
+    "activation",
+    "ReferenceOutput",
+    "forward",
+    "forward_backward",
+]
 
 # Other names the layer's arguments go by (the manifest's "inputs", the brief's names).
 INPUT_ALIASES = {
@@ -43,6 +53,7 @@ INPUT_ALIASES = {
 
 def config_from_manifest(layer: Mapping[str, Any]) -> LayerConfig:
     """The LayerConfig of a manifest's "layer" object (moe-compile's NAME.json)."""
+
     def get(key, default=None):
         if key in layer:
             return layer[key]
@@ -51,14 +62,22 @@ def config_from_manifest(layer: Mapping[str, Any]) -> LayerConfig:
         return default
 
     return LayerConfig(
-        tokens=int(get("T")), hidden=int(get("d")), ffn=int(get("n")), experts=int(get("E")),
-        top_k=int(get("k")), scoring=str(get("scoring", "softmax")),
-        renormalize=bool(get("renormalize", False)), num_groups=int(get("num_groups", 1)),
+        tokens=int(get("T")),
+        hidden=int(get("d")),
+        ffn=int(get("n")),
+        experts=int(get("E")),
+        top_k=int(get("k")),
+        scoring=str(get("scoring", "softmax")),
+        renormalize=bool(get("renormalize", False)),
+        num_groups=int(get("num_groups", 1)),
         topk_groups=int(get("topk_groups", 1)),
         scaling_factor=float(get("scaling_factor", 1.0)),
         round_logits=bool(get("round_logits", False)),
-        router_bias=bool(get("has_bias", False)), shared_ffn=int(get("shared_n", 0)),
-        activation=str(get("activation", "swiglu")), dtype="bf16").validate()
+        router_bias=bool(get("has_bias", False)),
+        shared_ffn=int(get("shared_n", 0)),
+        activation=str(get("activation", "swiglu")),
+        dtype="bf16",
+    ).validate()
 
 
 def canonical_inputs(inputs: Mapping[str, Any]) -> Dict[str, Any]:
@@ -73,6 +92,7 @@ def canonical_inputs(inputs: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- router
+
 
 def scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
     if scoring == "softmax":
@@ -103,7 +123,7 @@ def group_scores(c: torch.Tensor, num_groups: int) -> torch.Tensor:
     rows = torch.arange(T, device=c.device)
     out = []
     for g in range(num_groups):
-        vals = c[:, g * size:(g + 1) * size]
+        vals = c[:, g * size : (g + 1) * size]
         avail = torch.ones_like(vals, dtype=torch.bool)
         b1 = _argbest(vals, avail)
         score = vals[rows, b1]
@@ -115,8 +135,9 @@ def group_scores(c: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def select_experts(c: torch.Tensor, top_k: int, num_groups: int = 1,
-                   topk_groups: int = 1) -> torch.Tensor:
+def select_experts(
+    c: torch.Tensor, top_k: int, num_groups: int = 1, topk_groups: int = 1
+) -> torch.Tensor:
     """[T, k] int64: k rounds of the best remaining candidate (group-limited when
     num_groups > 1); experts[t, j] is the j-th pick."""
     T, E = c.shape
@@ -137,12 +158,20 @@ def select_experts(c: torch.Tensor, top_k: int, num_groups: int = 1,
         e = _argbest(c, candidates)
         picks.append(e)
         candidates[rows, e] = False
-    return torch.stack(picks, dim=1) if picks else torch.zeros((T, 0), dtype=torch.long,
-                                                                  device=c.device)
+    return (
+        torch.stack(picks, dim=1)
+        if picks
+        else torch.zeros((T, 0), dtype=torch.long, device=c.device)
+    )
 
 
-def router(config: LayerConfig, x: torch.Tensor, w_router: torch.Tensor,
-           bias: Optional[torch.Tensor] = None, experts: Optional[torch.Tensor] = None):
+def router(
+    config: LayerConfig,
+    x: torch.Tensor,
+    w_router: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    experts: Optional[torch.Tensor] = None,
+):
     """Returns (weights [T,k], experts [T,k] int64, logits [T,E], selection scores c)."""
     logits = x @ w_router
     if config.round_logits and config.dtype == "bf16":
@@ -155,21 +184,22 @@ def router(config: LayerConfig, x: torch.Tensor, w_router: torch.Tensor,
     else:
         experts = experts.to(device=x.device, dtype=torch.long)
         if tuple(experts.shape) != (x.shape[0], config.top_k):
-            raise ValueError(f"experts has shape {tuple(experts.shape)}, expected "
-                             f"{(x.shape[0], config.top_k)}")
+            raise ValueError(
+                f"experts has shape {tuple(experts.shape)}, expected {(x.shape[0], config.top_k)}"
+            )
         if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= config.experts):
             raise ValueError(f"experts holds values outside [0, {config.experts})")
     u = s.gather(1, experts)
     w = u
     if config.renormalize:
         total = u.sum(dim=1, keepdim=True)
-        w = torch.where(total != 0, u / torch.where(total != 0, total, torch.ones_like(total)),
-                        u)
+        w = torch.where(total != 0, u / torch.where(total != 0, total, torch.ones_like(total)), u)
     w = w * float(config.scaling_factor)
     return w, experts, logits, c
 
 
 # --------------------------------------------------------------------------- experts
+
 
 def activation(h: torch.Tensor, act: str) -> torch.Tensor:
     if act == "swiglu":
@@ -199,9 +229,13 @@ def _leaf(t: Optional[torch.Tensor], grad: bool) -> Optional[torch.Tensor]:
     return f.requires_grad_(grad)
 
 
-def forward(config: LayerConfig, inputs: Mapping[str, torch.Tensor], *,
-            experts: Optional[torch.Tensor] = None,
-            requires_grad: bool = True) -> ReferenceOutput:
+def forward(
+    config: LayerConfig,
+    inputs: Mapping[str, torch.Tensor],
+    *,
+    experts: Optional[torch.Tensor] = None,
+    requires_grad: bool = True,
+) -> ReferenceOutput:
     """The layer forward in fp32 on f32 copies of `inputs` (names of LayerConfig.arg_specs or
     INPUT_ALIASES). `experts`: force the routing decisions ([T,k] integers)."""
     config.validate()
@@ -211,11 +245,14 @@ def forward(config: LayerConfig, inputs: Mapping[str, torch.Tensor], *,
             raise ValueError(f"the layer needs {name} (shape {shape})")
         if tuple(named[name].shape) != tuple(shape):
             raise ValueError(f"{name} has shape {tuple(named[name].shape)}, expected {shape}")
-    leaves = {name: _leaf(named[name], requires_grad and name != "router_bias")
-              for name, _, _ in config.arg_specs()}
+    leaves = {
+        name: _leaf(named[name], requires_grad and name != "router_bias")
+        for name, _, _ in config.arg_specs()
+    }
     x = leaves["x"]
-    weights, experts, logits, c = router(config, x, leaves["w_router"],
-                                         leaves.get("router_bias"), experts)
+    weights, experts, logits, c = router(
+        config, x, leaves["w_router"], leaves.get("router_bias"), experts
+    )
     wgu, wd = leaves["w_gate_up"], leaves["w_down"]
     T, d = x.shape
     out = torch.zeros((T, d), dtype=torch.float32, device=x.device)
@@ -230,13 +267,19 @@ def forward(config: LayerConfig, inputs: Mapping[str, torch.Tensor], *,
     if config.has_shared:
         h = x @ leaves["shared_gate_up"]
         out = out + activation(h, config.activation) @ leaves["shared_down"]
-    return ReferenceOutput(out=out, logits=logits, experts=experts, weights=weights,
-                           selection_scores=c, inputs=leaves)
+    return ReferenceOutput(
+        out=out, logits=logits, experts=experts, weights=weights, selection_scores=c, inputs=leaves
+    )
 
 
-def forward_backward(config: LayerConfig, inputs: Mapping[str, torch.Tensor],
-                     d_out: torch.Tensor, d_logits: Optional[torch.Tensor] = None, *,
-                     experts: Optional[torch.Tensor] = None):
+def forward_backward(
+    config: LayerConfig,
+    inputs: Mapping[str, torch.Tensor],
+    d_out: torch.Tensor,
+    d_logits: Optional[torch.Tensor] = None,
+    *,
+    experts: Optional[torch.Tensor] = None,
+):
     """forward, then autograd for the cotangents d_out [T,d] and d_logits [T,E] (None = 0).
     Returns (ReferenceOutput, {argument name: f32 gradient}); the router bias has none."""
     ref = forward(config, inputs, experts=experts, requires_grad=True)
@@ -246,8 +289,9 @@ def forward_backward(config: LayerConfig, inputs: Mapping[str, torch.Tensor],
         outputs.append(ref.logits)
         grads_out.append(d_logits.detach().float())
     names = [n for n, t in ref.inputs.items() if t is not None and t.requires_grad]
-    grads = torch.autograd.grad(outputs, [ref.inputs[n] for n in names], grads_out,
-                                allow_unused=True)
+    grads = torch.autograd.grad(
+        outputs, [ref.inputs[n] for n in names], grads_out, allow_unused=True
+    )
     result = {}
     for name, g in zip(names, grads):
         result[name] = g if g is not None else torch.zeros_like(ref.inputs[name])

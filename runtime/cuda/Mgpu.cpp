@@ -1,6 +1,6 @@
 //===- Mgpu.cpp - The mgpu* ABI that gpu-to-llvm emits ----------*- C++ -*-===//
 //
-// LLVM 22.1 signatures (../shared/CODEGEN.md section 7.2) on the runtime's
+// LLVM 22.1 signatures (docs/gpu-kernels.md section 6.8) on the runtime's
 // internals. Unlike upstream's CudaRuntimeWrappers.cpp the context is made
 // current once per thread, the dynamic smem attribute is set once per
 // function, and failures are recorded (moeGetLastStatus) instead of printed.

@@ -25,87 +25,126 @@ left unused, ptxas would drop the wgmma with it, so the epilogue stays behind a 
 is never true on real data (the first value equal to 12345.0). Each ablation is a textual
 edit of the generator; when the generator no longer has the text, this exits saying which.
 """
+
 import pathlib
 import sys
 
-GENERATOR = pathlib.Path(__file__).resolve().parents[2] / "lib/Conversion/MoEToGPU/gen_gpu_library.py"
+GENERATOR = (
+    pathlib.Path(__file__).resolve().parents[2] / "lib/Conversion/MoEToGPU/gen_gpu_library.py"
+)
+
 
 # the never-true test that keeps the accumulator live
 def _odd(indent):
-    return ('''a0 = e.op(f"llvm.extractvalue {acc}[0] : {ACC}", "a0")\n''' + indent +
-            '''odd = e.op(f"arith.cmpf oeq, {a0}, {e.const(12345.0, 'f32')} : f32", "odd")''')
+    return (
+        """a0 = e.op(f"llvm.extractvalue {acc}[0] : {ACC}", "a0")\n"""
+        + indent
+        + """odd = e.op(f"arith.cmpf oeq, {a0}, {e.const(12345.0, 'f32')} : f32", "odd")"""
+    )
+
 
 ABLATIONS = {
-    "nostore": [(
-        '''                    (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)''',
-        '''                    if not (g.sched == "varlen_k" and by_boxes):
-                        (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)''')],
-    "nostm": [(
-        '''                    (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)''',
-        '''                    if g.sched == "varlen_k" and by_boxes:
-                        ''' + _odd(" " * 24) + '''
+    "nostore": [
+        (
+            """                    (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)""",
+            """                    if not (g.sched == "varlen_k" and by_boxes):
+                        (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)""",
+        )
+    ],
+    "nostm": [
+        (
+            """                    (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)""",
+            """                    if g.sched == "varlen_k" and by_boxes:
+                        """
+            + _odd(" " * 24)
+            + """
                         if_begin(odd)
                         stage_boxes_stmatrix(stage_ptr, acc)
                         if_end()
                     else:
-                        (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)''')],
-    "nowait": [(
-        '''            if g.bulk_store:
+                        (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)""",
+        )
+    ],
+    "nowait": [
+        (
+            """            if g.bulk_store:
                 # this thread's copy of the last tile has read its staging row
                 e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
-            consumer_barrier()  # the last tile's stores have read the staging buffer''',
-        '''            if g.sched != "varlen_k":
+            consumer_barrier()  # the last tile's stores have read the staging buffer""",
+            """            if g.sched != "varlen_k":
                 if g.bulk_store:
                     e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
-                consumer_barrier()''')],
-    "noepi": [(
-        '''            acc, nsl, nph = mainloop_ws(S, sl, ph)
-            if_begin(S["valid"])''',
-        '''            acc, nsl, nph = mainloop_ws(S, sl, ph)
+                consumer_barrier()""",
+        )
+    ],
+    "noepi": [
+        (
+            """            acc, nsl, nph = mainloop_ws(S, sl, ph)
+            if_begin(S["valid"])""",
+            """            acc, nsl, nph = mainloop_ws(S, sl, ph)
             if g.sched == "varlen_k":
-                ''' + _odd(" " * 16) + '''
+                """
+            + _odd(" " * 16)
+            + """
                 if_begin(e.op(f"arith.andi {odd}, {S['valid']} : i1"))
             else:
-                if_begin(S["valid"])''')],
-    "nomma": [(
-        '''        e.emit("nvvm.wgmma.fence.aligned")
-        for kk in range(count):''',
-        '''        if g.sched == "varlen_k":
+                if_begin(S["valid"])""",
+        )
+    ],
+    "nomma": [
+        (
+            """        e.emit("nvvm.wgmma.fence.aligned")
+        for kk in range(count):""",
+            """        if g.sched == "varlen_k":
             return acc
         e.emit("nvvm.wgmma.fence.aligned")
-        for kk in range(count):''')],
-    "dact-noepi": [(
-        '''        acc, _ = mainloop(S, c(0, I32))
+        for kk in range(count):""",
+        )
+    ],
+    "dact-noepi": [
+        (
+            """        acc, _ = mainloop(S, c(0, I32))
         if_begin(S["valid"])
-        ring_epilogue(''',
-        '''        acc, _ = mainloop(S, c(0, I32))
+        ring_epilogue(""",
+            """        acc, _ = mainloop(S, c(0, I32))
         if g.epi == "dswiglu":
-            ''' + _odd(" " * 12) + '''
+            """
+            + _odd(" " * 12)
+            + """
             if_begin(e.op(f"arith.andi {odd}, {S['valid']} : i1"))
         else:
             if_begin(S["valid"])
-        ring_epilogue(''')],
-    "dact-nomma": [(
-        '''        e.emit("nvvm.wgmma.fence.aligned")
-        for kk in range(count):''',
-        '''        if g.epi == "dswiglu":
+        ring_epilogue(""",
+        )
+    ],
+    "dact-nomma": [
+        (
+            """        e.emit("nvvm.wgmma.fence.aligned")
+        for kk in range(count):""",
+            """        if g.epi == "dswiglu":
             return acc
         e.emit("nvvm.wgmma.fence.aligned")
-        for kk in range(count):''')],
+        for kk in range(count):""",
+        )
+    ],
 }
 
 
 def ablate(source, kind):
     """The generator's text with ablation `kind` applied; SystemExit if it does not apply."""
     if kind not in ABLATIONS:
-        raise SystemExit(f"ablate_generator.py: unknown ablation {kind!r}: expected one of "
-                         f"{', '.join(ABLATIONS)}")
+        raise SystemExit(
+            f"ablate_generator.py: unknown ablation {kind!r}: expected one of "
+            f"{', '.join(ABLATIONS)}"
+        )
     for old, new in ABLATIONS[kind]:
         if source.count(old) != 1:
             first = old.strip().splitlines()[0]
-            raise SystemExit(f"ablate_generator.py: {kind}: the generator has "
-                             f"{source.count(old)} copies of the text it edits (expected 1), "
-                             f"starting: {first}")
+            raise SystemExit(
+                f"ablate_generator.py: {kind}: the generator has "
+                f"{source.count(old)} copies of the text it edits (expected 1), "
+                f"starting: {first}"
+            )
         source = source.replace(old, new)
     return source
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.py on the BENCH.md layers with the sustained ceiling, under gpu-clocks.sh (the SM
+# bench.py on the docs/benchmarks.md layers with the sustained ceiling, under gpu-clocks.sh (the SM
 # clock, power and power-cap share of each stretch), MOE_CLOCKS_RUNS times (default 2), and
 # bench/bench.py's dry-run tests (CPU) first. Needs gpu-inputs/layers linked
 # (gpu/layer-check.sh --only build does it). Output: $OUT/clocks-bench.tgz and the summaries.

@@ -6,7 +6,7 @@
 #             linked with it into NAME.so (g++ -shared, rpath to the runtime);
 #   example   examples/cpp built against the "example" layer and run;
 #   check     bench/check_layer.py on the small and odd layers, with the routing variants;
-#   bench     bench/bench.py on the four BENCH.md configurations;
+#   bench     bench/bench.py on the four docs/benchmarks.md configurations;
 #   recompute the same layers compiled with H recomputed in backward (NAME-recompute): with
 #             the bench step, in its bench.py run (--recompute: each right after its kept
 #             layer, the ratio from one GPU state); alone, bench.py on them without the HF
@@ -25,8 +25,8 @@
 # bench with 1 warm-up and 5 steps.
 # Environment: OUT, MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (python3),
 # MOE_GPU_INPUTS (default gpu-inputs), MOE_BENCH_PEERS (bench.py --peer for each, e.g. liger),
-# MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of BENCH.md and
-# deepseek-v3-routed, deepseek-v3 without its shared expert as BENCH.md's baseline has it),
+# MOE_BENCH_LAYERS (the bench step's layers, comma-separated; default the four of docs/benchmarks.md and
+# deepseek-v3-routed, deepseek-v3 without its shared expert as docs/benchmarks.md's baseline has it),
 # MOE_BENCH_GAPS (1: bench.py --gaps, where our step's time goes besides kernels),
 # MOE_BENCH_SUSTAINED (bench.py --sustained-ceiling, default 3 seconds; 0: not).
 # shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
@@ -158,7 +158,7 @@ if wants check; then
 fi
 
 # ---------------------------------------------------------------- bench
-# bench_step TITLE SUFFIX SUBDIR LIMIT [bench.py options...]: bench.py on the four BENCH.md
+# bench_step TITLE SUFFIX SUBDIR LIMIT [bench.py options...]: bench.py on the four docs/benchmarks.md
 # layers (NAME$SUFFIX), JSON into $out/SUBDIR.
 bench_step() {
   local title=$1 suffix=$2 sub=$3 limit=$4 name mark

@@ -5,7 +5,7 @@
 #                bash scripts/inputs/build-ops-harness.sh                 # gpu-inputs/ops
 #   GPU machine: bash scripts/gpu/ops-compare.sh CONFIGS DIR...
 # Runs every op check on each DIR (a variant that is timed must be right), then times the
-# BENCH.md configurations CONFIGS (comma-separated) with each DIR in turn (MOE_PROFILE=1 adds
+# docs/benchmarks.md configurations CONFIGS (comma-separated) with each DIR in turn (MOE_PROFILE=1 adds
 # per-kernel CUDA times).
 # MOE_COMPARE_ROUNDS=N (default 1) repeats the timing N times, every other round in the
 # reverse order, so a drift of the GPU's speed over the call (clocks, temperature) does not

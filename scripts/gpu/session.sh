@@ -5,7 +5,7 @@
 #   bash scripts/gpu/session.sh [--deadline S] STEP[,STEP...]
 # Steps (gpu-inputs/ built here by inputs/build-ops-harness.sh, inputs/build-layers.sh and
 # inputs/build-torch-cache.sh; carry gpu-inputs, and .whl for liger):
-#   ops       every op check on gpu-inputs/ops, then the op sequence of each BENCH.md step
+#   ops       every op check on gpu-inputs/ops, then the op sequence of each docs/benchmarks.md step
 #             timed with gpu-inputs/ops and each other gpu-inputs/ops-* variant in turn
 #             (MOE_PROFILE=1: per kernel; MOE_COMPARE_ROUNDS=N: N rounds, every other one in
 #             reverse order, and each variant's mean) (gpu/ops-compare.sh);

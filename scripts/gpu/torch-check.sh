@@ -5,7 +5,7 @@
 #   build   runtime/ standalone (libmoe_runtime.so), which moe_mlir links the prebuilt layers
 #           with (MOE_RUNTIME_LIB);
 #   layer   bench/train_check.py --layer-check: MoELayer on CUDA, eager and torch.compile
-#           (fullgraph), forward + backward against the fp32 torch reference (BENCH.md
+#           (fullgraph), forward + backward against the fp32 torch reference (docs/benchmarks.md
 #           tolerances), a softmax layer and a DeepSeek-V3-like one (sigmoid + bias, groups,
 #           scaling, shared expert);
 #   train   bench/train_check.py: small Mixtral-style and Qwen3-MoE-style models from config,

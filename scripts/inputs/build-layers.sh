@@ -60,7 +60,7 @@ layers = {
                                          dtype="bf16"),
     "tiny": LayerConfig(37, 128, 128, 4, 2, renormalize=True, dtype="bf16"),
     "example": LayerConfig(37, 128, 128, 4, 2, renormalize=True, dtype="bf16"),
-    # deepseek-v3 without its shared expert: the work of BENCH.md's baseline for it (the
+    # deepseek-v3 without its shared expert: the work of docs/benchmarks.md's baseline for it (the
     # Mixtral block with E = 256, k = 8, which has no shared expert)
     "deepseek-v3-routed": LayerConfig(8192, 7168, 2048, 256, 8, scoring="sigmoid",
                                       renormalize=True, router_bias=True, num_groups=8,

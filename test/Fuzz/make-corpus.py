@@ -10,6 +10,7 @@ for tests.
 
     python3 test/Fuzz/make-corpus.py --out DIR
 """
+
 import argparse
 import hashlib
 import pathlib
@@ -20,12 +21,13 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", required=True, type=pathlib.Path, help="the corpus folder")
 out = parser.parse_args().out.resolve()
 sources = sorted(
-    list((root / "test" / "Dialect" / "MoE").glob("*.mlir")) +
-    list((root / "test" / "Transforms").glob("*.mlir")) +
-    list((root / "test" / "Conversion" / "MoEToLinalg").glob("*.mlir")) +
-    list((root / "test" / "Pipelines").glob("*.mlir")) +
-    list((root / "test" / "Fuzz").glob("*.mlir")) +
-    list((root / "examples").glob("*.mlir")))
+    list((root / "test" / "Dialect" / "MoE").glob("*.mlir"))
+    + list((root / "test" / "Transforms").glob("*.mlir"))
+    + list((root / "test" / "Conversion" / "MoEToLinalg").glob("*.mlir"))
+    + list((root / "test" / "Pipelines").glob("*.mlir"))
+    + list((root / "test" / "Fuzz").glob("*.mlir"))
+    + list((root / "examples").glob("*.mlir"))
+)
 MAX_BYTES = 8192  # scripts/fuzz.sh runs with -max_len=8192
 SPLIT_BYTES = 4096  # larger cases are split into their top-level functions
 
@@ -37,20 +39,22 @@ def pieces(text):
     parts = re.split(r"^(?=func\.func )", text, flags=re.M)
     return [part.strip() + "\n" for part in parts if part.strip()]
 
+
 for old in out.glob("*.mlir.txt"):
     old.unlink()
 out.mkdir(parents=True, exist_ok=True)
 seen = set()
 count = 0
 for source in sources:
-    stem = source.stem if source.parent.name != "examples" else \
-        "example-" + source.stem
-    prefix = source.parent.name.lower() + "-" + stem \
-        if source.parent.name not in ("MoE", "examples") else stem
+    stem = source.stem if source.parent.name != "examples" else "example-" + source.stem
+    prefix = (
+        source.parent.name.lower() + "-" + stem
+        if source.parent.name not in ("MoE", "examples")
+        else stem
+    )
     cases = re.split(r"^// -----.*$", source.read_text(), flags=re.M)
     for index, case in enumerate(cases):
-        lines = [line.rstrip() for line in case.splitlines()
-                 if not line.lstrip().startswith("//")]
+        lines = [line.rstrip() for line in case.splitlines() if not line.lstrip().startswith("//")]
         text = "\n".join(lines).strip() + "\n"
         if text == "\n":
             continue

@@ -1,10 +1,11 @@
 // How many clusters of 1, 2 and 4 CTAs the GPU holds at once for a CTA shaped
 // like the persistent GEMMs' (384 threads, one an SM by its shared memory): a
-// cluster variant that launches SM-count CTAs in pairs (4222a08, docs/perf.md
-// session 21) only runs them all at once if every pair fits.
+// cluster variant that launches SM-count CTAs in pairs (the 2-CTA multicast of
+// docs/gpu-kernels.md, decision T13) only runs them all at once if every pair
+// fits.
 //   nvcc -gencode arch=compute_90a,code=sm_90a -o /tmp/cluster_occupancy \
 //     test/GPU/cluster_occupancy.cu && /tmp/cluster_occupancy
-// (bash scripts/gpu-session.sh tensor runs it)
+// (bash scripts/gpu/session.sh tensor runs it)
 #include <cstdio>
 #include <cuda_runtime.h>
 

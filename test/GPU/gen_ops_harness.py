@@ -7,6 +7,7 @@ so bench-free op checks (ops_check.py) can call each host function from PyTorch.
 
 Scalars cross the C interface as i64 (flags, enums) or f32, and are converted inside.
 """
+
 import sys
 
 B2, F2, I2 = "memref<?x?xbf16>", "memref<?x?xf32>", "memref<?x?xi32>"
@@ -15,26 +16,83 @@ I1, F1, BF1 = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
 
 # name: [(arg, type)] in host-function order; "i32"/"i1" scalars become i64 at the boundary.
 OPS = {
-    "router": [("x", B2), ("wr", B2), ("bias", F1), ("scoring", "i32"), ("renormalize", "i1"),
-               ("num_groups", "index"), ("topk_groups", "index"), ("scaling", "f32"),
-               ("round_logits", "i1"), ("weights", F2), ("experts", I2), ("logits", F2)],
+    "router": [
+        ("x", B2),
+        ("wr", B2),
+        ("bias", F1),
+        ("scoring", "i32"),
+        ("renormalize", "i1"),
+        ("num_groups", "index"),
+        ("topk_groups", "index"),
+        ("scaling", "f32"),
+        ("round_logits", "i1"),
+        ("weights", F2),
+        ("experts", I2),
+        ("logits", F2),
+    ],
     "dispatch": [("experts", I2), ("token_ids", I1), ("offsets", I1), ("rows", I2)],
-    "expert_ffn": [("x", B2), ("token_ids", I1), ("offsets", I1), ("wgu", B3), ("wd", B3),
-                   ("act", "i32"), ("y", B2), ("h", B2)],
-    "expert_ffn_h": [("x", B2), ("token_ids", I1), ("offsets", I1), ("wgu", B3), ("wd", B3),
-                     ("act", "i32"), ("h", B2)],
+    "expert_ffn": [
+        ("x", B2),
+        ("token_ids", I1),
+        ("offsets", I1),
+        ("wgu", B3),
+        ("wd", B3),
+        ("act", "i32"),
+        ("y", B2),
+        ("h", B2),
+    ],
+    "expert_ffn_h": [
+        ("x", B2),
+        ("token_ids", I1),
+        ("offsets", I1),
+        ("wgu", B3),
+        ("wd", B3),
+        ("act", "i32"),
+        ("h", B2),
+    ],
     "combine": [("y", B2), ("weights", F2), ("rows", I2), ("out", B2)],
     "shared_expert": [("x", B2), ("wgu", B2), ("wd", B2), ("act", "i32"), ("y", B2), ("h", B2)],
     "shared_expert_h": [("x", B2), ("wgu", B2), ("wd", B2), ("act", "i32"), ("h", B2)],
-    "expert_combine_grad": [("x", B2), ("token_ids", I1), ("offsets", I1), ("rows", I2),
-                            ("weights", F2), ("wgu", B3), ("wd", B3), ("h", B2), ("dout", B2),
-                            ("act", "i32"), ("dx", B2), ("d_weights", F2), ("d_wgu", B3),
-                            ("d_wd", B3)],
-    "shared_expert_grad": [("x", B2), ("wgu", B2), ("wd", B2), ("h", B2), ("dy", B2),
-                           ("act", "i32"), ("dx", B2), ("d_wgu", B2), ("d_wd", B2)],
-    "router_grad": [("x", B2), ("wr", B2), ("logits", F2), ("experts", I2), ("d_weights", F2),
-                    ("d_logits", F2), ("scoring", "i32"), ("renormalize", "i1"),
-                    ("scaling", "f32"), ("dx", B2), ("d_wr", B2)],
+    "expert_combine_grad": [
+        ("x", B2),
+        ("token_ids", I1),
+        ("offsets", I1),
+        ("rows", I2),
+        ("weights", F2),
+        ("wgu", B3),
+        ("wd", B3),
+        ("h", B2),
+        ("dout", B2),
+        ("act", "i32"),
+        ("dx", B2),
+        ("d_weights", F2),
+        ("d_wgu", B3),
+        ("d_wd", B3),
+    ],
+    "shared_expert_grad": [
+        ("x", B2),
+        ("wgu", B2),
+        ("wd", B2),
+        ("h", B2),
+        ("dy", B2),
+        ("act", "i32"),
+        ("dx", B2),
+        ("d_wgu", B2),
+        ("d_wd", B2),
+    ],
+    "router_grad": [
+        ("x", B2),
+        ("wr", B2),
+        ("logits", F2),
+        ("experts", I2),
+        ("d_weights", F2),
+        ("d_logits", F2),
+        ("scoring", "i32"),
+        ("renormalize", "i1"),
+        ("scaling", "f32"),
+        ("dx", B2),
+        ("d_wr", B2),
+    ],
     "add": [("a", BF1), ("b", BF1), ("out", BF1)],
 }
 # Host functions of a library built with some settings only: wrapped where it has them.
@@ -59,14 +117,21 @@ def wrapper(name, args):
             params.append(f"%{a}: {t}")
         call_args.append(f"%{a}")
         call_types.append(t)
-    lines = [f"  func.func @op_{name}({', '.join(params)}) attributes {{llvm.emit_c_interface}} {{",
-             "    %zero = arith.constant 0 : i64"] + conv + [
-        "    %t0 = gpu.wait async",
-        f"    %t1 = func.call @__moe_gpu_{name}(%t0, {', '.join(call_args)}) : "
-        f"(!gpu.async.token, {', '.join(call_types)}) -> !gpu.async.token",
-        "    gpu.wait [%t1]",
-        "    return",
-        "  }"]
+    lines = (
+        [
+            f"  func.func @op_{name}({', '.join(params)}) attributes {{llvm.emit_c_interface}} {{",
+            "    %zero = arith.constant 0 : i64",
+        ]
+        + conv
+        + [
+            "    %t0 = gpu.wait async",
+            f"    %t1 = func.call @__moe_gpu_{name}(%t0, {', '.join(call_args)}) : "
+            f"(!gpu.async.token, {', '.join(call_types)}) -> !gpu.async.token",
+            "    gpu.wait [%t1]",
+            "    return",
+            "  }",
+        ]
+    )
     return "\n".join(lines)
 
 

@@ -5,9 +5,10 @@ against an fp32 PyTorch reference, op by op, on random data.
     python3 test/GPU/ops_check.py --lib build/ops.so [--quick] [--json out.json]
 
 The library is ops_harness.mlir (gen_ops_harness.py) lowered by moe-opt/mlir-opt, translated
-to an object and linked with libmoe_runtime into a shared library. Tolerances: BENCH.md
+to an object and linked with libmoe_runtime into a shared library. Tolerances: docs/benchmarks.md
 (relative Frobenius error 1e-2 for forward outputs, 2e-2 for gradients; NaN never passes).
 """
+
 import argparse
 import ctypes
 import json
@@ -31,9 +32,14 @@ RESULTS = []
 
 def desc_type(rank):
     class D(ctypes.Structure):
-        _fields_ = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
-                    ("offset", ctypes.c_int64), ("sizes", ctypes.c_int64 * rank),
-                    ("strides", ctypes.c_int64 * rank)]
+        _fields_ = [
+            ("allocated", ctypes.c_void_p),
+            ("aligned", ctypes.c_void_p),
+            ("offset", ctypes.c_int64),
+            ("sizes", ctypes.c_int64 * rank),
+            ("strides", ctypes.c_int64 * rank),
+        ]
+
     return D
 
 
@@ -113,6 +119,7 @@ def bf(*shape, std=1.0):
 
 # --------------------------------------------------------------------------- references
 
+
 def ref_scores(logits, scoring):
     return torch.softmax(logits, -1) if scoring == 0 else torch.sigmoid(logits)
 
@@ -162,8 +169,10 @@ def ref_ffn(x, token_ids, offsets, wgu, wd):
 
 # --------------------------------------------------------------------------- checks
 
-def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=False,
-               round_logits=False):
+
+def run_router(
+    lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=False, round_logits=False
+):
     tag = f"router T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
     if round_logits:
         tag += " round_logits"
@@ -172,8 +181,21 @@ def run_router(lib, T, d, E, k, scoring, renorm, G=1, TG=1, scaling=1.0, bias=Fa
     w = torch.empty(T, k, device=DEV)
     ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
     lg = torch.empty(T, E, device=DEV)
-    lib.call("router", x, wr, b, scoring, int(renorm), G, TG, float(scaling), int(round_logits),
-             w, ex, lg)
+    lib.call(
+        "router",
+        x,
+        wr,
+        b,
+        scoring,
+        int(renorm),
+        G,
+        TG,
+        float(scaling),
+        int(round_logits),
+        w,
+        ex,
+        lg,
+    )
     ref_lg = x.float() @ wr.float()
     ok = check(f"{tag} logits", rel(lg, ref_lg), 1e-2)
     if round_logits:  # what a bf16 nn.Linear router holds: bf16 values
@@ -208,8 +230,10 @@ def run_dispatch(lib, T, k, E, mode):
     elif mode == "skewed":  # experts E/2.. get nothing
         ex = distinct_picks(T, max(k, E // 2), k).to(torch.int32)
     else:  # all-to-one: every token's first pick is expert 0
-        ex = torch.cat([torch.zeros(T, 1, dtype=torch.long, device=DEV),
-                        1 + distinct_picks(T, E - 1, k - 1)], dim=1).to(torch.int32)
+        ex = torch.cat(
+            [torch.zeros(T, 1, dtype=torch.long, device=DEV), 1 + distinct_picks(T, E - 1, k - 1)],
+            dim=1,
+        ).to(torch.int32)
     R = T * k
     tid = torch.empty(R, dtype=torch.int32, device=DEV)
     off = torch.empty(E + 1, dtype=torch.int32, device=DEV)
@@ -237,8 +261,9 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     # H alone (a recomputation in backward): the same bits as the full FFN's H
     h_only = torch.full_like(h, float("nan"))
     lib.call("expert_ffn_h", x, tid, off, wgu, wd, 0, h_only)
-    ok &= check_exact(f"{tag} h only (recompute) bitwise", h_only.view(torch.int16),
-                      h.view(torch.int16))
+    ok &= check_exact(
+        f"{tag} h only (recompute) bitwise", h_only.view(torch.int16), h.view(torch.int16)
+    )
     w = torch.rand(T, k, device=DEV)
     out = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
     lib.call("combine", y, w, rows, out)
@@ -283,19 +308,40 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     dx2 = torch.empty_like(dx)
     dwgu2 = torch.empty_like(dwgu)
     lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx2, dw, dwgu2, dwd)
-    ok &= check_exact(f"{tag} backward bitwise", torch.cat([dx2.flatten(), dwgu2.flatten()]).view(torch.int16),
-                      torch.cat([dx.flatten(), dwgu.flatten()]).view(torch.int16))
+    ok &= check_exact(
+        f"{tag} backward bitwise",
+        torch.cat([dx2.flatten(), dwgu2.flatten()]).view(torch.int16),
+        torch.cat([dx.flatten(), dwgu.flatten()]).view(torch.int16),
+    )
     if lib.has("expert_combine_grad_acc"):
         # dx += the experts' dx (what the shared expert's dx is added to), of its size; the
         # other outputs as the plain call's, bit for bit
         dx0 = bf(T, d, std=xr.grad.std().item())
         dx_acc = dx0.clone()
         dw3, dwgu3, dwd3 = torch.empty_like(dw), torch.empty_like(dwgu), torch.empty_like(dwd)
-        lib.call("expert_combine_grad_acc", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx_acc, dw3, dwgu3, dwd3)
+        lib.call(
+            "expert_combine_grad_acc",
+            x,
+            tid,
+            off,
+            rows,
+            w,
+            wgu,
+            wd,
+            h,
+            dout,
+            0,
+            dx_acc,
+            dw3,
+            dwgu3,
+            dwd3,
+        )
         ok &= check(f"{tag} dx accumulated", rel(dx_acc, dx0.float() + xr.grad), 2e-2)
-        ok &= check_exact(f"{tag} accumulating backward's weight gradients bitwise",
-                          torch.cat([dwgu3.flatten(), dwd3.flatten()]).view(torch.int16),
-                          torch.cat([dwgu.flatten(), dwd.flatten()]).view(torch.int16))
+        ok &= check_exact(
+            f"{tag} accumulating backward's weight gradients bitwise",
+            torch.cat([dwgu3.flatten(), dwd3.flatten()]).view(torch.int16),
+            torch.cat([dwgu.flatten(), dwd.flatten()]).view(torch.int16),
+        )
         ok &= check_exact(f"{tag} accumulating backward's d_weights bitwise", dw3, dw)
     return ok
 
@@ -326,9 +372,14 @@ def run_router_hostile(lib, scoring):
     tot = u.sum(1, keepdims=True)
     ref_w = np.where(tot != 0, u / np.where(tot != 0, tot, 1), u)
     same = np.isclose(w.cpu().numpy(), ref_w, rtol=1e-5, atol=0, equal_nan=True)
-    RESULTS.append({"check": f"{tag} weights", "mismatches": int((~same).sum()), "ok": bool(same.all())})
-    print(f"{'PASS' if same.all() else 'FAIL'} {tag} weights (NaN where the reference has NaN): "
-          f"{int((~same).sum())} mismatches", flush=True)
+    RESULTS.append(
+        {"check": f"{tag} weights", "mismatches": int((~same).sum()), "ok": bool(same.all())}
+    )
+    print(
+        f"{'PASS' if same.all() else 'FAIL'} {tag} weights (NaN where the reference has NaN): "
+        f"{int((~same).sum())} mismatches",
+        flush=True,
+    )
     return ok and bool(same.all())
 
 
@@ -357,8 +408,11 @@ def run_empty(lib):
     dxr, dwr = torch.empty(0, d, dtype=torch.bfloat16, device=DEV), torch.empty_like(wr)
     lib.call("router_grad", x, wr, lg, ex, dw, torch.empty(0, 0, device=DEV), 0, 1, 1.0, dxr, dwr)
     ok = check_exact("T=0 offsets all zero", off, torch.zeros(E + 1, dtype=torch.int32, device=DEV))
-    ok &= check("T=0 weight gradients are zero", float(dwgu.float().abs().sum() + dwd.float().abs().sum()
-                                                      + dwr.float().abs().sum()), 0.0)
+    ok &= check(
+        "T=0 weight gradients are zero",
+        float(dwgu.float().abs().sum() + dwd.float().abs().sum() + dwr.float().abs().sum()),
+        0.0,
+    )
     return ok
 
 
@@ -409,8 +463,9 @@ def run_shared(lib, T, d, m):
     ok &= check(f"{tag} y", rel(y, yr.detach()), 1e-2)
     h_only = torch.full_like(h, float("nan"))
     lib.call("shared_expert_h", x, wgu, wd, 0, h_only)
-    ok &= check_exact(f"{tag} h only (recompute) bitwise", h_only.view(torch.int16),
-                      h.view(torch.int16))
+    ok &= check_exact(
+        f"{tag} h only (recompute) bitwise", h_only.view(torch.int16), h.view(torch.int16)
+    )
     dy = bf(T, d)
     (yr * dy.float()).sum().backward()
     dx = torch.empty_like(x)
@@ -422,7 +477,7 @@ def run_shared(lib, T, d, m):
     return ok
 
 
-CONFIGS = {  # BENCH.md: T, d, n, E, k, scoring, renormalize, groups, topk_groups, scaling
+CONFIGS = {  # docs/benchmarks.md: T, d, n, E, k, scoring, renormalize, groups, topk_groups, scaling
     "mixtral-8x7b": (16384, 4096, 14336, 8, 2, 0, True, 1, 1, 1.0),
     "olmoe-1b-7b": (16384, 2048, 1024, 64, 8, 0, False, 1, 1, 1.0),
     "qwen3-30b-a3b": (16384, 2048, 768, 128, 8, 0, True, 1, 1, 1.0),
@@ -453,19 +508,62 @@ def bench(lib, name, reps=5):
     dwr = torch.empty_like(wr)
     empty2 = torch.empty(0, 0, device=DEV)
     ops = [
-        ("router", lambda: lib.call("router", x, wr, bias, scoring, int(renorm), G, TG, float(scaling), 0, w, ex, lg)),
+        (
+            "router",
+            lambda: lib.call(
+                "router", x, wr, bias, scoring, int(renorm), G, TG, float(scaling), 0, w, ex, lg
+            ),
+        ),
         ("dispatch", lambda: lib.call("dispatch", ex, tid, off, rows)),
         ("expert_ffn", lambda: lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)),
         ("combine", lambda: lib.call("combine", y, w, rows, out)),
-        ("expert_combine_grad", lambda: lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dxs, dw, dwgu, dwd)),
-        ("router_grad", lambda: lib.call("router_grad", x, wr, lg, ex, dw, empty2, scoring, int(renorm), float(scaling), dxr, dwr)),
+        (
+            "expert_combine_grad",
+            lambda: lib.call(
+                "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dxs, dw, dwgu, dwd
+            ),
+        ),
+        (
+            "router_grad",
+            lambda: lib.call(
+                "router_grad",
+                x,
+                wr,
+                lg,
+                ex,
+                dw,
+                empty2,
+                scoring,
+                int(renorm),
+                float(scaling),
+                dxr,
+                dwr,
+            ),
+        ),
         ("add", lambda: lib.call("add", dxs.view(-1), dxr.view(-1), dx.view(-1))),
     ]
     if lib.has("router_grad_acc"):
         # what convert-moe-to-gpu makes of router_grad + add with such a library: the
         # router's dx added into the experts' (dxs, which then holds dx)
-        ops[-2:] = [("router_grad", lambda: lib.call("router_grad_acc", x, wr, lg, ex, dw, empty2, scoring,
-                                                     int(renorm), float(scaling), dxs, dwr))]
+        ops[-2:] = [
+            (
+                "router_grad",
+                lambda: lib.call(
+                    "router_grad_acc",
+                    x,
+                    wr,
+                    lg,
+                    ex,
+                    dw,
+                    empty2,
+                    scoring,
+                    int(renorm),
+                    float(scaling),
+                    dxs,
+                    dwr,
+                ),
+            )
+        ]
     times = {name_: [] for name_, _ in ops}
     for rep in range(reps + 1):
         for op_name, fn in ops:
@@ -478,6 +576,7 @@ def bench(lib, name, reps=5):
                 times[op_name].append(start.elapsed_time(end))
     if PROFILE:
         from torch.profiler import ProfilerActivity, profile
+
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _, fn in ops:
                 fn()
@@ -486,15 +585,29 @@ def bench(lib, name, reps=5):
     med = {k_: sorted(v)[len(v) // 2] if v else float("nan") for k_, v in times.items()}
     total = sum(med.values())
     # the useful FLOPs of the ops that have them: 18 T k d n + 6 T d E in all
-    op_flops = {"router": 2 * T * d * E, "expert_ffn": 6 * T * k * d * n,
-                "expert_combine_grad": 12 * T * k * d * n, "router_grad": 4 * T * d * E}
+    op_flops = {
+        "router": 2 * T * d * E,
+        "expert_ffn": 6 * T * k * d * n,
+        "expert_combine_grad": 12 * T * k * d * n,
+        "router_grad": 4 * T * d * E,
+    }
     flops = sum(op_flops.values())
     counts = torch.bincount(ex.flatten().long(), minlength=E)
-    print(f"BENCH {name}: {total:.2f} ms fwd+bwd ops, {flops / total / 1e9:.0f} TFLOP/s; "
-          + ", ".join(f"{k_} {v:.2f}" for k_, v in med.items())
-          + f"; tokens/expert min {int(counts.min())} max {int(counts.max())}", flush=True)
-    RESULTS.append({"check": f"bench {name}", "ms": med, "total_ms": total,
-                    "tflops": flops / total / 1e9, "ok": True})
+    print(
+        f"BENCH {name}: {total:.2f} ms fwd+bwd ops, {flops / total / 1e9:.0f} TFLOP/s; "
+        + ", ".join(f"{k_} {v:.2f}" for k_, v in med.items())
+        + f"; tokens/expert min {int(counts.min())} max {int(counts.max())}",
+        flush=True,
+    )
+    RESULTS.append(
+        {
+            "check": f"bench {name}",
+            "ms": med,
+            "total_ms": total,
+            "tflops": flops / total / 1e9,
+            "ok": True,
+        }
+    )
     if ENERGY_S > 0:
         step_energy(name, ops, op_flops)
     return True
@@ -506,6 +619,7 @@ def step_energy(name, ops, flops):
     then a dense 8192^3 matmul the same way: joules a call and, for the GEMM ops, joules
     per TFLOP against the dense matmul's (bench/energy.py)."""
     import energy
+
     # NVML numbers the GPUs its own way (CUDA_VISIBLE_DEVICES does not apply): MOE_NVML_INDEX
     meter = energy.NvmlEnergy(int(os.environ.get("MOE_NVML_INDEX", "0")))
     sync = torch.cuda.synchronize
@@ -516,8 +630,11 @@ def step_energy(name, ops, flops):
 
     a, b = bf(8192, 8192), bf(8192, 8192)
     # the whole step first: it also brings the GPU to a long run's clocks
-    work = [("step", step, sum(flops.values()))] + [(n_, fn, flops.get(n_, 0)) for n_, fn in ops] \
-        + [("dense 8192^3 matmul", lambda: a @ b, 2 * 8192 ** 3)]
+    work = (
+        [("step", step, sum(flops.values()))]
+        + [(n_, fn, flops.get(n_, 0)) for n_, fn in ops]
+        + [("dense 8192^3 matmul", lambda: a @ b, 2 * 8192**3)]
+    )
     found = {}
     for label, fn, fl in work:
         found[label] = energy.measure(fn, ENERGY_S, meter, sync, tflop_per_call=fl / 1e12 or None)
@@ -531,11 +648,20 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--json")
-    ap.add_argument("--bench", default="", help="comma-separated BENCH.md configs to time")
+    ap.add_argument(
+        "--bench", default="", help="comma-separated docs/benchmarks.md configs to time"
+    )
     ap.add_argument("--profile", action="store_true", help="with --bench: per-kernel CUDA times")
-    ap.add_argument("--reps", type=int, default=5, help="with --bench: timed steps (0: one untimed)")
-    ap.add_argument("--energy", type=float, default=0.0, metavar="SECONDS",
-                    help="with --bench: each op SECONDS back to back under NVML's energy counter")
+    ap.add_argument(
+        "--reps", type=int, default=5, help="with --bench: timed steps (0: one untimed)"
+    )
+    ap.add_argument(
+        "--energy",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --bench: each op SECONDS back to back under NVML's energy counter",
+    )
     args = ap.parse_args()
     if not args.energy >= 0:
         ap.error(f"--energy must be 0 or more seconds, not {args.energy}")
@@ -564,7 +690,10 @@ def main():
         ("router-e72", lambda: run_router(lib, 37, 128, 72, 6, 0, False)),
         ("router-e128", lambda: run_router(lib, 301, 128, 128, 8, 0, True)),
         ("router-e256-groups", lambda: run_router(lib, 301, 128, 256, 8, 1, True, 8, 4, 2.5, True)),
-        ("router-e1024-groups", lambda: run_router(lib, 37, 128, 1024, 8, 1, True, 64, 3, 1.0, True)),
+        (
+            "router-e1024-groups",
+            lambda: run_router(lib, 37, 128, 1024, 8, 1, True, 64, 3, 1.0, True),
+        ),
         ("router-grad-e4", lambda: run_router_grad(lib, 37, 128, 4, 2, 0, True, 1.0)),
         ("router-grad-e12", lambda: run_router_grad(lib, 37, 192, 12, 3, 1, False, 2.5)),
         ("router-grad-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5)),
@@ -590,8 +719,14 @@ def main():
         # and with a partial last one (320: 64 columns, the other boxes outside)
         steps += [
             ("router-grad-acc", lambda: run_router_grad(lib, 37, 128, 8, 2, 0, True, 1.0, True)),
-            ("router-grad-acc-sigmoid", lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5, True)),
-            ("router-grad-acc-split", lambda: run_router_grad(lib, 3000, 320, 128, 8, 0, True, 1.0, True)),
+            (
+                "router-grad-acc-sigmoid",
+                lambda: run_router_grad(lib, 37, 256, 16, 4, 1, True, 2.5, True),
+            ),
+            (
+                "router-grad-acc-split",
+                lambda: run_router_grad(lib, 3000, 320, 128, 8, 0, True, 1.0, True),
+            ),
         ]
     if not args.quick:
         steps += [
@@ -604,7 +739,9 @@ def main():
             ("ffn-1024-experts", lambda: run_ffn(lib, 600, 128, 64, 1024, 4, "random")),
         ]
     if args.bench:
-        steps = [(f"bench-{b}", (lambda b=b: bench(lib, b, args.reps))) for b in args.bench.split(",")]
+        steps = [
+            (f"bench-{b}", (lambda b=b: bench(lib, b, args.reps))) for b in args.bench.split(",")
+        ]
     failed = 0
     for name, fn in steps:
         if args.only and args.only not in name:
@@ -628,6 +765,7 @@ def gaps(name, ops):
     """Where each op's time goes besides its kernels: the op sequence once under the
     profiler, with host time, GPU span and idle stretches per op (bench/step_gaps.py)."""
     import step_gaps
+
     step_gaps.report(torch, name, ops)
 
 

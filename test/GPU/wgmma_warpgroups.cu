@@ -2,10 +2,10 @@
 // GEMM tiles: two consumer warpgroups a CTA (a 128x256 tile) against one (what
 // a 64-row tile would leave), on random operands against zero rows (what
 // padding multiplies), for S seconds of back-to-back work each, so the 700 W
-// power cap that long bf16 work runs into is in the numbers (docs/perf.md,
-// sessions 20 and 21). One CTA an SM, its operands in shared memory as the
-// kernels' 128B-swizzled K-major tiles; each warpgroup issues 4 wgmma a k-step,
-// commits and waits for the k-step before, as kloop_ws does.
+// power cap that long bf16 work runs into is in the numbers
+// (docs/gpu-kernels.md section 5.6). One CTA an SM, its operands in shared
+// memory as the kernels' 128B-swizzled K-major tiles; each warpgroup issues 4
+// wgmma a k-step, commits and waits for the k-step before, as kloop_ws does.
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/wgmma_warpgroups \
 //     test/GPU/wgmma_warpgroups.cu
 //   /tmp/wgmma_warpgroups [seconds per case, default 3]
@@ -14,7 +14,7 @@
 // nothing more to link): the mean power over the timed run from the energy
 // counter, joules per TFLOP, and the SM clock and power limit halfway through.
 // The energy says what zero rows cost under the power cap, where the time alone
-// cannot (session 22: zero rows ran as fast as random ones).
+// cannot (zero rows run as fast as random ones).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>

@@ -106,7 +106,7 @@
 // CHECK-SAME: moe.gpu.entry = "backward"
 // CHECK-NOT: __moe_gpu_
 // CHECK: gpu.binary @moe_kernels {{ *}}[#gpu.object<#nvvm.target<{{.*}}chip = "sm_90a", features = "+ptx80">, {{.*}}assembly = "
-// The dynamic shared memory is one external 1024-aligned array (CODEGEN P6).
+// The dynamic shared memory is one external 1024-aligned array (docs/gpu-kernels.md, pitfall P6).
 // CHECK-SAME: .extern .shared .align 1024 .b8 __dynamic_shmem__0[]
 
 // PTX is JIT-compiled when the module loads, in a global constructor.

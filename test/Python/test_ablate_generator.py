@@ -1,4 +1,4 @@
-"""scripts/ablate_generator.py: each timing-only ablation still applies to the generator,
+"""scripts/dev/ablate_generator.py: each timing-only ablation still applies to the generator,
 changes the weight-gradient kernels the way its name says and no other kernel, and a
 generator it no longer fits is refused with a message."""
 
@@ -31,8 +31,10 @@ def library(generator, tmp_path):
 
 def kernel_bodies(text):
     heads = list(re.finditer(r"^    gpu\.func @(\w+)\(", text, re.M))
-    return {m.group(1): text[m.start():(heads[i + 1].start() if i + 1 < len(heads) else len(text))]
-            for i, m in enumerate(heads)}
+    return {
+        m.group(1): text[m.start() : (heads[i + 1].start() if i + 1 < len(heads) else len(text))]
+        for i, m in enumerate(heads)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,11 @@ def test_ablation_changes_only_the_weight_gradients(tmp_path, default_kernels, k
     assert set(WGRAD) <= changed <= set(WGRAD) | {"moe_gemm_wgrad_rows"}, changed
     body = kernels["moe_gemm_wgrad_gather_a"]
     default = default_kernels["moe_gemm_wgrad_gather_a"]
-    ops = dict(stores="nvvm.cp.async.bulk.tensor.global.shared.cta", stmatrix="nvvm.stmatrix",
-               wgmma="nvvm.wgmma.mma_async")
+    ops = dict(
+        stores="nvvm.cp.async.bulk.tensor.global.shared.cta",
+        stmatrix="nvvm.stmatrix",
+        wgmma="nvvm.wgmma.mma_async",
+    )
     counts = {key: body.count(op) for key, op in ops.items()}
     expected = {key: default.count(op) for key, op in ops.items()}
     assert expected["stores"] == 4
@@ -93,8 +98,9 @@ def test_dact_ablation_changes_only_the_dswiglu_gemms(tmp_path, default_kernels,
 
 
 def test_unknown_kind_and_drifted_generator_are_refused(tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, "nothing", str(tmp_path / "x.py")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "nothing", str(tmp_path / "x.py")], capture_output=True, text=True
+    )
     assert proc.returncode != 0 and "unknown ablation 'nothing'" in proc.stderr
     assert not (tmp_path / "x.py").exists()
     module = load_script()

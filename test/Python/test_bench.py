@@ -18,11 +18,28 @@ from moe_mlir.config import LayerConfig  # noqa: E402
 
 
 def test_dry_run(tmp_path, capsys):
-    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
-                        str(tmp_path / "mixtral-8x7b"))
-    rc = bench.main(["--emulate", "--device", "cpu", "--layers-dir", str(tmp_path),
-                     "--ceiling-size", "64", "--iters", "5", "--warmup", "1", "--no-hf",
-                     "--out", str(tmp_path / "out")])
+    emulate.write_layer(
+        LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+        str(tmp_path / "mixtral-8x7b"),
+    )
+    rc = bench.main(
+        [
+            "--emulate",
+            "--device",
+            "cpu",
+            "--layers-dir",
+            str(tmp_path),
+            "--ceiling-size",
+            "64",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--no-hf",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "SKIP olmoe-1b-7b" in out and "1 passed, 0 failed" in out
@@ -37,20 +54,43 @@ def test_dry_run(tmp_path, capsys):
 def test_sustained_ceiling(tmp_path, capsys):
     """--sustained-ceiling: the matmul timed again after that long, and each layer's
     fraction of it printed and kept in the JSON."""
-    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
-                        str(tmp_path / "mixtral-8x7b"))
-    rc = bench.main(["--emulate", "--device", "cpu", "--layer", str(tmp_path / "mixtral-8x7b"),
-                     "--ceiling-size", "64", "--iters", "5", "--warmup", "1", "--no-hf",
-                     "--sustained-ceiling", "0.05", "--out", str(tmp_path / "out")])
+    emulate.write_layer(
+        LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+        str(tmp_path / "mixtral-8x7b"),
+    )
+    rc = bench.main(
+        [
+            "--emulate",
+            "--device",
+            "cpu",
+            "--layer",
+            str(tmp_path / "mixtral-8x7b"),
+            "--ceiling-size",
+            "64",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--no-hf",
+            "--sustained-ceiling",
+            "0.05",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     sustained = report["sustained_ceiling"]
     assert sustained["after_s"] == 0.05 and sustained["tflops"] > 0
     ours = report["configs"][0]["ours"]
-    assert ours["fraction_of_sustained_ceiling"] == pytest.approx(ours["tflops"] / sustained["tflops"])
-    assert f"of the sustained ceiling ({sustained['tflops']:.0f} TFLOP/s after 0.05 s of matmuls): " \
+    assert ours["fraction_of_sustained_ceiling"] == pytest.approx(
+        ours["tflops"] / sustained["tflops"]
+    )
+    assert (
+        f"of the sustained ceiling ({sustained['tflops']:.0f} TFLOP/s after 0.05 s of matmuls): "
         f"mixtral-8x7b {ours['fraction_of_sustained_ceiling']:.2f}" in out
+    )
 
 
 def test_iters_below_five_is_refused(capsys):
@@ -70,9 +110,22 @@ def test_hf_deepseek_block_computes_our_layer():
     reference of the same layer (sigmoid + bias, groups, scaling, shared expert)."""
     pytest.importorskip("transformers")
     from moe_mlir import torch_reference as TR
-    cfg = LayerConfig(16, 64, 32, 8, 2, renormalize=True, dtype="bf16", scoring="sigmoid",
-                      router_bias=True, num_groups=4, topk_groups=2, scaling_factor=2.5,
-                      shared_ffn=32)
+
+    cfg = LayerConfig(
+        16,
+        64,
+        32,
+        8,
+        2,
+        renormalize=True,
+        dtype="bf16",
+        scoring="sigmoid",
+        router_bias=True,
+        num_groups=4,
+        topk_groups=2,
+        scaling_factor=2.5,
+        shared_ffn=32,
+    )
     assert bench.hf_full_block_applies(cfg)
     gen = torch.Generator().manual_seed(3)
     args = bench.make_args(torch, cfg, torch.device("cpu"), gen)
@@ -93,18 +146,40 @@ def test_dry_run_with_peers(tmp_path, capsys):
     cannot run (Liger without its package, or without a GPU) is an error in its entry, and
     the run goes on."""
     pytest.importorskip("transformers")
-    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
-                        str(tmp_path / "mixtral-8x7b"))
-    rc = bench.main(["--emulate", "--device", "cpu", "--layers-dir", str(tmp_path),
-                     "--layer", str(tmp_path / "mixtral-8x7b"), "--ceiling-size", "64",
-                     "--iters", "5", "--warmup", "1", "--hf-implementation", "eager",
-                     "--peer", "liger", "--out", str(tmp_path / "out")])
+    emulate.write_layer(
+        LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+        str(tmp_path / "mixtral-8x7b"),
+    )
+    rc = bench.main(
+        [
+            "--emulate",
+            "--device",
+            "cpu",
+            "--layers-dir",
+            str(tmp_path),
+            "--layer",
+            str(tmp_path / "mixtral-8x7b"),
+            "--ceiling-size",
+            "64",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--hf-implementation",
+            "eager",
+            "--peer",
+            "liger",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     entry = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"][0]
     assert entry["hf"]["tflops"] > 0
     assert entry["ours_over_hf_time"] == pytest.approx(
-        entry["ours"]["median_ms"] / entry["hf"]["median_ms"])
+        entry["ours"]["median_ms"] / entry["hf"]["median_ms"]
+    )
     assert ("liger" in entry) != ("liger_error" in entry)
     if "liger_error" in entry:
         assert "Liger failed" in out
@@ -113,7 +188,8 @@ def test_dry_run_with_peers(tmp_path, capsys):
 def test_useful_flops_count_the_shared_expert():
     # routed experts, a shared expert on every token, the router
     assert bench.useful_flops(8, 64, 32, 4, 2, shared=16) == (
-        18.0 * 8 * 2 * 64 * 32 + 18.0 * 8 * 64 * 16 + 6.0 * 8 * 64 * 4)
+        18.0 * 8 * 2 * 64 * 32 + 18.0 * 8 * 64 * 16 + 6.0 * 8 * 64 * 4
+    )
     assert bench.useful_flops(8, 64, 32, 4, 2) == 18.0 * 8 * 2 * 64 * 32 + 6.0 * 8 * 64 * 4
     assert "deepseek-v3-routed" in bench.ROUTED_LAYERS
 
@@ -123,12 +199,16 @@ def test_offload_compiled_digest_tells_bitwise_equality():
     to keep): equal bits give equal digests, in any chunking; one changed element does not."""
     torch = pytest.importorskip("torch")
     import offload_compiled  # noqa: PLC0415
+
     g = torch.Generator().manual_seed(0)
-    for t in (torch.randn(300, 70, generator=g).to(torch.bfloat16),
-              torch.randn(40, 9, generator=g)):
+    for t in (
+        torch.randn(300, 70, generator=g).to(torch.bfloat16),
+        torch.randn(40, 9, generator=g),
+    ):
         assert offload_compiled.digest(torch, t) == offload_compiled.digest(torch, t.clone())
-        assert (offload_compiled.digest(torch, t, chunk=1000)
-                == offload_compiled.digest(torch, t.clone(), chunk=7))
+        assert offload_compiled.digest(torch, t, chunk=1000) == offload_compiled.digest(
+            torch, t.clone(), chunk=7
+        )
         u = t.clone()
         u.view(-1)[5] = u.view(-1)[6]
         if not torch.equal(u, t):
@@ -148,21 +228,43 @@ def test_recompute_timed_beside_the_kept_layer(tmp_path, capsys):
     emulate.write_layer(cfg, str(tmp_path / "mixtral-8x7b"))
     emulate.write_layer(cfg, str(tmp_path / "mixtral-8x7b-recompute"))
     emulate.write_layer(LayerConfig(32, 64, 32, 4, 1, dtype="bf16"), str(tmp_path / "olmoe-1b-7b"))
-    rc = bench.main(["--emulate", "--device", "cpu", "--layer", str(tmp_path / "mixtral-8x7b"),
-                     "--layer", str(tmp_path / "olmoe-1b-7b"), "--recompute",
-                     "--ceiling-size", "64", "--iters", "5", "--warmup", "1",
-                     "--hf-implementation", "eager", "--out", str(tmp_path / "out")])
+    rc = bench.main(
+        [
+            "--emulate",
+            "--device",
+            "cpu",
+            "--layer",
+            str(tmp_path / "mixtral-8x7b"),
+            "--layer",
+            str(tmp_path / "olmoe-1b-7b"),
+            "--recompute",
+            "--ceiling-size",
+            "64",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--hf-implementation",
+            "eager",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     mixtral, olmoe = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"]
     rec = mixtral["ours_recompute"]
     assert rec["check"]["ok"] and len(rec["times_ms"]) == 5
     assert mixtral["recompute_over_kept"] == pytest.approx(
-        rec["median_ms"] / mixtral["ours"]["median_ms"])
+        rec["median_ms"] / mixtral["ours"]["median_ms"]
+    )
     assert mixtral["best_peer_over_recompute_time"] == pytest.approx(
-        mixtral["hf"]["median_ms"] / rec["median_ms"])
-    assert (f"mixtral-8x7b: H recomputed {rec['median_ms']:.2f} ms, "
-            f"{mixtral['recompute_over_kept']:.2f}x the kept layer (target <= 1.25)") in out
+        mixtral["hf"]["median_ms"] / rec["median_ms"]
+    )
+    assert (
+        f"mixtral-8x7b: H recomputed {rec['median_ms']:.2f} ms, "
+        f"{mixtral['recompute_over_kept']:.2f}x the kept layer (target <= 1.25)"
+    ) in out
     assert "olmoe-1b-7b-recompute.json missing" in olmoe["recompute_skipped"]
     assert "olmoe-1b-7b: H recomputed not timed" in out
     assert "ours_recompute" not in olmoe and "2 passed, 0 failed" in out
@@ -171,13 +273,33 @@ def test_recompute_timed_beside_the_kept_layer(tmp_path, capsys):
 def test_recompute_of_another_layer_fails(tmp_path, capsys):
     """A NAME-recompute compiled for another configuration is an error of that configuration
     (exit 1), never a ratio between two different layers."""
-    emulate.write_layer(LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
-                        str(tmp_path / "mixtral-8x7b"))
-    emulate.write_layer(LayerConfig(64, 64, 32, 8, 1, renormalize=True, dtype="bf16"),
-                        str(tmp_path / "mixtral-8x7b-recompute"))
-    rc = bench.main(["--emulate", "--device", "cpu", "--layer", str(tmp_path / "mixtral-8x7b"),
-                     "--recompute", "--no-hf", "--ceiling-size", "64", "--iters", "5",
-                     "--warmup", "1", "--out", str(tmp_path / "out")])
+    emulate.write_layer(
+        LayerConfig(64, 64, 32, 8, 2, renormalize=True, dtype="bf16"),
+        str(tmp_path / "mixtral-8x7b"),
+    )
+    emulate.write_layer(
+        LayerConfig(64, 64, 32, 8, 1, renormalize=True, dtype="bf16"),
+        str(tmp_path / "mixtral-8x7b-recompute"),
+    )
+    rc = bench.main(
+        [
+            "--emulate",
+            "--device",
+            "cpu",
+            "--layer",
+            str(tmp_path / "mixtral-8x7b"),
+            "--recompute",
+            "--no-hf",
+            "--ceiling-size",
+            "64",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 1, out
     entry = json.loads((tmp_path / "out" / "bench.json").read_text())["configs"][0]

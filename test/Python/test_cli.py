@@ -17,13 +17,19 @@ PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 
 pytestmark = pytest.mark.skipif(
     not cpu.moe_opt_has_passes("moe-lower-to-cpu-pipeline", "moe-generate-backward")[0],
-    reason="moe-opt lacks the CPU pipeline")
+    reason="moe-opt lacks the CPU pipeline",
+)
 
 
 def run_cli(*args):
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    return subprocess.run([sys.executable, "-m", "moe_mlir", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "moe_mlir", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_forward_from_npy_files(tmp_path):
@@ -31,15 +37,15 @@ def test_forward_from_npy_files(tmp_path):
     module = tmp_path / "layer.mlir"
     module.write_text(layer_mlir(config, "layer"))
     rng = np.random.default_rng(3)
-    shapes = {"x": (9, 16), "w_router": (16, 4), "w_gate_up": (4, 16, 16),
-              "w_down": (4, 8, 16)}
+    shapes = {"x": (9, 16), "w_router": (16, 4), "w_gate_up": (4, 16, 16), "w_down": (4, 8, 16)}
     arrays = {k: rng.standard_normal(s).astype(np.float32) * 0.5 for k, s in shapes.items()}
     paths = []
     for name, array in arrays.items():
         np.save(tmp_path / f"{name}.npy", array)
         paths.append(tmp_path / f"{name}.npy")
-    result = run_cli("run", module, "--function", "layer", "--inputs", *paths,
-                     "--out", tmp_path / "out")
+    result = run_cli(
+        "run", module, "--function", "layer", "--inputs", *paths, "--out", tmp_path / "out"
+    )
     assert result.returncode == 0, result.stderr
     out = np.load(tmp_path / "out" / "layer_0.npy")
     logits = np.load(tmp_path / "out" / "layer_1.npy")
@@ -52,9 +58,16 @@ def test_missing_inputs_after_pre_passes(tmp_path):
     config = LayerConfig(tokens=5, hidden=16, ffn=8, experts=4, top_k=1)
     module = tmp_path / "layer.mlir"
     module.write_text(layer_mlir(config, "layer"))
-    result = run_cli("run", module, "--function", "layer_forward",
-                     "--pre-passes=--moe-decompose,--moe-generate-backward",
-                     "--inputs", "--out", tmp_path / "out")
+    result = run_cli(
+        "run",
+        module,
+        "--function",
+        "layer_forward",
+        "--pre-passes=--moe-decompose,--moe-generate-backward",
+        "--inputs",
+        "--out",
+        tmp_path / "out",
+    )
     assert result.returncode == 2
     assert "error: @layer_forward takes 4 inputs, got 0" in result.stderr, result.stderr
 
@@ -64,12 +77,17 @@ def test_wrong_shape_is_a_clear_error(tmp_path):
     module = tmp_path / "layer.mlir"
     module.write_text(layer_mlir(config, "layer"))
     paths = []
-    for name, shape in [("x", (9, 15)), ("w_router", (16, 4)), ("w_gate_up", (4, 16, 16)),
-                        ("w_down", (4, 8, 16))]:
+    for name, shape in [
+        ("x", (9, 15)),
+        ("w_router", (16, 4)),
+        ("w_gate_up", (4, 16, 16)),
+        ("w_down", (4, 8, 16)),
+    ]:
         np.save(tmp_path / f"{name}.npy", np.ones(shape, np.float32))
         paths.append(tmp_path / f"{name}.npy")
     result = run_cli("run", module, "--inputs", *paths, "--out", tmp_path / "out")
     assert result.returncode == 2
     assert result.stderr.startswith("error:")
-    assert "@layer input 0 (tensor<9x16xf32>) has shape (9, 15), expected (9, 16)" \
-        in result.stderr, result.stderr
+    assert (
+        "@layer input 0 (tensor<9x16xf32>) has shape (9, 15), expected (9, 16)" in result.stderr
+    ), result.stderr

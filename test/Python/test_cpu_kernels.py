@@ -60,8 +60,10 @@ def wrapper(name, kernel, items, results):
             i = len(params)
             params.append(f"%a{i}: {_tensor(shape, elem)}")
             if shape:
-                body.append(f"  %d{i} = tensor.cast %a{i} : {_tensor(shape, elem)} to "
-                            f"{_tensor(shape, elem, True)}")
+                body.append(
+                    f"  %d{i} = tensor.cast %a{i} : {_tensor(shape, elem)} to "
+                    f"{_tensor(shape, elem, True)}"
+                )
                 args.append(f"%d{i}")
             else:
                 args.append(f"%a{i}")
@@ -74,8 +76,10 @@ def wrapper(name, kernel, items, results):
             types.append(typ)
     dyn = [_tensor(s, e, True) for s, e in results]
     static = [_tensor(s, e) for s, e in results]
-    body.append(f"  %r:{len(results)} = func.call @{kernel}({', '.join(args)}) : "
-                f"({', '.join(types)}) -> ({', '.join(dyn)})")
+    body.append(
+        f"  %r:{len(results)} = func.call @{kernel}({', '.join(args)}) : "
+        f"({', '.join(types)}) -> ({', '.join(dyn)})"
+    )
     outs = []
     for i, (s, _) in enumerate(results):
         if s:
@@ -84,8 +88,11 @@ def wrapper(name, kernel, items, results):
         else:
             outs.append(f"%r#{i}")
     body.append(f"  return {', '.join(outs)} : {', '.join(static)}")
-    return (f"func.func @{name}({', '.join(params)}) -> ({', '.join(static)}) {{\n"
-            + "\n".join(body) + "\n}\n")
+    return (
+        f"func.func @{name}({', '.join(params)}) -> ({', '.join(static)}) {{\n"
+        + "\n".join(body)
+        + "\n}\n"
+    )
 
 
 def t(shape, elem="f32"):
@@ -108,59 +115,157 @@ def wrappers():
     w = []
     for name, (scoring, k, ren, g, tg, scal) in ROUTERS.items():
         sc = SCORING[scoring]
-        w.append(wrapper(f"router_{name}", "__moe_cpu_router",
-                         [t((T, D)), t((D, E)), t((E,)), c(sc, "i32"), c(k, "index"),
-                          c(ren, "i1"), c(g, "index"), c(tg, "index"), c(scal, "f32"),
-                          c(False, "i1")],
-                         [((T, k), "f32"), ((T, k), "i32"), ((T, E), "f32")]))
-        w.append(wrapper(f"router_grad_{name}", "__moe_cpu_router_grad",
-                         [t((T, D)), t((D, E)), t((T, E)), t((T, k), "i32"), t((T, k)),
-                          t((T, E)), c(sc, "i32"), c(ren, "i1"), c(scal, "f32")],
-                         [((T, D), "f32"), ((D, E), "f32")]))
+        w.append(
+            wrapper(
+                f"router_{name}",
+                "__moe_cpu_router",
+                [
+                    t((T, D)),
+                    t((D, E)),
+                    t((E,)),
+                    c(sc, "i32"),
+                    c(k, "index"),
+                    c(ren, "i1"),
+                    c(g, "index"),
+                    c(tg, "index"),
+                    c(scal, "f32"),
+                    c(False, "i1"),
+                ],
+                [((T, k), "f32"), ((T, k), "i32"), ((T, E), "f32")],
+            )
+        )
+        w.append(
+            wrapper(
+                f"router_grad_{name}",
+                "__moe_cpu_router_grad",
+                [
+                    t((T, D)),
+                    t((D, E)),
+                    t((T, E)),
+                    t((T, k), "i32"),
+                    t((T, k)),
+                    t((T, E)),
+                    c(sc, "i32"),
+                    c(ren, "i1"),
+                    c(scal, "f32"),
+                ],
+                [((T, D), "f32"), ((D, E), "f32")],
+            )
+        )
     # round_logits on a bf16 layer: the same router with its logits rounded to bf16
-    w.append(wrapper("router_round", "__moe_cpu_router",
-                     [t((T, D)), t((D, E)), t((E,)), c(0, "i32"), c(2, "index"),
-                      c(True, "i1"), c(1, "index"), c(1, "index"), c(1.0, "f32"),
-                      c(True, "i1")],
-                     [((T, 2), "f32"), ((T, 2), "i32"), ((T, E), "f32")]))
+    w.append(
+        wrapper(
+            "router_round",
+            "__moe_cpu_router",
+            [
+                t((T, D)),
+                t((D, E)),
+                t((E,)),
+                c(0, "i32"),
+                c(2, "index"),
+                c(True, "i1"),
+                c(1, "index"),
+                c(1, "index"),
+                c(1.0, "f32"),
+                c(True, "i1"),
+            ],
+            [((T, 2), "f32"), ((T, 2), "i32"), ((T, E), "f32")],
+        )
+    )
     for cap in CAPACITIES:
-        w.append(wrapper(f"dispatch_{cap}", "__moe_cpu_dispatch",
-                         [t((T, K), "i32"), c(E, "index"), c(cap, "index")],
-                         [((R,), "i32"), ((E + 1,), "i32"), ((T, K), "i32")]))
+        w.append(
+            wrapper(
+                f"dispatch_{cap}",
+                "__moe_cpu_dispatch",
+                [t((T, K), "i32"), c(E, "index"), c(cap, "index")],
+                [((R,), "i32"), ((E + 1,), "i32"), ((T, K), "i32")],
+            )
+        )
     for act, code in ACTS.items():
         G, Gs = gate_up(act, N), gate_up(act, M)
         queue = [t((T, D)), t((R,), "i32"), t((E + 1,), "i32")]
-        w.append(wrapper(f"ffn_{act}", "__moe_cpu_expert_ffn",
-                         queue + [t((E, D, G)), t((E, N, D)), c(code, "i32")],
-                         [((R, D), "f32"), ((R, G), "f32")]))
-        w.append(wrapper(f"ffn_grad_{act}", "__moe_cpu_expert_ffn_grad",
-                         queue + [t((E, D, G)), t((E, N, D)), t((R, G)), t((R, D)),
-                                  c(code, "i32")],
-                         [((T, D), "f32"), ((E, D, G), "f32"), ((E, N, D), "f32")]))
-        w.append(wrapper(f"combine_grad_fused_{act}", "__moe_cpu_expert_combine_grad",
-                         queue + [t((T, K), "i32"), t((T, K)), t((E, D, G)), t((E, N, D)),
-                                  t((R, G)), t((T, D)), c(code, "i32")],
-                         [((T, D), "f32"), ((T, K), "f32"), ((E, D, G), "f32"),
-                          ((E, N, D), "f32")]))
-        w.append(wrapper(f"shared_{act}", "__moe_cpu_shared_expert",
-                         [t((T, D)), t((D, Gs)), t((M, D)), c(code, "i32")],
-                         [((T, D), "f32"), ((T, Gs), "f32")]))
-        w.append(wrapper(f"shared_grad_{act}", "__moe_cpu_shared_expert_grad",
-                         [t((T, D)), t((D, Gs)), t((M, D)), t((T, Gs)), t((T, D)),
-                          c(code, "i32")],
-                         [((T, D), "f32"), ((D, Gs), "f32"), ((M, D), "f32")]))
-    w.append(wrapper("combine", "__moe_cpu_combine", [t((R, D)), t((T, K)), t((T, K), "i32")],
-                     [((T, D), "f32")]))
-    w.append(wrapper("combine_grad", "__moe_cpu_combine_grad",
-                     [t((T, D)), t((T, K)), t((T, K), "i32"), t((R, D))],
-                     [((R, D), "f32"), ((T, K), "f32")]))
+        w.append(
+            wrapper(
+                f"ffn_{act}",
+                "__moe_cpu_expert_ffn",
+                queue + [t((E, D, G)), t((E, N, D)), c(code, "i32")],
+                [((R, D), "f32"), ((R, G), "f32")],
+            )
+        )
+        w.append(
+            wrapper(
+                f"ffn_grad_{act}",
+                "__moe_cpu_expert_ffn_grad",
+                queue + [t((E, D, G)), t((E, N, D)), t((R, G)), t((R, D)), c(code, "i32")],
+                [((T, D), "f32"), ((E, D, G), "f32"), ((E, N, D), "f32")],
+            )
+        )
+        w.append(
+            wrapper(
+                f"combine_grad_fused_{act}",
+                "__moe_cpu_expert_combine_grad",
+                queue
+                + [
+                    t((T, K), "i32"),
+                    t((T, K)),
+                    t((E, D, G)),
+                    t((E, N, D)),
+                    t((R, G)),
+                    t((T, D)),
+                    c(code, "i32"),
+                ],
+                [((T, D), "f32"), ((T, K), "f32"), ((E, D, G), "f32"), ((E, N, D), "f32")],
+            )
+        )
+        w.append(
+            wrapper(
+                f"shared_{act}",
+                "__moe_cpu_shared_expert",
+                [t((T, D)), t((D, Gs)), t((M, D)), c(code, "i32")],
+                [((T, D), "f32"), ((T, Gs), "f32")],
+            )
+        )
+        w.append(
+            wrapper(
+                f"shared_grad_{act}",
+                "__moe_cpu_shared_expert_grad",
+                [t((T, D)), t((D, Gs)), t((M, D)), t((T, Gs)), t((T, D)), c(code, "i32")],
+                [((T, D), "f32"), ((D, Gs), "f32"), ((M, D), "f32")],
+            )
+        )
+    w.append(
+        wrapper(
+            "combine",
+            "__moe_cpu_combine",
+            [t((R, D)), t((T, K)), t((T, K), "i32")],
+            [((T, D), "f32")],
+        )
+    )
+    w.append(
+        wrapper(
+            "combine_grad",
+            "__moe_cpu_combine_grad",
+            [t((T, D)), t((T, K)), t((T, K), "i32"), t((R, D))],
+            [((R, D), "f32"), ((T, K), "f32")],
+        )
+    )
     for scoring, sc in SCORING.items():
-        w.append(wrapper(f"aux_{scoring}", "__moe_cpu_aux_loss",
-                         [t((T, E)), t((T, K), "i32"), c(sc, "i32")],
-                         [((), "f32"), ((), "f32")]))
-        w.append(wrapper(f"aux_grad_{scoring}", "__moe_cpu_aux_loss_grad",
-                         [t((T, E)), t((T, K), "i32"), t(()), t(()), c(sc, "i32")],
-                         [((T, E), "f32")]))
+        w.append(
+            wrapper(
+                f"aux_{scoring}",
+                "__moe_cpu_aux_loss",
+                [t((T, E)), t((T, K), "i32"), c(sc, "i32")],
+                [((), "f32"), ((), "f32")],
+            )
+        )
+        w.append(
+            wrapper(
+                f"aux_grad_{scoring}",
+                "__moe_cpu_aux_loss_grad",
+                [t((T, E)), t((T, K), "i32"), t(()), t(()), c(sc, "i32")],
+                [((T, E), "f32")],
+            )
+        )
     return w
 
 
@@ -176,8 +281,7 @@ def kernels():
         pytest.skip(f"LLVM 22 tools missing: {exc}")
     with open(LIBRARY) as fh:
         library = fh.read().replace("func.func @__moe_cpu_", "func.func private @__moe_cpu_")
-    return cpu.compile_mlir(library + "\n" + "\n".join(wrappers()), KERNEL_PIPELINE,
-                            opt_tool=opt)
+    return cpu.compile_mlir(library + "\n" + "\n".join(wrappers()), KERNEL_PIPELINE, opt_tool=opt)
 
 
 def rel_err(actual, expected):
@@ -211,8 +315,17 @@ def test_router_kernel(kernels, name):
     x, wr, bias, zeros = router_inputs()
     b = bias if scoring == "sigmoid" else zeros
     w, e, logits = kernels[f"router_{name}"](x, wr, b)
-    rw, re_, rl = ref.router(x, wr, b, scoring=scoring, top_k=k, renormalize=ren,
-                             num_groups=g, topk_groups=tg, scaling=scal)
+    rw, re_, rl = ref.router(
+        x,
+        wr,
+        b,
+        scoring=scoring,
+        top_k=k,
+        renormalize=ren,
+        num_groups=g,
+        topk_groups=tg,
+        scaling=scal,
+    )
     np.testing.assert_array_equal(e, re_)
     for row in e:
         assert len(set(row.tolist())) == k
@@ -243,8 +356,9 @@ def test_router_kernel_round_logits(kernels):
     assert not np.array_equal(logits[fin], rl[fin])  # the rounding did something
     # within half a bf16 ulp of the f32 logits (plus the f32 sums' own rounding)
     assert np.all(np.abs(logits[fin] - rl[fin]) <= np.abs(rl[fin]) * 2.0**-8 + 1e-6)
-    rw, re_, _ = ref.router(x, wr, zeros, scoring="softmax", top_k=2, renormalize=True,
-                            logits=logits)
+    rw, re_, _ = ref.router(
+        x, wr, zeros, scoring="softmax", top_k=2, renormalize=True, logits=logits
+    )
     np.testing.assert_array_equal(e, re_)
     ok = ~np.isnan(rw)
     assert rel_err(w[ok], rw[ok]) <= TOL
@@ -262,8 +376,9 @@ def test_router_grad_kernel(kernels, name):
     dw = rng.standard_normal((T, k)).astype(f32)
     dl = rng.standard_normal((T, E)).astype(f32)
     dx, dwr = kernels[f"router_grad_{name}"](x, wr, logits, experts, dw, dl)
-    rdx, rdwr = ref.router_grad(x, wr, logits, experts, dw, dl, scoring=scoring,
-                                renormalize=ren, scaling=scal)
+    rdx, rdwr = ref.router_grad(
+        x, wr, logits, experts, dw, dl, scoring=scoring, renormalize=ren, scaling=scal
+    )
     assert rel_err(dx, rdx) <= TOL and rel_err(dwr, rdwr) <= TOL
 
 
@@ -305,7 +420,7 @@ def test_expert_ffn_kernels(kernels, act):
     y, h = kernels[f"ffn_{act}"](x, token_ids, offsets, wgu, wd)
     ry, rh = ref.expert_ffn(x, token_ids, offsets, wgu, wd, act)
     assert rel_err(y, ry) <= TOL and rel_err(h, rh) <= TOL
-    assert not y[offsets[-1]:].any() and not h[offsets[-1]:].any()
+    assert not y[offsets[-1] :].any() and not h[offsets[-1] :].any()
     dy = rng.standard_normal((R, D)).astype(f32)
     got = kernels[f"ffn_grad_{act}"](x, token_ids, offsets, wgu, wd, rh.astype(f32), dy)
     want = ref.expert_ffn_grad(x, token_ids, offsets, wgu, wd, rh, dy, act)
@@ -313,10 +428,10 @@ def test_expert_ffn_kernels(kernels, act):
         assert rel_err(g, w) <= TOL
     weights = rng.standard_normal((T, K)).astype(f32)
     dout = rng.standard_normal((T, D)).astype(f32)
-    got = kernels[f"combine_grad_fused_{act}"](x, token_ids, offsets, rows, weights, wgu, wd,
-                                               rh.astype(f32), dout)
-    want = ref.expert_combine_grad(x, token_ids, offsets, rows, weights, wgu, wd, rh, dout,
-                                   act)
+    got = kernels[f"combine_grad_fused_{act}"](
+        x, token_ids, offsets, rows, weights, wgu, wd, rh.astype(f32), dout
+    )
+    want = ref.expert_combine_grad(x, token_ids, offsets, rows, weights, wgu, wd, rh, dout, act)
     for g, w in zip(got, want):
         assert rel_err(g, w) <= TOL
     assert (got[1][rows < 0] == 0).all()
@@ -360,6 +475,5 @@ def test_aux_loss_kernels(kernels, scoring):
     lb, z = kernels[f"aux_{scoring}"](logits, experts)
     rlb, rz = ref.aux_loss(logits, experts, scoring)
     assert lb.shape == () and rel_err(lb, rlb) <= TOL and rel_err(z, rz) <= TOL
-    d = kernels[f"aux_grad_{scoring}"](logits, experts, np.array(0.7, f32),
-                                       np.array(-1.3, f32))[0]
+    d = kernels[f"aux_grad_{scoring}"](logits, experts, np.array(0.7, f32), np.array(-1.3, f32))[0]
     assert rel_err(d, ref.aux_loss_grad(logits, experts, 0.7, -1.3, scoring)) <= TOL

@@ -22,8 +22,11 @@ RTOL = 1e-4
 def _require_pipeline():
     ok, missing = cpu.moe_opt_has_passes(*REQUIRED_PASSES)
     if not ok:
-        pytest.skip("moe-opt --help does not list " + ", ".join(f"--{m}" for m in missing)
-                    + " yet (CPU pipeline / backward generation not built)")
+        pytest.skip(
+            "moe-opt --help does not list "
+            + ", ".join(f"--{m}" for m in missing)
+            + " yet (CPU pipeline / backward generation not built)"
+        )
 
 
 # --------------------------------------------------------------------------- configs
@@ -44,18 +47,48 @@ CASES = {
     "t37_k2_softmax": (cfg(37, 2), None),
     "t37_kE_softmax_renorm": (cfg(37, E, renormalize=True), None),
     "t37_sigmoid_bias_groups_scaling": (
-        cfg(37, 2, scoring="sigmoid", renormalize=True, num_groups=5, topk_groups=3,
-            scaling_factor=2.5, router_bias=True), None),
+        cfg(
+            37,
+            2,
+            scoring="sigmoid",
+            renormalize=True,
+            num_groups=5,
+            topk_groups=3,
+            scaling_factor=2.5,
+            router_bias=True,
+        ),
+        None,
+    ),
     "t37_sigmoid_groups_of_two": (
-        cfg(37, 3, experts=6, scoring="sigmoid", renormalize=True, num_groups=3,
-            topk_groups=2, scaling_factor=2.5, router_bias=True), None),
+        cfg(
+            37,
+            3,
+            experts=6,
+            scoring="sigmoid",
+            renormalize=True,
+            num_groups=3,
+            topk_groups=2,
+            scaling_factor=2.5,
+            router_bias=True,
+        ),
+        None,
+    ),
     "t37_sigmoid_no_renorm": (cfg(37, 2, scoring="sigmoid", scaling_factor=1.5), None),
     "t37_gelu": (cfg(37, 2, renormalize=True, activation="gelu"), None),
     "t37_silu": (cfg(37, 2, activation="silu"), None),
     "t37_shared": (cfg(37, 2, renormalize=True, shared_ffn=24), None),
     "t37_shared_gelu_sigmoid": (
-        cfg(37, 2, scoring="sigmoid", renormalize=True, router_bias=True, shared_ffn=24,
-            activation="gelu"), None),
+        cfg(
+            37,
+            2,
+            scoring="sigmoid",
+            renormalize=True,
+            router_bias=True,
+            shared_ffn=24,
+            activation="gelu",
+        ),
+        None,
+    ),
     "t37_capacity_1.25_k1_gelu": (cfg(37, 1, activation="gelu", capacity_factor=1.25), None),
     "t37_capacity_0.5": (cfg(37, 2, renormalize=True, capacity_factor=0.5), None),
     "t37_empty_experts": (cfg(37, 2, renormalize=True), "empty_experts"),
@@ -63,8 +96,19 @@ CASES = {
     "t1000_k2_softmax_renorm": (cfg(1000, 2, renormalize=True), None),
     "t1000_kE": (cfg(1000, E), None),
     "t1000_deepseek_like": (
-        cfg(1000, 2, scoring="sigmoid", renormalize=True, num_groups=5, topk_groups=3,
-            scaling_factor=2.5, router_bias=True, shared_ffn=24), None),
+        cfg(
+            1000,
+            2,
+            scoring="sigmoid",
+            renormalize=True,
+            num_groups=5,
+            topk_groups=3,
+            scaling_factor=2.5,
+            router_bias=True,
+            shared_ffn=24,
+        ),
+        None,
+    ),
     "t1000_capacity_1.0": (cfg(1000, 2, renormalize=True, capacity_factor=1.0), None),
     "t1000_all_to_one_capacity": (cfg(1000, 1, capacity_factor=1.0), "one_expert"),
 }
@@ -84,14 +128,14 @@ def selection_margin(config, args):
     T, En = c.shape
     if config.num_groups > 1 and config.topk_groups < config.num_groups:
         gs = np.sort(ref.group_scores(c, config.num_groups), axis=1)[:, ::-1]
-        margin = min(margin, float(np.min(gs[:, config.topk_groups - 1]
-                                          - gs[:, config.topk_groups])))
+        margin = min(
+            margin, float(np.min(gs[:, config.topk_groups - 1] - gs[:, config.topk_groups]))
+        )
     experts = ref.select_experts(c, config.top_k, config.num_groups, config.topk_groups)
     if config.top_k < En:
         if config.num_groups > 1:
             size = En // config.num_groups
-            gsel = ref.select_experts(ref.group_scores(c, config.num_groups),
-                                      config.topk_groups)
+            gsel = ref.select_experts(ref.group_scores(c, config.num_groups), config.topk_groups)
             cand = np.zeros_like(c, dtype=bool)
             for g in gsel.T:
                 for i in range(size):
@@ -119,10 +163,12 @@ def make_inputs(config, mode, seed):
         args["w_gate_up"] = rng.standard_normal((En, d, config.gate_up_width)) / math.sqrt(d)
         args["w_down"] = rng.standard_normal((En, n, d)) / math.sqrt(n)
         if config.has_shared:
-            args["shared_gate_up"] = (rng.standard_normal((d, config.shared_gate_up_width))
-                                      / math.sqrt(d))
-            args["shared_down"] = (rng.standard_normal((config.shared_ffn, d))
-                                   / math.sqrt(config.shared_ffn))
+            args["shared_gate_up"] = rng.standard_normal(
+                (d, config.shared_gate_up_width)
+            ) / math.sqrt(d)
+            args["shared_down"] = rng.standard_normal((config.shared_ffn, d)) / math.sqrt(
+                config.shared_ffn
+            )
         if mode == "empty_experts":  # experts 3 and 4 never chosen
             args["x"] = np.abs(args["x"]) + 0.1
             args["w_router"][:, 3:] = -0.5
@@ -177,9 +223,14 @@ def test_layer_matches_reference(name):
     rng = np.random.default_rng(seed + 7)
     d_out = rng.standard_normal((config.tokens, config.hidden)).astype(np.float32)
     d_logits = rng.standard_normal((config.tokens, config.experts)).astype(np.float32)
-    ref_grads = dict(zip(ref.layer_gradient_names(config),
-                         ref.layer_backward(config, cache, d_out.astype(np.float64),
-                                            d_logits.astype(np.float64))))
+    ref_grads = dict(
+        zip(
+            ref.layer_gradient_names(config),
+            ref.layer_backward(
+                config, cache, d_out.astype(np.float64), d_logits.astype(np.float64)
+            ),
+        )
+    )
 
     out, logits = layer(args)
     assert out.dtype == np.float32 and logits.dtype == np.float32
@@ -267,7 +318,8 @@ def test_nan_and_inf_inputs_follow_the_documented_rules():
     d_out = rng.standard_normal((config.tokens, config.hidden)).astype(np.float32)
     d_logits = rng.standard_normal((config.tokens, config.experts)).astype(np.float32)
     grads = layer.backward(saved, d_out, d_logits)
-    ref_grads = ref.layer_backward(config, cache, d_out.astype(np.float64),
-                                   d_logits.astype(np.float64))
+    ref_grads = ref.layer_backward(
+        config, cache, d_out.astype(np.float64), d_logits.astype(np.float64)
+    )
     for (gname, g), r in zip(grads.items(), ref_grads):
         same_nans_and_close(g, r, f"gradient of {gname}")

@@ -199,15 +199,15 @@ def test_low_level_call(mixed):
     a = np.ones((4, 8), np.float32)
     b = np.ones((8, 3), np.float32)
     c = np.arange(4, dtype=np.int32)
-    m, s, c3 = mod.call("mixed", [a, b, c],
-                        [((4, 3), np.float32), ((), np.float32), ((4,), np.int32)])
+    m, s, c3 = mod.call(
+        "mixed", [a, b, c], [((4, 3), np.float32), ((), np.float32), ((4,), np.int32)]
+    )
     np.testing.assert_array_equal(m, np.full((4, 3), 8.0))
     assert float(s) == 32.0
     with pytest.raises(ValueError, match="takes 6 memref arguments"):
         mod.call("mixed", [a, b], [((4, 3), np.float32), ((), np.float32), ((4,), np.int32)])
     with pytest.raises(ValueError, match="rank"):
-        mod.call("mixed", [a, b, c], [((4, 3), np.float32), ((1,), np.float32),
-                                      ((4,), np.int32)])
+        mod.call("mixed", [a, b, c], [((4, 3), np.float32), ((1,), np.float32), ((4,), np.int32)])
     with pytest.raises(ValueError, match="no function _mlir_ciface_nope"):
         mod.call("nope", [], [])
     with pytest.raises(ValueError, match="numpy array"):
@@ -218,7 +218,8 @@ def test_results_not_turned_into_out_params_are_refused(mlir_opt):
     """Lowered without buffer-results-to-out-params, the C interface returns its results
     through a struct pointer; calling it with descriptors would read out of bounds."""
     pipeline = cpu.UPSTREAM_CPU_PIPELINE[0].replace(
-        "buffer-results-to-out-params{modify-public-functions},", "")
+        "buffer-results-to-out-params{modify-public-functions},", ""
+    )
     mod = cpu.compile_mlir(MATMUL, [pipeline], opt_tool=mlir_opt)
     a = np.zeros((37, 48), np.float32)
     b = np.zeros((48, 5), np.float32)
@@ -259,7 +260,7 @@ def test_signature_parser():
     assert fwd.attr_int("moe.num_saved") == 3
     assert fwd.results[0].element == "bf16"
     with pytest.raises(cpu.UnsupportedTypeError, match="bf16"):
-        fwd.results[0].dtype
+        _ = fwd.results[0].dtype
     d = sigs["decl"]
     assert d.visibility == "private" and d.is_declaration
     assert d.inputs[1].element is None and not d.inputs[1].is_tensor
@@ -395,13 +396,20 @@ func.func @mock_backward(%x: tensor<3x4xf32>, %wr: tensor<4x2xf32>, %dout: tenso
 
 
 def test_compiled_layer_plumbing_on_a_mock(mlir_opt):
-    layer = cpu.CompiledLayer(MOCK_CONFIG, "mock", source=MOCK_LAYER.replace("NUM_SAVED", "2"),
-                              pre_passes=(), passes=cpu.UPSTREAM_CPU_PIPELINE,
-                              opt_tool=mlir_opt)
+    layer = cpu.CompiledLayer(
+        MOCK_CONFIG,
+        "mock",
+        source=MOCK_LAYER.replace("NUM_SAVED", "2"),
+        pre_passes=(),
+        passes=cpu.UPSTREAM_CPU_PIPELINE,
+        opt_tool=mlir_opt,
+    )
     assert layer.gradient_names == ["x", "w_router"] and layer.num_saved == 2
     rng = np.random.default_rng(0)
-    args = {name: rng.standard_normal(shape).astype(np.float32)
-            for name, shape, _ in MOCK_CONFIG.arg_specs()}
+    args = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape, _ in MOCK_CONFIG.arg_specs()
+    }
     out, logits = layer(args)
     np.testing.assert_allclose(out, 2 * args["x"])
     out2, logits2, saved = layer.forward(*[args[n] for n in MOCK_CONFIG.arg_names()])
@@ -410,10 +418,10 @@ def test_compiled_layer_plumbing_on_a_mock(mlir_opt):
     d_out = rng.standard_normal((3, 4)).astype(np.float32)
     d_logits = rng.standard_normal((3, 2)).astype(np.float32)
     grads = layer.backward(saved, d_out, d_logits)
-    np.testing.assert_allclose(grads["x"], 2 * d_out + d_logits @ args["w_router"].T,
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grads["w_router"], args["x"].T @ d_logits, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        grads["x"], 2 * d_out + d_logits @ args["w_router"].T, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(grads["w_router"], args["x"].T @ d_logits, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="missing layer arguments"):
         layer({"x": args["x"]})
     with pytest.raises(ValueError, match="shape"):
@@ -422,5 +430,11 @@ def test_compiled_layer_plumbing_on_a_mock(mlir_opt):
 
 def test_compiled_layer_contract_violation(mlir_opt):
     with pytest.raises(ValueError, match="moe.num_saved = 1"):
-        cpu.CompiledLayer(MOCK_CONFIG, "mock", source=MOCK_LAYER.replace("NUM_SAVED", "1"),
-                          pre_passes=(), passes=cpu.UPSTREAM_CPU_PIPELINE, opt_tool=mlir_opt)
+        cpu.CompiledLayer(
+            MOCK_CONFIG,
+            "mock",
+            source=MOCK_LAYER.replace("NUM_SAVED", "1"),
+            pre_passes=(),
+            passes=cpu.UPSTREAM_CPU_PIPELINE,
+            opt_tool=mlir_opt,
+        )

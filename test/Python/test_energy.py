@@ -55,8 +55,10 @@ def test_joules_a_call_and_per_tflop():
     assert r["sm_mhz"] == 1500
     assert gpu.pending == 0  # the counter was read after the work was done
     line = energy.describe("expert_ffn", r)
-    assert line == ("expert_ffn: 5000.0 mJ a call, 10.000 ms, 500 W, SM 1500 MHz, "
-                    "10.00 J/TFLOP (100 calls in 1.00 s)")
+    assert line == (
+        "expert_ffn: 5000.0 mJ a call, 10.000 ms, 500 W, SM 1500 MHz, "
+        "10.00 J/TFLOP (100 calls in 1.00 s)"
+    )
 
 
 def test_slow_work_still_gets_its_minimum_of_calls():

@@ -17,10 +17,21 @@ GENERATOR = os.path.join(ROOT, "lib", "Conversion", "MoEToGPU", "gen_gpu_library
 def load(monkeypatch, **env):
     """A fresh copy of the generator module with MOE_GEMM_* taken from env (its settings
     are read at import)."""
-    for key in ("MOE_GEMM_WS", "MOE_GEMM_WS_REGS", "MOE_GEMM_PSTAGES", "MOE_GEMM_GROUP_M",
-                "MOE_GEMM_ROWS_TMA", "MOE_GEMM_BULK_STORE", "MOE_GEMM_DACT_UNROLL",
-                "MOE_GEMM_TMA_STORE", "MOE_GEMM_DYNAMIC", "MOE_GEMM_IDLE_SKIP",
-                "MOE_GEMM_DACT_STAGE", "MOE_GEMM_DACT_FMA", "MOE_GEMM_DACT_PIPELINE"):
+    for key in (
+        "MOE_GEMM_WS",
+        "MOE_GEMM_WS_REGS",
+        "MOE_GEMM_PSTAGES",
+        "MOE_GEMM_GROUP_M",
+        "MOE_GEMM_ROWS_TMA",
+        "MOE_GEMM_BULK_STORE",
+        "MOE_GEMM_DACT_UNROLL",
+        "MOE_GEMM_TMA_STORE",
+        "MOE_GEMM_DYNAMIC",
+        "MOE_GEMM_IDLE_SKIP",
+        "MOE_GEMM_DACT_STAGE",
+        "MOE_GEMM_DACT_FMA",
+        "MOE_GEMM_DACT_PIPELINE",
+    ):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -34,24 +45,34 @@ def generate(tmp_path, **env):
     out = tmp_path / "library.mlir"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MOE_GEMM_", "MOE_GPU_"))}
     full_env.update(env)
-    proc = subprocess.run([sys.executable, GENERATOR, "-o", str(out)], env=full_env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, GENERATOR, "-o", str(out)], env=full_env, capture_output=True, text=True
+    )
     return proc, (out.read_text() if proc.returncode == 0 else "")
 
 
 def kernel_bodies(text):
     """{name: text} of every gpu.func in the library."""
     heads = list(re.finditer(r"^    gpu\.func @(\w+)\(", text, re.M))
-    return {m.group(1): text[m.start():(heads[i + 1].start() if i + 1 < len(heads) else len(text))]
-            for i, m in enumerate(heads)}
+    return {
+        m.group(1): text[m.start() : (heads[i + 1].start() if i + 1 < len(heads) else len(text))]
+        for i, m in enumerate(heads)
+    }
 
 
-@pytest.mark.parametrize("ws, extra", [("all", {}), ("gather", {}), ("none", {}),
-                                       ("all", {"MOE_GEMM_BULK_STORE": "0"}),
-                                       ("all", {"MOE_GEMM_BULK_STORE": "wgrad"}),
-                                       ("all", {"MOE_GEMM_TMA_STORE": "0"}),
-                                       ("all", {"MOE_GEMM_DYNAMIC": "rows"}),
-                                       ("all", {"MOE_GEMM_DYNAMIC": "all"})])
+@pytest.mark.parametrize(
+    "ws, extra",
+    [
+        ("all", {}),
+        ("gather", {}),
+        ("none", {}),
+        ("all", {"MOE_GEMM_BULK_STORE": "0"}),
+        ("all", {"MOE_GEMM_BULK_STORE": "wgrad"}),
+        ("all", {"MOE_GEMM_TMA_STORE": "0"}),
+        ("all", {"MOE_GEMM_DYNAMIC": "rows"}),
+        ("all", {"MOE_GEMM_DYNAMIC": "all"}),
+    ],
+)
 def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
     gen = load(monkeypatch, MOE_GEMM_WS=ws, **extra)
     selected = []
@@ -76,11 +97,21 @@ def test_shared_memory_layout_fits_and_does_not_overlap(monkeypatch, ws, extra):
         if g.dynamic:  # the tile ids' ring after empty[s]
             assert g.sched_offset == g.bar_offset + 16 * g.stages, g.name
             assert g.sched_offset + gen.SCHED_BYTES + 1024 <= g.launch_smem <= gen.MAX_SMEM, g.name
-    dynamic = {"0": [], "rows": ["moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16"],
-               "all": ["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_up_gather_h",
-                       "moe_gemm_up_rows_h", "moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16"]}
+    dynamic = {
+        "0": [],
+        "rows": ["moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16"],
+        "all": [
+            "moe_gemm_up_gather",
+            "moe_gemm_up_rows",
+            "moe_gemm_up_gather_h",
+            "moe_gemm_up_rows_h",
+            "moe_gemm_rows_mn_bf16",
+            "moe_gemm_rows_k_bf16",
+        ],
+    }
     assert [g.name for g in gen.GEMMS if g.dynamic] == (
-        dynamic[extra.get("MOE_GEMM_DYNAMIC", "0")] if ws == "all" else [])
+        dynamic[extra.get("MOE_GEMM_DYNAMIC", "0")] if ws == "all" else []
+    )
     persistent = [g.name for g in gen.GEMMS if g.persistent]
     if ws == "all":
         assert selected == persistent
@@ -95,10 +126,19 @@ def test_warp_specialised_kernels_synchronise_safely(tmp_path):
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
     ws = [n for n, body in bodies.items() if "setmaxregister" in body]
-    assert sorted(ws) == sorted(["moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_up_gather_h",
-                                 "moe_gemm_up_rows_h", "moe_gemm_rows_mn_bf16",
-                                 "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
-                                 "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"])
+    assert sorted(ws) == sorted(
+        [
+            "moe_gemm_up_gather",
+            "moe_gemm_up_rows",
+            "moe_gemm_up_gather_h",
+            "moe_gemm_up_rows_h",
+            "moe_gemm_rows_mn_bf16",
+            "moe_gemm_rows_k_bf16",
+            "moe_gemm_wgrad_gather",
+            "moe_gemm_wgrad_gather_a",
+            "moe_gemm_wgrad_rows",
+        ]
+    )
     for name in ws:
         body = bodies[name]
         assert "known_block_size = array<i32: 384, 1, 1>" in body, name
@@ -152,7 +192,7 @@ def test_dynamic_schedule(tmp_path, skip):
         assert ("2", "128") in [(consts[a], consts[b]) for a, b in named], name
         counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
         assert counts == [129, 8] * 3 + [1, 256] * 2, (name, counts)
-        after = body[body.index("nvvm.setmaxregister decrease"):]
+        after = body[body.index("nvvm.setmaxregister decrease") :]
         # empty[s] and full[s] as before; tile_empty twice (the first tile, then each
         # next), tile_full twice; the idle warpgroup's full[s]
         waits = 6 + (1 if skip == "1" else 0)
@@ -165,18 +205,33 @@ def test_dynamic_schedule(tmp_path, skip):
         if not launches:
             assert "gpu.memset" not in fn, match.group(1)
             continue
-        buffers = re.findall(r"(%buf\d+), %t\d+ = gpu\.alloc async \[%t?\w+\] \(%c\d+\) : memref<\?xi32>\n"
-                             r" *%t\d+ = gpu\.memset async \[%t\d+\] \1, (%c\d+) : memref<\?xi32>, i32", fn)
+        buffers = re.findall(
+            r"(%buf\d+), %t\d+ = gpu\.alloc async \[%t?\w+\] \(%c\d+\) : memref<\?xi32>\n"
+            r" *%t\d+ = gpu\.memset async \[%t\d+\] \1, (%c\d+) : memref<\?xi32>, i32",
+            fn,
+        )
         assert len(buffers) == 1, match.group(1)
         buf = buffers[0][0]
-        assert re.search(rf"gpu\.dealloc async \[%t\d+\] {buf} : memref<\?xi32>", fn), match.group(1)
-        slots = [re.search(rf"{buf} : memref<\?xi32>, (%c\d+) : index\s*$", args).group(1)
-                 for _, args in launches]
+        assert re.search(rf"gpu\.dealloc async \[%t\d+\] {buf} : memref<\?xi32>", fn), match.group(
+            1
+        )
+        slots = [
+            re.search(rf"{buf} : memref<\?xi32>, (%c\d+) : index\s*$", args).group(1)
+            for _, args in launches
+        ]
         assert len(set(slots)) == len(slots), (match.group(1), slots)  # a word a launch
         counted.append(match.group(1))
-    assert sorted(counted) == ["expert_combine_grad", "expert_ffn", "router_grad",
-                               "shared_expert", "shared_expert_grad"]
-    assert generate(tmp_path)[1] == generate(tmp_path, MOE_GEMM_DYNAMIC="0", MOE_GEMM_IDLE_SKIP=skip)[1]
+    assert sorted(counted) == [
+        "expert_combine_grad",
+        "expert_ffn",
+        "router_grad",
+        "shared_expert",
+        "shared_expert_grad",
+    ]
+    assert (
+        generate(tmp_path)[1]
+        == generate(tmp_path, MOE_GEMM_DYNAMIC="0", MOE_GEMM_IDLE_SKIP=skip)[1]
+    )
     assert "llvm.atomicrmw" not in generate(tmp_path)[1]
 
 
@@ -194,7 +249,7 @@ def test_partial_last_k_step_skips_the_zero_rows(tmp_path):
         if "wgrad" in name:
             # 4 in the loop; 1 + 2 + 3 + 4 in the tail's branches
             assert len(mmas) == 14, (name, len(mmas))
-            tail = body[body.index("ktail"):]
+            tail = body[body.index("ktail") :]
             assert tail.count("nvvm.wgmma.wait.group.sync.aligned 0") == 5, name
             for count in (1, 2, 3):
                 assert re.search(rf"arith\.constant {16 * count} : i32", body), (name, count)
@@ -210,11 +265,13 @@ def test_rows_by_tma(tmp_path):
     proc, text = generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
-    for name, mapname, boxes in (("moe_gemm_wgrad_gather", "%amap", 2),
-                                 ("moe_gemm_wgrad_gather_a", "%browmap", 4)):
+    for name, mapname, boxes in (
+        ("moe_gemm_wgrad_gather", "%amap", 2),
+        ("moe_gemm_wgrad_gather_a", "%browmap", 4),
+    ):
         body = bodies[name]
         assert f"{mapname}: !llvm.ptr" in body.splitlines()[0], name
-        assert body.count(f"nvvm.cp.async.bulk.tensor.shared.cluster.global") == boxes, name
+        assert body.count("nvvm.cp.async.bulk.tensor.shared.cluster.global") == boxes, name
         assert f"nvvm.prefetch tensormap, {mapname}" not in body, name  # null without rows
         consts = dict(re.findall(r"(%c\d+) = arith\.constant (\d+) : i32", body))
         counts = [int(consts[c]) for c in re.findall(r"nvvm\.mbarrier\.init %\w+, (%\w+)", body)]
@@ -224,9 +281,14 @@ def test_rows_by_tma(tmp_path):
         assert re.search(r"\} else \{\s+nvvm\.mbarrier\.arrive %", body[tma:]), name
     # the host functions pass the maps: one per call of each weight gradient
     off = generate(tmp_path, MOE_GEMM_ROWS_TMA="0")[1]
-    assert text.count("func.call @moeTensorMapDeviceBf16") > off.count("func.call @moeTensorMapDeviceBf16")
+    assert text.count("func.call @moeTensorMapDeviceBf16") > off.count(
+        "func.call @moeTensorMapDeviceBf16"
+    )
     assert "%amap" not in off and "%browmap" not in off
-    assert "%amap" not in bodies["moe_gemm_wgrad_rows"] and "%browmap" not in bodies["moe_gemm_wgrad_rows"]
+    assert (
+        "%amap" not in bodies["moe_gemm_wgrad_rows"]
+        and "%browmap" not in bodies["moe_gemm_wgrad_rows"]
+    )
 
 
 def test_bulk_store_variant(tmp_path):
@@ -238,15 +300,21 @@ def test_bulk_store_variant(tmp_path):
     proc, text = generate(tmp_path, MOE_GEMM_BULK_STORE="1", MOE_GEMM_TMA_STORE="0")
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
-    for name in ("moe_gemm_rows_mn_bf16", "moe_gemm_rows_k_bf16", "moe_gemm_wgrad_gather",
-                 "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"):
+    for name in (
+        "moe_gemm_rows_mn_bf16",
+        "moe_gemm_rows_k_bf16",
+        "moe_gemm_wgrad_gather",
+        "moe_gemm_wgrad_gather_a",
+        "moe_gemm_wgrad_rows",
+    ):
         body = bodies[name]
         assert body.count("nvvm.stmatrix") == 16, name
         assert body.count("nvvm.cp.async.bulk.global.shared.cta") == 1, name
         read_wait = body.index("nvvm.cp.async.bulk.wait_group 0 {read}")
         assert read_wait < body.index("nvvm.stmatrix"), name
-        assert body.index("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>",
-                          body.index("nvvm.stmatrix")) < body.index("nvvm.cp.async.bulk.global"), name
+        assert body.index(
+            "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>", body.index("nvvm.stmatrix")
+        ) < body.index("nvvm.cp.async.bulk.global"), name
         # the wait for the writes too, after the tile loop
         assert re.search(r"nvvm\.cp\.async\.bulk\.wait_group 0\n", body[read_wait:]), name
         assert "llvm.store" not in body, name  # no per-thread stores of C left
@@ -257,7 +325,10 @@ def test_bulk_store_variant(tmp_path):
     # "wgrad": the weight gradients' kernels only
     bodies = kernel_bodies(generate(tmp_path, MOE_GEMM_BULK_STORE="wgrad")[1])
     assert sorted(n for n, b in bodies.items() if "nvvm.stmatrix" in b) == [
-        "moe_gemm_wgrad_gather", "moe_gemm_wgrad_gather_a", "moe_gemm_wgrad_rows"]
+        "moe_gemm_wgrad_gather",
+        "moe_gemm_wgrad_gather_a",
+        "moe_gemm_wgrad_rows",
+    ]
 
 
 def test_tma_store_variant(tmp_path):
@@ -269,9 +340,15 @@ def test_tma_store_variant(tmp_path):
     proc, text = generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
-    tensor_store = re.compile(r"nvvm\.cp\.async\.bulk\.tensor\.global\.shared\.cta %cmap, %\w+, box\[([^\]]*)\]")
-    for name, rank, row_stores in (("moe_gemm_wgrad_gather", 3, 0), ("moe_gemm_wgrad_gather_a", 3, 0),
-                                   ("moe_gemm_rows_mn_bf16", 2, 1), ("moe_gemm_rows_k_bf16", 2, 1)):
+    tensor_store = re.compile(
+        r"nvvm\.cp\.async\.bulk\.tensor\.global\.shared\.cta %cmap, %\w+, box\[([^\]]*)\]"
+    )
+    for name, rank, row_stores in (
+        ("moe_gemm_wgrad_gather", 3, 0),
+        ("moe_gemm_wgrad_gather_a", 3, 0),
+        ("moe_gemm_rows_mn_bf16", 2, 1),
+        ("moe_gemm_rows_k_bf16", 2, 1),
+    ):
         body = bodies[name]
         assert "%cmap: !llvm.ptr" in body.split("\n")[0], name
         boxes = tensor_store.findall(body)
@@ -282,16 +359,20 @@ def test_tma_store_variant(tmp_path):
         read_wait = body.index("nvvm.cp.async.bulk.wait_group 0 {read}")
         first_store = tensor_store.search(body).start()
         assert read_wait < body.index("nvvm.stmatrix") < first_store, name
-        fence = body.rindex("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>", 0, first_store)
+        fence = body.rindex(
+            "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>", 0, first_store
+        )
         assert body.index("nvvm.stmatrix") < fence, name
         assert re.search(r"nvvm\.cp\.async\.bulk\.wait_group 0\n", body[first_store:]), name
         assert "llvm.store" not in body, name
     # a whole tile (m0 + 128 <= the expert's end) by boxes, else by rows
-    assert re.search(r"arith\.cmpi ule, %\w+, %\w+ : index\n\s+scf\.if", bodies["moe_gemm_rows_k_bf16"])
+    assert re.search(
+        r"arith\.cmpi ule, %\w+, %\w+ : index\n\s+scf\.if", bodies["moe_gemm_rows_k_bf16"]
+    )
     assert "cp.async.bulk.tensor.global" not in bodies["moe_gemm_wgrad_rows"]
     # the host makes the maps: [E][M][N] in 64 x 128 x 1 boxes, [rows, N] in 64 x 128
-    host = text[text.index("func.func private @__moe_gpu_expert_combine_grad"):]
-    host = host[:host.index("\n  }\n")]
+    host = text[text.index("func.func private @__moe_gpu_expert_combine_grad") :]
+    host = host[: host.index("\n  }\n")]
     consts = dict(re.findall(r"(%c\w*) = arith\.constant (-?\d+) : i64", host))
     maps = set()
     for args in re.findall(r"func\.call @moeTensorMapDeviceBf16\(([^)]*)\)", host):
@@ -313,11 +394,13 @@ def test_gathered_ids_come_a_k_step_ahead(tmp_path):
     bodies = kernel_bodies(text)
     for name, shuffles in (("moe_gemm_wgrad_gather_a", 8), ("moe_gemm_wgrad_gather", 16)):
         body = bodies[name]
-        producer = body[body.index("setmaxregister decrease"):body.index("setmaxregister increase")]
+        producer = body[
+            body.index("setmaxregister decrease") : body.index("setmaxregister increase")
+        ]
         assert producer.count("gpu.shuffle idx") == shuffles, name
         # tile loop and k-loop both carry one id (i32) beside the ring position
         assert len(re.findall(r"scf\.for .*-> \(index, i32, i32\)", producer)) == 2, name
-        kloop = producer[[m.start() for m in re.finditer(r"scf\.for ", producer)][1]:]
+        kloop = producer[[m.start() for m in re.finditer(r"scf\.for ", producer)][1] :]
         wait = kloop.index("nvvm.mbarrier.try_wait.parity")
         assert re.search(r"llvm\.load %\w+ : !llvm\.ptr<1> -> i32", kloop[:wait]), name
         assert "gpu.shuffle" not in kloop[:wait], name
@@ -331,10 +414,15 @@ def test_swiglu_epilogues_take_no_division(tmp_path):
     proc, text = generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text)
-    for name in ("moe_gemm_up_gather", "moe_gemm_up_rows", "moe_gemm_dact_gather", "moe_gemm_dact_rows"):
+    for name in (
+        "moe_gemm_up_gather",
+        "moe_gemm_up_rows",
+        "moe_gemm_dact_gather",
+        "moe_gemm_dact_rows",
+    ):
         assert "arith.divf" not in bodies[name], name
         assert "@__moe_gpu_sigmoid" in bodies[name], name
-    assert 'rcp.approx.ftz.f32' in text
+    assert "rcp.approx.ftz.f32" in text
 
 
 @pytest.mark.parametrize("unroll", ["1", "4", "8"])
@@ -346,10 +434,12 @@ def test_dswiglu_epilogue_loads_its_rows_first(tmp_path, unroll):
     assert proc.returncode == 0, proc.stderr
     for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
         body = kernel_bodies(text)[name]
-        loop = body[body.index("scf.for %ep"):]
+        loop = body[body.index("scf.for %ep") :]
         first_math = loop.index("@__moe_gpu_sigmoid")
         assert loop[:first_math].count("vector.load %hsaved") == 2 * int(unroll), name
-        assert loop[:first_math].count("memref.load %wrow") == (int(unroll) if "gather" in name else 0)
+        assert loop[:first_math].count("memref.load %wrow") == (
+            int(unroll) if "gather" in name else 0
+        )
         assert loop.count("vector.load %hsaved") == 2 * int(unroll), name
         # no branch around a load: the ifs hold the stores (3 a row) and dS's lane-0 store
         for block in re.findall(r"scf\.if [^{]*\{(.*?)\n\s*\}", loop, re.S):
@@ -375,15 +465,17 @@ def test_dswiglu_staging_and_arithmetic_variants(tmp_path, stage, fma):
     for name in ("moe_gemm_dact_gather", "moe_gemm_dact_rows"):
         body, base_body = bodies[name], base_bodies[name]
         assert body != base_body, name
-        loop = body[body.index("scf.for %ep"):]
+        loop = body[body.index("scf.for %ep") :]
         rows = 4  # MOE_GEMM_DACT_UNROLL's default
         ds_stores = rows if "gather" in name else 0  # a warp's row sums of dS, one a row
         assert len(wg_store.findall(base_body)) == 128 + ds_stores
         if stage == "bf16":
             assert body.count("nvvm.stmatrix") == 16, name
             assert len(wg_store.findall(body)) == ds_stores, name
-            assert loop.count("vector<8xbf16>") >= rows and "memref<?xf32, #gpu" not in loop.split(
-                "@__moe_gpu_sigmoid")[0], name
+            assert (
+                loop.count("vector<8xbf16>") >= rows
+                and "memref<?xf32, #gpu" not in loop.split("@__moe_gpu_sigmoid")[0]
+            ), name
         else:
             assert "nvvm.stmatrix" not in body and len(wg_store.findall(body)) == 128 + ds_stores
         if fma == "1":
@@ -411,8 +503,8 @@ def test_dswiglu_epilogue_loads_a_batch_ahead(tmp_path, stage):
         body = bodies[name]
         has_w = "gather" in name
         staging = body.index("nvvm.stmatrix" if stage == "bf16" else "memref.store %f")
-        head, loop = body[:body.index("scf.for %ep")], body[body.index("scf.for %ep"):]
-        before_staging = body[body.index("nvvm.wgmma.wait.group.sync.aligned 0"):staging]
+        head, loop = body[: body.index("scf.for %ep")], body[body.index("scf.for %ep") :]
+        before_staging = body[body.index("nvvm.wgmma.wait.group.sync.aligned 0") : staging]
         assert before_staging.count("vector.load %hsaved") == 2 * rows, name
         assert before_staging.count("memref.load %wrow") == (rows if has_w else 0), name
         assert head.count("vector.load %hsaved") == 2 * rows, name
@@ -423,7 +515,9 @@ def test_dswiglu_epilogue_loads_a_batch_ahead(tmp_path, stage):
         assert loop[:first_math].count("vector.load %hsaved") == 2 * rows, name
         assert loop.count("vector.load %hsaved") == 2 * rows, name
         carried = 2 * rows + (rows if has_w else 0)
-        assert re.search(r"scf\.yield (%\w+, ){" + str(carried - 1) + r"}%\w+ : vector<8xbf16>", loop), name
+        assert re.search(
+            r"scf\.yield (%\w+, ){" + str(carried - 1) + r"}%\w+ : vector<8xbf16>", loop
+        ), name
         for block in re.findall(r"scf\.if [^{]*\{(.*?)\n\s*\}", loop, re.S):
             assert "load %hsaved" not in block and "load %wrow" not in block, name
 
@@ -440,8 +534,8 @@ def test_recomputed_h_writes_no_a(tmp_path):
         # gate and up of H, and A, for each 16-byte group; H alone without A
         assert 3 * h_only.count("llvm.store") == 2 * full.count("llvm.store") > 0, name
         assert "__moe_gpu_sigmoid" not in h_only, name
-    ffn_h = text[text.index("func.func private @__moe_gpu_expert_ffn_h("):]
-    ffn_h = ffn_h[:ffn_h.index("\n  }")]
+    ffn_h = text[text.index("func.func private @__moe_gpu_expert_ffn_h(") :]
+    ffn_h = ffn_h[: ffn_h.index("\n  }")]
     assert "@moe_kernels::@moe_gemm_up_gather_h " in ffn_h and "gpu.alloc" not in ffn_h
 
 
@@ -467,8 +561,8 @@ def test_router_kernels_run_a_warp_a_token(tmp_path):
         launch = re.search(rf"@moe_kernels::@moe_{name} blocks in \((%\w+),", text)
         assert launch, name
     # blocks = ceil(T / 4): four tokens a block of 128 threads
-    host = text[text.index("func.func private @__moe_gpu_router("):]
-    assert "arith.constant 4 : index" in host[:host.index("@moe_router_select")]
+    host = text[text.index("func.func private @__moe_gpu_router(") :]
+    assert "arith.constant 4 : index" in host[: host.index("@moe_router_select")]
 
 
 def test_router_weight_gradient_is_split_along_tokens(tmp_path):
@@ -478,12 +572,19 @@ def test_router_weight_gradient_is_split_along_tokens(tmp_path):
     also drops the padding columns the repack dropped before)."""
     proc, text = generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    host = text[text.index("func.func private @__moe_gpu_router_grad("):]
-    host = host[:host.index("\n  }")]
-    order = [host.index(f"@moe_kernels::@{k} ") for k in
-             ("moe_router_grad_logits", "moe_split_offsets", "moe_gemm_wgrad_rows", "moe_sum_splits_bf16")]
+    host = text[text.index("func.func private @__moe_gpu_router_grad(") :]
+    host = host[: host.index("\n  }")]
+    order = [
+        host.index(f"@moe_kernels::@{k} ")
+        for k in (
+            "moe_router_grad_logits",
+            "moe_split_offsets",
+            "moe_gemm_wgrad_rows",
+            "moe_sum_splits_bf16",
+        )
+    ]
     assert order == sorted(order)
-    assert "@moe_repack_bf16 " not in host[order[2]:]
+    assert "@moe_repack_bf16 " not in host[order[2] :]
     bodies = kernel_bodies(text)
     assert "arith.minui %at, %T" in bodies["moe_split_offsets"]
     assert "scf.for %sl = %c0 to %S" in bodies["moe_sum_splits_bf16"]
@@ -504,8 +605,11 @@ def test_accumulating_host_functions(tmp_path):
     assert proc.returncode == 0, proc.stderr
     bodies = kernel_bodies(text.split("func.func")[0])
     acc, plain = bodies["moe_gemm_rows_k_bf16_acc"], bodies["moe_gemm_rows_k_bf16"]
-    boxes = re.findall(r"nvvm\.cp\.async\.bulk\.tensor\.reduce %cmap, %\w+, box\[(%\w+), (%\w+)\] "
-                       r"\{redKind = #nvvm\.tma_redux_kind<add>\}", acc)
+    boxes = re.findall(
+        r"nvvm\.cp\.async\.bulk\.tensor\.reduce %cmap, %\w+, box\[(%\w+), (%\w+)\] "
+        r"\{redKind = #nvvm\.tma_redux_kind<add>\}",
+        acc,
+    )
     assert len(boxes) == 4 and len({row for _, row in boxes}) == 1, boxes
     assert acc.count("nvvm.cp.async.bulk.tensor.reduce") == 4
     assert "nvvm.cp.async.bulk.tensor.global.shared.cta" not in acc
@@ -517,6 +621,7 @@ def test_accumulating_host_functions(tmp_path):
     def numbered(body):
         lines = body.split("nvvm.cp.async.bulk.wait_group 0 {read}")[0].split("\n")
         return re.sub(r"%[cv]\d+", "%_", "\n".join(x for x in lines if "arith.constant" not in x))
+
     assert numbered(acc).replace("_acc(", "(") == numbered(plain)
 
     # the gather-sum: out's 8 values loaded and widened before the sum over j, which starts
@@ -530,11 +635,15 @@ def test_accumulating_host_functions(tmp_path):
     assert "vector.load %out" not in gsum and "iter_args(%a = %zv)" in gsum
 
     def host(name):
-        fn = text[text.index(f"func.func private @{name}("):]
-        return fn[:fn.index("\n  }\n")]
+        fn = text[text.index(f"func.func private @{name}(") :]
+        return fn[: fn.index("\n  }\n")]
+
     rest = text
-    for name, kernel in (("router_grad", "moe_gemm_rows_k_bf16"), ("combine", "moe_gather_sum"),
-                         ("expert_combine_grad", "moe_gather_sum")):
+    for name, kernel in (
+        ("router_grad", "moe_gemm_rows_k_bf16"),
+        ("combine", "moe_gather_sum"),
+        ("expert_combine_grad", "moe_gather_sum"),
+    ):
         plain_fn, acc_fn = host(f"__moe_gpu_{name}"), host(f"__moe_gpu_{name}_acc")
         assert f"@moe_kernels::@{kernel}_acc " in acc_fn
         assert f"@moe_kernels::@{kernel} " not in acc_fn
@@ -543,7 +652,7 @@ def test_accumulating_host_functions(tmp_path):
     # the default library plus those
     for kernel in ("moe_gemm_rows_k_bf16_acc", "moe_gather_sum_acc"):
         start = rest.index(f"    gpu.func @{kernel}(")
-        rest = rest[:start] + rest[start + len(bodies[kernel]):]
+        rest = rest[:start] + rest[start + len(bodies[kernel]) :]
     assert rest == default
 
 
@@ -580,13 +689,18 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     not replaced by a file."""
     import stat
     import threading
+
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     got = []
     reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
     reader.start()
-    proc = subprocess.run([sys.executable, GENERATOR, "-o", str(fifo)], capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("MOE_GEMM_")})
+    proc = subprocess.run(
+        [sys.executable, GENERATOR, "-o", str(fifo)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MOE_GEMM_")},
+    )
     reader.join(timeout=30)
     if reader.is_alive():  # nothing opened the pipe for writing: let the reader go
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
@@ -596,28 +710,31 @@ def test_output_to_a_pipe_stays_a_pipe(tmp_path):
     assert not (tmp_path / "out.fifo.tmp").exists()
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"MOE_GEMM_WS": "some"}, "expected all, gather or none"),
-    ({"MOE_GEMM_WS_REGS": "80,216"}, "registers the producer never frees"),
-    ({"MOE_GEMM_WS_REGS": "72"}, "expected two integers"),
-    ({"MOE_GEMM_WS_REGS": "70,216"}, "multiples of 8 from 24 to 256"),
-    ({"MOE_GEMM_WS_REGS": "216,72"}, "P <= 168 <= C"),
-    ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
-    ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
-    ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0, 1 or wgrad"),
-    ({"MOE_GEMM_TMA_STORE": "2"}, "expected 0 or 1"),
-    ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
-    ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
-    ({"MOE_GEMM_DACT_STAGE": "f16"}, "expected f32 or bf16"),
-    ({"MOE_GEMM_DACT_FMA": "yes"}, "expected 0 or 1"),
-    ({"MOE_GEMM_DACT_PIPELINE": "2"}, "expected 0 or 1"),
-    ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
-    ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
-    ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),
-    ({"MOE_GPU_ACCUMULATE": "yes"}, "expected 0 or 1"),
-    ({"MOE_GPU_ACCUMULATE": "1", "MOE_GEMM_TMA_STORE": "0"}, "stores by TMA reduce boxes"),
-    ({"MOE_GPU_ACCUMULATE": "1", "MOE_GEMM_WS": "gather"}, "stores by TMA reduce boxes"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"MOE_GEMM_WS": "some"}, "expected all, gather or none"),
+        ({"MOE_GEMM_WS_REGS": "80,216"}, "registers the producer never frees"),
+        ({"MOE_GEMM_WS_REGS": "72"}, "expected two integers"),
+        ({"MOE_GEMM_WS_REGS": "70,216"}, "multiples of 8 from 24 to 256"),
+        ({"MOE_GEMM_WS_REGS": "216,72"}, "P <= 168 <= C"),
+        ({"MOE_GEMM_PSTAGES": "4"}, "bytes of shared memory"),
+        ({"MOE_GEMM_ROWS_TMA": "yes"}, "expected 0 or 1"),
+        ({"MOE_GEMM_BULK_STORE": "on"}, "expected 0, 1 or wgrad"),
+        ({"MOE_GEMM_TMA_STORE": "2"}, "expected 0 or 1"),
+        ({"MOE_GEMM_DACT_UNROLL": "16"}, "expected 1, 2, 4 or 8"),
+        ({"MOE_GEMM_DACT_UNROLL": "four"}, "expected 1, 2, 4 or 8"),
+        ({"MOE_GEMM_DACT_STAGE": "f16"}, "expected f32 or bf16"),
+        ({"MOE_GEMM_DACT_FMA": "yes"}, "expected 0 or 1"),
+        ({"MOE_GEMM_DACT_PIPELINE": "2"}, "expected 0 or 1"),
+        ({"MOE_GEMM_DYNAMIC": "1"}, "expected 0, rows or all"),
+        ({"MOE_GEMM_IDLE_SKIP": "yes"}, "expected 0 or 1"),
+        ({"MOE_GPU_PDL": "yes"}, "expected 0 or 1"),
+        ({"MOE_GPU_ACCUMULATE": "yes"}, "expected 0 or 1"),
+        ({"MOE_GPU_ACCUMULATE": "1", "MOE_GEMM_TMA_STORE": "0"}, "stores by TMA reduce boxes"),
+        ({"MOE_GPU_ACCUMULATE": "1", "MOE_GEMM_WS": "gather"}, "stores by TMA reduce boxes"),
+    ],
+)
 def test_bad_settings_are_refused_with_a_reason(tmp_path, env, message):
     proc, _ = generate(tmp_path, **env)
     assert proc.returncode != 0

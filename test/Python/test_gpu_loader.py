@@ -6,7 +6,6 @@ The torch parts skip when torch is missing (CI has none); nothing here needs CUD
 
 import copy
 import json
-import os
 import shutil
 import subprocess
 
@@ -17,11 +16,25 @@ from moe_mlir import gpu
 T, D, E, K = 4, 8, 4, 2
 
 MANIFEST = {
-    "name": "fake_layer", "chip": "sm_90a", "compiler": "test",
-    "layer": {"T": T, "d": D, "n": 64, "E": E, "k": K, "activation": "swiglu",
-              "scoring": "softmax", "renormalize": True, "num_groups": 1, "topk_groups": 1,
-              "scaling_factor": 1.0, "has_bias": False, "shared_n": 0,
-              "inputs": {"x": "arg0", "w_router": "arg1"}},
+    "name": "fake_layer",
+    "chip": "sm_90a",
+    "compiler": "test",
+    "layer": {
+        "T": T,
+        "d": D,
+        "n": 64,
+        "E": E,
+        "k": K,
+        "activation": "swiglu",
+        "scoring": "softmax",
+        "renormalize": True,
+        "num_groups": 1,
+        "topk_groups": 1,
+        "scaling_factor": 1.0,
+        "has_bias": False,
+        "shared_n": 0,
+        "inputs": {"x": "arg0", "w_router": "arg1"},
+    },
     "entry_points": {
         "forward": {
             "symbol": "fake_layer_forward",
@@ -31,26 +44,59 @@ MANIFEST = {
                 {"name": "arg1", "role": "input", "dtype": "f32", "shape": [D, E]},
                 {"name": "result0", "role": "output", "dtype": "f32", "shape": [T, D]},
                 {"name": "result1", "role": "output", "dtype": "f32", "shape": [T, E]},
-                {"name": "moe.router.experts", "role": "saved", "dtype": "i32",
-                 "shape": [T, K]},
-            ]},
+                {"name": "moe.router.experts", "role": "saved", "dtype": "i32", "shape": [T, K]},
+            ],
+        },
         "backward": {
             "symbol": "fake_layer_backward",
             "workspace_symbol": "fake_layer_backward_workspace_bytes",
             "params": [
-                {"name": "arg0", "role": "saved", "forward_param": "arg0", "dtype": "f32",
-                 "shape": [T, D]},
-                {"name": "moe.router.experts", "role": "saved",
-                 "forward_param": "moe.router.experts", "dtype": "i32", "shape": [T, K]},
-                {"name": "d_result0", "role": "cotangent", "of": "result0", "dtype": "f32",
-                 "shape": [T, D]},
-                {"name": "d_result1", "role": "cotangent", "of": "result1", "dtype": "f32",
-                 "shape": [T, E]},
-                {"name": "d_arg0", "role": "gradient", "of": "arg0", "dtype": "f32",
-                 "shape": [T, D]},
-                {"name": "d_arg1", "role": "gradient", "of": "arg1", "dtype": "f32",
-                 "shape": [D, E]},
-            ]}}}
+                {
+                    "name": "arg0",
+                    "role": "saved",
+                    "forward_param": "arg0",
+                    "dtype": "f32",
+                    "shape": [T, D],
+                },
+                {
+                    "name": "moe.router.experts",
+                    "role": "saved",
+                    "forward_param": "moe.router.experts",
+                    "dtype": "i32",
+                    "shape": [T, K],
+                },
+                {
+                    "name": "d_result0",
+                    "role": "cotangent",
+                    "of": "result0",
+                    "dtype": "f32",
+                    "shape": [T, D],
+                },
+                {
+                    "name": "d_result1",
+                    "role": "cotangent",
+                    "of": "result1",
+                    "dtype": "f32",
+                    "shape": [T, E],
+                },
+                {
+                    "name": "d_arg0",
+                    "role": "gradient",
+                    "of": "arg0",
+                    "dtype": "f32",
+                    "shape": [T, D],
+                },
+                {
+                    "name": "d_arg1",
+                    "role": "gradient",
+                    "of": "arg1",
+                    "dtype": "f32",
+                    "shape": [D, E],
+                },
+            ],
+        },
+    },
+}
 
 # The stand-in: result0 = 2*x; result1[t, e] = x[t, 0] + e; experts[t, j] = (t + j) % E;
 # d_arg0 = 3*d_result0 + experts[t, 0]; d_arg1 = sum over t of d_result1 (row e = column sum).
@@ -106,6 +152,7 @@ def write_manifest(tmp_path, data, name="fake_layer.json"):
 
 # --------------------------------------------------------------------------- manifest
 
+
 def test_manifest_parses(tmp_path):
     m = gpu.Manifest.load(write_manifest(tmp_path, MANIFEST))
     assert m.name == "fake_layer"
@@ -119,34 +166,56 @@ def test_manifest_parses(tmp_path):
     assert m.forward.param("arg0").nbytes == T * D * 4
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda m: m.pop("name"), "has no 'name'"),
-    (lambda m: m["entry_points"].pop("forward"), "no 'forward'"),
-    (lambda m: m["entry_points"]["forward"]["params"][0].update(dtype="f64"),
-     "dtype is 'f64'"),
-    (lambda m: m["entry_points"]["forward"]["params"][0].update(role="weird"),
-     "role is 'weird'"),
-    (lambda m: m["entry_points"]["forward"]["params"][0].update(shape=[4, -1]),
-     "non-negative integers"),
-    (lambda m: m["entry_points"]["forward"]["params"][0].update(role="gradient"),
-     "cannot have"),
-    (lambda m: m["entry_points"]["forward"]["params"][1].update(name="arg0"), "twice"),
-    (lambda m: m["entry_points"]["backward"]["params"][0].update(forward_param="nope"),
-     "which the forward does not have"),
-    (lambda m: m["entry_points"]["backward"]["params"][0].update(shape=[T, D + 1]),
-     "but the forward's 'arg0'"),
-    (lambda m: m["entry_points"]["forward"]["params"][4].update(memory="disk"),
-     "memory is 'disk', expected 'device' or 'host'"),
-    (lambda m: m["entry_points"]["forward"]["params"][0].update(memory="host"),
-     "only saved tensors can be"),
-    # an offloaded saved tensor must be in host memory on both sides
-    (lambda m: m["entry_points"]["forward"]["params"][4].update(memory="host"),
-     "in pinned host memory but the forward's|but the forward's .* in pinned host memory"),
-    (lambda m: m["entry_points"]["backward"]["params"][2].update(of="arg0"),
-     "not a forward output"),
-    (lambda m: m["entry_points"]["backward"]["params"][4].update(of="result0"),
-     "not a forward input"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda m: m.pop("name"), "has no 'name'"),
+        (lambda m: m["entry_points"].pop("forward"), "no 'forward'"),
+        (lambda m: m["entry_points"]["forward"]["params"][0].update(dtype="f64"), "dtype is 'f64'"),
+        (
+            lambda m: m["entry_points"]["forward"]["params"][0].update(role="weird"),
+            "role is 'weird'",
+        ),
+        (
+            lambda m: m["entry_points"]["forward"]["params"][0].update(shape=[4, -1]),
+            "non-negative integers",
+        ),
+        (
+            lambda m: m["entry_points"]["forward"]["params"][0].update(role="gradient"),
+            "cannot have",
+        ),
+        (lambda m: m["entry_points"]["forward"]["params"][1].update(name="arg0"), "twice"),
+        (
+            lambda m: m["entry_points"]["backward"]["params"][0].update(forward_param="nope"),
+            "which the forward does not have",
+        ),
+        (
+            lambda m: m["entry_points"]["backward"]["params"][0].update(shape=[T, D + 1]),
+            "but the forward's 'arg0'",
+        ),
+        (
+            lambda m: m["entry_points"]["forward"]["params"][4].update(memory="disk"),
+            "memory is 'disk', expected 'device' or 'host'",
+        ),
+        (
+            lambda m: m["entry_points"]["forward"]["params"][0].update(memory="host"),
+            "only saved tensors can be",
+        ),
+        # an offloaded saved tensor must be in host memory on both sides
+        (
+            lambda m: m["entry_points"]["forward"]["params"][4].update(memory="host"),
+            "in pinned host memory but the forward's|but the forward's .* in pinned host memory",
+        ),
+        (
+            lambda m: m["entry_points"]["backward"]["params"][2].update(of="arg0"),
+            "not a forward output",
+        ),
+        (
+            lambda m: m["entry_points"]["backward"]["params"][4].update(of="result0"),
+            "not a forward input",
+        ),
+    ],
+)
 def test_manifest_errors(tmp_path, mutate, message):
     data = copy.deepcopy(MANIFEST)
     mutate(data)
@@ -225,8 +294,7 @@ def need_torch():
 
 
 def manifest_only(tmp_path, require_cuda=True):
-    return gpu.CompiledLayer(None, write_manifest(tmp_path, MANIFEST),
-                             require_cuda=require_cuda)
+    return gpu.CompiledLayer(None, write_manifest(tmp_path, MANIFEST), require_cuda=require_cuda)
 
 
 def good_inputs():
@@ -240,14 +308,17 @@ def test_torch_dtype_map():
     assert gpu.torch_dtype("i32") is torch.int32
 
 
-@pytest.mark.parametrize("change, error, message", [
-    (lambda a: a.update(x=a["x"].double()), TypeError, "dtype torch.float64, expected"),
-    (lambda a: a.update(x=a["x"][:, :4]), ValueError, r"shape \(4, 4\), expected \(4, 8\)"),
-    (lambda a: a.update(x=torch.randn(D, T).t()), ValueError, "not contiguous"),
-    (lambda a: a.update(x=[[0.0]]), TypeError, "must be a torch.Tensor"),
-    (lambda a: a.pop("w_router"), ValueError, r"missing w_router \(arg1\)"),
-    (lambda a: a.update(w_routr=a.pop("w_router")), ValueError, "unknown argument 'w_routr'"),
-])
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda a: a.update(x=a["x"].double()), TypeError, "dtype torch.float64, expected"),
+        (lambda a: a.update(x=a["x"][:, :4]), ValueError, r"shape \(4, 4\), expected \(4, 8\)"),
+        (lambda a: a.update(x=torch.randn(D, T).t()), ValueError, "not contiguous"),
+        (lambda a: a.update(x=[[0.0]]), TypeError, "must be a torch.Tensor"),
+        (lambda a: a.pop("w_router"), ValueError, r"missing w_router \(arg1\)"),
+        (lambda a: a.update(w_routr=a.pop("w_router")), ValueError, "unknown argument 'w_routr'"),
+    ],
+)
 def test_argument_errors_before_any_call(tmp_path, change, error, message):
     need_torch()
     layer = manifest_only(tmp_path)
@@ -289,6 +360,7 @@ def test_manifest_only_layer_cannot_run(tmp_path):
 
 
 # --------------------------------------------------------------------------- a stand-in
+
 
 def build_fake_layer(tmp_path, manifest):
     need_torch()
@@ -337,6 +409,7 @@ def test_offloaded_saved_tensor_lives_on_the_host(tmp_path):
 
 def test_forward_and_backward_through_the_stand_in(fake_layer):
     import ctypes
+
     layer = fake_layer
     assert layer.workspace_bytes("forward") == 12345
     assert layer.workspace_bytes("backward") == 678
@@ -384,6 +457,9 @@ def test_backward_argument_errors(fake_layer):
 def test_failure_raises_with_the_runtime_message(fake_layer):
     args = good_inputs()
     args["x"][0, 0] = -1.0
-    with pytest.raises(RuntimeError, match="fake_layer_forward failed: "
-                       "MOE_ERROR_INVALID_ARGUMENT: fake_layer_forward: arg0 is refused"):
+    with pytest.raises(
+        RuntimeError,
+        match="fake_layer_forward failed: "
+        "MOE_ERROR_INVALID_ARGUMENT: fake_layer_forward: arg0 is refused",
+    ):
         fake_layer.forward(args)

@@ -1,5 +1,5 @@
-"""scripts/inputs/stamp.sh: the lines that build-gpu-inputs.sh and build-torch-inputs.sh
-write to INPUTS.txt, and the "kernel library:" line that gpu-torch-check.sh reads back to
+"""scripts/inputs/stamp.sh: the lines that inputs/build-layers.sh and inputs/build-torch-cache.sh
+write to INPUTS.txt, and the "kernel library:" line that gpu/torch-check.sh reads back to
 refuse a torch cache built with other kernels than the layers."""
 
 import os
@@ -10,13 +10,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def stamp(build):
     script = f'. "{ROOT}/scripts/inputs/stamp.sh"; inputs_stamp "{ROOT}" "{build}"'
-    return subprocess.run(["bash", "-c", script], check=True, capture_output=True,
-                          text=True).stdout.splitlines()
+    return subprocess.run(
+        ["bash", "-c", script], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
 
 
 def kernel_library(lines):
-    """What gpu-torch-check.sh takes from an INPUTS.txt (sed -n 's/^kernel library: //p')."""
-    return [line[len("kernel library: "):] for line in lines if line.startswith("kernel library: ")]
+    """What gpu/torch-check.sh takes from an INPUTS.txt (sed -n 's/^kernel library: //p')."""
+    return [
+        line[len("kernel library: ") :] for line in lines if line.startswith("kernel library: ")
+    ]
 
 
 def test_stamp_names_the_build_kernel_library(tmp_path):
@@ -25,8 +28,13 @@ def test_stamp_names_the_build_kernel_library(tmp_path):
     (kernels / "0123abcd.mlir").write_text("")
     lines = stamp(tmp_path)
     keys = [line.split(":")[0] for line in lines]
-    assert keys == ["commit", "uncommitted in lib/ include/ tools/", "kernel library",
-                    "library settings", "date"]
+    assert keys == [
+        "commit",
+        "uncommitted in lib/ include/ tools/",
+        "kernel library",
+        "library settings",
+        "date",
+    ]
     assert kernel_library(lines) == ["0123abcd.mlir "]
     assert "library settings: default" in lines
     other = tmp_path / "other"
@@ -36,7 +44,7 @@ def test_stamp_names_the_build_kernel_library(tmp_path):
 
 
 def test_stamp_of_a_build_without_kernels_is_empty(tmp_path):
-    # gpu-torch-check.sh fails on an empty "kernel library:", whatever the other file says
+    # gpu/torch-check.sh fails on an empty "kernel library:", whatever the other file says
     assert kernel_library(stamp(tmp_path / "missing")) == [""]
 
 
@@ -44,5 +52,6 @@ def test_stamp_names_the_library_settings(tmp_path):
     """A build configured with -DMOE_GPU_LIBRARY_ENV=... (a variant of the kernel library)
     says so, as CMake writes the cache."""
     (tmp_path / "CMakeCache.txt").write_text(
-        "//NAME=VALUE settings of gen_gpu_library.py\nMOE_GPU_LIBRARY_ENV:STRING=MOE_GPU_PDL=1\n")
+        "//NAME=VALUE settings of gen_gpu_library.py\nMOE_GPU_LIBRARY_ENV:STRING=MOE_GPU_PDL=1\n"
+    )
     assert "library settings: MOE_GPU_PDL=1" in stamp(tmp_path)

@@ -1,4 +1,4 @@
-"""bench/long_context.py (issue 5's long-context measurement): the search for the largest token
+"""bench/long_context.py (the long-context measurement): the search for the largest token
 count under a budget, byte counts, and the plan + prebuild against the compiled layers'
 manifests (sm_90a entries, as on the LLVM machine), then the run step on the CPU path."""
 
@@ -14,9 +14,16 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import long_context as LC  # noqa: E402
 
 
-@pytest.mark.parametrize("per_token,fixed,budget,step,hint", [
-    (1000, 0, 10**6, 8, 16), (1000, 5000, 10**6, 8, 100000), (3, 7, 100, 1, 1),
-    (1000, 0, 999, 1, 4), (1, 0, 10**9, 256, 256)])
+@pytest.mark.parametrize(
+    "per_token,fixed,budget,step,hint",
+    [
+        (1000, 0, 10**6, 8, 16),
+        (1000, 5000, 10**6, 8, 100000),
+        (3, 7, 100, 1, 1),
+        (1000, 0, 999, 1, 4),
+        (1, 0, 10**9, 256, 256),
+    ],
+)
 def test_largest_tokens_matches_a_linear_scan(per_token, fixed, budget, step, hint):
     calls = []
 
@@ -24,8 +31,7 @@ def test_largest_tokens_matches_a_linear_scan(per_token, fixed, budget, step, hi
         calls.append(t)
         return fixed + per_token * t
 
-    want = max((t for t in range(step, budget + 2 * step, step) if held(t) <= budget),
-               default=0)
+    want = max((t for t in range(step, budget + 2 * step, step) if held(t) <= budget), default=0)
     calls.clear()
     assert LC.largest_tokens(held, budget, step, hint) == want
     assert len(calls) < 80  # a search, not a scan
@@ -51,6 +57,7 @@ def test_prebuild_matches_the_compiled_layers_then_runs_on_the_cpu(tmp_path, mon
     """The plan's bytes (moe-opt) are the compiled layers' saved tensors + x + outputs, for
     both policies; the run step reads plan.json and runs ours at the planned T (CPU path)."""
     from moe_mlir import compile_cache as cc
+
     if cc.find_moe_compile() is None:
         pytest.skip("no moe-compile")
     torch = pytest.importorskip("torch")
@@ -58,11 +65,39 @@ def test_prebuild_matches_the_compiled_layers_then_runs_on_the_cpu(tmp_path, mon
     monkeypatch.setenv("MOE_MLIR_CACHE", str(tmp_path / "cache"))
     layers = tmp_path / "layers"
     layers.mkdir()
-    (layers / "tiny.json").write_text(json.dumps({"layer": {
-        "T": 64, "d": 64, "n": 64, "E": 4, "k": 2, "scoring": "softmax", "renormalize": True}}))
+    (layers / "tiny.json").write_text(
+        json.dumps(
+            {
+                "layer": {
+                    "T": 64,
+                    "d": 64,
+                    "n": 64,
+                    "E": 4,
+                    "k": 2,
+                    "scoring": "softmax",
+                    "renormalize": True,
+                }
+            }
+        )
+    )
     folder = tmp_path / "lc"
-    assert LC.main(["--prebuild", str(folder), "--layers", str(layers), "--only", "tiny",
-                    "--budget", "200KiB", "--step", "8"]) == 0
+    assert (
+        LC.main(
+            [
+                "--prebuild",
+                str(folder),
+                "--layers",
+                str(layers),
+                "--only",
+                "tiny",
+                "--budget",
+                "200KiB",
+                "--step",
+                "8",
+            ]
+        )
+        == 0
+    )
     plan = json.loads((folder / "plan.json").read_text())
     tiny = plan["layers"]["tiny"]
     assert plan["budget_bytes"] == 200 << 10
@@ -71,10 +106,38 @@ def test_prebuild_matches_the_compiled_layers_then_runs_on_the_cpu(tmp_path, mon
     # Recomputing H holds fewer bytes a token, so more tokens fit.
     assert tiny["recompute"]["tokens"] > tiny["keep"]["tokens"] > 0
     monkeypatch.delenv("MOE_MLIR_PREBUILT", raising=False)
-    assert LC.main(["--run", str(folder), "--device", "cpu", "--iters", "1", "--out",
-                    str(tmp_path / "out")]) == 1  # the default layers are not in the plan
-    assert LC.main(["--run", str(folder), "--only", "tiny", "--device", "cpu", "--iters", "1",
-                    "--out", str(tmp_path / "out")]) == 0
+    assert (
+        LC.main(
+            [
+                "--run",
+                str(folder),
+                "--device",
+                "cpu",
+                "--iters",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 1
+    )  # the default layers are not in the plan
+    assert (
+        LC.main(
+            [
+                "--run",
+                str(folder),
+                "--only",
+                "tiny",
+                "--device",
+                "cpu",
+                "--iters",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "out" / "long_context.json").read_text())
     keep = report["layers"]["tiny"]["keep"]
     assert keep["tokens"] == tiny["keep"]["tokens"] and keep["median_ms"] > 0

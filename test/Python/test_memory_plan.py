@@ -10,8 +10,7 @@ import pytest
 
 from moe_mlir import cpu
 from moe_mlir.config import LayerConfig
-from moe_mlir.memory_plot import MatplotlibMissing, parse_report, parse_reports, \
-    plot_memory_report
+from moe_mlir.memory_plot import MatplotlibMissing, parse_report, parse_reports, plot_memory_report
 from moe_mlir.mlir_text import layer_mlir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,10 +29,15 @@ def _require_passes():
 def plan(text, policy, alignment=256, budget=None):
     """(report text, moe.saved_bytes of the plan, bytes of x) of `text` through the pipeline."""
     options = f"policy={policy} report=false" + (f" memory-budget={budget}" if budget else "")
-    passes = ("--moe-decompose", f"--moe-plan-activations={options}", "--moe-generate-backward",
-              "--moe-offload", f"--moe-plan-memory=memory-report=- alignment={alignment}")
+    passes = (
+        "--moe-decompose",
+        f"--moe-plan-activations={options}",
+        "--moe-generate-backward",
+        "--moe-offload",
+        f"--moe-plan-memory=memory-report=- alignment={alignment}",
+    )
     out = cpu.run_opt(text, passes)
-    report = out[:out.index("module")]
+    report = out[: out.index("module")]
     saved_bytes = int(re.search(r"moe\.saved_bytes = (\d+)", out).group(1))
     return report, saved_bytes
 
@@ -46,8 +50,7 @@ def x_bytes(text):
 
 
 CONFIGS = [
-    LayerConfig(tokens=37, hidden=48, ffn=40, experts=5, top_k=2, renormalize=True,
-                shared_ffn=24),
+    LayerConfig(tokens=37, hidden=48, ffn=40, experts=5, top_k=2, renormalize=True, shared_ffn=24),
     LayerConfig(tokens=64, hidden=32, ffn=16, experts=8, top_k=1),
     LayerConfig(tokens=5, hidden=8, ffn=8, experts=3, top_k=3, renormalize=True),
 ]
@@ -81,8 +84,7 @@ def test_small_layers(config, policy, alignment):
             assert report.ops[b.last] == "moe.prefetch"
 
 
-@pytest.mark.parametrize("example", sorted(f for f in os.listdir(EXAMPLES)
-                                           if f.endswith(".mlir")))
+@pytest.mark.parametrize("example", sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".mlir")))
 def test_example_models(example):
     with open(os.path.join(EXAMPLES, example)) as f:
         text = f.read()
@@ -113,13 +115,15 @@ def test_a_report_that_overlaps_fails_the_check():
         "op 0 a\nop 1 b\nop 2 func.return\n"
         "buffer 0 a: 8 B at offset 0, live [0, 1]\n"
         "buffer 1 b: 8 B at offset 4, live [1, 2]\n"
-        "peak: 16 B (1e-08 GiB) at op 1\narena: 12 B (1e-08 GiB)\n")
+        "peak: 16 B (1e-08 GiB) at op 1\narena: 12 B (1e-08 GiB)\n"
+    )
     with pytest.raises(AssertionError, match="overlap"):
         report.check()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                    reason="matplotlib is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed"
+)
 def test_png_timeline(tmp_path):
     text = layer_mlir(CONFIGS[0], "layer")
     report_text, _ = plan(text, "offload")
@@ -132,11 +136,14 @@ def test_png_timeline(tmp_path):
 
 def test_png_without_matplotlib_names_it(monkeypatch, tmp_path):
     import sys
+
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(MatplotlibMissing, match="matplotlib"):
         plot_memory_report(
             "moe-plan-memory: forward @f ops [0, 0], alignment 1 B\nop 0 func.return\n"
-            "peak: 0 B (0 GiB) at op 0\narena: 0 B (0 GiB)\n", str(tmp_path / "x.png"))
+            "peak: 0 B (0 GiB) at op 0\narena: 0 B (0 GiB)\n",
+            str(tmp_path / "x.png"),
+        )
 
 
 def test_plot_plan_of_a_layer(tmp_path):
@@ -144,6 +151,7 @@ def test_plot_plan_of_a_layer(tmp_path):
     pytest.importorskip("matplotlib")
     from moe_mlir.config import LayerConfig
     from moe_mlir.memory import memory_report, plan_activations, plot_plan
+
     cfg = LayerConfig(64, 64, 32, 4, 2, renormalize=True)
     keep = plan_activations(cfg, policy="keep")
     recompute = plan_activations(cfg, policy="recompute")

@@ -20,15 +20,28 @@ def test_float_literals_have_a_decimal_point():
 def test_routing_attr_elides_defaults():
     cfg = LayerConfig(tokens=1, hidden=2, ffn=2, experts=4, top_k=2)
     assert routing_attr(cfg) == "#moe.routing<scoring = softmax, top_k = 2>"
-    cfg = LayerConfig(tokens=1, hidden=2, ffn=2, experts=8, top_k=2, scoring="sigmoid",
-                      renormalize=True, num_groups=4, topk_groups=2, scaling_factor=2.5)
-    assert routing_attr(cfg) == ("#moe.routing<scoring = sigmoid, top_k = 2, renormalize = "
-                                 "true, num_groups = 4, topk_groups = 2, scaling_factor = 2.5>")
+    cfg = LayerConfig(
+        tokens=1,
+        hidden=2,
+        ffn=2,
+        experts=8,
+        top_k=2,
+        scoring="sigmoid",
+        renormalize=True,
+        num_groups=4,
+        topk_groups=2,
+        scaling_factor=2.5,
+    )
+    assert routing_attr(cfg) == (
+        "#moe.routing<scoring = sigmoid, top_k = 2, renormalize = "
+        "true, num_groups = 4, topk_groups = 2, scaling_factor = 2.5>"
+    )
 
 
 def test_layer_text_shape():
-    cfg = LayerConfig(tokens=37, hidden=48, ffn=40, experts=5, top_k=1, activation="gelu",
-                      capacity_factor=1.25)
+    cfg = LayerConfig(
+        tokens=37, hidden=48, ffn=40, experts=5, top_k=1, activation="gelu", capacity_factor=1.25
+    )
     text = layer_mlir(cfg, "layer_gelu_capacity")
     assert "func.func @layer_gelu_capacity(" in text
     assert "%w_gate_up: tensor<5x48x40xf32>" in text
@@ -48,15 +61,41 @@ def test_invalid_config_or_name_is_rejected():
 CONFIGS = [
     LayerConfig(tokens=37, hidden=48, ffn=40, experts=5, top_k=2, renormalize=True),
     LayerConfig(tokens=1, hidden=48, ffn=40, experts=5, top_k=5),
-    LayerConfig(tokens=37, hidden=48, ffn=40, experts=6, top_k=3, scoring="sigmoid",
-                renormalize=True, num_groups=3, topk_groups=2, scaling_factor=2.5,
-                router_bias=True, shared_ffn=24),
-    LayerConfig(tokens=1000, hidden=48, ffn=40, experts=5, top_k=1, activation="silu",
-                capacity_factor=1.0e-5),
-    LayerConfig(tokens=16, hidden=32, ffn=8, experts=8, top_k=2, activation="gelu",
-                shared_ffn=8, capacity_factor=1.25, dtype="bf16"),
-    LayerConfig(tokens=16, hidden=32, ffn=8, experts=8, top_k=2, dtype="f16",
-                scaling_factor=1e-3),
+    LayerConfig(
+        tokens=37,
+        hidden=48,
+        ffn=40,
+        experts=6,
+        top_k=3,
+        scoring="sigmoid",
+        renormalize=True,
+        num_groups=3,
+        topk_groups=2,
+        scaling_factor=2.5,
+        router_bias=True,
+        shared_ffn=24,
+    ),
+    LayerConfig(
+        tokens=1000,
+        hidden=48,
+        ffn=40,
+        experts=5,
+        top_k=1,
+        activation="silu",
+        capacity_factor=1.0e-5,
+    ),
+    LayerConfig(
+        tokens=16,
+        hidden=32,
+        ffn=8,
+        experts=8,
+        top_k=2,
+        activation="gelu",
+        shared_ffn=8,
+        capacity_factor=1.25,
+        dtype="bf16",
+    ),
+    LayerConfig(tokens=16, hidden=32, ffn=8, experts=8, top_k=2, dtype="f16", scaling_factor=1e-3),
 ]
 
 

@@ -1,9 +1,8 @@
 """policy="offload": the CPU path (where it is the offload plan, which keeps H) equals keep
 bitwise; the CUDA path's refusals; moe_mlir.offload's choice of what to prefetch; and
-bench/offload_stack.py's usage. The copies themselves need CUDA (scripts/gpu-torch-check.sh,
+bench/offload_stack.py's usage. The copies themselves need CUDA (scripts/gpu/torch-check.sh,
 step offload)."""
 
-import dataclasses
 import os
 import sys
 
@@ -27,8 +26,9 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def test_offload_on_the_cpu_equals_keep_bitwise():
-    cfg = LayerConfig(0, 32, 24, 4, 2, scoring="sigmoid", renormalize=True, router_bias=True,
-                      shared_ffn=16)
+    cfg = LayerConfig(
+        0, 32, 24, 4, 2, scoring="sigmoid", renormalize=True, router_bias=True, shared_ffn=16
+    )
     torch.manual_seed(0)
     off = MoELayer(cfg, policy="offload", init_std=0.2)
     off.router_bias.normal_(0, 0.1)

@@ -13,8 +13,12 @@ from moe_mlir import cpu
 from moe_mlir.config import LayerConfig
 from moe_mlir.mlir_text import layer_mlir
 
-REQUIRED_PASSES = ("moe-lower-to-cpu-pipeline", "moe-generate-backward", "moe-plan-activations",
-                   "moe-offload")
+REQUIRED_PASSES = (
+    "moe-lower-to-cpu-pipeline",
+    "moe-generate-backward",
+    "moe-plan-activations",
+    "moe-offload",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,8 +28,9 @@ def _require_pipeline():
         pytest.skip("moe-opt --help does not list " + ", ".join(f"--{m}" for m in missing))
 
 
-CONFIG = LayerConfig(tokens=37, hidden=48, ffn=40, experts=5, top_k=2, renormalize=True,
-                     shared_ffn=24)
+CONFIG = LayerConfig(
+    tokens=37, hidden=48, ffn=40, experts=5, top_k=2, renormalize=True, shared_ffn=24
+)
 
 # Every plan of CONFIG keeps x and the routing metadata (f32): x 37*48*4, weights, experts 37*2*4
 # each, logits 37*5*4, token ids 74*4, offsets 6*4, rows 37*2*4.
@@ -48,12 +53,17 @@ class Layer:
 
     def __init__(self, plan):
         self.name = f"layer_{plan}"
-        pre = ("--moe-decompose", f"--moe-plan-activations={PLANS[plan]} report=false",
-               "--moe-generate-backward", "--moe-offload")
+        pre = (
+            "--moe-decompose",
+            f"--moe-plan-activations={PLANS[plan]} report=false",
+            "--moe-generate-backward",
+            "--moe-offload",
+        )
         self.tensor_ir = cpu.run_opt(layer_mlir(CONFIG, self.name), pre)
         lowered = cpu.run_opt(self.tensor_ir, cpu.CPU_PIPELINE)
-        self.module = cpu.CompiledModule(self.tensor_ir.replace("!moe.host_tensor<", "tensor<"),
-                                         lowered, cpu.CpuModule(lowered))
+        self.module = cpu.CompiledModule(
+            self.tensor_ir.replace("!moe.host_tensor<", "tensor<"), lowered, cpu.CpuModule(lowered)
+        )
         fwd = self.module.signatures[f"{self.name}_forward"]
         self.num_saved = fwd.attr_int("moe.num_saved")
         self.plan = fwd.attr("moe.activation_plan")
@@ -61,9 +71,14 @@ class Layer:
     def saved(self):
         """(name, offloaded) of every saved argument of backward, in order."""
         bwd = re.search(rf"func\.func @{self.name}_backward\((.*?)\) ->", self.tensor_ir)
-        return [(m.group(2) or m.group(3), m.group(1) is not None) for m in re.finditer(
-            r'!moe\.host_tensor<[^>]*> \{(moe\.offloaded), moe\.saved = "([^"]+)"\}'
-            r'|tensor<[^>]*> \{moe\.saved = "([^"]+)"\}', bwd.group(1))]
+        return [
+            (m.group(2) or m.group(3), m.group(1) is not None)
+            for m in re.finditer(
+                r'!moe\.host_tensor<[^>]*> \{(moe\.offloaded), moe\.saved = "([^"]+)"\}'
+                r'|tensor<[^>]*> \{moe\.saved = "([^"]+)"\}',
+                bwd.group(1),
+            )
+        ]
 
     def forward(self, args):
         res = self.module[f"{self.name}_forward"](*[args[n] for n in CONFIG.arg_names()])
@@ -96,10 +111,13 @@ def random_inputs(seed):
 
 
 def test_the_plans_save_what_they_say(layers):
-    keep, recompute, offload, mixed = (layers[p] for p in ("keep", "recompute", "offload",
-                                                           "mixed"))
+    keep, recompute, offload, mixed = (layers[p] for p in ("keep", "recompute", "offload", "mixed"))
     assert (keep.plan, recompute.plan, offload.plan, mixed.plan) == (
-        '"keep"', '"recompute"', '"offload"', '"partial"')
+        '"keep"',
+        '"recompute"',
+        '"offload"',
+        '"partial"',
+    )
     h = {"moe.expert_ffn.h", "moe.shared_expert.h"}
     assert {n for n, off in keep.saved() if off} == set()
     assert h <= {n for n, _ in keep.saved()}

@@ -20,16 +20,26 @@ L2 = {"gbps": 8000.0, "watts": 260.0, "joules_per_gb": 260.0 / 8000.0, "sm_mhz":
 
 
 def test_step_work_counts_the_useful_flops_and_the_unavoidable_bytes():
-    # bench.py's useful FLOPs for mixtral-8x7b and deepseek-v3 (docs/logs/bench-s23-4.json)
-    assert pf.step_work(*pf.CONFIGS["mixtral-8x7b"])["tflop"] * 1e12 == pytest.approx(34637837500416.0)
-    assert pf.step_work(*pf.CONFIGS["deepseek-v3"])["tflop"] * 1e12 == pytest.approx(19572165967872.0)
-    assert pf.step_work(*pf.CONFIGS["deepseek-v3-routed"])["tflop"] * 1e12 == pytest.approx(17407502450688.0)
+    # bench.py's useful FLOPs for mixtral-8x7b and deepseek-v3: the "useful_flops" and
+    # "useful_flops_routed" of their entries in the bench.json of any `python3 bench/bench.py` run
+    # (18·T·k·d·n + 18·T·d·m + 6·T·d·E, with and without the shared expert's m)
+    assert pf.step_work(*pf.CONFIGS["mixtral-8x7b"])["tflop"] * 1e12 == pytest.approx(
+        34637837500416.0
+    )
+    assert pf.step_work(*pf.CONFIGS["deepseek-v3"])["tflop"] * 1e12 == pytest.approx(
+        19572165967872.0
+    )
+    assert pf.step_work(*pf.CONFIGS["deepseek-v3-routed"])["tflop"] * 1e12 == pytest.approx(
+        17407502450688.0
+    )
     # T=2, d=3, n=5, E=7, k=1, m=11: |W| = 6 E d n + 6 d m bytes, 3 |W| + 8 T k n + 8 T d
     w = pf.step_work(2, 3, 5, 7, 1, 11)
     assert w["weights_gb"] * 1e9 == pytest.approx(6 * 7 * 3 * 5 + 6 * 3 * 11)
     assert w["gb"] * 1e9 == pytest.approx(3 * (630 + 198) + 8 * 2 * 5 + 8 * 2 * 3)
     # deepseek-v3's weights dominate: 3 x 22.5 GB
-    assert pf.step_work(*pf.CONFIGS["deepseek-v3-routed"])["weights_gb"] == pytest.approx(22.55, abs=0.01)
+    assert pf.step_work(*pf.CONFIGS["deepseek-v3-routed"])["weights_gb"] == pytest.approx(
+        22.55, abs=0.01
+    )
 
 
 def test_the_floor_pays_the_bytes_energy_in_matmul_time():
@@ -76,16 +86,30 @@ def test_window_rates_count_what_finished_while_both_ran():
 
 
 def bench_json():
-    return {"configs": [
-        {"name": "mixtral-8x7b", "ours": {"median_ms": 60.0}, "hf": {"median_ms": 72.0},
-         "liger": {"median_ms": 100.0}},
-        {"name": "deepseek-v3", "ours": {"median_ms": 43.0}, "hf": {"median_ms": 40.0},
-         "hf_full": {"median_ms": 62.0}},
-        {"name": "olmoe-1b-7b", "ours": {"median_ms": 9.0}, "hf": {"median_ms": 23.0},
-         "liger": {"median_ms": 17.0}},
-        {"name": "not-a-config", "ours": {"median_ms": 1.0}},
-        {"name": "qwen3-30b-a3b", "hf": {"median_ms": 20.0}},  # ours did not run
-    ]}
+    return {
+        "configs": [
+            {
+                "name": "mixtral-8x7b",
+                "ours": {"median_ms": 60.0},
+                "hf": {"median_ms": 72.0},
+                "liger": {"median_ms": 100.0},
+            },
+            {
+                "name": "deepseek-v3",
+                "ours": {"median_ms": 43.0},
+                "hf": {"median_ms": 40.0},
+                "hf_full": {"median_ms": 62.0},
+            },
+            {
+                "name": "olmoe-1b-7b",
+                "ours": {"median_ms": 9.0},
+                "hf": {"median_ms": 23.0},
+                "liger": {"median_ms": 17.0},
+            },
+            {"name": "not-a-config", "ours": {"median_ms": 1.0}},
+            {"name": "qwen3-30b-a3b", "hf": {"median_ms": 20.0}},  # ours did not run
+        ]
+    }
 
 
 def test_layers_against_their_floors():
@@ -109,9 +133,19 @@ def test_layers_against_their_floors():
 
 
 def test_report_prints_floor_lines_for_every_configuration():
-    meas = {"idle_w": 100.0, "matmul": MATMUL, "dram": DRAM, "l2": L2,
-            "both": {"tflops": 325.0, "gbps": 4000.0, "window_ms": 2900.0, "watts": 690.0,
-                     "sm_mhz": 1600}}
+    meas = {
+        "idle_w": 100.0,
+        "matmul": MATMUL,
+        "dram": DRAM,
+        "l2": L2,
+        "both": {
+            "tflops": 325.0,
+            "gbps": 4000.0,
+            "window_ms": 2900.0,
+            "watts": 690.0,
+            "sm_mhz": 1600,
+        },
+    }
     lines = []
     result = pf.report(meas, bench_json(), lines.append)
     assert all(line.startswith("FLOOR ") for line in lines)
@@ -123,9 +157,19 @@ def test_report_prints_floor_lines_for_every_configuration():
 
 
 def test_report_from_an_earlier_measurement(tmp_path, capsys):
-    meas = {"idle_w": 100.0, "matmul": MATMUL, "dram": DRAM, "l2": L2,
-            "both": {"tflops": 325.0, "gbps": 4000.0, "window_ms": 2900.0, "watts": 690.0,
-                     "sm_mhz": 1600}}
+    meas = {
+        "idle_w": 100.0,
+        "matmul": MATMUL,
+        "dram": DRAM,
+        "l2": L2,
+        "both": {
+            "tflops": 325.0,
+            "gbps": 4000.0,
+            "window_ms": 2900.0,
+            "watts": 690.0,
+            "sm_mhz": 1600,
+        },
+    }
     path = tmp_path / "floor.json"
     path.write_text(__import__("json").dumps({"measured": meas}))
     out = tmp_path / "again.json"
@@ -144,14 +188,20 @@ def test_bad_seconds_are_refused(arg, capsys):
 def test_no_gpu_is_a_clear_error(monkeypatch, capsys):
     def missing(seconds):
         raise pf.MeasureError("no CUDA GPU here (--measured reports on an earlier run's JSON)")
+
     monkeypatch.setattr(pf, "measure_gpu", missing)
     assert pf.main(["--seconds", "1"]) == 2
     assert "power_floor.py: no CUDA GPU here" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, message", [(None, "cannot read --measured"),
-                                           ("{not json", "cannot read --measured"),
-                                           ('{"measured": {"idle_w": 1}}', "no measurements of")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "cannot read --measured"),
+        ("{not json", "cannot read --measured"),
+        ('{"measured": {"idle_w": 1}}', "no measurements of"),
+    ],
+)
 def test_bad_earlier_measurements_are_refused(tmp_path, capsys, text, message):
     path = tmp_path / "floor.json"
     if text is not None:

@@ -24,8 +24,7 @@ def make_inputs(cfg, seed, dtype=np.float64):
     if cfg.router_bias:
         args["router_bias"] = rng.standard_normal(E) * 0.1
     if cfg.has_shared:
-        args["shared_gate_up"] = (rng.standard_normal((d, cfg.shared_gate_up_width))
-                                  / math.sqrt(d))
+        args["shared_gate_up"] = rng.standard_normal((d, cfg.shared_gate_up_width)) / math.sqrt(d)
         args["shared_down"] = rng.standard_normal((cfg.shared_ffn, d)) / math.sqrt(cfg.shared_ffn)
     return {k: v.astype(dtype) for k, v in args.items()}
 
@@ -74,8 +73,9 @@ def check_layer_gradients(cfg, seed, eps=1e-6, max_entries=40, rtol=2e-6):
             numeric[i] = (vals[0] - vals[1]) / (2 * eps)
         analytic = grad.reshape(-1)[idx]
         scale = max(np.abs(analytic).max(), np.abs(numeric).max(), 1e-3)
-        np.testing.assert_allclose(analytic, numeric, rtol=0, atol=rtol * scale * 10,
-                                   err_msg=f"gradient of {name}")
+        np.testing.assert_allclose(
+            analytic, numeric, rtol=0, atol=rtol * scale * 10, err_msg=f"gradient of {name}"
+        )
     return cache
 
 
@@ -88,13 +88,24 @@ GRAD_CONFIGS = {
     "softmax_no_renorm": LayerConfig(**BASE),
     "softmax_k1_renorm": LayerConfig(**{**BASE, "top_k": 1}, renormalize=True),
     "sigmoid_bias_groups_scaling": LayerConfig(
-        tokens=6, hidden=5, ffn=4, experts=6, top_k=3, scoring="sigmoid", renormalize=True,
-        num_groups=3, topk_groups=2, scaling_factor=2.5, router_bias=True),
+        tokens=6,
+        hidden=5,
+        ffn=4,
+        experts=6,
+        top_k=3,
+        scoring="sigmoid",
+        renormalize=True,
+        num_groups=3,
+        topk_groups=2,
+        scaling_factor=2.5,
+        router_bias=True,
+    ),
     "sigmoid_no_renorm": LayerConfig(**BASE, scoring="sigmoid", scaling_factor=1.5),
     "shared_expert": LayerConfig(**BASE, renormalize=True, shared_ffn=3),
     "shared_expert_gelu": LayerConfig(**BASE, shared_ffn=3, activation="gelu"),
-    "capacity_dropping": LayerConfig(**{**BASE, "tokens": 8}, renormalize=True,
-                                     capacity_factor=0.5),
+    "capacity_dropping": LayerConfig(
+        **{**BASE, "tokens": 8}, renormalize=True, capacity_factor=0.5
+    ),
     "gelu": LayerConfig(**BASE, renormalize=True, activation="gelu"),
     "silu": LayerConfig(**BASE, activation="silu"),
     "k_equals_e": LayerConfig(**{**BASE, "top_k": 4}, renormalize=True),
@@ -201,8 +212,9 @@ def test_float32_follows_inputs():
     assert out.dtype == np.float32 and logits.dtype == np.float32
     grads = ref.layer_backward(cfg, cache, np.ones_like(out), np.ones_like(logits))
     assert all(g.dtype == np.float32 for g in grads)
-    out64, logits64, _ = ref.layer_forward(cfg, **{k: v.astype(np.float64)
-                                                   for k, v in args32.items()})
+    out64, logits64, _ = ref.layer_forward(
+        cfg, **{k: v.astype(np.float64) for k, v in args32.items()}
+    )
     np.testing.assert_allclose(out, out64, rtol=1e-5, atol=1e-5)
 
 
@@ -222,12 +234,12 @@ def test_signed_zeros_tie():
 
 def test_nan_loses_to_every_number():
     nan, inf = np.nan, np.inf
-    c = np.array([[nan, 0.1, 0.3, nan],
-                  [nan, -inf, nan, nan],
-                  [nan, nan, nan, nan],
-                  [inf, nan, -inf, 1.0]])
-    np.testing.assert_array_equal(ref.select_experts(c, 3),
-                                  [[2, 1, 0], [1, 0, 2], [0, 1, 2], [0, 3, 2]])
+    c = np.array(
+        [[nan, 0.1, 0.3, nan], [nan, -inf, nan, nan], [nan, nan, nan, nan], [inf, nan, -inf, 1.0]]
+    )
+    np.testing.assert_array_equal(
+        ref.select_experts(c, 3), [[2, 1, 0], [1, 0, 2], [0, 1, 2], [0, 3, 2]]
+    )
     e = ref.select_experts(c, 4)
     for row in e:
         assert sorted(row) == [0, 1, 2, 3]  # k distinct experts, always
@@ -251,8 +263,7 @@ def test_groups_of_one_expert_use_its_score():
 
 def test_group_ties_and_nan():
     # equal group sums: lower group wins; a group with NaN among its two best loses.
-    c = np.array([[0.3, 0.2, 0.25, 0.25, 0.9, np.nan],
-                  [np.nan, np.nan, 0.1, 0.0, 0.05, 0.0]])
+    c = np.array([[0.3, 0.2, 0.25, 0.25, 0.9, np.nan], [np.nan, np.nan, 0.1, 0.0, 0.05, 0.0]])
     gs = ref.group_scores(c, 3)
     np.testing.assert_allclose(gs[0, :2], [0.5, 0.5])
     assert np.isnan(gs[0, 2]) and np.isnan(gs[1, 0])
@@ -268,8 +279,7 @@ def test_router_weights_come_from_scores_not_bias():
     s = 1 / (1 + np.exp(-logits))
     assert (e[:, 0] == 0).all()
     np.testing.assert_allclose(w, 2.0 * np.take_along_axis(s, e.astype(int), 1))
-    w2, e2, _ = ref.router(x, wr, bias, scoring="sigmoid", top_k=2, renormalize=True,
-                           scaling=2.5)
+    w2, e2, _ = ref.router(x, wr, bias, scoring="sigmoid", top_k=2, renormalize=True, scaling=2.5)
     u = np.take_along_axis(s, e2.astype(int), 1)
     np.testing.assert_allclose(w2, 2.5 * u / u.sum(1, keepdims=True))
 
@@ -289,12 +299,12 @@ def test_renormalise_skipped_when_the_sum_is_zero():
     # sigmoid of -1000 is 0: the selected scores sum to 0 and are left as they are.
     x = np.array([[1.0]])
     wr = np.array([[-1000.0, -1000.0, -2000.0]])
-    w, e, logits = ref.router(x, wr, scoring="sigmoid", top_k=2, renormalize=True,
-                              scaling=2.0)
+    w, e, logits = ref.router(x, wr, scoring="sigmoid", top_k=2, renormalize=True, scaling=2.0)
     np.testing.assert_array_equal(e, [[0, 1]])
     np.testing.assert_array_equal(w, [[0.0, 0.0]])
-    dx, dwr = ref.router_grad(x, wr, logits, e, np.ones((1, 2)), scoring="sigmoid",
-                              renormalize=True, scaling=2.0)
+    dx, dwr = ref.router_grad(
+        x, wr, logits, e, np.ones((1, 2)), scoring="sigmoid", renormalize=True, scaling=2.0
+    )
     assert np.all(np.isfinite(dx)) and np.all(dx == 0) and np.all(dwr == 0)
 
 
@@ -362,8 +372,10 @@ def test_capacity_formula():
     # f64, left to right, as the conversion computes it: 1.1 * 25 * 2 / 5 is
     # 11.000000000000002 in f64, so the capacity is 12, not the exact 11.
     assert capacity_for(1.1, 25, 2, 5) == 12
-    assert LayerConfig(tokens=37, hidden=4, ffn=4, experts=5, top_k=1,
-                       capacity_factor=1.25).capacity == 10
+    assert (
+        LayerConfig(tokens=37, hidden=4, ffn=4, experts=5, top_k=1, capacity_factor=1.25).capacity
+        == 10
+    )
 
 
 # --------------------------------------------------------------------------- forward
@@ -416,8 +428,9 @@ def test_activations():
             p, m = h.copy(), h.copy()
             p[i] += eps
             m[i] -= eps
-            num[i] = (np.sum(ref.activation(p, act) * da)
-                      - np.sum(ref.activation(m, act) * da)) / (2 * eps)
+            num[i] = (np.sum(ref.activation(p, act) * da) - np.sum(ref.activation(m, act) * da)) / (
+                2 * eps
+            )
         np.testing.assert_allclose(g, num, atol=1e-8)
 
 
@@ -473,22 +486,25 @@ def test_combine_and_its_gradient():
 # --------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(top_k=5), "exceeds the number of experts"),
-    (dict(num_groups=3), "must divide"),
-    (dict(num_groups=2, topk_groups=3), "topk_groups"),
-    (dict(num_groups=4, topk_groups=1, top_k=2), "best groups"),
-    (dict(scoring="relu"), "scoring"),
-    (dict(activation="relu"), "activation"),
-    (dict(capacity_factor=0.0), "capacity_factor"),
-    (dict(capacity_factor=float("inf")), "capacity_factor"),
-    (dict(scaling_factor=-1.0), "scaling_factor"),
-    (dict(top_k=0), "top_k"),
-    (dict(tokens=-1), "tokens"),
-    (dict(shared_ffn=-2), "shared_ffn"),
-    (dict(dtype="f8"), "dtype"),
-    (dict(renormalize=1), "renormalize"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(top_k=5), "exceeds the number of experts"),
+        (dict(num_groups=3), "must divide"),
+        (dict(num_groups=2, topk_groups=3), "topk_groups"),
+        (dict(num_groups=4, topk_groups=1, top_k=2), "best groups"),
+        (dict(scoring="relu"), "scoring"),
+        (dict(activation="relu"), "activation"),
+        (dict(capacity_factor=0.0), "capacity_factor"),
+        (dict(capacity_factor=float("inf")), "capacity_factor"),
+        (dict(scaling_factor=-1.0), "scaling_factor"),
+        (dict(top_k=0), "top_k"),
+        (dict(tokens=-1), "tokens"),
+        (dict(shared_ffn=-2), "shared_ffn"),
+        (dict(dtype="f8"), "dtype"),
+        (dict(renormalize=1), "renormalize"),
+    ],
+)
 def test_validate_rejects_impossible_configs(kwargs, message):
     cfg = LayerConfig(**{**dict(tokens=4, hidden=3, ffn=2, experts=4, top_k=2), **kwargs})
     with pytest.raises(ValueError, match=message):
@@ -527,7 +543,8 @@ def test_out_of_range_indices_are_skipped_like_the_kernels():
     weights = rng.standard_normal((3, 2))
     rows = np.array([[0, 6], [-1, 2], [3, 99]], np.int32)
     out = ref.combine(y, weights, rows)
-    np.testing.assert_allclose(out, [weights[0, 0] * y[0], weights[1, 1] * y[2],
-                                     weights[2, 0] * y[3]])
+    np.testing.assert_allclose(
+        out, [weights[0, 0] * y[0], weights[1, 1] * y[2], weights[2, 0] * y[3]]
+    )
     dy, d_w = ref.combine_grad(np.ones((3, 2)), weights, rows, y)
     assert d_w[0, 1] == 0 and d_w[2, 1] == 0 and d_w[1, 0] == 0

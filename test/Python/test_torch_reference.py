@@ -16,9 +16,20 @@ CONFIGS = {
     "softmax-renorm": LayerConfig(37, 48, 40, 5, 2, renormalize=True),
     "softmax-k=E": LayerConfig(1, 48, 40, 5, 5),
     "softmax-k=1": LayerConfig(20, 16, 8, 4, 1),
-    "sigmoid-groups-shared": LayerConfig(37, 48, 40, 16, 4, scoring="sigmoid", router_bias=True,
-                                         num_groups=4, topk_groups=2, scaling_factor=2.5,
-                                         renormalize=True, shared_ffn=24),
+    "sigmoid-groups-shared": LayerConfig(
+        37,
+        48,
+        40,
+        16,
+        4,
+        scoring="sigmoid",
+        router_bias=True,
+        num_groups=4,
+        topk_groups=2,
+        scaling_factor=2.5,
+        renormalize=True,
+        shared_ffn=24,
+    ),
     "sigmoid-plain": LayerConfig(11, 16, 8, 6, 3, scoring="sigmoid"),
     "gelu": LayerConfig(20, 16, 8, 4, 2, activation="gelu"),
     "silu": LayerConfig(20, 16, 8, 4, 2, activation="silu"),
@@ -33,8 +44,10 @@ def rel(a, b):
 
 def random_layer(cfg, seed=0):
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape) * (1.0 if name == "x" else 0.3)
-            for name, shape, _ in cfg.arg_specs()}
+    return {
+        name: rng.standard_normal(shape) * (1.0 if name == "x" else 0.3)
+        for name, shape, _ in cfg.arg_specs()
+    }
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -46,8 +59,12 @@ def test_matches_numpy_reference(name):
     d_out = rng.standard_normal(out.shape)
     d_logits = rng.standard_normal(logits.shape)
     grads = R.layer_backward(cfg, cache, d_out, d_logits)
-    ref, tgrads = TR.forward_backward(cfg, {k: torch.tensor(v) for k, v in arrays.items()},
-                                      torch.tensor(d_out), torch.tensor(d_logits))
+    ref, tgrads = TR.forward_backward(
+        cfg,
+        {k: torch.tensor(v) for k, v in arrays.items()},
+        torch.tensor(d_out),
+        torch.tensor(d_logits),
+    )
     assert np.array_equal(ref.experts.numpy(), cache.experts)
     assert rel(ref.out.detach().numpy(), out) < 1e-5
     assert rel(ref.logits.detach().numpy(), logits) < 1e-5
@@ -70,8 +87,14 @@ def test_forced_experts_are_used():
     u = np.take_along_axis(s, forced.numpy(), axis=1)
     w = u / u.sum(axis=1, keepdims=True)
     tok, off, rows = R.dispatch(forced.numpy(), cfg.experts)
-    y, _ = R.expert_ffn(x, tok, off, arrays["w_gate_up"].double().numpy(),
-                        arrays["w_down"].double().numpy(), "swiglu")
+    y, _ = R.expert_ffn(
+        x,
+        tok,
+        off,
+        arrays["w_gate_up"].double().numpy(),
+        arrays["w_down"].double().numpy(),
+        "swiglu",
+    )
     assert rel(ref.out.detach().numpy(), R.combine(y, w, rows)) < 1e-5
 
 
@@ -86,9 +109,9 @@ def test_forced_experts_are_checked():
 
 def test_tie_and_nan_rules():
     # Ties go to the lower index; NaN loses to every number; all-NaN picks the first.
-    c = torch.tensor([[0.5, 0.5, 0.1, 0.5],
-                      [float("nan"), 0.2, float("nan"), 0.3],
-                      [float("nan")] * 4])
+    c = torch.tensor(
+        [[0.5, 0.5, 0.1, 0.5], [float("nan"), 0.2, float("nan"), 0.3], [float("nan")] * 4]
+    )
     picks = TR.select_experts(c, 2)
     assert picks.tolist() == [[0, 1], [3, 1], [0, 1]]
     assert np.array_equal(picks.numpy(), R.select_experts(c.numpy(), 2))
@@ -104,14 +127,35 @@ def test_group_selection_matches_numpy():
 
 
 def test_config_from_manifest():
-    layer = {"T": 37, "d": 256, "n": 128, "E": 16, "k": 4, "activation": "swiglu",
-             "scoring": "sigmoid", "renormalize": True, "num_groups": 4, "topk_groups": 2,
-             "scaling_factor": 2.5, "has_bias": True, "shared_n": 128}
+    layer = {
+        "T": 37,
+        "d": 256,
+        "n": 128,
+        "E": 16,
+        "k": 4,
+        "activation": "swiglu",
+        "scoring": "sigmoid",
+        "renormalize": True,
+        "num_groups": 4,
+        "topk_groups": 2,
+        "scaling_factor": 2.5,
+        "has_bias": True,
+        "shared_n": 128,
+    }
     cfg = TR.config_from_manifest(layer)
     assert (cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k) == (37, 256, 128, 16, 4)
     assert cfg.router_bias and cfg.shared_ffn == 128 and cfg.scaling_factor == 2.5
     names = [n for n, _, _ in cfg.arg_specs()]
-    assert names == ["x", "w_router", "router_bias", "w_gate_up", "w_down", "shared_gate_up",
-                     "shared_down"]
-    assert TR.canonical_inputs({"bias": 1, "shared_w_down": 2}) == {"router_bias": 1,
-                                                                   "shared_down": 2}
+    assert names == [
+        "x",
+        "w_router",
+        "router_bias",
+        "w_gate_up",
+        "w_down",
+        "shared_gate_up",
+        "shared_down",
+    ]
+    assert TR.canonical_inputs({"bias": 1, "shared_w_down": 2}) == {
+        "router_bias": 1,
+        "shared_down": 2,
+    }

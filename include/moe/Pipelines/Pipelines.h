@@ -51,7 +51,7 @@ struct MoETrainingPipelineOptions
   PassOptions::Option<OffloadMode> offload{
       *this, "offload",
       llvm::cl::desc("Whether saved activations may move to host memory "
-                     "(the GPU path does not run offload plans yet)"),
+                     "(pinned, by the runtime's copy stream on the GPU path)"),
       llvm::cl::init(OffloadMode::Never),
       llvm::cl::values(
           clEnumValN(OffloadMode::Never, "never",
@@ -111,8 +111,9 @@ struct MoETrainingPipelineOptions
 /// With chip, moe-plan-activations (memory-budget, policy, offload,
 /// gpu-tflops, host-gbps) runs before moe-generate-backward and moe-offload
 /// after it; with memory-report, moe-plan-memory then plans the arena and
-/// prints its report. convert-moe-to-gpu rejects moe.offload and
-/// moe.prefetch for now, so an offload plan stops there with an error.
+/// prints its report. convert-moe-to-gpu runs the plan: recomputed regions
+/// are inlined into backward, and offloaded tensors go to pinned host memory
+/// and come back through the runtime's copy stream.
 LogicalResult
 buildMoETrainingPipeline(OpPassManager &pm,
                          const MoETrainingPipelineOptions &options,
@@ -159,9 +160,9 @@ struct MoELowerToNVVMPipelineOptions
       llvm::cl::init("isa")};
 };
 
-/// gpu.modules of nvgpu/nvvm/gpu ops to PTX or cubin (CODEGEN.md §3): attach
-/// the sm_90a target, nvgpu and gpu to NVVM with bare pointers, NVVM to LLVM,
-/// then gpu-module-to-binary. Kernels must have static shapes.
+/// gpu.modules of nvgpu/nvvm/gpu ops to PTX or cubin (docs/gpu-kernels.md
+/// §6.1): attach the sm_90a target, nvgpu and gpu to NVVM with bare pointers,
+/// NVVM to LLVM, then gpu-module-to-binary. Kernels must have static shapes.
 void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMPipelineOptions &options);
 

@@ -9,7 +9,9 @@ half-written library.
 
 The GEMM kernels are unrolled (the wgmma accumulators are LLVM structs of 128 f32 and every
 k-step and copy is spelled out), which is why they are generated rather than written by hand.
-docs/gpu-path.md describes the kernels; the host-function contract is its table in section 1.
+docs/gpu-kernels.md describes the kernels, each MOE_* setting read below with its default
+and the measurements that chose it, and the Hopper code-generation rules followed here (its
+section 6); the host-function contract is the table in docs/gpu-path.md section 1.
 """
 
 import os
@@ -19,7 +21,7 @@ import sys
 # ---------------------------------------------------------------------------
 # GEMM tiling: two warpgroups (256 threads) compute a 128x256 tile of C, each
 # 64 rows with one m64n256k16 wgmma accumulator; A and B stream through a ring
-# in shared memory, 128B-swizzled (CODEGEN.md sections 2-5): 4 stages for the
+# in shared memory, 128B-swizzled (docs/gpu-kernels.md 6.2-6.3): 4 stages for the
 # kernels that stage fp32 C in the ring, P_STAGES for the persistent ones below.
 # All 256 threads copy A (and token-row B) by cp.async; weight B comes by TMA
 # (Gemm.tma_b). Both warpgroups read all of B.
@@ -29,7 +31,7 @@ GEMM_THREADS = 256
 A_TILE_BYTES = BM * BK * 2  # 16 KiB
 B_TILE_BYTES = BK * BN * 2  # 32 KiB
 STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES
-# wgmma descriptors (CODEGEN.md section 2): 128B swizzle (bit 62), SBO = 1024 B
+# wgmma descriptors (docs/gpu-kernels.md 6.2): 128B swizzle (bit 62), SBO = 1024 B
 # (8 rows of 128 B), LBO = 16 KiB for K-major tiles (unused with swizzle, the
 # value nvgpu emits) and 8 KiB for MN-major tiles (the distance between two
 # 64-column boxes).
@@ -55,7 +57,7 @@ PERSISTENT_EPILOGUES = ("store_bf16", "store_bf16_w", "swiglu")
 P_STAGES = int(os.environ.get("MOE_GEMM_PSTAGES", "3"))
 NUM_CTAS = 132  # SMs of an H100 / H200; any count is correct, this one is the fastest
 MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may ask for on sm_90
-# Warp specialisation (CODEGEN.md lead 1): the persistent kernels named by MOE_GEMM_WS
+# Warp specialisation (docs/gpu-kernels.md 6.4): the persistent kernels named by MOE_GEMM_WS
 # ("all" of them, the "gather"ed-operand ones, or "none") add a producer warpgroup that
 # issues every copy of the ring; the two consumer warpgroups only wait on the ring's
 # full[s] mbarriers, run wgmma, release slots on empty[s] and write C out. No block-wide
@@ -67,45 +69,47 @@ WS_THREADS = GEMM_THREADS + 128
 # operand load the other one, an expert's contiguous rows (w*A of dW_down, dH of
 # dW_gate_up), by TMA boxes of a per-call map, and by cp.async only in an expert's last,
 # partial k-step (a box would read the next expert's rows there). 0: both by cp.async.
-# Measured in docs/perf.md (session 17: mixtral's dW_gate_up 12.2 -> 11.5 ms).
+# Measured: mixtral's dW_gate_up 12.2 -> 11.5 ms (docs/gpu-kernels.md, decision L7).
 ROWS_TMA = setting("MOE_GEMM_ROWS_TMA", "1", ("0", "1"))
 # MOE_GEMM_BULK_STORE=1 (the default): the warp-specialised kernels with a plain bf16 C
 # (down, dX, the weight gradients) stage C by stmatrix in rows padded to 528 bytes (no bank
 # conflicts) and write it out by one cp.async.bulk a row: the consumers go on to the next
 # tile's wgmma while the copy engine stores this one, where they issued 16 loads and 16
 # stores each before. The staging buffer is rewritten a tile later, after the copies have
-# read it. Default since session 18: the op-level step faster in 10 of its 12 comparisons
-# (1.0-5.5%; mixtral tied in the other two; docs/perf.md). "wgrad": the
-# weight gradients only; 0: 16-byte stores from every consumer thread.
+# read it. The default because the op-level step was faster with it in 10 of 12
+# same-call comparisons (1.0-5.5%; mixtral tied in the other two; docs/gpu-kernels.md, S1).
+# "wgrad": the weight gradients only; 0: 16-byte stores from every consumer thread.
 BULK_STORE = setting("MOE_GEMM_BULK_STORE", "1", ("0", "1", "wgrad"))
-BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[BULK_STORE]
+BULK_EPILOGUES = {"0": (), "1": ("store_bf16", "store_bf16_w"), "wgrad": ("store_bf16_w",)}[
+    BULK_STORE
+]
 # MOE_GEMM_TMA_STORE=1 (with the bulk store; the default): the experts' weight gradients
 # (dW_gate_up, dW_down: whole [E, M, N] blocks, which a tensor map clips at M and N) and a
 # whole tile of down and dX stage C by stmatrix in four 128B-swizzled 128x64 boxes and one
 # thread stores them by four TMA box stores. The row-wise bulk store issued 128 copies a
 # tile, which the compiler serialises lane by lane (the copy takes uniform registers): on
 # deepseek-v3's 4-k-step tiles that loop and the barrier waiting for it held 10-14% of the
-# samples (Nsight Compute, docs/perf.md session 21). 0: the row-wise copies everywhere.
+# samples (Nsight Compute; docs/gpu-kernels.md, S2). 0: the row-wise copies everywhere.
 TMA_STORE = setting("MOE_GEMM_TMA_STORE", "1", ("0", "1"))
 # MOE_GEMM_DYNAMIC=rows: the warp-specialised varlen-M GEMMs with a row-wise bf16 C (down,
 # dX) hand out their tiles from a global atomic counter in the order the CTAs reach them,
 # where the static schedule gives SM s the tiles s, s + 132, ...: the M-tiles that share a
-# weight tile then stay in step however long each takes (session 22 part 3: with tiles of
-# unequal cost the static order let them drift apart and read W from DRAM again). The
+# weight tile then stay in step however long each takes (with tiles of unequal cost the
+# static order let them drift apart and read W from DRAM again, Nsight Compute showed). The
 # producer's TMA thread claims the next tile during the current one, passes it to its
 # warpgroup through shared memory and a named barrier, and to the consumers through a
 # two-entry ring with full/empty mbarriers. The counters are a per-call buffer the host
 # zeroes (a word a launch). "all": the up projection too. 0 (the default): the static
-# schedule: session 23 (docs/perf.md) measured "rows" with the skip below no faster than
-# it (deepseek-v3's down and dX 1.4-3% faster under Nsight Compute's fixed clocks, 0-3%
-# slower in a timed step, over 4 rounds) and "all" slower on the up projection.
+# schedule, because "rows" with the skip below measured no faster than it (deepseek-v3's
+# down and dX 1.4-3% faster under Nsight Compute's fixed clocks, 0-3% slower in a timed
+# step, over 4 rounds) and "all" slower on the up projection (docs/gpu-kernels.md, T12).
 DYNAMIC = setting("MOE_GEMM_DYNAMIC", "0", ("0", "rows", "all"))
 # MOE_GEMM_IDLE_SKIP=1 (the default, for the kernels MOE_GEMM_DYNAMIC schedules): in a tile
 # whose rows end in its first half, the second consumer warpgroup runs no wgmma (it only
 # waits for each ring slot and frees it), so the tensor cores serve the first alone: one
-# warpgroup keeps the tensor pipe as busy as two (session 22 part 0). Never under the
-# static schedule, where it was slower (sessions 18 and 22). 0: both warpgroups multiply
-# every tile.
+# warpgroup keeps the tensor pipe as busy as two (test/GPU/wgmma_warpgroups.cu). Never
+# under the static schedule, where it was slower, twice (docs/gpu-kernels.md, T11). 0: both
+# warpgroups multiply every tile.
 IDLE_SKIP = setting("MOE_GEMM_IDLE_SKIP", "1", ("0", "1"))
 # setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
 # it: 384 threads get 168 registers each (65536 / 384, in steps of 8), so the producer must
@@ -126,22 +130,28 @@ def ws_register_split(text):
         sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: expected two integers, P,C")
     for n in (producer, consumer):
         if n % 8 or not 24 <= n <= 256:
-            sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: setmaxnreg takes multiples "
-                     "of 8 from 24 to 256")
+            sys.exit(
+                f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: setmaxnreg takes multiples "
+                "of 8 from 24 to 256"
+            )
     if not producer <= WS_LAUNCH_REGS <= consumer:
-        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the producer gives registers "
-                 f"away and the consumers take them (P <= {WS_LAUNCH_REGS} <= C)")
+        sys.exit(
+            f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the producer gives registers "
+            f"away and the consumers take them (P <= {WS_LAUNCH_REGS} <= C)"
+        )
     if 128 * (WS_LAUNCH_REGS - producer) < GEMM_THREADS * (consumer - WS_LAUNCH_REGS):
-        sys.exit(f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the consumers would wait for "
-                 f"registers the producer never frees (128 ({WS_LAUNCH_REGS} - P) must be >= "
-                 f"256 (C - {WS_LAUNCH_REGS}))")
+        sys.exit(
+            f"gen_gpu_library.py: MOE_GEMM_WS_REGS={text!r}: the consumers would wait for "
+            f"registers the producer never frees (128 ({WS_LAUNCH_REGS} - P) must be >= "
+            f"256 (C - {WS_LAUNCH_REGS}))"
+        )
     return producer, consumer
 
 
 # The dSwiGLU epilogue reads H (gate and up) of MOE_GEMM_DACT_UNROLL rows a warp before it
 # computes any of them: the 16 rows a warp walks in a tile wait for global memory 16 / U
-# times (1: every row on its own, as up to session 18). 4 and 8 ran alike (docs/perf.md,
-# session 19); 16 spills.
+# times (1: every row on its own). 4 and 8 ran alike (docs/gpu-kernels.md, A1); 16
+# spills.
 DACT_UNROLL_TEXT = setting("MOE_GEMM_DACT_UNROLL", "4", ("1", "2", "4", "8"))
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
 # MOE_GEMM_DACT_STAGE: how the dSwiGLU GEMM hands dA from the accumulators to the row-wise
@@ -153,7 +163,7 @@ DACT_STAGE = setting("MOE_GEMM_DACT_STAGE", "f32", ("f32", "bf16"))
 # MOE_GEMM_DACT_FMA=1: the dSwiGLU's arithmetic in 12 f32 operations a value, not 15
 # (fused multiply-adds where a product is summed, d silu / dg as s + s (g - silu)), and
 # its bf16 inputs widened two bit operations a pair, not three. The epilogue issues
-# about 31 instructions a value (docs/perf.md, session 26).
+# about 31 instructions a value (SASS counts in docs/gpu-kernels.md, N1-N2).
 DACT_FMA = setting("MOE_GEMM_DACT_FMA", "0", ("0", "1"))
 # MOE_GEMM_DACT_PIPELINE=1: the dSwiGLU epilogue loads the next rows' H (and w) before it
 # computes the current ones, and the first rows' before dA is staged, so a batch's loads
@@ -345,8 +355,20 @@ class Emitter:
 
 
 class Gemm:
-    def __init__(self, name, a, b, epi, sched, gather_a=False, gather_b=False, has_w=False,
-                 has_ds=False, store_a=True, reduce_store=False):
+    def __init__(
+        self,
+        name,
+        a,
+        b,
+        epi,
+        sched,
+        gather_a=False,
+        gather_b=False,
+        has_w=False,
+        has_ds=False,
+        store_a=True,
+        reduce_store=False,
+    ):
         self.name, self.a, self.b, self.epi, self.sched = name, a, b, epi, sched
         self.gather_a, self.gather_b, self.has_w, self.has_ds = gather_a, gather_b, has_w, has_ds
         # swiglu: A = silu(gate) * up too, for the down projection (not when H is
@@ -357,15 +379,21 @@ class Gemm:
         # staging buffer of its own. The others stage the whole fp32 tile in the ring.
         self.persistent = epi in PERSISTENT_EPILOGUES
         self.ws = self.persistent and (
-            WS_KERNELS == "all" or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b)))
+            WS_KERNELS == "all"
+            or (WS_KERNELS == "gather" and (a == "gather" or gather_a or gather_b))
+        )
         self.threads = WS_THREADS if self.ws else GEMM_THREADS
         rows_tma = self.ws and ROWS_TMA == "1" and sched == "varlen_k"
         self.tma_rows_a = rows_tma and gather_b and a == "mn"
         self.tma_rows_b = rows_tma and gather_a and b == "rows_mn"
         self.bulk_store = self.ws and epi in BULK_EPILOGUES
         # the experts' weight gradients by TMA box stores (MOE_GEMM_TMA_STORE)
-        self.tma_store = (self.bulk_store and epi == "store_bf16_w" and (gather_a or gather_b)
-                          and TMA_STORE == "1")
+        self.tma_store = (
+            self.bulk_store
+            and epi == "store_bf16_w"
+            and (gather_a or gather_b)
+            and TMA_STORE == "1"
+        )
         # and the row-wise C of the varlen-M GEMMs (down, dX): a whole tile by TMA boxes
         # of a [rows, N] map, an expert's partial last tile (whose box would run into the
         # next expert's rows) row by row
@@ -376,9 +404,13 @@ class Gemm:
         # tiles would reach into the next expert's rows).
         self.reduce_store = reduce_store
         if reduce_store and not self.tma_store_rows:
-            sys.exit(f"gen_gpu_library.py: {name} (MOE_GPU_ACCUMULATE=1) stores by TMA reduce "
-                     "boxes: it needs MOE_GEMM_WS=all, MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1")
-        self.stage_c_bytes = BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
+            sys.exit(
+                f"gen_gpu_library.py: {name} (MOE_GPU_ACCUMULATE=1) stores by TMA reduce "
+                "boxes: it needs MOE_GEMM_WS=all, MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1"
+            )
+        self.stage_c_bytes = (
+            BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
+        )
         self.stages = P_STAGES if self.persistent else STAGES
         ring = self.stages * STAGE_BYTES
         self.ring_bytes = ring
@@ -395,24 +427,32 @@ class Gemm:
         # The weight operand (B of the varlen-M GEMMs) comes by TMA: one thread issues
         # the boxes of a stage, which complete on the stage's mbarrier (full[s]); the
         # gathered or row-wise A operand stays on cp.async, which TMA cannot gather on
-        # sm_90a (CODEGEN.md 5.1).
+        # sm_90a (docs/gpu-kernels.md 6.3).
         self.tma_b = b in ("w_mn", "w_mn_swiglu", "w_k")
         if self.tma_b or self.ws:
             assert sched == "varlen_m" or not self.tma_b, name
             # full[s] at bar_offset + 8 s; with warp specialisation empty[s] follows
-            self.bar_offset = self.cum_offset + (CUM_BYTES if sched == "varlen_m" else 0)  # 8-aligned
+            self.bar_offset = self.cum_offset + (
+                CUM_BYTES if sched == "varlen_m" else 0
+            )  # 8-aligned
             self.launch_smem += 8 * self.stages * (2 if self.ws else 1)
         # MOE_GEMM_DYNAMIC: the tile ids' ring after the barriers: ids[2], the producer
         # warpgroup's next[2], then tile_full[2] and tile_empty[2] (mbarriers)
-        self.dynamic = self.ws and sched == "varlen_m" and (
-            DYNAMIC == "all" or (DYNAMIC == "rows" and epi == "store_bf16"))
+        self.dynamic = (
+            self.ws
+            and sched == "varlen_m"
+            and (DYNAMIC == "all" or (DYNAMIC == "rows" and epi == "store_bf16"))
+        )
         self.idle_skip = self.dynamic and IDLE_SKIP == "1"
         if self.dynamic:
             self.sched_offset = self.bar_offset + 16 * self.stages
             self.launch_smem += SCHED_BYTES
         if self.launch_smem > MAX_SMEM:
-            sys.exit(f"gen_gpu_library.py: {name} needs {self.launch_smem} bytes of shared memory, "
-                     f"over the {MAX_SMEM} a CTA gets on sm_90a (MOE_GEMM_PSTAGES={self.stages}?)")
+            sys.exit(
+                f"gen_gpu_library.py: {name} needs {self.launch_smem} bytes of shared memory, "
+                f"over the {MAX_SMEM} a CTA gets on sm_90a (MOE_GEMM_PSTAGES={self.stages}?)"
+            )
+
 
 def gemm_signature(g):
     """Kernel arguments: (name, type) pairs."""
@@ -479,6 +519,7 @@ def gen_gemm(g):
         """bar.sync 1 over the 256 consumer threads (warp specialisation: the
         producer warpgroup never takes part)."""
         e.emit(f"nvvm.barrier id = {c(1, I32)} number_of_threads = {c(GEMM_THREADS, I32)}")
+
     bn_eff = BN // 2 if g.b == "w_mn_swiglu" else BN
     ntiles = e.div(e.add(A["dim_n"], c(bn_eff - 1)), c(bn_eff))
     # M-tiles as the host counts them: varlen_m adds one tile an expert for the rounding
@@ -493,7 +534,8 @@ def gen_gemm(g):
     # The 128B swizzle written by the copies below is relative to the tile base,
     # and wgmma reads it by address: tiles must start 1024-aligned. The launch
     # asks for 1 KiB more than it uses and the ring starts at the first
-    # 1024-aligned byte, whatever alignment the dynamic buffer gets (P6).
+    # 1024-aligned byte, whatever alignment the dynamic buffer gets (docs/gpu-kernels.md,
+    # pitfall P6).
     smem = e.op(f"gpu.dynamic_shared_memory : {SMEM}", "smem")
     raw_idx = e.op(f"memref.extract_aligned_pointer_as_index {smem} : {SMEM} -> index")
     pad = e.rem(e.sub(c(1024), e.rem(raw_idx, c(1024))), c(1024))
@@ -532,14 +574,16 @@ def gen_gemm(g):
         row = e.add(mrow, c(first_row))
         swz = e.xor(mcc, e.rem(row, c(8)))
         return e.add(e.add(e.mul(mbox, c(4096)), e.mul(row, c(64))), e.mul(swz, c(8)))
+
     # MN-major A tile (mn): 64 K-rows x 2 boxes of 64 columns x 8 chunks; thread t
     # copies chunk t%16 (box (t%16)/8) of K-rows t/16 + RS_A i.
     achunk = e.rem(ctid, c(16))
     abox = e.div(achunk, c(8))
     acc8 = e.rem(ctid, c(8))
     arow = e.div(ctid, c(16))
-    a_soff_mn = e.add(e.add(e.mul(abox, c(4096)), e.mul(arow, c(64))),
-                      e.mul(e.xor(acc8, e.rem(arow, c(8))), c(8)))
+    a_soff_mn = e.add(
+        e.add(e.mul(abox, c(4096)), e.mul(arow, c(64))), e.mul(e.xor(acc8, e.rem(arow, c(8))), c(8))
+    )
 
     # The copies go through raw pointers with 32-bit K arithmetic. With two warps a
     # scheduler and 128 accumulator registers a thread, the k-loop is bound by the
@@ -568,10 +612,14 @@ def gen_gemm(g):
 
     def wide(a, b):
         """u32 x u32 -> u64, one IMAD.WIDE.U32 (LLVM keeps a full 64-bit multiply)."""
-        return e.op(f'llvm.inline_asm "mul.wide.u32 $0, $1, $2;", "=l,r,r" {a}, {b} : (i32, i32) -> i64')
+        return e.op(
+            f'llvm.inline_asm "mul.wide.u32 $0, $1, $2;", "=l,r,r" {a}, {b} : (i32, i32) -> i64'
+        )
 
     def cp_async(dst, src, size):
-        e.emit(f"nvvm.cp.async.shared.global {dst}, {src}, 16, cache = cg, {size} : {P3}, {P1}, i32")
+        e.emit(
+            f"nvvm.cp.async.shared.global {dst}, {src}, 16, cache = cg, {size} : {P3}, {P1}, i32"
+        )
 
     def guarded_load_i32(cond, ptr):
         """*ptr if cond else 0, without touching ptr otherwise (the ids may be empty)."""
@@ -610,8 +658,10 @@ def gen_gemm(g):
         b_tile0 = gep3(sptr, c(A_TILE_BYTES, I32))
     else:
         # rows_mn: this thread's chunk of K-rows mrow + RS_B i (two swizzles if RS_B = 4)
-        b_dst0 = [gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(A_TILE_BYTES, I32), I32))
-                  for p in range(1 if RS_B % 8 == 0 else 8 // RS_B)]
+        b_dst0 = [
+            gep3(sptr, e.add(i32(e.mul(m_soff(p * RS_B), c(2))), c(A_TILE_BYTES, I32), I32))
+            for p in range(1 if RS_B % 8 == 0 else 8 // RS_B)
+        ]
     if g.tma_b or g.ws:
         bars = gep3(sptr, c(g.bar_offset, I32))  # full[s] at bars + 8 s, empty[s] after
 
@@ -620,19 +670,23 @@ def gen_gemm(g):
 
         def empty_bar(slot32):
             return gep3(bars, e.mul(e.add(slot32, c(stages, I32), I32), c(8, I32), I32))
+
         if g.dynamic:
             sched = gep3(sptr, c(g.sched_offset, I32))
 
             def sched_word(base, j):
                 """the i32 (base 0: ids, 8: next) or mbarrier (16: full, 32: empty) at
                 entry j (an i32) of the tile ring"""
-                return gep3(sched, e.add(c(base, I32), e.mul(j, c(8 if base >= 16 else 4, I32), I32), I32))
+                return gep3(
+                    sched, e.add(c(base, I32), e.mul(j, c(8 if base >= 16 else 4, I32), I32), I32)
+                )
 
             def tile_full(j):
                 return sched_word(16, j)
 
             def tile_empty(j):
                 return sched_word(32, j)
+
         # the thread that arms full[s] and issues the TMA boxes
         is_t0 = e.cmp("eq", tid, c(GEMM_THREADS if g.ws else 0))
         e.if_begin(e.cmp("eq", tid, c(0)))
@@ -652,7 +706,9 @@ def gen_gemm(g):
             # consumer thread's once it has read it
             for j in range(2):
                 e.emit(f"nvvm.mbarrier.init {tile_full(c(j, I32))}, {c(1, I32)} : {P3}, i32")
-                e.emit(f"nvvm.mbarrier.init {tile_empty(c(j, I32))}, {c(GEMM_THREADS, I32)} : {P3}, i32")
+                e.emit(
+                    f"nvvm.mbarrier.init {tile_empty(c(j, I32))}, {c(GEMM_THREADS, I32)} : {P3}, i32"
+                )
         # the barriers' initial state, visible to the TMA unit (async proxy)
         e.emit("nvvm.fence.mbarrier.init")
         # (not the row maps: with no rows they are null, and no k-step reads them)
@@ -672,7 +728,10 @@ def gen_gemm(g):
 
     SI = f"memref<?xi32, {WG}>"
     if g.sched == "varlen_m":
-        cumv = e.op(f"memref.view {smem}[{e.add(pad, c(g.cum_offset))}][{c(TABLE_EXPERTS + 9)}] : {SMEM} to {SI}", "cumv")
+        cumv = e.op(
+            f"memref.view {smem}[{e.add(pad, c(g.cum_offset))}][{c(TABLE_EXPERTS + 9)}] : {SMEM} to {SI}",
+            "cumv",
+        )
         use_table = e.cmp("ule", A["num_experts"], c(TABLE_EXPERTS))
         e.emit(f"scf.if {use_table} {{")
         e.indent += "  "
@@ -710,9 +769,13 @@ def gen_gemm(g):
         # re-read the activations from DRAM once per N-tile.
         span = e.op(f"arith.maxui {e.mul(nt32, c(GROUP_M, I32), I32)}, {c(GROUP_M, I32)} : i32")
         first_m = e.mul(e.div(inner_all, span, I32), c(GROUP_M, I32), I32)
-        gsize = e.op(f"arith.maxui {e.minu(c(GROUP_M, I32), e.sub(mt32, first_m, I32), I32)}, {c(1, I32)} : i32")
+        gsize = e.op(
+            f"arith.maxui {e.minu(c(GROUP_M, I32), e.sub(mt32, first_m, I32), I32)}, {c(1, I32)} : i32"
+        )
         inner = e.rem(inner_all, span, I32)
-        bx = e.op(f"arith.index_castui {e.add(first_m, e.rem(inner, gsize, I32), I32)} : i32 to index")
+        bx = e.op(
+            f"arith.index_castui {e.add(first_m, e.rem(inner, gsize, I32), I32)} : i32 to index"
+        )
         by = e.op(f"arith.index_castui {e.div(inner, gsize, I32)} : i32 to index")
         S["by"] = by
         if g.sched == "varlen_m":
@@ -726,20 +789,26 @@ def gen_gemm(g):
                 le = e.cmp("ule", e.load_smem_index(cumv, mid), bx)
                 lo, hi = e.select(le, mid, lo), e.select(le, hi, mid)
             inside = e.cmp("ult", bx, e.load_smem_index(cumv, A["num_experts"]))
-            e.emit(f"scf.yield {e.select(inside, lo, c(-1))}, {e.load_smem_index(cumv, lo)} : index, index")
+            e.emit(
+                f"scf.yield {e.select(inside, lo, c(-1))}, {e.load_smem_index(cumv, lo)} : index, index"
+            )
             e.indent = e.indent[:-2]
             e.emit("} else {")
             e.indent += "  "
             res, ex, cum, fe, fcum = (e.fresh(h) for h in ("sched", "ex", "cum", "fe", "fcum"))
-            e.emit(f"{res}:3 = scf.for {ex} = {c(0)} to {A['num_experts']} step {c(1)} "
-                   f"iter_args({cum} = {c(0)}, {fe} = {c(-1)}, {fcum} = {c(0)}) -> (index, index, index) {{")
+            e.emit(
+                f"{res}:3 = scf.for {ex} = {c(0)} to {A['num_experts']} step {c(1)} "
+                f"iter_args({cum} = {c(0)}, {fe} = {c(-1)}, {fcum} = {c(0)}) -> (index, index, index) {{"
+            )
             e.indent += "  "
             lo = e.load_i32_as_index(A["offsets"], ex)
             hi = e.load_i32_as_index(A["offsets"], e.add(ex, c(1)))
             tiles = e.div(e.add(e.sub(hi, lo), c(BM - 1)), c(BM))
             ncum = e.add(cum, tiles)
             hit = e.op(f"arith.andi {e.cmp('uge', bx, cum)}, {e.cmp('ult', bx, ncum)} : i1")
-            e.emit(f"scf.yield {ncum}, {e.select(hit, ex, fe)}, {e.select(hit, cum, fcum)} : index, index, index")
+            e.emit(
+                f"scf.yield {ncum}, {e.select(hit, ex, fe)}, {e.select(hit, cum, fcum)} : index, index, index"
+            )
             e.indent = e.indent[:-2]
             e.emit("}")
             e.emit(f"scf.yield {res}#1, {res}#2 : index, index")
@@ -755,7 +824,9 @@ def gen_gemm(g):
             S["numk"] = e.select(valid, e.div(e.add(A["dim_k"], c(BK - 1)), c(BK)), c(0))
         else:
             valid = e.cmp("ult", t, total)
-            expert = e.select(valid, e.op(f"arith.index_castui {e.div(t32, per, I32)} : i32 to index"), c(0))
+            expert = e.select(
+                valid, e.op(f"arith.index_castui {e.div(t32, per, I32)} : i32 to index"), c(0)
+            )
             S["m0"] = e.mul(bx, c(BM))
             S["m_end"] = A["dim_m"]
             S["n0"] = e.mul(by, c(BN))
@@ -802,7 +873,9 @@ def gen_gemm(g):
             S["b_ptr"] = gep1(bptr, e.mul(i64(S["bcol"]), c(2, "i64"), "i64"))
             S["kcnt"] = i32(e.select(valid, S["kcount"], c(0)))
             if g.gather_b:
-                S["ids_b"] = gep1(bidsptr, e.mul(i64(S["elo"]), c(4, "i64"), "i64"))  # the expert's first
+                S["ids_b"] = gep1(
+                    bidsptr, e.mul(i64(S["elo"]), c(4, "i64"), "i64")
+                )  # the expert's first
             else:
                 S["brow0"] = e.add(i32(S["elo"]), mrow32, I32)
         return S
@@ -818,8 +891,12 @@ def gen_gemm(g):
         if g.gather_a:
             # warp w copies K-rows 2w + lane/16 + RS_A i; lane j loads row 2w + j%2 + 8 (j/2)
             assert RS_A == 8
-            id_row_a = i32(e.add(e.add(e.mul(pwarp, c(2)), e.rem(plane, c(2))),
-                                 e.mul(e.div(plane, c(2)), c(RS_A))))
+            id_row_a = i32(
+                e.add(
+                    e.add(e.mul(pwarp, c(2)), e.rem(plane, c(2))),
+                    e.mul(e.div(plane, c(2)), c(RS_A)),
+                )
+            )
         if g.gather_b:
             # warp w copies K-rows w + RS_B i; lane j loads row w + RS_B j
             assert RS_B == 4
@@ -845,14 +922,18 @@ def gen_gemm(g):
         lanes loaded a k-step before (`lane_ids`, from lane_ids_at)."""
         rows = {}
         k0 = e.mul(i32(kt), c(BK, I32), I32)
-        held = dict(zip([n for n, on in (("a", g.gather_a), ("b", g.gather_b)) if on], lane_ids or []))
+        held = dict(
+            zip([n for n, on in (("a", g.gather_a), ("b", g.gather_b)) if on], lane_ids or [])
+        )
 
         def gathered_rows(name, row0, step, kleft, lane_of):
             """(row, valid) of K-rows row0 + step i: each loaded (valid ones only), or taken
             from lane lane_of(i), which loaded it."""
             out = []
             if lane_ids is None:
-                stage_ids = gep1(S["ids_" + name], zext(e.mul(e.add(k0, row0, I32), c(4, I32), I32)))
+                stage_ids = gep1(
+                    S["ids_" + name], zext(e.mul(e.add(k0, row0, I32), c(4, I32), I32))
+                )
             for i in range(64 // step):
                 kok = e.cmp("sgt", kleft, c(step * i, I32), I32)
                 if lane_ids is None:
@@ -860,14 +941,19 @@ def gen_gemm(g):
                     out.append((guarded_load_i32(kok, p), kok))
                 else:
                     row = e.fresh("id" + name)
-                    e.emit(f"{row}, {row}ok = gpu.shuffle idx {held[name]}, {lane_of(i)}, {c(32, I32)} : i32")
+                    e.emit(
+                        f"{row}, {row}ok = gpu.shuffle idx {held[name]}, {lane_of(i)}, {c(32, I32)} : i32"
+                    )
                     out.append((row, kok))
             return out
+
         if g.gather_a:
             # K-rows k0 + t/16 + RS_A i; past the expert's end there is no token id
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), arow32, I32)
             half = i32(e.div(lane, c(16))) if lane_ids is not None else None
-            rows["a"] = gathered_rows("a", arow32, RS_A, kleft, lambda i: e.add(c(2 * i, I32), half, I32))
+            rows["a"] = gathered_rows(
+                "a", arow32, RS_A, kleft, lambda i: e.add(c(2 * i, I32), half, I32)
+            )
         if g.b == "rows_mn":
             kleft = e.sub(e.sub(S["kcnt"], k0, I32), mrow32, I32)
             if g.gather_b:
@@ -878,7 +964,9 @@ def gen_gemm(g):
                 rows["b"] = []
                 for i in range(64 // RS_B):
                     kok = e.cmp("sgt", kleft, c(RS_B * i, I32), I32)
-                    rows["b"].append((e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32), kok))
+                    rows["b"].append(
+                        (e.add(e.add(S["brow0"], k0, I32), c(RS_B * i, I32), I32), kok)
+                    )
         return rows
 
     def rows_by_tma(S, k0, slot, slot_bytes):
@@ -894,21 +982,34 @@ def gen_gemm(g):
             tx = (A_TILE_BYTES if g.tma_rows_a else 0) + (B_TILE_BYTES if g.tma_rows_b else 0)
             # the slot may last have been written by cp.async (generic proxy); the boxes
             # write it through the async proxy
-            e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+            e.emit(
+                "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}"
+            )
             e.emit(f"nvvm.mbarrier.arrive.expect_tx {bar}, {c(tx, I32)} : {P3}, i32")
             row = e.add(i32(S["elo"]), k0, I32)
             boxes = []
             if g.tma_rows_a:  # A: 128 columns m0 + 64 j, MN-major
-                boxes += [(A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
-                          for j in range(2)]
+                boxes += [
+                    (A["amap"], e.add(i32(S["m0"]), c(64 * j, I32), I32), j * 64 * 64 * 2)
+                    for j in range(2)
+                ]
             if g.tma_rows_b:  # B: 256 columns n0 + 64 j
-                boxes += [(A["browmap"], e.add(i32(S["n0"]), c(64 * j, I32), I32), A_TILE_BYTES + j * 64 * 64 * 2)
-                          for j in range(4)]
+                boxes += [
+                    (
+                        A["browmap"],
+                        e.add(i32(S["n0"]), c(64 * j, I32), I32),
+                        A_TILE_BYTES + j * 64 * 64 * 2,
+                    )
+                    for j in range(4)
+                ]
             for tmap, col, off in boxes:
                 dst = gep3(sptr, e.add(slot_bytes, c(off, I32), I32))
                 dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
-                e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {tmap}, {bar}, "
-                       f"box[{col}, {row}] : !llvm.ptr<7>, !llvm.ptr")
+                e.emit(
+                    f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {tmap}, {bar}, "
+                    f"box[{col}, {row}] : !llvm.ptr<7>, !llvm.ptr"
+                )
+
         e.if_else(full, load_boxes, lambda: e.emit(f"nvvm.mbarrier.arrive {bar} : {P3}"))
         if_end()
         return e.cmp("slt", e.sub(S["kcnt"], k0, I32), c(BK, I32), I32)
@@ -949,7 +1050,9 @@ def gen_gemm(g):
         else:
             # the K columns left past this thread's chunk, as bytes to copy (0-16)
             krem = e.sub(e.sub(dimk32, k0, I32), kchunk8, I32)
-            kv = e.select(e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32)
+            kv = e.select(
+                e.cmp("slt", krem, c(8, I32), I32), e.maxs(krem, c(0, I32), I32), c(8, I32), I32
+            )
             kbytes = e.select(enabled, e.mul(kv, c(2, I32), I32), c(0, I32), I32)
             for i, (row, ok) in enumerate(S["a_rows"]):
                 dst = e.op(f"llvm.getelementptr {adst}[{i * RS_K * 128}] : ({P3}) -> {P3}, i8")
@@ -970,14 +1073,21 @@ def gen_gemm(g):
             else:
                 # W [E][K][2][h]: gate (0) and up (1) columns n0 + 64 j; columns past h
                 # are zero-filled
-                boxes = [[e.add(n0, c(64 * (j % 2), I32), I32), c(j // 2, I32), k0, ex]
-                         for j in range(4)]
+                boxes = [
+                    [e.add(n0, c(64 * (j % 2), I32), I32), c(j // 2, I32), k0, ex] for j in range(4)
+                ]
             for j, coords in enumerate(boxes):
-                dst = e.op(f"llvm.getelementptr {btile}[{j * 64 * 64 * 2}] : ({P3}) -> {P3}, i8") if j else btile
+                dst = (
+                    e.op(f"llvm.getelementptr {btile}[{j * 64 * 64 * 2}] : ({P3}) -> {P3}, i8")
+                    if j
+                    else btile
+                )
                 # a CTA's shared memory is its own window of shared::cluster
                 dst7 = e.op(f"llvm.addrspacecast {dst} : {P3} to !llvm.ptr<7>")
-                e.emit(f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {A['bmap']}, {bar}, "
-                       f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr")
+                e.emit(
+                    f"nvvm.cp.async.bulk.tensor.shared.cluster.global {dst7}, {A['bmap']}, {bar}, "
+                    f"box[{', '.join(coords)}] : !llvm.ptr<7>, !llvm.ptr"
+                )
             if_end()
         else:
             if g.tma_rows_b:
@@ -989,7 +1099,9 @@ def gen_gemm(g):
                 row, kok = srcs["b"][i]
                 src = gep1(S["b_ptr"], wide(row, ldb2))
                 p = i % len(bdst)
-                dst = e.op(f"llvm.getelementptr {bdst[p]}[{(i - p) * RS_B * 128}] : ({P3}) -> {P3}, i8")
+                dst = e.op(
+                    f"llvm.getelementptr {bdst[p]}[{(i - p) * RS_B * 128}] : ({P3}) -> {P3}, i8"
+                )
                 cp_async(dst, src, e.select(kok, bbytes, c(0, I32), I32))
             if g.tma_rows_b:
                 if_end()
@@ -1020,7 +1132,9 @@ def gen_gemm(g):
             db = e.add(db_s, c(boff, "i64"), "i64") if kk else db_s
             acc = e.op(
                 f"nvvm.wgmma.mma_async {da}, {db}, {acc}, <m = 64, n = {BN}, k = 16>, "
-                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <{a_layout}>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}", "acc")
+                f"D[<f32>, <one>, <wrapped>], A[<bf16>, <one>, <{a_layout}>], B[<bf16>, <one>, <{b_layout}>] : {ACC} -> {ACC}",
+                "acc",
+            )
         e.emit("nvvm.wgmma.commit.group.sync.aligned")
         e.emit(f"nvvm.wgmma.wait.group.sync.aligned {pending}")
         return acc
@@ -1033,8 +1147,10 @@ def gen_gemm(g):
         acc0 = e.op(f"llvm.mlir.zero : {ACC}", "acc")
         res, kt, a0, rs, ph = (e.fresh(h) for h in ("kloop", "kt", "a", "rs", "ph"))
         # rs: the ring slot read this step (kt % stages), carried to avoid a division
-        e.emit(f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-               f"iter_args({a0} = {acc0}, {rs} = {c(0)}, {ph} = {phases}) -> ({ACC}, index, i32) {{")
+        e.emit(
+            f"{res}:3 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+            f"iter_args({a0} = {acc0}, {rs} = {c(0)}, {ph} = {phases}) -> ({ACC}, index, i32) {{"
+        )
         outer = e.indent
         e.indent = outer + "  "
         nk = e.add(kt, c(stages - 1))
@@ -1042,14 +1158,22 @@ def gen_gemm(g):
         ws = e.select(e.cmp("eq", rs, c(0)), c(stages - 1), e.sub(rs, c(1)))
         next_srcs = load_rows(S, nk)
         e.emit(f"nvvm.cp.async.wait.group {stages - 2}")
-        e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+        e.emit(
+            "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}"
+        )
         ph_next = ph
         if g.tma_b:
             rs32 = i32(rs)
-            parity = e.op(f"arith.andi {e.op(f'arith.shrui {ph}, {rs32} : i32')}, {c(1, I32)} : i32")
+            parity = e.op(
+                f"arith.andi {e.op(f'arith.shrui {ph}, {rs32} : i32')}, {c(1, I32)} : i32"
+            )
             bar = full_bar(rs32)
-            e.emit(f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
-            ph_next = e.op(f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32")
+            e.emit(
+                f"nvvm.mbarrier.try_wait.parity {bar}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32"
+            )
+            ph_next = e.op(
+                f"arith.xori {ph}, {e.op(f'arith.shli {c(1, I32)}, {rs32} : i32')} : i32"
+            )
         e.emit("gpu.barrier")
         cur = wgmma_stage(a0, rs)
         e.emit("gpu.barrier")
@@ -1085,7 +1209,9 @@ def gen_gemm(g):
         base = h * BM * BN // 2
 
         def sload(idx):
-            return e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
+            return e.op(
+                f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>"
+            )
 
         def gstore(vec, ptr, ok):
             if_begin(ok)
@@ -1110,7 +1236,9 @@ def gen_gemm(g):
             r0 = e.add(m0, lr0)
             mleft = left(m_end, r0)
             half2 = e.mul(i32(half), c(2, I32), I32)
-            hp = gep1(hout_ptr, e.mul(i64(e.add(e.mul(r0, e.mul(half, c(2))), col)), c(2, "i64"), "i64"))
+            hp = gep1(
+                hout_ptr, e.mul(i64(e.add(e.mul(r0, e.mul(half, c(2))), col)), c(2, "i64"), "i64")
+            )
             if g.store_a:
                 ap = gep1(aout_ptr, e.mul(i64(e.add(e.mul(r0, half), col)), c(2, "i64"), "i64"))
             h_step = wide(c(32, I32), e.mul(half2, c(2, I32), I32))
@@ -1126,25 +1254,32 @@ def gen_gemm(g):
                 ok = e.op(f"arith.andi {col_ok}, {e.cmp('sgt', mleft, c(32 * j, I32), I32)} : i1")
                 if_begin(ok)
                 e.emit(f"llvm.store {gv}, {hp} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
-                e.emit(f"llvm.store {uv}, {gep1(hp, up_off)} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+                e.emit(
+                    f"llvm.store {uv}, {gep1(hp, up_off)} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}"
+                )
                 if g.store_a:
                     # a = silu(g) * u from the bf16-rounded h, as backward sees it
                     avals = []
                     for u in range(V):
-                        g32 = e.op(f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-                        u32 = e.op(f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
+                        g32 = e.op(
+                            f"arith.extf {e.op(f'vector.extract {gv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32"
+                        )
+                        u32 = e.op(
+                            f"arith.extf {e.op(f'vector.extract {uv}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32"
+                        )
                         _, silu = silu_parts(e, g32)
                         avals.append(e.op(f"arith.truncf {e.fmul(silu, u32)} : f32 to bf16"))
                     av = e.op(f"vector.from_elements {', '.join(avals)} : vector<{V}xbf16>")
-                    e.emit(f"llvm.store {av}, {ap} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}")
+                    e.emit(
+                        f"llvm.store {av}, {ap} {{alignment = 16 : i64}} : vector<{V}xbf16>, {P1}"
+                    )
                 if_end()
             return
         obase = out_base(S)
         q, l0 = e.rem(tid, c(16)), e.div(tid, c(16))
         step = wide(c(16, I32), e.mul(i32(A["ldc"]), c(2, I32), I32))
         # 16-byte group q of row l0 + 16 j
-        sidx = e.add(e.add(c(base), e.mul(l0, c(BN // 2))),
-                     e.mul(e.xor(q, e.rem(l0, c(8))), c(V)))
+        sidx = e.add(e.add(c(base), e.mul(l0, c(BN // 2))), e.mul(e.xor(q, e.rem(l0, c(8))), c(V)))
         col = e.add(n0, e.add(c(128 * h), e.mul(q, c(V))))
         col_ok = e.cmp("ult", col, A["dim_n"])
         r0 = e.add(m0, l0)
@@ -1174,20 +1309,26 @@ def gen_gemm(g):
         matrix l/8 (matrices: rows 0-7 and 8-15 of group j, then of group j + 1).
         place(row), given the tile row of this lane's address, returns dst(j): where that
         row's groups j and j + 1 go."""
-        row = e.add(warp_row0, e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8))))
+        row = e.add(
+            warp_row0, e.add(e.mul(e.rem(e.div(lane, c(8)), c(2)), c(8)), e.rem(lane, c(8)))
+        )
         dst_of = place(row)
         for j in range(0, BN // V, 2):
             regs = [packed_bf16x2(acc, 4 * j + 2 * q) for q in range(4)]
-            e.emit(f"nvvm.stmatrix {dst_of(j)}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
-                   "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
-                   f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32")
+            e.emit(
+                f"nvvm.stmatrix {dst_of(j)}, {', '.join(regs)} {{layout = #nvvm.mma_layout<row>, "
+                "shape = #nvvm.ld_st_matrix_shape<m = 8, n = 8>, "
+                f"eltType = #nvvm.ld_st_matrix_elt_type<b16>}} : {P3}, i32, i32, i32, i32"
+            )
 
     def stage_rows_stmatrix(stage_ptr, acc):
         """MOE_GEMM_BULK_STORE: C into the padded staging rows (BULK_ROW elements a row)."""
+
         def place(row):
             off = e.add(e.mul(row, c(BULK_ROW)), e.mul(e.div(lane, c(16)), c(V)))
             base = gep3(stage_ptr, i32(e.mul(off, c(2))))
             return lambda j: gep3(base, c(j * V * 2, I32)) if j else base
+
         stmatrix_tile(acc, place)
 
     def stage_boxes_stmatrix(stage_ptr, acc):
@@ -1196,12 +1337,14 @@ def gen_gemm(g):
         16-byte group q of row r at q ^ (r % 8). Lane l's row is r % 8 = l % 8 and its group
         j + l / 16 with j even, so its swizzled group is (j % 8) ^ (l / 16 ^ l % 8): four
         offsets a lane."""
+
         def place(row):
             w = e.xor(e.div(lane, c(16)), e.rem(lane, c(8)))
             base = gep3(stage_ptr, i32(e.mul(row, c(128))))
             group_off = [i32(e.mul(e.xor(w, c(k)), c(16))) for k in (0, 2, 4, 6)]
             boxes = [gep3(base, c(b * TMA_BOX_BYTES, I32)) if b else base for b in range(BN // 64)]
             return lambda j: gep3(boxes[j // 8], group_off[(j % 8) // 2])
+
         stmatrix_tile(acc, place)
 
     def tma_store_boxes(S, stage_ptr):
@@ -1215,11 +1358,15 @@ def gen_gemm(g):
             src = gep3(stage_ptr, c(b * TMA_BOX_BYTES, I32)) if b else stage_ptr
             col = e.add(n0, c(64 * b, I32), I32) if b else n0
             if g.reduce_store:
-                e.emit(f"nvvm.cp.async.bulk.tensor.reduce {A['cmap']}, {src}, box[{col}, {m0}] "
-                       f"{{redKind = #nvvm.tma_redux_kind<add>}} : !llvm.ptr, {P3}")
+                e.emit(
+                    f"nvvm.cp.async.bulk.tensor.reduce {A['cmap']}, {src}, box[{col}, {m0}] "
+                    f"{{redKind = #nvvm.tma_redux_kind<add>}} : !llvm.ptr, {P3}"
+                )
                 continue
-            e.emit(f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
-                   f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}")
+            e.emit(
+                f"nvvm.cp.async.bulk.tensor.global.shared.cta {A['cmap']}, {src}, "
+                f"box[{', '.join([col, m0] + ex)}] : !llvm.ptr, {P3}"
+            )
         e.emit("nvvm.cp.async.bulk.commit.group")
         if_end()
 
@@ -1253,7 +1400,7 @@ def gen_gemm(g):
         """Whether warpgroup wg's 64 rows of the varlen-M tile hold any of the expert's, as
         a vote of the warp: ptxas cannot tell that the comparison is the same in every
         lane, and a k-loop under a branch it takes for divergent loses the uniform
-        datapath (session 18: its wgmma descriptors went through R2UR)."""
+        datapath (a version without the vote sent its wgmma descriptors through R2UR)."""
         busy = e.cmp("ult", e.add(S["m0"], e.mul(wg, c(64))), S["m_end"])
         return e.op(f"nvvm.vote.sync all {c(-1, I32)}, {busy} -> i1")
 
@@ -1262,18 +1409,27 @@ def gen_gemm(g):
         dynamically scheduled tile's rows, idle_kloop_ws."""
         if not g.idle_skip:
             return kloop_ws(S, slot0, ph0)
-        return e.if_values(wg_busy(S), [ACC, "index", "i32"], lambda: list(kloop_ws(S, slot0, ph0)),
-                           lambda: list(idle_kloop_ws(S, slot0, ph0)), "wgk")
+        return e.if_values(
+            wg_busy(S),
+            [ACC, "index", "i32"],
+            lambda: list(kloop_ws(S, slot0, ph0)),
+            lambda: list(idle_kloop_ws(S, slot0, ph0)),
+            "wgk",
+        )
 
     def idle_kloop_ws(S, slot0, ph0):
         """The k-loop of a warpgroup with no rows in the tile: each slot is waited for
         (so no release runs ahead of the producer's phase) and freed at once."""
         res, kt, rs, ph = (e.fresh(h) for h in ("idle", "kt", "rs", "ph"))
-        e.emit(f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-               f"iter_args({rs} = {slot0}, {ph} = {ph0}) -> (index, i32) {{")
+        e.emit(
+            f"{res}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+            f"iter_args({rs} = {slot0}, {ph} = {ph0}) -> (index, i32) {{"
+        )
         outer = e.indent
         e.indent = outer + "  "
-        e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32")
+        e.emit(
+            f"nvvm.mbarrier.try_wait.parity {full_bar(i32(rs))}, {ph}, {c(0x989680, I32)} : {P3}, i32, i32"
+        )
         if_begin(e.cmp("eq", lane, c(0)))
         e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(rs))} : {P3}")
         if_end()
@@ -1301,23 +1457,30 @@ def gen_gemm(g):
         nloop = S["numk"]
         if g.sched == "varlen_k":
             nloop = e.op(f"arith.index_castui {e.div(S['kcnt'], c(BK, I32), I32)} : i32 to index")
-        e.emit(f"{res}:4 = scf.for {kt} = {c(0)} to {nloop} step {c(1)} "
-               f"iter_args({a0} = {acc0}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(0)}) "
-               f"-> ({ACC}, index, i32, index) {{")
+        e.emit(
+            f"{res}:4 = scf.for {kt} = {c(0)} to {nloop} step {c(1)} "
+            f"iter_args({a0} = {acc0}, {rs} = {slot0}, {ph} = {ph0}, {prev} = {c(0)}) "
+            f"-> ({ACC}, index, i32, index) {{"
+        )
         outer = e.indent
         e.indent = outer + "  "
 
         def wait_full(slot, parity):
-            e.emit(f"nvvm.mbarrier.try_wait.parity {full_bar(i32(slot))}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32")
+            e.emit(
+                f"nvvm.mbarrier.try_wait.parity {full_bar(i32(slot))}, {parity}, {c(0x989680, I32)} : {P3}, i32, i32"
+            )
             # the producer's cp.async wrote through the generic proxy; wgmma reads
             # through the async proxy
-            e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+            e.emit(
+                "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}"
+            )
 
         def release(cond, slot):
             """lane 0 of each warp frees `slot` if cond"""
             if_begin(e.op(f"arith.andi {cond}, {e.cmp('eq', lane, c(0))} : i1"))
             e.emit(f"nvvm.mbarrier.arrive {empty_bar(i32(slot))} : {P3}")
             if_end()
+
         wait_full(rs, ph)
         cur = wgmma_stage(a0, rs)
         # the step before has been read
@@ -1338,9 +1501,13 @@ def gen_gemm(g):
             """the tail with `count` wgmma, or a branch on kleft between count and more"""
             if count == 4:
                 return wgmma_stage(acc, slot, 4, 0)
-            return e.if_values(e.cmp("sgt", kleft, c(16 * count, I32), I32), [ACC],
-                               lambda: [partial_step(count + 1)],
-                               lambda: [wgmma_stage(acc, slot, count, 0)], "kpart")[0]
+            return e.if_values(
+                e.cmp("sgt", kleft, c(16 * count, I32), I32),
+                [ACC],
+                lambda: [partial_step(count + 1)],
+                lambda: [wgmma_stage(acc, slot, count, 0)],
+                "kpart",
+            )[0]
 
         def tail():
             wait_full(slot, parity)
@@ -1353,8 +1520,10 @@ def gen_gemm(g):
             e.emit("nvvm.wgmma.wait.group.sync.aligned 0")
             release(looped, last)
             return [acc, slot, parity]
-        return e.if_values(e.cmp("sgt", kleft, c(0, I32), I32), [ACC, "index", "i32"], tail,
-                           no_tail, "ktail")
+
+        return e.if_values(
+            e.cmp("sgt", kleft, c(0, I32), I32), [ACC, "index", "i32"], tail, no_tail, "ktail"
+        )
 
     if g.persistent:
         # write_half's destinations
@@ -1365,16 +1534,22 @@ def gen_gemm(g):
         else:
             cout_ptr = gptr(A["cout"], "memref<?xbf16>")
     if g.ws:
-        stage = e.op(f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(g.stage_c_bytes // 2)}] : {SMEM} to {SBF16}", "stg")
+        stage = e.op(
+            f"memref.view {smem}[{e.add(pad, c(g.ring_bytes))}][{c(g.stage_c_bytes // 2)}] : {SMEM} to {SBF16}",
+            "stg",
+        )
         stage_ptr = gep3(sptr, c(g.ring_bytes, I32))
+
         # Both roles walk the same tiles in the same order; a tile's k-steps go round
         # the ring, each slot's phase parity flipping on every wrap.
         def tile_loop(role, tile):
             """scf.for over this CTA's tiles carrying the ring position (slot, parity);
             tile(t, slot, parity) emits one tile and returns the position after it."""
             t, sl, ph, out = e.fresh("t"), e.fresh("sl"), e.fresh("ph"), e.fresh(role)
-            e.emit(f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
-                   f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{")
+            e.emit(
+                f"{out}:2 = scf.for {t} = {bid} to {total} step {gridx} "
+                f"iter_args({sl} = {c(0)}, {ph} = {c(0, I32)}) -> (index, i32) {{"
+            )
             loop_indent = e.indent
             e.indent += "  "
             nsl, nph = tile(t, sl, ph)
@@ -1389,8 +1564,10 @@ def gen_gemm(g):
             out = e.fresh(hint)
             args = [e.fresh(hint + "a") for _ in inits]
             tys = ", ".join(RING_TYPES)
-            e.emit(f"{out}:{len(inits)} = scf.while ({', '.join(f'{a} = {v}' for a, v in zip(args, inits))}) "
-                   f": ({tys}) -> ({tys}) {{")
+            e.emit(
+                f"{out}:{len(inits)} = scf.while ({', '.join(f'{a} = {v}' for a, v in zip(args, inits))}) "
+                f": ({tys}) -> ({tys}) {{"
+            )
             outer = e.indent
             e.indent = outer + "  "
             e.emit(f"scf.condition({e.cmp('ult', args[0], total)}) {', '.join(args)} : {tys}")
@@ -1406,6 +1583,7 @@ def gen_gemm(g):
         def advance_tile_ring(j, q):
             """the tile ring's entry after j (of 2) and its parity"""
             return e.xor(j, c(1)), e.select(e.cmp("eq", j, c(1)), e.xor(q, c(1, I32), I32), q, I32)
+
         RING_TYPES = ["index", "index", "i32", "index", "i32"]  # tile, slot, parity, entry, parity
 
         def uniform_tile(ptr):
@@ -1422,14 +1600,18 @@ def gen_gemm(g):
             """MOE_GEMM_DYNAMIC, the producer warpgroup: publish tile t to the consumers
             (a tile past the end: none left, and they stop), claim the next while t
             loads, and pass it to the warpgroup through next[j] and barrier 2."""
-            slot_ptr = gep1(gptr(A["tile_counter"], "memref<?xi32>"),
-                            zext(e.mul(i32(A["counter_slot"]), c(4, I32), I32)))
+            slot_ptr = gep1(
+                gptr(A["tile_counter"], "memref<?xi32>"),
+                zext(e.mul(i32(A["counter_slot"]), c(4, I32), I32)),
+            )
 
             def publish(t, j, q):
                 # (the whole warpgroup waits: a wait loop in thread 0's branch took the
                 # ring slots off the uniform datapath)
-                e.emit(f"nvvm.mbarrier.try_wait.parity {tile_empty(i32(j))}, {e.xor(q, c(1, I32), I32)}, "
-                       f"{c(0x989680, I32)} : {P3}, i32, i32")
+                e.emit(
+                    f"nvvm.mbarrier.try_wait.parity {tile_empty(i32(j))}, {e.xor(q, c(1, I32), I32)}, "
+                    f"{c(0x989680, I32)} : {P3}, i32, i32"
+                )
                 if_begin(is_t0)
                 e.emit(f"llvm.store volatile {i32(t)}, {sched_word(0, i32(j))} : i32, {P3}")
                 e.emit(f"nvvm.mbarrier.arrive {tile_full(i32(j))} : {P3}")
@@ -1439,11 +1621,14 @@ def gen_gemm(g):
                 """thread 0 takes the next tile from the counter into next[j] (the first
                 tiles are 0 .. grid - 1, one a CTA; the counter hands out the rest)"""
                 claimed = e.op(f"llvm.atomicrmw add {slot_ptr}, {c(1, I32)} monotonic : {P1}, i32")
-                e.emit(f"llvm.store volatile {e.add(claimed, i32(gridx), I32)}, {nxt_ptr} : i32, {P3}")
+                e.emit(
+                    f"llvm.store volatile {e.add(claimed, i32(gridx), I32)}, {nxt_ptr} : i32, {P3}"
+                )
 
             def produce(args):
                 t, sl, ph, j, q = args
                 nxt_ptr = sched_word(8, i32(j))
+
                 # The claim waits for the atomic's answer (about a microsecond): issued at
                 # the tile's start it held up every tile's first loads (ptxas waits for it
                 # before the k-loop). It goes after the loads of k-step min(numk, STAGES) - 1
@@ -1459,6 +1644,7 @@ def gen_gemm(g):
                     if_begin(e.op(f"arith.andi {is_t0}, {e.cmp('eq', S['numk'], c(0))} : i1"))
                     claim(nxt_ptr)
                     if_end()
+
                 nsl, nph = producer_tile(t, sl, ph, after_step, after_loop)
                 # (next[j] is written again two tiles on, after every producer thread has
                 # passed the barrier of the tile between: no thread can still be reading it)
@@ -1467,6 +1653,7 @@ def gen_gemm(g):
                 nj, nq = advance_tile_ring(j, q)
                 publish(nxt, nj, nq)
                 return [nxt, nsl, nph, nj, nq]
+
             # (published at the end of the tile before, as the consumers receive it)
             publish(bid, c(0), c(0, I32))
             tile_while("pt", [bid, c(0), c(0, I32), c(0), c(0, I32)], produce)
@@ -1476,8 +1663,11 @@ def gen_gemm(g):
             until one past the end. Each tile's id is received at the end of the tile
             before: a loop whose check waits on an mbarrier took the ring slots off the
             uniform datapath (ptxas then sees the loop's exit as divergent)."""
+
             def receive(j, q):
-                e.emit(f"nvvm.mbarrier.try_wait.parity {tile_full(i32(j))}, {q}, {c(0x989680, I32)} : {P3}, i32, i32")
+                e.emit(
+                    f"nvvm.mbarrier.try_wait.parity {tile_full(i32(j))}, {q}, {c(0x989680, I32)} : {P3}, i32, i32"
+                )
                 t = uniform_tile(sched_word(0, i32(j)))
                 e.emit(f"nvvm.mbarrier.arrive {tile_empty(i32(j))} : {P3}")
                 return [t, *advance_tile_ring(j, q)]
@@ -1487,6 +1677,7 @@ def gen_gemm(g):
                 nsl, nph = consumer_tile(t, sl, ph)
                 nt, nj, nq = receive(j, q)
                 return [nt, nsl, nph, nj, nq]
+
             first, j1, q1 = receive(c(0), c(0, I32))
             tile_while("ct", [first, c(0), c(0, I32), j1, q1], consume)
 
@@ -1494,16 +1685,20 @@ def gen_gemm(g):
             """One k-step of the producer: wait for the slot to be free, then issue its
             copies from the rows srcs() gives. Returns the ring position after it."""
             # a fresh barrier's phase before the first (parity 1) counts as complete
-            e.emit(f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(slot))}, {e.xor(parity, c(1, I32), I32)}, "
-                   f"{c(0x989680, I32)} : {P3}, i32, i32")
+            e.emit(
+                f"nvvm.mbarrier.try_wait.parity {empty_bar(i32(slot))}, {e.xor(parity, c(1, I32), I32)}, "
+                f"{c(0x989680, I32)} : {P3}, i32, i32"
+            )
             issue_stage(S, kt, slot, c(1, "i1"), srcs())
             return advance(slot, parity)
 
         def ids_of(S, kt):
             """pick for lane_ids_at: k-tile kt of tile S"""
             k0 = e.mul(i32(kt), c(BK, I32), I32)
-            return lambda name: (gep1(S["ids_" + name], zext(e.mul(k0, c(4, I32), I32))),
-                                 e.sub(S["kcnt"], k0, I32))
+            return lambda name: (
+                gep1(S["ids_" + name], zext(e.mul(k0, c(4, I32), I32))),
+                e.sub(S["kcnt"], k0, I32),
+            )
 
         def producer_tiles_pipelined():
             """The producer's tiles with the gathered ids a k-step ahead: the last k-step
@@ -1520,10 +1715,13 @@ def gen_gemm(g):
                 iv, sl, ph, out = e.fresh(hint), e.fresh("sl"), e.fresh("ph"), e.fresh(hint + "o")
                 ids = [e.fresh("ids") for _ in range(nid)]
                 carried = ", ".join(f"{v} = {v0}" for v, v0 in zip(ids, ids_in))
-                e.emit(f"{out}:{2 + nid} = scf.for {iv} = {lo} to {hi} step {step} "
-                       f"iter_args({sl} = {slot}, {ph} = {parity}, {carried}) -> (index, i32, {id_ty}) {{")
+                e.emit(
+                    f"{out}:{2 + nid} = scf.for {iv} = {lo} to {hi} step {step} "
+                    f"iter_args({sl} = {slot}, {ph} = {parity}, {carried}) -> (index, i32, {id_ty}) {{"
+                )
                 e.indent += "  "
                 return out, iv, sl, ph, ids
+
             _, t, sl, ph, ids = open_for("t", bid, total, gridx, c(0), c(0, I32), ids0)
             S = setup(t)
             Sn = setup(e.add(t, gridx))
@@ -1535,7 +1733,11 @@ def gen_gemm(g):
 
             def pick(name):
                 (p1, l1), (p2, l2) = here(name), there(name)
-                return (e.op(f"arith.select {last}, {p2}, {p1} : {P1}"), e.select(last, l2, l1, I32))
+                return (
+                    e.op(f"arith.select {last}, {p2}, {p1} : {P1}"),
+                    e.select(last, l2, l1, I32),
+                )
+
             nxt = lane_ids_at(pick)
             nslot, nph = produce_step(S, kt, ksl, kph, lambda: load_rows(S, kt, kids))
             e.emit(f"scf.yield {nslot}, {nph}, {', '.join(nxt)} : index, i32, {id_ty}")
@@ -1543,8 +1745,13 @@ def gen_gemm(g):
             e.emit("}")
             # no k-steps: this tile loaded nothing, the next one's first ids are still due
             empty = e.cmp("eq", S["numk"], c(0))
-            first = e.if_values(empty, ["i32"] * nid, lambda: lane_ids_at(ids_of(Sn, c(0))),
-                                lambda: [f"{kout}#{2 + j}" for j in range(nid)], "first")
+            first = e.if_values(
+                empty,
+                ["i32"] * nid,
+                lambda: lane_ids_at(ids_of(Sn, c(0))),
+                lambda: [f"{kout}#{2 + j}" for j in range(nid)],
+                "first",
+            )
             e.emit(f"scf.yield {kout}#0, {kout}#1, {', '.join(first)} : index, i32, {id_ty}")
             e.indent = e.indent[:-2]
             e.emit("}")
@@ -1554,8 +1761,10 @@ def gen_gemm(g):
             given, emit code after each and after the last."""
             S = setup(t)
             kt, ksl, kph, kout = e.fresh("kt"), e.fresh("ks"), e.fresh("kp"), e.fresh("pk")
-            e.emit(f"{kout}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
-                   f"iter_args({ksl} = {sl}, {kph} = {ph}) -> (index, i32) {{")
+            e.emit(
+                f"{kout}:2 = scf.for {kt} = {c(0)} to {S['numk']} step {c(1)} "
+                f"iter_args({ksl} = {sl}, {kph} = {ph}) -> (index, i32) {{"
+            )
             e.indent += "  "
             # the token ids first: their loads overlap the wait for the slot
             srcs = load_rows(S, kt)
@@ -1578,12 +1787,16 @@ def gen_gemm(g):
                 e.emit("nvvm.cp.async.bulk.wait_group 0 {read}")
             consumer_barrier()  # the last tile's stores have read the staging buffer
             if g.bulk_store:
+
                 def store(by_boxes):
                     (stage_boxes_stmatrix if by_boxes else stage_rows_stmatrix)(stage_ptr, acc)
                     # the generic-proxy writes, visible to the bulk copies (async proxy)
-                    e.emit("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+                    e.emit(
+                        "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}"
+                    )
                     consumer_barrier()
                     (tma_store_boxes if by_boxes else bulk_store_rows)(S, stage_ptr)
+
                 if g.tma_store_rows and not g.reduce_store:
                     # (a branch the whole consumer warpgroup pair takes alike)
                     whole = e.cmp("ule", e.add(S["m0"], c(BM)), S["m_end"])
@@ -1625,8 +1838,10 @@ def gen_gemm(g):
         S0 = setup(bid)
         prologue(S0)
         t, ph = e.fresh("t"), e.fresh("ph")
-        e.emit(f"{ph}_out = scf.for {t} = {bid} to {total} step {gridx} "
-               f"iter_args({ph} = {c(0, I32)}) -> (i32) {{")
+        e.emit(
+            f"{ph}_out = scf.for {t} = {bid} to {total} step {gridx} "
+            f"iter_args({ph} = {c(0, I32)}) -> (i32) {{"
+        )
         loop_indent = e.indent
         e.indent += "  "
         S = setup(t)
@@ -1635,7 +1850,10 @@ def gen_gemm(g):
         # C goes through a bf16 buffer over the last ring slot and past it; the
         # next tile's first loads take the other slots while C is written out.
         stage_off = c((stages - 1) * STAGE_BYTES)
-        stage = e.op(f"memref.view {smem}[{e.add(pad, stage_off)}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}", "stg")
+        stage = e.op(
+            f"memref.view {smem}[{e.add(pad, stage_off)}][{c(STAGE_C_BYTES // 2)}] : {SMEM} to {SBF16}",
+            "stg",
+        )
         if_begin(S["valid"])
         for h in (0, 1):
             stage_half(e, g, stage, acc, h, qrow, qcol, lane)
@@ -1656,14 +1874,30 @@ def gen_gemm(g):
         prologue(S)
         acc, _ = mainloop(S, c(0, I32))
         if_begin(S["valid"])
-        ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid,
-                      stage_rows_bf16=lambda: stage_rows_stmatrix(sptr, acc))
+        ring_epilogue(
+            e,
+            g,
+            A,
+            S,
+            smem,
+            pad,
+            acc,
+            qrow,
+            qcol,
+            warp,
+            lane,
+            wg,
+            tid,
+            stage_rows_bf16=lambda: stage_rows_stmatrix(sptr, acc),
+        )
         if_end()
 
     e.emit("gpu.return")
     args = ", ".join(f"%{n}: {t}" for n, t in sig)
-    head = (f"    gpu.func @{g.name}({args}) kernel attributes "
-            f"{{known_block_size = array<i32: {g.threads}, 1, 1>}} {{")
+    head = (
+        f"    gpu.func @{g.name}({args}) kernel attributes "
+        f"{{known_block_size = array<i32: {g.threads}, 1, 1>}} {{"
+    )
     return "\n".join([head] + e.const_lines + e.lines + ["    }"])
 
 
@@ -1704,7 +1938,9 @@ def build_tile_table(e, A, cumv, tid, barrier):
     e.emit("}")
     barrier()
     w, acc, acc2 = e.fresh("w"), e.fresh("wp"), e.fresh("wq")
-    e.emit(f"{acc} = scf.for {w} = {c(0)} to {warp} step {c(1)} iter_args({acc2} = {c(0, 'i32')}) -> (i32) {{")
+    e.emit(
+        f"{acc} = scf.for {w} = {c(0)} to {warp} step {c(1)} iter_args({acc2} = {c(0, 'i32')}) -> (i32) {{"
+    )
     e.indent += "  "
     ws = e.op(f"memref.load {cumv}[{e.add(w, c(TABLE_EXPERTS + 1))}] : {SI}")
     e.emit(f"scf.yield {e.add(acc2, ws, 'i32')} : i32")
@@ -1750,9 +1986,13 @@ def stage_half(e, g, stage, acc, h, qrow, qcol, lane):
                 v = 4 * j + 2 * i + cc
                 f = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
                 vals.append(e.op(f"arith.truncf {f} : f32 to bf16"))
-            idx = e.add(base, e.add(e.mul(row, c(BN // 2)), e.add(e.mul(e.xor(c(jl), swz), c(V)), qcol)))
+            idx = e.add(
+                base, e.add(e.mul(row, c(BN // 2)), e.add(e.mul(e.xor(c(jl), swz), c(V)), qcol))
+            )
             vec = e.op(f"vector.from_elements {vals[0]}, {vals[1]} : vector<2xbf16>")
-            e.emit(f"vector.store {vec}, {stage}[{idx}] {{alignment = 4}} : {SBF16}, vector<2xbf16>")
+            e.emit(
+                f"vector.store {vec}, {stage}[{idx}] {{alignment = 4}} : {SBF16}, vector<2xbf16>"
+            )
 
 
 def silu_parts(e, g32):
@@ -1775,16 +2015,24 @@ def dswiglu_loads(e, g, A, r, col):
 
     w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>") if g.has_w else c(1.0, "f32")
     hrow = e.mul(r, e.mul(half, c(2)))
-    return (hrow, w, vload_bf16(A["hsaved"], e.add(hrow, col)),
-            vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col))))
+    return (
+        hrow,
+        w,
+        vload_bf16(A["hsaved"], e.add(hrow, col)),
+        vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col))),
+    )
 
 
 def widen_bf16x8(e, v):
     """The 8 lanes of a vector<8xbf16> in f32."""
     if DACT_FMA == "1":
         return e.bf16x8_to_f32(v)
-    return [e.op(f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32")
-            for u in range(V)]
+    return [
+        e.op(
+            f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32"
+        )
+        for u in range(V)
+    ]
 
 
 def dswiglu_raw_loads(e, g, A, r, col):
@@ -1792,8 +2040,13 @@ def dswiglu_raw_loads(e, g, A, r, col):
     (and w), to be carried into the next iteration and widened there by dswiglu_widen."""
     half = A["dim_n"]
     hrow = e.mul(r, e.mul(half, e.const(2)))
-    vals = [e.op(f"vector.load {A['hsaved']}[{e.add(hrow, e.add(off, col))}] {{alignment = 16}} : "
-                 f"memref<?xbf16>, vector<{V}xbf16>") for off in (e.const(0), half)]
+    vals = [
+        e.op(
+            f"vector.load {A['hsaved']}[{e.add(hrow, e.add(off, col))}] {{alignment = 16}} : "
+            f"memref<?xbf16>, vector<{V}xbf16>"
+        )
+        for off in (e.const(0), half)
+    ]
     if g.has_w:
         vals.append(e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>"))
     return vals
@@ -1823,7 +2076,9 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
 
     def vstore(vals, idx, mem):
         vec = e.op(f"vector.from_elements {', '.join(vals)} : vector<{V}xbf16>")
-        e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
+        e.emit(
+            f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>"
+        )
 
     dgs, dus, was = [], [], []
     part = c(0.0, "f32")
@@ -1857,7 +2112,7 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
     through it in bf16 instead: stage_rows_bf16() writes it by stmatrix into rows of
     BULK_ROW elements from the ring's start."""
     c = e.const
-    m0, n0, m_end, expert, elo = S["m0"], S["n0"], S["m_end"], S["expert"], S["elo"]
+    m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
     SF = f"memref<?xf32, {WG}>"
     pipelined = g.epi == "dswiglu" and DACT_PIPELINE == "1"
     rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
@@ -1887,8 +2142,11 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         cols = dswiglu_columns()
 
         def batch_loads(ep):
-            return [v for u in range(DACT_UNROLL)
-                    for v in dswiglu_raw_loads(e, g, A, dswiglu_row(ep, u, cols)[1], cols[2])]
+            return [
+                v
+                for u in range(DACT_UNROLL)
+                for v in dswiglu_raw_loads(e, g, A, dswiglu_row(ep, u, cols)[1], cols[2])
+            ]
 
         # the first batch's loads fly while dA is staged
         first_loads = batch_loads(c(0))
@@ -1932,7 +2190,9 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         return widen_bf16x8(e, vec)
 
     def vstore(vec, mem, idx, ty):
-        e.emit(f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>")
+        e.emit(
+            f"vector.store {vec}, {mem}[{idx}] {{alignment = 16}} : memref<?x{ty}>, vector<{V}x{ty}>"
+        )
 
     if g.epi == "store_f32":
         it = loop_begin(BM * BN // V, "ep")
@@ -1963,7 +2223,9 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
                 # a warp holds one row, 8 columns per lane
                 for mask in (16, 8, 4, 2, 1):
                     name = e.fresh("sh")
-                    e.emit(f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32")
+                    e.emit(
+                        f"{name}, {name}ok = gpu.shuffle xor {part}, {c(mask, 'i32')}, {c(32, 'i32')} : f32"
+                    )
                     part = e.fadd(part, name)
                 if_begin(e.cmp("eq", lane, c(0)))
                 e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
@@ -1974,16 +2236,23 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
             types = dswiglu_raw_types(g) * DACT_UNROLL
             carried = [e.fresh("ld") for _ in types]
             res = e.fresh("eps")
-            e.emit(f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
-                   + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
-                   + f") -> ({', '.join(types)}) {{")
+            e.emit(
+                f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
+                + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
+                + f") -> ({', '.join(types)}) {{"
+            )
             e.indent += "  "
             # the next batch (the last loads itself again: L1 hits, no branch)
             nxt = batch_loads(e.minu(e.add("%ep", c(rows_per_batch)), c(BM - rows_per_batch)))
             per_row = len(dswiglu_raw_types(g))
             for u in range(DACT_UNROLL):
                 lr, r_in, ok = dswiglu_row("%ep", u, cols)
-                finish_row(lr, r_in, ok, dswiglu_widen(e, g, A, r_in, carried[per_row * u:per_row * (u + 1)]))
+                finish_row(
+                    lr,
+                    r_in,
+                    ok,
+                    dswiglu_widen(e, g, A, r_in, carried[per_row * u : per_row * (u + 1)]),
+                )
             e.emit(f"scf.yield {', '.join(nxt)} : {', '.join(types)}")
         else:
             # The rows come DACT_UNROLL at a time, their loads first, so a thread waits for
@@ -2003,7 +2272,9 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
             r = e.add(m0, tid)
             if_begin(e.op(f"arith.andi {e.cmp('ult', tid, c(BM))}, {e.cmp('ult', r, m_end)} : i1"))
             total = e.op(f"memref.load {stage_ds}[{tid}] : {SF}")
-            e.emit(f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>")
+            e.emit(
+                f"memref.store {total}, {A['dspart']}[{e.add(e.mul(r, A['num_ntiles']), S['by'])}] : memref<?xf32>"
+            )
             if_end()
     else:
         raise ValueError(g.epi)
@@ -2027,8 +2298,9 @@ GEMMS = [
 ]
 if ACCUMULATE == "1":
     # dx += dlogits W_r^T (the router's dX, one problem)
-    GEMMS.append(Gemm("moe_gemm_rows_k_bf16_acc", "rows", "w_k", "store_bf16", "varlen_m",
-                      reduce_store=True))
+    GEMMS.append(
+        Gemm("moe_gemm_rows_k_bf16_acc", "rows", "w_k", "store_bf16", "varlen_m", reduce_store=True)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -2063,43 +2335,57 @@ def warp_per_token(body):
     yielding %m2 and %s2) end in a reduction over the warp by xor shuffles, so every lane
     holds the token's value. A thread a token read each row of E values three to five times
     from global memory, one after another (deepseek-v3: 0.06 and 0.28 ms)."""
-    head = """      %tid = gpu.thread_id x
+    head = (
+        """      %tid = gpu.thread_id x
       %bid = gpu.block_id x
       %tw32 = arith.constant 32 : index
-      %twarps = arith.constant """ + str(TOKEN_WARPS) + """ : index
+      %twarps = arith.constant """
+        + str(TOKEN_WARPS)
+        + """ : index
       %lane = arith.remui %tid, %tw32 : index
       %twarp = arith.divui %tid, %tw32 : index
       %gid0 = arith.muli %bid, %twarps : index
       %gid = arith.addi %gid0, %twarp : index
       %tw32_i32 = arith.constant 32 : i32
-""" + "".join(f"      %tw{m}_i32s = arith.constant {m} : i32\n" for m in (16, 8, 4, 2, 1))
+"""
+        + "".join(f"      %tw{m}_i32s = arith.constant {m} : i32\n" for m in (16, 8, 4, 2, 1))
+    )
     assert body.startswith(GID)
-    body = head + body[len(GID):]
+    body = head + body[len(GID) :]
     loops = body.count("scf.for %e = %c0 to %E step %c1")
     body = body.replace("scf.for %e = %c0 to %E step %c1", "scf.for %e = %lane to %E step %tw32")
     assert loops >= 2
-    for result, yielded, combine in (("%mx", "%m2", "arith.maximumf"), ("%sum", "%s2", "arith.addf")):
+    for result, yielded, combine in (
+        ("%mx", "%m2", "arith.maximumf"),
+        ("%sum", "%s2", "arith.addf"),
+    ):
         body = body.replace(f"{result} = scf.for %e = %lane", f"{result}l = scf.for %e = %lane", 1)
         m = re.search(rf"\n( *)scf\.yield {yielded} : f32\n( *)\}}\n", body)
         ind = m.group(2)
         red, cur = [], f"{result}l"
         for mask in (16, 8, 4, 2, 1):
-            red.append(f"{ind}{result}_o{mask}, {result}_k{mask} = gpu.shuffle xor {cur}, %tw{mask}_i32s, %tw32_i32 : f32")
+            red.append(
+                f"{ind}{result}_o{mask}, {result}_k{mask} = gpu.shuffle xor {cur}, %tw{mask}_i32s, %tw32_i32 : f32"
+            )
             nxt = result if mask == 1 else f"{result}_r{mask}"
             red.append(f"{ind}{nxt} = {combine} {cur}, {result}_o{mask} : f32")
             cur = nxt
-        body = body[:m.end()] + "\n".join(red) + "\n" + body[m.end():]
+        body = body[: m.end()] + "\n".join(red) + "\n" + body[m.end() :]
     return body
+
 
 SIMPLE = []
 
 # softmax or sigmoid of the router logits, per token; with %round, the logits are first
 # rounded to bf16 in place (routing round_logits: a bf16 nn.Linear router's logits)
-SIMPLE.append(kernel(
-    "moe_router_scores",
-    "%logits: memref<?xf32>, %scores: memref<?xf32>, %T: index, %E: index, %scoring: i32, "
-    "%round: i1",
-    warp_per_token(GID + """      %c0 = arith.constant 0 : index
+SIMPLE.append(
+    kernel(
+        "moe_router_scores",
+        "%logits: memref<?xf32>, %scores: memref<?xf32>, %T: index, %E: index, %scoring: i32, "
+        "%round: i1",
+        warp_per_token(
+            GID
+            + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
@@ -2152,8 +2438,12 @@ SIMPLE.append(kernel(
           }
         }
       }
-""").replace("%c0_i32 : i32", "%czi : i32").replace(
-        "%soft = arith", "%czi = arith.constant 0 : i32\n        %soft = arith")))
+"""
+        )
+        .replace("%c0_i32 : i32", "%czi : i32")
+        .replace("%soft = arith", "%czi = arith.constant 0 : i32\n        %soft = arith"),
+    )
+)
 
 
 def select_kernel():
@@ -2188,12 +2478,16 @@ def select_kernel():
         by_value = op(ind, f"arith.ori {vgt}, {tie} : i1")
         num_first = op(ind, f"arith.andi {num}, {by_value} : i1")
         nan_first = op(ind, f"arith.andi {nan}, {ilt} : i1")
-        same_class = op(ind, f"arith.andi {eqk}, {op(ind, f'arith.ori {num_first}, {nan_first} : i1')} : i1")
+        same_class = op(
+            ind, f"arith.andi {eqk}, {op(ind, f'arith.ori {num_first}, {nan_first} : i1')} : i1"
+        )
         return op(ind, f"arith.ori {gtk}, {same_class} : i1")
 
     def pick(ind, cond, a, b):
-        return tuple(op(ind, f"arith.select {cond}, {x}, {y} : {t}")
-                     for x, y, t in zip(a, b, ("i32", "f32", "i32")))
+        return tuple(
+            op(ind, f"arith.select {cond}, {x}, {y} : {t}")
+            for x, y, t in zip(a, b, ("i32", "f32", "i32"))
+        )
 
     def key(ind, cand, value, index):
         nan = op(ind, f"arith.cmpf uno, {value}, {value} : f32")
@@ -2205,7 +2499,9 @@ def select_kernel():
             other = []
             for x, t in zip(a, ("i32", "f32", "i32")):
                 name = em.fresh("sh")
-                lines.append(f"{ind}{name}, {name}ok = gpu.shuffle xor {x}, %c{mask}_i32, %c32_i32 : {t}")
+                lines.append(
+                    f"{ind}{name}, {name}ok = gpu.shuffle xor {x}, %c{mask}_i32, %c32_i32 : {t}"
+                )
                 other.append(name)
             a = pick(ind, better(ind, tuple(other), a), tuple(other), a)
         return a
@@ -2227,16 +2523,18 @@ def select_kernel():
         return op(ind, f"arith.index_cast {v} : index to i32")
 
     ind = "        "
-    lines += [f"{ind}%base = arith.muli %t, %E : index",
-              f"{ind}%obase = arith.muli %t, %k : index",
-              f"{ind}%hasb = arith.cmpi ugt, %nbias, %c0 : index",
-              f"{ind}%gsize = arith.divui %E, %G : index",
-              # this lane's experts: lane + 32 i < E
-              f"{ind}%ni0 = arith.addi %E, %c31 : index",
-              f"{ind}%ni1 = arith.subi %ni0, %lane : index",
-              f"{ind}%ni = arith.divui %ni1, %c32 : index",
-              f"{ind}%multi = arith.cmpi ugt, %G, %c1 : index",
-              f"{ind}%gsel = scf.if %multi -> (i64) {{"]
+    lines += [
+        f"{ind}%base = arith.muli %t, %E : index",
+        f"{ind}%obase = arith.muli %t, %k : index",
+        f"{ind}%hasb = arith.cmpi ugt, %nbias, %c0 : index",
+        f"{ind}%gsize = arith.divui %E, %G : index",
+        # this lane's experts: lane + 32 i < E
+        f"{ind}%ni0 = arith.addi %E, %c31 : index",
+        f"{ind}%ni1 = arith.subi %ni0, %lane : index",
+        f"{ind}%ni = arith.divui %ni1, %c32 : index",
+        f"{ind}%multi = arith.cmpi ugt, %G, %c1 : index",
+        f"{ind}%gsel = scf.if %multi -> (i64) {{",
+    ]
     ind2 = ind + "  "
     # the scores of groups lane and lane + 32
     groups = []
@@ -2253,8 +2551,10 @@ def select_kernel():
         A = tuple(em.fresh(h) for h in ("ak", "av", "ai"))
         B = tuple(em.fresh(h) for h in ("bk", "bv", "bi"))
         inits = ", ".join(f"{v} = {i}" for v, i in zip(A + B, ("%c0_i32", "%zero", "%cm1_i32") * 2))
-        lines.append(f"{ind3}{top}:6 = scf.for {e} = {lo} to {hi} step %c1 iter_args({inits}) "
-                     f"-> (i32, f32, i32, i32, f32, i32) {{")
+        lines.append(
+            f"{ind3}{top}:6 = scf.for {e} = {lo} to {hi} step %c1 iter_args({inits}) "
+            f"-> (i32, f32, i32, i32, f32, i32) {{"
+        )
         ind4 = ind3 + "  "
         x = key(ind4, "%true", cval(ind4, e), i32(ind4, e))
         xa = better(ind4, x, A)
@@ -2277,8 +2577,12 @@ def select_kernel():
     ind3 = ind2 + "  "
     cands = []
     for gk, gv, gi, g in groups:
-        bit = op(ind3, f"arith.shli %c1_i64, {op(ind3, f'arith.index_cast {g} : index to i64')} : i64")
-        taken = op(ind3, f"arith.cmpi ne, {op(ind3, f'arith.andi %mask, {bit} : i64')}, %c0_i64 : i64")
+        bit = op(
+            ind3, f"arith.shli %c1_i64, {op(ind3, f'arith.index_cast {g} : index to i64')} : i64"
+        )
+        taken = op(
+            ind3, f"arith.cmpi ne, {op(ind3, f'arith.andi %mask, {bit} : i64')}, %c0_i64 : i64"
+        )
         cands.append((op(ind3, f"arith.select {taken}, %c0_i32, {gk} : i32"), gv, gi))
     mine = pick(ind3, better(ind3, cands[1], cands[0]), cands[1], cands[0])
     win = warp_best(ind3, mine)
@@ -2292,20 +2596,28 @@ def select_kernel():
     lines.append(f"{ind}}}")
 
     # k picks among the experts of the chosen groups
-    lines.append(f"{ind}%pk:2 = scf.for %j = %c0 to %k step %c1 iter_args(%taken = %c0_i32, %tot = %zero) -> (i32, f32) {{")
+    lines.append(
+        f"{ind}%pk:2 = scf.for %j = %c0 to %k step %c1 iter_args(%taken = %c0_i32, %tot = %zero) -> (i32, f32) {{"
+    )
 
     ind2 = ind + "  "
     best = em.fresh("ls")
-    lines.append(f"{ind2}{best}:3 = scf.for %it = %c0 to %ni step %c1 iter_args(%sk = %c0_i32, %sv = %zero, "
-                 f"%si = %cm1_i32) -> (i32, f32, i32) {{")
+    lines.append(
+        f"{ind2}{best}:3 = scf.for %it = %c0 to %ni step %c1 iter_args(%sk = %c0_i32, %sv = %zero, "
+        f"%si = %cm1_i32) -> (i32, f32, i32) {{"
+    )
     ind3 = ind2 + "  "
     e32 = op(ind3, "arith.muli %it, %c32 : index")
     e = op(ind3, f"arith.addi {e32}, %lane : index")
     eg = op(ind3, f"arith.index_cast {op(ind3, f'arith.divui {e}, %gsize : index')} : index to i64")
     gbit = op(ind3, f"arith.shli %c1_i64, {eg} : i64")
-    in_group = op(ind3, f"arith.cmpi ne, {op(ind3, f'arith.andi %gsel, {gbit} : i64')}, %c0_i64 : i64")
+    in_group = op(
+        ind3, f"arith.cmpi ne, {op(ind3, f'arith.andi %gsel, {gbit} : i64')}, %c0_i64 : i64"
+    )
     mine_bit = op(ind3, f"arith.shli %c1_i32, {i32(ind3, '%it')} : i32")
-    free = op(ind3, f"arith.cmpi eq, {op(ind3, f'arith.andi %taken, {mine_bit} : i32')}, %c0_i32 : i32")
+    free = op(
+        ind3, f"arith.cmpi eq, {op(ind3, f'arith.andi %taken, {mine_bit} : i32')}, %c0_i32 : i32"
+    )
     cand = op(ind3, f"arith.andi {in_group}, {free} : i1")
     x = key(ind3, cand, cval(ind3, e), i32(ind3, e))
     cur = ("%sk", "%sv", "%si")
@@ -2314,65 +2626,78 @@ def select_kernel():
     lines.append(f"{ind2}}}")
     win = warp_best(ind2, (f"{best}#0", f"{best}#1", f"{best}#2"))
     # the verifier leaves a candidate every round; a pick of none would read scores[base]
-    wi = op(ind2, f"arith.index_cast {op(ind2, f'arith.maxsi {win[2]}, %c0_i32 : i32')} : i32 to index")
+    wi = op(
+        ind2, f"arith.index_cast {op(ind2, f'arith.maxsi {win[2]}, %c0_i32 : i32')} : i32 to index"
+    )
     own = op(ind2, f"arith.cmpi eq, {op(ind2, f'arith.remui {wi}, %c32 : index')}, %lane : index")
-    obit = op(ind2, f"arith.shli %c1_i32, {i32(ind2, op(ind2, f'arith.divui {wi}, %c32 : index'))} : i32")
-    ntaken = op(ind2, f"arith.select {own}, {op(ind2, f'arith.ori %taken, {obit} : i32')}, %taken : i32")
+    obit = op(
+        ind2, f"arith.shli %c1_i32, {i32(ind2, op(ind2, f'arith.divui {wi}, %c32 : index'))} : i32"
+    )
+    ntaken = op(
+        ind2, f"arith.select {own}, {op(ind2, f'arith.ori %taken, {obit} : i32')}, %taken : i32"
+    )
     ui = op(ind2, f"arith.addi %base, {wi} : index")
     u = op(ind2, f"memref.load %scores[{ui}] : memref<?xf32>")
-    lines += [f"{ind2}%slot = arith.addi %obase, %j : index",
-              f"{ind2}scf.if %lead {{",
-              f"{ind2}  memref.store {win[2]}, %experts[%slot] : memref<?xi32>",
-              f"{ind2}  memref.store {u}, %weights[%slot] : memref<?xf32>",
-              f"{ind2}}}",
-              f"{ind2}%tot2 = arith.addf %tot, {u} : f32",
-              f"{ind2}scf.yield {ntaken}, %tot2 : i32, f32",
-              f"{ind}}}",
-              f"{ind}%nz = arith.cmpf une, %pk#1, %zero : f32",
-              f"{ind}%div = arith.andi %renorm, %nz : i1",
-              f"{ind}scf.if %lead {{",
-              f"{ind}  scf.for %j = %c0 to %k step %c1 {{",
-              f"{ind}    %slot = arith.addi %obase, %j : index",
-              f"{ind}    %w = memref.load %weights[%slot] : memref<?xf32>",
-              f"{ind}    %wq = arith.divf %w, %pk#1 : f32",
-              f"{ind}    %w2 = arith.select %div, %wq, %w : f32",
-              f"{ind}    %w3 = arith.mulf %w2, %scaling : f32",
-              f"{ind}    memref.store %w3, %weights[%slot] : memref<?xf32>",
-              f"{ind}  }}",
-              f"{ind}}}"]
-    head = ["      %tid = gpu.thread_id x",
-            "      %bid = gpu.block_id x",
-            "      %c0 = arith.constant 0 : index",
-            "      %c1 = arith.constant 1 : index",
-            "      %c31 = arith.constant 31 : index",
-            "      %c32 = arith.constant 32 : index",
-            f"      %cwarps = arith.constant {TOKEN_WARPS} : index",
-            "      %c0_i32 = arith.constant 0 : i32",
-            "      %c1_i32 = arith.constant 1 : i32",
-            "      %c2_i32 = arith.constant 2 : i32",
-            "      %cm1_i32 = arith.constant -1 : i32",
-            "      %c16_i32 = arith.constant 16 : i32",
-            "      %c8_i32 = arith.constant 8 : i32",
-            "      %c4_i32 = arith.constant 4 : i32",
-            "      %c32_i32 = arith.constant 32 : i32",
-            "      %c1_i64 = arith.constant 1 : i64",
-            "      %c0_i64 = arith.constant 0 : i64",
-            "      %allg = arith.constant -1 : i64",
-            "      %zero = arith.constant 0.0 : f32",
-            "      %true = arith.constant true",
-            "      %lane = arith.remui %tid, %c32 : index",
-            "      %warp = arith.divui %tid, %c32 : index",
-            "      %t0 = arith.muli %bid, %cwarps : index",
-            "      %t = arith.addi %t0, %warp : index",
-            "      %lead = arith.cmpi eq, %lane, %c0 : index",
-            # t is the same for the whole warp, so the shuffles below see every lane
-            "      %ok = arith.cmpi ult, %t, %T : index",
-            "      scf.if %ok {"]
+    lines += [
+        f"{ind2}%slot = arith.addi %obase, %j : index",
+        f"{ind2}scf.if %lead {{",
+        f"{ind2}  memref.store {win[2]}, %experts[%slot] : memref<?xi32>",
+        f"{ind2}  memref.store {u}, %weights[%slot] : memref<?xf32>",
+        f"{ind2}}}",
+        f"{ind2}%tot2 = arith.addf %tot, {u} : f32",
+        f"{ind2}scf.yield {ntaken}, %tot2 : i32, f32",
+        f"{ind}}}",
+        f"{ind}%nz = arith.cmpf une, %pk#1, %zero : f32",
+        f"{ind}%div = arith.andi %renorm, %nz : i1",
+        f"{ind}scf.if %lead {{",
+        f"{ind}  scf.for %j = %c0 to %k step %c1 {{",
+        f"{ind}    %slot = arith.addi %obase, %j : index",
+        f"{ind}    %w = memref.load %weights[%slot] : memref<?xf32>",
+        f"{ind}    %wq = arith.divf %w, %pk#1 : f32",
+        f"{ind}    %w2 = arith.select %div, %wq, %w : f32",
+        f"{ind}    %w3 = arith.mulf %w2, %scaling : f32",
+        f"{ind}    memref.store %w3, %weights[%slot] : memref<?xf32>",
+        f"{ind}  }}",
+        f"{ind}}}",
+    ]
+    head = [
+        "      %tid = gpu.thread_id x",
+        "      %bid = gpu.block_id x",
+        "      %c0 = arith.constant 0 : index",
+        "      %c1 = arith.constant 1 : index",
+        "      %c31 = arith.constant 31 : index",
+        "      %c32 = arith.constant 32 : index",
+        f"      %cwarps = arith.constant {TOKEN_WARPS} : index",
+        "      %c0_i32 = arith.constant 0 : i32",
+        "      %c1_i32 = arith.constant 1 : i32",
+        "      %c2_i32 = arith.constant 2 : i32",
+        "      %cm1_i32 = arith.constant -1 : i32",
+        "      %c16_i32 = arith.constant 16 : i32",
+        "      %c8_i32 = arith.constant 8 : i32",
+        "      %c4_i32 = arith.constant 4 : i32",
+        "      %c32_i32 = arith.constant 32 : i32",
+        "      %c1_i64 = arith.constant 1 : i64",
+        "      %c0_i64 = arith.constant 0 : i64",
+        "      %allg = arith.constant -1 : i64",
+        "      %zero = arith.constant 0.0 : f32",
+        "      %true = arith.constant true",
+        "      %lane = arith.remui %tid, %c32 : index",
+        "      %warp = arith.divui %tid, %c32 : index",
+        "      %t0 = arith.muli %bid, %cwarps : index",
+        "      %t = arith.addi %t0, %warp : index",
+        "      %lead = arith.cmpi eq, %lane, %c0 : index",
+        # t is the same for the whole warp, so the shuffles below see every lane
+        "      %ok = arith.cmpi ult, %t, %T : index",
+        "      scf.if %ok {",
+    ]
     body = "\n".join(head + lines + ["      }"])
-    return kernel("moe_router_select",
-                  "%scores: memref<?xf32>, %bias: memref<?xf32>, %nbias: index, %T: index, "
-                  "%E: index, %k: index, %G: index, %TG: index, %renorm: i1, %scaling: f32, "
-                  "%weights: memref<?xf32>, %experts: memref<?xi32>", body)
+    return kernel(
+        "moe_router_select",
+        "%scores: memref<?xf32>, %bias: memref<?xf32>, %nbias: index, %T: index, "
+        "%E: index, %k: index, %G: index, %TG: index, %renorm: i1, %scaling: f32, "
+        "%weights: memref<?xf32>, %experts: memref<?xi32>",
+        body,
+    )
 
 
 SIMPLE.append(select_kernel())
@@ -2440,10 +2765,11 @@ SIMPLE.append(f"""    gpu.func @moe_dispatch_rank(%experts: memref<?xi32>, %Tk: 
 
 # Dispatch, step 2 (one block): per expert, exclusive prefix of the chunk counts
 # in chunk order; then the expert offsets.
-SIMPLE.append(kernel(
-    "moe_dispatch_scan",
-    "%cnt: memref<?xi32>, %nchunks: index, %E: index, %offsets: memref<?xi32>",
-    """      %tid = gpu.thread_id x
+SIMPLE.append(
+    kernel(
+        "moe_dispatch_scan",
+        "%cnt: memref<?xi32>, %nchunks: index, %E: index, %offsets: memref<?xi32>",
+        """      %tid = gpu.thread_id x
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c128 = arith.constant 128 : index
@@ -2472,14 +2798,18 @@ SIMPLE.append(kernel(
           scf.yield %acc2 : i32
         }
       }
-"""))
+""",
+    )
+)
 
 # Dispatch, step 3: rows[t, j] and token_ids[row]; rows from offsets[E] on get token 0.
-SIMPLE.append(kernel(
-    "moe_dispatch_place",
-    "%experts: memref<?xi32>, %rank: memref<?xi32>, %cnt: memref<?xi32>, %offsets: memref<?xi32>, "
-    "%Tk: index, %k: index, %E: index, %R: index, %token_ids: memref<?xi32>, %rows: memref<?xi32>",
-    GID + f"""      %z = arith.constant 0 : i32
+SIMPLE.append(
+    kernel(
+        "moe_dispatch_place",
+        "%experts: memref<?xi32>, %rank: memref<?xi32>, %cnt: memref<?xi32>, %offsets: memref<?xi32>, "
+        "%Tk: index, %k: index, %E: index, %R: index, %token_ids: memref<?xi32>, %rows: memref<?xi32>",
+        GID
+        + f"""      %z = arith.constant 0 : i32
       %m1 = arith.constant -1 : i32
       %chunk = arith.constant {DISPATCH_CHUNK} : index
       %in = arith.cmpi ult, %gid, %Tk : index
@@ -2516,12 +2846,16 @@ SIMPLE.append(kernel(
           memref.store %z, %token_ids[%gid] : memref<?xi32>
         }}
       }}
-"""))
+""",
+    )
+)
 
 # out[t, :] = sum_j w[t, j] * src[rows[t, j], :] (w = 1 without weights), f32,
 # j ascending: the combine and the dx reduction, deterministic.
-GATHER_SUM_ARGS = ("%src: memref<?xbf16>, %rows: memref<?xi32>, %w: memref<?xf32>, %has_w: i1, "
-                   "%T: index, %k: index, %d: index, %out: memref<?xbf16>")
+GATHER_SUM_ARGS = (
+    "%src: memref<?xbf16>, %rows: memref<?xi32>, %w: memref<?xf32>, %has_w: i1, "
+    "%T: index, %k: index, %d: index, %out: memref<?xbf16>"
+)
 GATHER_SUM_BODY = """      %tid = gpu.thread_id x
       %t = gpu.block_id x
       %c0 = arith.constant 0 : index
@@ -2576,13 +2910,17 @@ def accumulating_gather_sum(body):
     zero: out's 8 values are loaded before the sum over j and stored back after it."""
     edits = [
         ("      %zv = arith.constant dense<0.0> : vector<8xf32>\n", ""),
-        ("          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %zv)",
-         "          %oi = arith.addi %obase, %col : index\n"
-         "          %held = vector.load %out[%oi] {alignment = 16} : memref<?xbf16>, vector<8xbf16>\n"
-         "          %heldf = arith.extf %held : vector<8xbf16> to vector<8xf32>\n"
-         "          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %heldf)"),
-        ("          %oi = arith.addi %obase, %col : index\n          vector.store",
-         "          vector.store"),
+        (
+            "          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %zv)",
+            "          %oi = arith.addi %obase, %col : index\n"
+            "          %held = vector.load %out[%oi] {alignment = 16} : memref<?xbf16>, vector<8xbf16>\n"
+            "          %heldf = arith.extf %held : vector<8xbf16> to vector<8xf32>\n"
+            "          %acc = scf.for %j = %c0 to %k step %c1 iter_args(%a = %heldf)",
+        ),
+        (
+            "          %oi = arith.addi %obase, %col : index\n          vector.store",
+            "          vector.store",
+        ),
     ]
     for old, new in edits:
         assert body.count(old) == 1, old
@@ -2591,14 +2929,17 @@ def accumulating_gather_sum(body):
 
 
 if ACCUMULATE == "1":
-    SIMPLE.append(kernel("moe_gather_sum_acc", GATHER_SUM_ARGS,
-                         accumulating_gather_sum(GATHER_SUM_BODY)))
+    SIMPLE.append(
+        kernel("moe_gather_sum_acc", GATHER_SUM_ARGS, accumulating_gather_sum(GATHER_SUM_BODY))
+    )
 
 # wrow[rows[t, j]] = weights[t, j]: the routing weight of each expert-ordered row.
-SIMPLE.append(kernel(
-    "moe_scatter_weights",
-    "%weights: memref<?xf32>, %rows: memref<?xi32>, %Tk: index, %wrow: memref<?xf32>",
-    GID + """      %z = arith.constant 0 : i32
+SIMPLE.append(
+    kernel(
+        "moe_scatter_weights",
+        "%weights: memref<?xf32>, %rows: memref<?xi32>, %Tk: index, %wrow: memref<?xf32>",
+        GID
+        + """      %z = arith.constant 0 : i32
       %in = arith.cmpi ult, %gid, %Tk : index
       scf.if %in {
         %r = memref.load %rows[%gid] : memref<?xi32>
@@ -2609,7 +2950,9 @@ SIMPLE.append(kernel(
           memref.store %w, %wrow[%ri] : memref<?xf32>
         }
       }
-"""))
+""",
+    )
+)
 
 # Kernels whose work is one thread's: %first is thread 0 of block 0; %c7 and
 # %cm8 round counts up to a multiple of 8.
@@ -2627,37 +2970,47 @@ FIRST_THREAD = """      %tid = gpu.thread_id x
 
 # One problem of T rows for the grouped kernels (shared expert, router GEMMs):
 # offsets = [0, T].
-SIMPLE.append(kernel(
-    "moe_single_offsets",
-    "%offsets: memref<?xi32>, %T: index",
-    FIRST_THREAD + """      scf.if %first {
+SIMPLE.append(
+    kernel(
+        "moe_single_offsets",
+        "%offsets: memref<?xi32>, %T: index",
+        FIRST_THREAD
+        + """      scf.if %first {
         %ti = arith.index_cast %T : index to i32
         memref.store %z, %offsets[%c0] : memref<?xi32>
         memref.store %ti, %offsets[%c1] : memref<?xi32>
       }
-"""))
+""",
+    )
+)
 
 # offsets[i] = min(i * chunk, T) for i <= S: the router's weight gradient split along its
 # tokens into S slices, run as S "experts" of the varlen-K GEMM.
-SIMPLE.append(kernel(
-    "moe_split_offsets",
-    "%offsets: memref<?xi32>, %T: index, %chunk: index, %S: index",
-    GID + """      %in = arith.cmpi ule, %gid, %S : index
+SIMPLE.append(
+    kernel(
+        "moe_split_offsets",
+        "%offsets: memref<?xi32>, %T: index, %chunk: index, %S: index",
+        GID
+        + """      %in = arith.cmpi ule, %gid, %S : index
       scf.if %in {
         %at = arith.muli %gid, %chunk : index
         %o = arith.minui %at, %T : index
         %oi = arith.index_cast %o : index to i32
         memref.store %oi, %offsets[%gid] : memref<?xi32>
       }
-"""))
+""",
+    )
+)
 
 # dst[r, c] = sum over s < S of src[s, r, c] (f32, in order of s), for c < cdst: the
 # slices of a split weight gradient summed, and the padding columns of src dropped.
-SIMPLE.append(kernel(
-    "moe_sum_splits_bf16",
-    "%src: memref<?xbf16>, %dst: memref<?xbf16>, %R: index, %csrc: index, %cdst: index, "
-    "%S: index",
-    GID + """      %c0 = arith.constant 0 : index
+SIMPLE.append(
+    kernel(
+        "moe_sum_splits_bf16",
+        "%src: memref<?xbf16>, %dst: memref<?xbf16>, %R: index, %csrc: index, %cdst: index, "
+        "%S: index",
+        GID
+        + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %zero = arith.constant 0.0 : f32
       %total = arith.muli %R, %cdst : index
@@ -2679,13 +3032,17 @@ SIMPLE.append(kernel(
         %b = arith.truncf %sum : f32 to bf16
         memref.store %b, %dst[%gid] : memref<?xbf16>
       }
-"""))
+""",
+    )
+)
 
 # d_weights[t, j] = sum over N tiles of the dS partials of its row, in tile order.
-SIMPLE.append(kernel(
-    "moe_dweights",
-    "%dspart: memref<?xf32>, %rows: memref<?xi32>, %Tk: index, %nt: index, %dweights: memref<?xf32>",
-    GID + """      %c0 = arith.constant 0 : index
+SIMPLE.append(
+    kernel(
+        "moe_dweights",
+        "%dspart: memref<?xf32>, %rows: memref<?xi32>, %Tk: index, %nt: index, %dweights: memref<?xf32>",
+        GID
+        + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %z = arith.constant 0 : i32
       %zero = arith.constant 0.0 : f32
@@ -2708,16 +3065,21 @@ SIMPLE.append(kernel(
         }
         memref.store %s, %dweights[%gid] : memref<?xf32>
       }
-"""))
+""",
+    )
+)
 
 # Router backward to the logits, per token (docs/cpu-path.md "Router gradient"):
 # writes dlogits as bf16 [T, E8] for the two GEMMs.
-SIMPLE.append(kernel(
-    "moe_router_grad_logits",
-    "%logits: memref<?xf32>, %experts: memref<?xi32>, %dw: memref<?xf32>, %dlin: memref<?xf32>, "
-    "%has_dlin: i1, %T: index, %E: index, %k: index, %scoring: i32, %renorm: i1, %scaling: f32, "
-    "%dl: memref<?xbf16>, %ldl: index",
-    warp_per_token(GID + """      %c0 = arith.constant 0 : index
+SIMPLE.append(
+    kernel(
+        "moe_router_grad_logits",
+        "%logits: memref<?xf32>, %experts: memref<?xi32>, %dw: memref<?xf32>, %dlin: memref<?xf32>, "
+        "%has_dlin: i1, %T: index, %E: index, %k: index, %scoring: i32, %renorm: i1, %scaling: f32, "
+        "%dl: memref<?xbf16>, %ldl: index",
+        warp_per_token(
+            GID
+            + """      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %z = arith.constant 0 : i32
       %zero = arith.constant 0.0 : f32
@@ -2830,17 +3192,22 @@ SIMPLE.append(kernel(
           memref.store %gb, %dl[%dli] : memref<?xbf16>
         }
       }
-""")))
+"""
+        ),
+    )
+)
 
 # dst[r, c] = src[r, c] for c < ncopy, else 0 (c < cdst): pads the expert dimension of
 # the router's [*, E] matrices to a multiple of 8 columns (16-byte rows for cp.async
 # and vector stores) and takes the padding off again.
 for _ty in ("bf16", "f32"):
-    SIMPLE.append(kernel(
-        f"moe_repack_{_ty}",
-        f"%src: memref<?x{_ty}>, %dst: memref<?x{_ty}>, %R: index, %csrc: index, %cdst: index, "
-        "%ncopy: index",
-        GID + f"""      %zero = arith.constant 0.0 : {_ty}
+    SIMPLE.append(
+        kernel(
+            f"moe_repack_{_ty}",
+            f"%src: memref<?x{_ty}>, %dst: memref<?x{_ty}>, %R: index, %csrc: index, %cdst: index, "
+            "%ncopy: index",
+            GID
+            + f"""      %zero = arith.constant 0.0 : {_ty}
       %total = arith.muli %R, %cdst : index
       %in = arith.cmpi ult, %gid, %total : index
       scf.if %in {{
@@ -2857,17 +3224,21 @@ for _ty in ("bf16", "f32"):
         }}
         memref.store %v, %dst[%gid] : memref<?x{_ty}>
       }}
-"""))
+""",
+        )
+    )
 
 # out = a + b, bf16 with an f32 add (gradient accumulation across uses). A thread takes 8
 # elements: one 16-byte load of each operand and one store (the buffers are 16-byte aligned,
 # the ABI's rule); the last thread's partial group goes element by element. With one
 # element a thread the [T, d] add ran at a quarter of the memory bandwidth (H200: 0.32 ms
 # for mixtral-8x7b's 400 MB).
-SIMPLE.append(kernel(
-    "moe_add",
-    "%a: memref<?xbf16>, %b: memref<?xbf16>, %out: memref<?xbf16>, %N: index",
-    GID + """      %c1 = arith.constant 1 : index
+SIMPLE.append(
+    kernel(
+        "moe_add",
+        "%a: memref<?xbf16>, %b: memref<?xbf16>, %out: memref<?xbf16>, %N: index",
+        GID
+        + """      %c1 = arith.constant 1 : index
       %c8 = arith.constant 8 : index
       %base = arith.muli %gid, %c8 : index
       %end = arith.addi %base, %c8 : index
@@ -2893,7 +3264,9 @@ SIMPLE.append(kernel(
           memref.store %sb, %out[%i] : memref<?xbf16>
         }
       }
-"""))
+""",
+    )
+)
 
 DEVICE_FUNCS = """    // exp(x) = 2^(x log2 e) on the SFU (ex2.approx, ~2 ulp): no libdevice, so the PTX
     // of every format is self-contained.
@@ -2967,7 +3340,9 @@ class Host:
         if rank == 1:
             return mem
         dims = ", ".join(str(i) for i in range(rank))
-        return self.e.op(f"memref.collapse_shape {mem} [[{dims}]] : {ty} into memref<?x{elt}>", "flat")
+        return self.e.op(
+            f"memref.collapse_shape {mem} [[{dims}]] : {ty} into memref<?x{elt}>", "flat"
+        )
 
     def ceil(self, a, b):
         e = self.e
@@ -2989,7 +3364,9 @@ class Host:
         """(buffer, word) of a zeroed tile counter for one launch of a dynamic GEMM."""
         if self.counter_words_used == COUNTER_WORDS:
             buf = self.alloc(self.c(COUNTER_WORDS), "i32")
-            self.tok = self.e.op(f"gpu.memset async [{self.tok}] {buf}, {self.c(0, 'i32')} : memref<?xi32>, i32", "t")
+            self.tok = self.e.op(
+                f"gpu.memset async [{self.tok}] {buf}, {self.c(0, 'i32')} : memref<?xi32>, i32", "t"
+            )
             self.counters.append(buf)
             self.counter_words_used = 0
         self.counter_words_used += 1
@@ -3010,7 +3387,11 @@ class Host:
         elif g.b == "w_k":  # [E][N][K]
             dims, strides, box = [K, N, E], [row, e.mul(N, row)], [64, BN, 1]
         else:  # w_mn_swiglu: [E][K][2][h], gate and up halves of each row
-            dims, strides, box = [N, self.c(2), K, E], [e.mul(N, self.c(2)), row, e.mul(K, row)], [64, 1, 64, 1]
+            dims, strides, box = (
+                [N, self.c(2), K, E],
+                [e.mul(N, self.c(2)), row, e.mul(K, row)],
+                [64, 1, 64, 1],
+            )
         return self.tensor_map(v["bmat"], dims, strides, box)
 
     def out_map(self, v):
@@ -3018,8 +3399,12 @@ class Host:
         apart and experts M N apart (out_base), in 128x64 boxes (MOE_GEMM_TMA_STORE)."""
         e = self.e
         M, N, E = v["dim_m"], v["dim_n"], v["num_experts"]
-        return self.tensor_map(v["cout"], [N, M, E], [e.mul(v["ldc"], self.c(2)), e.mul(e.mul(M, N), self.c(2))],
-                               [64, BM, 1])
+        return self.tensor_map(
+            v["cout"],
+            [N, M, E],
+            [e.mul(v["ldc"], self.c(2)), e.mul(e.mul(M, N), self.c(2))],
+            [64, BM, 1],
+        )
 
     def rows_map(self, mat, rows, cols, ld, box_rows=64):
         """The tensor map of a [rows, cols] bf16 matrix with rows ld elements apart, in
@@ -3054,8 +3439,11 @@ class Host:
         addr = e.op(f"memref.extract_aligned_pointer_as_index {mat} : memref<?xbf16> -> index")
         ptr = e.op(f"llvm.inttoptr {i64(addr)} : i64 to !llvm.ptr")
         args = [ptr, self.c(len(box) - box.count(zero), "i64")] + dims + strides + box
-        return e.op(f"func.call @moeTensorMapDeviceBf16({', '.join(args)}) : "
-                    f"(!llvm.ptr{', i64' * 12}) -> !llvm.ptr", "map")
+        return e.op(
+            f"func.call @moeTensorMapDeviceBf16({', '.join(args)}) : "
+            f"(!llvm.ptr{', i64' * 12}) -> !llvm.ptr",
+            "map",
+        )
 
     def launch_gemm(self, kernel, mtiles, ntiles, gz, args):
         """GEMM kernels take one x index per (M-tile, N-tile) and raster it themselves;
@@ -3076,7 +3464,9 @@ class Host:
         sm = f" dynamic_shared_memory_size {self.c(smem, 'i32')}" if smem else ""
         self.tok = e.op(
             f"gpu.launch_func async [{self.tok}] @moe_kernels::@{kernel} blocks in ({self.grid(gx)}, {self.grid(gy)}, {self.grid(gz)}) "
-            f"threads in ({threads}, {one}, {one}){sm} args({arglist})", "t")
+            f"threads in ({threads}, {one}, {one}){sm} args({arglist})",
+            "t",
+        )
 
     def text(self):
         for buf in self.counters:
@@ -3084,8 +3474,12 @@ class Host:
         self.counters = []
         args = ", ".join(f"%{n}: {t}" for n, t in self.args)
         head = f"  func.func private @__moe_gpu_{self.name}(%token: !gpu.async.token, {args}) -> !gpu.async.token {{"
-        return "\n".join([head] + [l.replace("      ", "    ", 1) for l in self.e.const_lines]
-                         + self.e.lines + [f"    return {self.tok} : !gpu.async.token", "  }"])
+        return "\n".join(
+            [head]
+            + [line.replace("      ", "    ", 1) for line in self.e.const_lines]
+            + self.e.lines
+            + [f"    return {self.tok} : !gpu.async.token", "  }"]
+        )
 
 
 I32V, F32V, BF16V = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
@@ -3100,14 +3494,21 @@ def gemm_args(h, kernel, values):
     if g.tma_b:
         values = dict(values, bmap=h.weight_map(g, values))
     if g.tma_rows_a:
-        values = dict(values, amap=h.rows_map(values["amat"], values["rows"], values["dim_m"], values["lda"]))
+        values = dict(
+            values, amap=h.rows_map(values["amat"], values["rows"], values["dim_m"], values["lda"])
+        )
     if g.tma_rows_b:
-        values = dict(values, browmap=h.rows_map(values["bmat"], values["rows"], values["dim_n"], values["ldb"]))
+        values = dict(
+            values,
+            browmap=h.rows_map(values["bmat"], values["rows"], values["dim_n"], values["ldb"]),
+        )
     if g.tma_store:
         values = dict(values, cmap=h.out_map(values))
     if g.tma_store_rows:
-        values = dict(values, cmap=h.rows_map(values["cout"], values["dim_m"], values["dim_n"],
-                                              values["ldc"], BM))
+        values = dict(
+            values,
+            cmap=h.rows_map(values["cout"], values["dim_m"], values["dim_n"], values["ldc"], BM),
+        )
     if g.dynamic:
         counter, slot = h.tile_counter()
         values = dict(values, tile_counter=counter, counter_slot=slot)
@@ -3119,9 +3520,20 @@ def gemm_args(h, kernel, values):
 
 def repack(h, src, dst, rows, csrc, cdst, ncopy, ty):
     one = h.c(1)
-    h.launch(f"moe_repack_{ty}", h.ceil(h.e.mul(rows, cdst), THREADS), one, one,
-             [(src, f"memref<?x{ty}>"), (dst, f"memref<?x{ty}>"), (rows, IDX), (csrc, IDX),
-              (cdst, IDX), (ncopy, IDX)])
+    h.launch(
+        f"moe_repack_{ty}",
+        h.ceil(h.e.mul(rows, cdst), THREADS),
+        one,
+        one,
+        [
+            (src, f"memref<?x{ty}>"),
+            (dst, f"memref<?x{ty}>"),
+            (rows, IDX),
+            (csrc, IDX),
+            (cdst, IDX),
+            (ncopy, IDX),
+        ],
+    )
 
 
 def padded_copy(h, src, rows, cols, cols8, ty):
@@ -3138,10 +3550,23 @@ def single_offsets(h, T):
 
 
 def host_router():
-    h = Host("router", [("x", M2["bf16"]), ("wr", M2["bf16"]), ("bias", F32V), ("scoring", "i32"),
-                        ("renormalize", "i1"), ("num_groups", IDX), ("topk_groups", IDX),
-                        ("scaling", "f32"), ("round_logits", "i1"), ("weights", M2["f32"]),
-                        ("experts", M2["i32"]), ("logits", M2["f32"])])
+    h = Host(
+        "router",
+        [
+            ("x", M2["bf16"]),
+            ("wr", M2["bf16"]),
+            ("bias", F32V),
+            ("scoring", "i32"),
+            ("renormalize", "i1"),
+            ("num_groups", IDX),
+            ("topk_groups", IDX),
+            ("scaling", "f32"),
+            ("round_logits", "i1"),
+            ("weights", M2["f32"]),
+            ("experts", M2["i32"]),
+            ("logits", M2["f32"]),
+        ],
+    )
     e = h.e
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
@@ -3155,30 +3580,78 @@ def host_router():
     E8 = round8(h, E)
     wrp = padded_copy(h, wrf, d, E, E8, "bf16")
     lp = h.alloc(h.grid(e.mul(T, E8)), "f32")
-    h.launch_gemm("moe_gemm_rows_mn_f32", e.add(h.ceil(T, BM), one), h.ceil(E8, BN), one,
-             gemm_args(h, "moe_gemm_rows_mn_f32", dict(
-                 offsets=offs, num_experts=one, amat=xf, lda=d, bmat=wrp, ldb=E8, dim_m=T,
-                 dim_n=E8, dim_k=d, cout=lp, ldc=E8)))
+    h.launch_gemm(
+        "moe_gemm_rows_mn_f32",
+        e.add(h.ceil(T, BM), one),
+        h.ceil(E8, BN),
+        one,
+        gemm_args(
+            h,
+            "moe_gemm_rows_mn_f32",
+            dict(
+                offsets=offs,
+                num_experts=one,
+                amat=xf,
+                lda=d,
+                bmat=wrp,
+                ldb=E8,
+                dim_m=T,
+                dim_n=E8,
+                dim_k=d,
+                cout=lp,
+                ldc=E8,
+            ),
+        ),
+    )
     repack(h, lp, lf, T, E8, E, E, "f32")
     h.dealloc(lp, "f32")
     h.dealloc(wrp, "bf16")
     scores = h.alloc(e.mul(T, E), "f32")
-    h.launch("moe_router_scores", h.ceil(T, TOKEN_WARPS), one, one,
-             [(lf, F32V), (scores, F32V), (T, IDX), (E, IDX), ("%scoring", "i32"),
-              ("%round_logits", "i1")])
+    h.launch(
+        "moe_router_scores",
+        h.ceil(T, TOKEN_WARPS),
+        one,
+        one,
+        [
+            (lf, F32V),
+            (scores, F32V),
+            (T, IDX),
+            (E, IDX),
+            ("%scoring", "i32"),
+            ("%round_logits", "i1"),
+        ],
+    )
     nb = h.dim("%bias", F32V, 0)
-    h.launch("moe_router_select", h.ceil(T, TOKEN_WARPS), one, one,
-             [(scores, F32V), ("%bias", F32V), (nb, IDX), (T, IDX), (E, IDX), (k, IDX),
-              ("%num_groups", IDX), ("%topk_groups", IDX), ("%renormalize", "i1"),
-              ("%scaling", "f32"), (wf, F32V), (ef, I32V)])
+    h.launch(
+        "moe_router_select",
+        h.ceil(T, TOKEN_WARPS),
+        one,
+        one,
+        [
+            (scores, F32V),
+            ("%bias", F32V),
+            (nb, IDX),
+            (T, IDX),
+            (E, IDX),
+            (k, IDX),
+            ("%num_groups", IDX),
+            ("%topk_groups", IDX),
+            ("%renormalize", "i1"),
+            ("%scaling", "f32"),
+            (wf, F32V),
+            (ef, I32V),
+        ],
+    )
     h.dealloc(scores, "f32")
     h.dealloc(offs, "i32")
     return h.text()
 
 
 def host_dispatch():
-    h = Host("dispatch", [("experts", M2["i32"]), ("token_ids", I32V), ("offsets", I32V),
-                          ("rows", M2["i32"])])
+    h = Host(
+        "dispatch",
+        [("experts", M2["i32"]), ("token_ids", I32V), ("offsets", I32V), ("rows", M2["i32"])],
+    )
     e = h.e
     one = h.c(1)
     T = h.dim("%experts", M2["i32"], 0)
@@ -3190,13 +3663,38 @@ def host_dispatch():
     nchunks = h.ceil(Tk, DISPATCH_CHUNK)
     rank = h.alloc(Tk, "i32")
     cnt = h.alloc(e.mul(h.grid(nchunks), E), "i32")
-    h.launch("moe_dispatch_rank", nchunks, one, one,
-             [(ef, I32V), (Tk, IDX), (E, IDX), (rank, I32V), (cnt, I32V)])
-    h.launch("moe_dispatch_scan", one, one, one,
-             [(cnt, I32V), (nchunks, IDX), (E, IDX), ("%offsets", I32V)])
-    h.launch("moe_dispatch_place", h.ceil(e.op(f"arith.maxui {Tk}, {R} : index"), THREADS), one, one,
-             [(ef, I32V), (rank, I32V), (cnt, I32V), ("%offsets", I32V), (Tk, IDX), (k, IDX),
-              (E, IDX), (R, IDX), ("%token_ids", I32V), (rf, I32V)])
+    h.launch(
+        "moe_dispatch_rank",
+        nchunks,
+        one,
+        one,
+        [(ef, I32V), (Tk, IDX), (E, IDX), (rank, I32V), (cnt, I32V)],
+    )
+    h.launch(
+        "moe_dispatch_scan",
+        one,
+        one,
+        one,
+        [(cnt, I32V), (nchunks, IDX), (E, IDX), ("%offsets", I32V)],
+    )
+    h.launch(
+        "moe_dispatch_place",
+        h.ceil(e.op(f"arith.maxui {Tk}, {R} : index"), THREADS),
+        one,
+        one,
+        [
+            (ef, I32V),
+            (rank, I32V),
+            (cnt, I32V),
+            ("%offsets", I32V),
+            (Tk, IDX),
+            (k, IDX),
+            (E, IDX),
+            (R, IDX),
+            ("%token_ids", I32V),
+            (rf, I32V),
+        ],
+    )
     h.dealloc(rank, "i32")
     h.dealloc(cnt, "i32")
     return h.text()
@@ -3207,22 +3705,57 @@ def ffn_forward(h, x, ids, offs, E, wguf, wdf, yf, hf, M, d, n, up_kernel):
     the up kernel's variant that writes no A); A lives only between the two."""
     e = h.e
     one = h.c(1)
-    values = dict(offsets=offs, num_experts=E, amat=x, lda=d, bmat=wguf, ldb=e.mul(n, h.c(2)),
-                  dim_m=M, dim_n=n, dim_k=d, hout=hf)
+    values = dict(
+        offsets=offs,
+        num_experts=E,
+        amat=x,
+        lda=d,
+        bmat=wguf,
+        ldb=e.mul(n, h.c(2)),
+        dim_m=M,
+        dim_n=n,
+        dim_k=d,
+        hout=hf,
+    )
     if ids:
         values["ids"] = ids
     if yf is None:
-        h.launch_gemm(up_kernel + "_h", e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
-                      gemm_args(h, up_kernel + "_h", values))
+        h.launch_gemm(
+            up_kernel + "_h",
+            e.add(h.ceil(M, BM), E),
+            h.ceil(n, BN // 2),
+            one,
+            gemm_args(h, up_kernel + "_h", values),
+        )
         return
     a = h.alloc(h.grid(e.mul(M, n)), "bf16")
     values["aout"] = a
-    h.launch_gemm(up_kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one,
-             gemm_args(h, up_kernel, values))
-    h.launch_gemm("moe_gemm_rows_mn_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
-             gemm_args(h, "moe_gemm_rows_mn_bf16", dict(
-                 offsets=offs, num_experts=E, amat=a, lda=n, bmat=wdf, ldb=d, dim_m=M,
-                 dim_n=d, dim_k=n, cout=yf, ldc=d)))
+    h.launch_gemm(
+        up_kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN // 2), one, gemm_args(h, up_kernel, values)
+    )
+    h.launch_gemm(
+        "moe_gemm_rows_mn_bf16",
+        e.add(h.ceil(M, BM), E),
+        h.ceil(d, BN),
+        one,
+        gemm_args(
+            h,
+            "moe_gemm_rows_mn_bf16",
+            dict(
+                offsets=offs,
+                num_experts=E,
+                amat=a,
+                lda=n,
+                bmat=wdf,
+                ldb=d,
+                dim_m=M,
+                dim_n=d,
+                dim_k=n,
+                cout=yf,
+                ldc=d,
+            ),
+        ),
+    )
     h.dealloc(a, "bf16")
 
 
@@ -3230,32 +3763,69 @@ def host_expert_ffn(with_y=True):
     """expert_ffn, or without y expert_ffn_h: a recomputation in backward wants only H
     (docs/memory.md)."""
     y = [("y", M2["bf16"])] if with_y else []
-    h = Host("expert_ffn" if with_y else "expert_ffn_h",
-             [("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V), ("wgu", M3),
-              ("wd", M3), ("act", "i32")] + y + [("h", M2["bf16"])])
+    h = Host(
+        "expert_ffn" if with_y else "expert_ffn_h",
+        [
+            ("x", M2["bf16"]),
+            ("token_ids", I32V),
+            ("offsets", I32V),
+            ("wgu", M3),
+            ("wd", M3),
+            ("act", "i32"),
+        ]
+        + y
+        + [("h", M2["bf16"])],
+    )
     d = h.dim("%x", M2["bf16"], 1)
     R = h.dim("%token_ids", I32V, 0)
     E = h.dim("%wd", M3, 0)
     n = h.dim("%wd", M3, 1)
-    ffn_forward(h, h.flat("%x", M2["bf16"]), "%token_ids", "%offsets", E, h.flat("%wgu", M3),
-                h.flat("%wd", M3), h.flat("%y", M2["bf16"]) if with_y else None,
-                h.flat("%h", M2["bf16"]), R, d, n, "moe_gemm_up_gather")
+    ffn_forward(
+        h,
+        h.flat("%x", M2["bf16"]),
+        "%token_ids",
+        "%offsets",
+        E,
+        h.flat("%wgu", M3),
+        h.flat("%wd", M3),
+        h.flat("%y", M2["bf16"]) if with_y else None,
+        h.flat("%h", M2["bf16"]),
+        R,
+        d,
+        n,
+        "moe_gemm_up_gather",
+    )
     return h.text()
 
 
 def host_shared_expert(with_y=True):
     """shared_expert, or without y shared_expert_h (the recomputation of H)."""
     y = [("y", M2["bf16"])] if with_y else []
-    h = Host("shared_expert" if with_y else "shared_expert_h",
-             [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]), ("act", "i32")]
-             + y + [("h", M2["bf16"])])
+    h = Host(
+        "shared_expert" if with_y else "shared_expert_h",
+        [("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]), ("act", "i32")]
+        + y
+        + [("h", M2["bf16"])],
+    )
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
     m = h.dim("%wd", M2["bf16"], 0)
     offs = single_offsets(h, T)
-    ffn_forward(h, h.flat("%x", M2["bf16"]), None, offs, h.c(1), h.flat("%wgu", M2["bf16"]),
-                h.flat("%wd", M2["bf16"]), h.flat("%y", M2["bf16"]) if with_y else None,
-                h.flat("%h", M2["bf16"]), T, d, m, "moe_gemm_up_rows")
+    ffn_forward(
+        h,
+        h.flat("%x", M2["bf16"]),
+        None,
+        offs,
+        h.c(1),
+        h.flat("%wgu", M2["bf16"]),
+        h.flat("%wd", M2["bf16"]),
+        h.flat("%y", M2["bf16"]) if with_y else None,
+        h.flat("%h", M2["bf16"]),
+        T,
+        d,
+        m,
+        "moe_gemm_up_rows",
+    )
     h.dealloc(offs, "i32")
     return h.text()
 
@@ -3263,16 +3833,30 @@ def host_shared_expert(with_y=True):
 def host_combine(accumulate=False):
     """__moe_gpu_combine; accumulate (MOE_GPU_ACCUMULATE): __moe_gpu_combine_acc, which adds
     the combined rows to what out holds."""
-    h = Host("combine_acc" if accumulate else "combine",
-             [("y", M2["bf16"]), ("weights", M2["f32"]), ("rows", M2["i32"]), ("out", M2["bf16"])])
+    h = Host(
+        "combine_acc" if accumulate else "combine",
+        [("y", M2["bf16"]), ("weights", M2["f32"]), ("rows", M2["i32"]), ("out", M2["bf16"])],
+    )
     one = h.c(1)
     T = h.dim("%weights", M2["f32"], 0)
     k = h.dim("%weights", M2["f32"], 1)
     d = h.dim("%y", M2["bf16"], 1)
-    h.launch("moe_gather_sum_acc" if accumulate else "moe_gather_sum", T, one, one,
-             [(h.flat("%y", M2["bf16"]), BF16V), (h.flat("%rows", M2["i32"]), I32V),
-              (h.flat("%weights", M2["f32"]), F32V), (h.c(1, "i1"), "i1"), (T, IDX), (k, IDX),
-              (d, IDX), (h.flat("%out", M2["bf16"]), BF16V)])
+    h.launch(
+        "moe_gather_sum_acc" if accumulate else "moe_gather_sum",
+        T,
+        one,
+        one,
+        [
+            (h.flat("%y", M2["bf16"]), BF16V),
+            (h.flat("%rows", M2["i32"]), I32V),
+            (h.flat("%weights", M2["f32"]), F32V),
+            (h.c(1, "i1"), "i1"),
+            (T, IDX),
+            (k, IDX),
+            (d, IDX),
+            (h.flat("%out", M2["bf16"]), BF16V),
+        ],
+    )
     return h.text()
 
 
@@ -3283,12 +3867,18 @@ def launch_wgrad(h, gathered, queue_arg, queue, values):
     kernel = gathered if queue else "moe_gemm_wgrad_rows"
     if queue:
         values = dict(values, **{queue_arg: queue})
-    h.launch_gemm(kernel, h.ceil(values["dim_m"], BM), h.ceil(values["dim_n"], BN),
-                  values["num_experts"], gemm_args(h, kernel, values))
+    h.launch_gemm(
+        kernel,
+        h.ceil(values["dim_m"], BM),
+        h.ceil(values["dim_n"], BN),
+        values["num_experts"],
+        gemm_args(h, kernel, values),
+    )
 
 
-def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dwguf, dwdf,
-                 dspart, nt, experts):
+def ffn_backward(
+    h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dwguf, dwdf, dspart, nt, experts
+):
     """dA (+ dSwiGLU, dS), dX_e, dW_down, dW_gate_up of one grouped FFN."""
     e = h.e
     one = h.c(1)
@@ -3296,24 +3886,89 @@ def ffn_backward(h, x, dout, ids, offs, E, wguf, wdf, hf, wrow, M, d, n, dxe, dw
     dh = h.alloc(e.mul(M, two_n), "bf16")
     wa = h.alloc(h.grid(e.mul(M, n)), "bf16")
     kernel = "moe_gemm_dact_gather" if experts else "moe_gemm_dact_rows"
-    values = dict(offsets=offs, num_experts=E, amat=dout, lda=d, bmat=wdf, ldb=d, dim_m=M,
-                  dim_n=n, dim_k=d, hsaved=hf, dh=dh, wa=wa)
+    values = dict(
+        offsets=offs,
+        num_experts=E,
+        amat=dout,
+        lda=d,
+        bmat=wdf,
+        ldb=d,
+        dim_m=M,
+        dim_n=n,
+        dim_k=d,
+        hsaved=hf,
+        dh=dh,
+        wa=wa,
+    )
     if experts:
         values.update(ids=ids, wrow=wrow, dspart=dspart, num_ntiles=nt)
     h.launch_gemm(kernel, e.add(h.ceil(M, BM), E), h.ceil(n, BN), one, gemm_args(h, kernel, values))
-    h.launch_gemm("moe_gemm_rows_k_bf16", e.add(h.ceil(M, BM), E), h.ceil(d, BN), one,
-             gemm_args(h, "moe_gemm_rows_k_bf16", dict(
-                 offsets=offs, num_experts=E, amat=dh, lda=two_n, bmat=wguf, ldb=two_n,
-                 dim_m=M, dim_n=d, dim_k=two_n, cout=dxe, ldc=d)))
+    h.launch_gemm(
+        "moe_gemm_rows_k_bf16",
+        e.add(h.ceil(M, BM), E),
+        h.ceil(d, BN),
+        one,
+        gemm_args(
+            h,
+            "moe_gemm_rows_k_bf16",
+            dict(
+                offsets=offs,
+                num_experts=E,
+                amat=dh,
+                lda=two_n,
+                bmat=wguf,
+                ldb=two_n,
+                dim_m=M,
+                dim_n=d,
+                dim_k=two_n,
+                cout=dxe,
+                ldc=d,
+            ),
+        ),
+    )
     queue = ids if experts else None
     # dW_down = (w A)^T dOut[q]: the token rows are B; dW_gate_up = x[q]^T dH: they are A
     # (rows: of w A and dH, for MOE_GEMM_ROWS_TMA's maps)
-    launch_wgrad(h, "moe_gemm_wgrad_gather", "bids", queue, dict(
-        offsets=offs, num_experts=E, amat=wa, lda=n, bmat=dout, ldb=d, dim_m=n, dim_n=d,
-        dim_k=h.c(0), cout=dwdf, ldc=d, rows=M))
-    launch_wgrad(h, "moe_gemm_wgrad_gather_a", "ids", queue, dict(
-        offsets=offs, num_experts=E, amat=x, lda=d, bmat=dh, ldb=two_n, dim_m=d, dim_n=two_n,
-        dim_k=h.c(0), cout=dwguf, ldc=two_n, rows=M))
+    launch_wgrad(
+        h,
+        "moe_gemm_wgrad_gather",
+        "bids",
+        queue,
+        dict(
+            offsets=offs,
+            num_experts=E,
+            amat=wa,
+            lda=n,
+            bmat=dout,
+            ldb=d,
+            dim_m=n,
+            dim_n=d,
+            dim_k=h.c(0),
+            cout=dwdf,
+            ldc=d,
+            rows=M,
+        ),
+    )
+    launch_wgrad(
+        h,
+        "moe_gemm_wgrad_gather_a",
+        "ids",
+        queue,
+        dict(
+            offsets=offs,
+            num_experts=E,
+            amat=x,
+            lda=d,
+            bmat=dh,
+            ldb=two_n,
+            dim_m=d,
+            dim_n=two_n,
+            dim_k=h.c(0),
+            cout=dwguf,
+            ldc=two_n,
+            rows=M,
+        ),
+    )
     h.dealloc(dh, "bf16")
     h.dealloc(wa, "bf16")
 
@@ -3326,10 +3981,25 @@ def round8(h, v):
 def host_expert_combine_grad(accumulate=False):
     """__moe_gpu_expert_combine_grad; accumulate (MOE_GPU_ACCUMULATE):
     __moe_gpu_expert_combine_grad_acc, which adds the experts' dx to what dx holds."""
-    h = Host("expert_combine_grad_acc" if accumulate else "expert_combine_grad", [
-        ("x", M2["bf16"]), ("token_ids", I32V), ("offsets", I32V), ("rows", M2["i32"]),
-        ("weights", M2["f32"]), ("wgu", M3), ("wd", M3), ("h", M2["bf16"]), ("dout", M2["bf16"]),
-        ("act", "i32"), ("dx", M2["bf16"]), ("d_weights", M2["f32"]), ("d_wgu", M3), ("d_wd", M3)])
+    h = Host(
+        "expert_combine_grad_acc" if accumulate else "expert_combine_grad",
+        [
+            ("x", M2["bf16"]),
+            ("token_ids", I32V),
+            ("offsets", I32V),
+            ("rows", M2["i32"]),
+            ("weights", M2["f32"]),
+            ("wgu", M3),
+            ("wd", M3),
+            ("h", M2["bf16"]),
+            ("dout", M2["bf16"]),
+            ("act", "i32"),
+            ("dx", M2["bf16"]),
+            ("d_weights", M2["f32"]),
+            ("d_wgu", M3),
+            ("d_wd", M3),
+        ],
+    )
     e = h.e
     one = h.c(1)
     T = h.dim("%x", M2["bf16"], 0)
@@ -3341,40 +4011,111 @@ def host_expert_combine_grad(accumulate=False):
     n = h.dim("%wd", M3, 1)
     rowsf, wf = h.flat("%rows", M2["i32"]), h.flat("%weights", M2["f32"])
     wrow = h.alloc(h.grid(R), "f32")
-    h.launch("moe_scatter_weights", h.ceil(Tk, THREADS), one, one,
-             [(wf, F32V), (rowsf, I32V), (Tk, IDX), (wrow, F32V)])
+    h.launch(
+        "moe_scatter_weights",
+        h.ceil(Tk, THREADS),
+        one,
+        one,
+        [(wf, F32V), (rowsf, I32V), (Tk, IDX), (wrow, F32V)],
+    )
     nt = h.ceil(n, BN)
     dspart = h.alloc(h.grid(e.mul(R, nt)), "f32")
     dxe = h.alloc(e.mul(R, d), "bf16")
-    ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dout", M2["bf16"]), "%token_ids",
-                 "%offsets", E, h.flat("%wgu", M3), h.flat("%wd", M3),
-                 h.flat("%h", M2["bf16"]), wrow, R, d, n, dxe, h.flat("%d_wgu", M3),
-                 h.flat("%d_wd", M3), dspart, nt, True)
-    h.launch("moe_dweights", h.ceil(Tk, THREADS), one, one,
-             [(dspart, F32V), (rowsf, I32V), (Tk, IDX), (nt, IDX),
-              (h.flat("%d_weights", M2["f32"]), F32V)])
-    h.launch("moe_gather_sum_acc" if accumulate else "moe_gather_sum", T, one, one,
-             [(dxe, BF16V), (rowsf, I32V), (wrow, F32V), (h.c(0, "i1"), "i1"), (T, IDX),
-              (k, IDX), (d, IDX), (h.flat("%dx", M2["bf16"]), BF16V)])
+    ffn_backward(
+        h,
+        h.flat("%x", M2["bf16"]),
+        h.flat("%dout", M2["bf16"]),
+        "%token_ids",
+        "%offsets",
+        E,
+        h.flat("%wgu", M3),
+        h.flat("%wd", M3),
+        h.flat("%h", M2["bf16"]),
+        wrow,
+        R,
+        d,
+        n,
+        dxe,
+        h.flat("%d_wgu", M3),
+        h.flat("%d_wd", M3),
+        dspart,
+        nt,
+        True,
+    )
+    h.launch(
+        "moe_dweights",
+        h.ceil(Tk, THREADS),
+        one,
+        one,
+        [
+            (dspart, F32V),
+            (rowsf, I32V),
+            (Tk, IDX),
+            (nt, IDX),
+            (h.flat("%d_weights", M2["f32"]), F32V),
+        ],
+    )
+    h.launch(
+        "moe_gather_sum_acc" if accumulate else "moe_gather_sum",
+        T,
+        one,
+        one,
+        [
+            (dxe, BF16V),
+            (rowsf, I32V),
+            (wrow, F32V),
+            (h.c(0, "i1"), "i1"),
+            (T, IDX),
+            (k, IDX),
+            (d, IDX),
+            (h.flat("%dx", M2["bf16"]), BF16V),
+        ],
+    )
     for buf, ty in ((dxe, "bf16"), (dspart, "f32"), (wrow, "f32")):
         h.dealloc(buf, ty)
     return h.text()
 
 
 def host_shared_expert_grad():
-    h = Host("shared_expert_grad", [
-        ("x", M2["bf16"]), ("wgu", M2["bf16"]), ("wd", M2["bf16"]), ("h", M2["bf16"]),
-        ("dy", M2["bf16"]), ("act", "i32"), ("dx", M2["bf16"]), ("d_wgu", M2["bf16"]),
-        ("d_wd", M2["bf16"])])
-    e = h.e
+    h = Host(
+        "shared_expert_grad",
+        [
+            ("x", M2["bf16"]),
+            ("wgu", M2["bf16"]),
+            ("wd", M2["bf16"]),
+            ("h", M2["bf16"]),
+            ("dy", M2["bf16"]),
+            ("act", "i32"),
+            ("dx", M2["bf16"]),
+            ("d_wgu", M2["bf16"]),
+            ("d_wd", M2["bf16"]),
+        ],
+    )
     T = h.dim("%x", M2["bf16"], 0)
     d = h.dim("%x", M2["bf16"], 1)
     m = h.dim("%wd", M2["bf16"], 0)
     offs = single_offsets(h, T)
-    ffn_backward(h, h.flat("%x", M2["bf16"]), h.flat("%dy", M2["bf16"]), None, offs,
-                 h.c(1), h.flat("%wgu", M2["bf16"]), h.flat("%wd", M2["bf16"]),
-                 h.flat("%h", M2["bf16"]), None, T, d, m, h.flat("%dx", M2["bf16"]),
-                 h.flat("%d_wgu", M2["bf16"]), h.flat("%d_wd", M2["bf16"]), None, None, False)
+    ffn_backward(
+        h,
+        h.flat("%x", M2["bf16"]),
+        h.flat("%dy", M2["bf16"]),
+        None,
+        offs,
+        h.c(1),
+        h.flat("%wgu", M2["bf16"]),
+        h.flat("%wd", M2["bf16"]),
+        h.flat("%h", M2["bf16"]),
+        None,
+        T,
+        d,
+        m,
+        h.flat("%dx", M2["bf16"]),
+        h.flat("%d_wgu", M2["bf16"]),
+        h.flat("%d_wd", M2["bf16"]),
+        None,
+        None,
+        False,
+    )
     h.dealloc(offs, "i32")
     return h.text()
 
@@ -3382,10 +4123,22 @@ def host_shared_expert_grad():
 def host_router_grad(accumulate=False):
     """__moe_gpu_router_grad; accumulate (MOE_GPU_ACCUMULATE): __moe_gpu_router_grad_acc,
     which adds dx's part to what dx holds."""
-    h = Host("router_grad_acc" if accumulate else "router_grad", [
-        ("x", M2["bf16"]), ("wr", M2["bf16"]), ("logits", M2["f32"]), ("experts", M2["i32"]),
-        ("d_weights", M2["f32"]), ("d_logits", M2["f32"]), ("scoring", "i32"),
-        ("renormalize", "i1"), ("scaling", "f32"), ("dx", M2["bf16"]), ("d_wr", M2["bf16"])])
+    h = Host(
+        "router_grad_acc" if accumulate else "router_grad",
+        [
+            ("x", M2["bf16"]),
+            ("wr", M2["bf16"]),
+            ("logits", M2["f32"]),
+            ("experts", M2["i32"]),
+            ("d_weights", M2["f32"]),
+            ("d_logits", M2["f32"]),
+            ("scoring", "i32"),
+            ("renormalize", "i1"),
+            ("scaling", "f32"),
+            ("dx", M2["bf16"]),
+            ("d_wr", M2["bf16"]),
+        ],
+    )
     e = h.e
     one = h.c(1)
     T = h.dim("%x", M2["bf16"], 0)
@@ -3395,19 +4148,54 @@ def host_router_grad(accumulate=False):
     E8 = round8(h, E)
     dl = h.alloc(h.grid(e.mul(T, E8)), "bf16")
     has = e.cmp("ugt", h.dim("%d_logits", M2["f32"], 0), h.c(0))
-    h.launch("moe_router_grad_logits", h.ceil(T, TOKEN_WARPS), one, one,
-             [(h.flat("%logits", M2["f32"]), F32V), (h.flat("%experts", M2["i32"]), I32V),
-              (h.flat("%d_weights", M2["f32"]), F32V), (h.flat("%d_logits", M2["f32"]), F32V),
-              (has, "i1"), (T, IDX), (E, IDX), (k, IDX), ("%scoring", "i32"),
-              ("%renormalize", "i1"), ("%scaling", "f32"), (dl, BF16V), (E8, IDX)])
+    h.launch(
+        "moe_router_grad_logits",
+        h.ceil(T, TOKEN_WARPS),
+        one,
+        one,
+        [
+            (h.flat("%logits", M2["f32"]), F32V),
+            (h.flat("%experts", M2["i32"]), I32V),
+            (h.flat("%d_weights", M2["f32"]), F32V),
+            (h.flat("%d_logits", M2["f32"]), F32V),
+            (has, "i1"),
+            (T, IDX),
+            (E, IDX),
+            (k, IDX),
+            ("%scoring", "i32"),
+            ("%renormalize", "i1"),
+            ("%scaling", "f32"),
+            (dl, BF16V),
+            (E8, IDX),
+        ],
+    )
     offs = single_offsets(h, T)
     xf = h.flat("%x", M2["bf16"])
     wrp = padded_copy(h, h.flat("%wr", M2["bf16"]), d, E, E8, "bf16")
     dx_gemm = "moe_gemm_rows_k_bf16_acc" if accumulate else "moe_gemm_rows_k_bf16"
-    h.launch_gemm(dx_gemm, e.add(h.ceil(T, BM), one), h.ceil(d, BN), one,
-             gemm_args(h, dx_gemm, dict(
-                 offsets=offs, num_experts=one, amat=dl, lda=E8, bmat=wrp, ldb=E8, dim_m=T,
-                 dim_n=d, dim_k=E, cout=h.flat("%dx", M2["bf16"]), ldc=d)))
+    h.launch_gemm(
+        dx_gemm,
+        e.add(h.ceil(T, BM), one),
+        h.ceil(d, BN),
+        one,
+        gemm_args(
+            h,
+            dx_gemm,
+            dict(
+                offsets=offs,
+                num_experts=one,
+                amat=dl,
+                lda=E8,
+                bmat=wrp,
+                ldb=E8,
+                dim_m=T,
+                dim_n=d,
+                dim_k=E,
+                cout=h.flat("%dx", M2["bf16"]),
+                ldc=d,
+            ),
+        ),
+    )
     # dW_r = x^T dlogits, [d, E8]: K = T tokens, but only ceil(d / 128) output tiles, so
     # the tokens are split into S slices (S tiles a 128 rows of d, at most NUM_CTAS tiles
     # in all, at least ROUTER_SPLIT_TOKENS tokens a slice), each slice's [d, E8] written
@@ -3416,17 +4204,48 @@ def host_router_grad(accumulate=False):
     S = e.maxs(one, e.minu(e.div(h.c(NUM_CTAS), h.ceil(d, BM)), e.div(T, h.c(ROUTER_SPLIT_TOKENS))))
     chunk = e.mul(h.ceil(e.div(e.add(T, e.sub(S, one)), S), BK), h.c(BK))
     soffs = h.alloc(e.add(S, one), "i32")
-    h.launch("moe_split_offsets", h.ceil(e.add(S, one), THREADS), one, one,
-             [(soffs, I32V), (T, IDX), (chunk, IDX), (S, IDX)])
+    h.launch(
+        "moe_split_offsets",
+        h.ceil(e.add(S, one), THREADS),
+        one,
+        one,
+        [(soffs, I32V), (T, IDX), (chunk, IDX), (S, IDX)],
+    )
     dwrp = h.alloc(e.mul(S, e.mul(d, E8)), "bf16")
-    launch_wgrad(h, None, None, None, dict(
-        offsets=soffs, num_experts=S, amat=xf, lda=d, bmat=dl, ldb=E8, dim_m=d, dim_n=E8,
-        dim_k=h.c(0), cout=dwrp, ldc=E8))
-    h.launch("moe_sum_splits_bf16", h.ceil(e.mul(d, E), THREADS), one, one,
-             [(dwrp, BF16V), (h.flat("%d_wr", M2["bf16"]), BF16V), (d, IDX), (E8, IDX), (E, IDX),
-              (S, IDX)])
-    for buf, ty in ((dl, "bf16"), (offs, "i32"), (soffs, "i32"), (wrp, "bf16"),
-                    (dwrp, "bf16")):
+    launch_wgrad(
+        h,
+        None,
+        None,
+        None,
+        dict(
+            offsets=soffs,
+            num_experts=S,
+            amat=xf,
+            lda=d,
+            bmat=dl,
+            ldb=E8,
+            dim_m=d,
+            dim_n=E8,
+            dim_k=h.c(0),
+            cout=dwrp,
+            ldc=E8,
+        ),
+    )
+    h.launch(
+        "moe_sum_splits_bf16",
+        h.ceil(e.mul(d, E), THREADS),
+        one,
+        one,
+        [
+            (dwrp, BF16V),
+            (h.flat("%d_wr", M2["bf16"]), BF16V),
+            (d, IDX),
+            (E8, IDX),
+            (E, IDX),
+            (S, IDX),
+        ],
+    )
+    for buf, ty in ((dl, "bf16"), (offs, "i32"), (soffs, "i32"), (wrp, "bf16"), (dwrp, "bf16")):
         h.dealloc(buf, ty)
     return h.text()
 
@@ -3435,8 +4254,13 @@ def host_add():
     h = Host("add", [("a", BF16V), ("b", BF16V), ("out", BF16V)])
     one = h.c(1)
     N = h.dim("%a", BF16V, 0)
-    h.launch("moe_add", h.ceil(h.ceil(N, 8), THREADS), one, one,
-             [("%a", BF16V), ("%b", BF16V), ("%out", BF16V), (N, IDX)])
+    h.launch(
+        "moe_add",
+        h.ceil(h.ceil(N, 8), THREADS),
+        one,
+        one,
+        [("%a", BF16V), ("%b", BF16V), ("%out", BF16V), (N, IDX)],
+    )
     return h.text()
 
 
@@ -3447,7 +4271,9 @@ def host_add():
 # kernel's CTAs are placed on the SMs the current one's last wave frees, and start the moment
 # it completes, instead of after the launch that follows its completion.
 PDL = setting("MOE_GPU_PDL", "0", ("0", "1"))
-PDL_MARKER = "llvm.mlir.global external constant @__moe_griddepcontrol(1 : i32) {addr_space = 4 : i32} : i32"
+PDL_MARKER = (
+    "llvm.mlir.global external constant @__moe_griddepcontrol(1 : i32) {addr_space = 4 : i32} : i32"
+)
 # the line that opens a kernel's body (the last of its gpu.func head)
 KERNEL_HEAD = re.compile(r"\bkernel attributes \{.*\} \{$")
 
@@ -3466,10 +4292,12 @@ def with_dependent_launch(module_lines):
 
 
 def main():
-    out = ["// GENERATED by gen_gpu_library.py; do not edit. The sm_90a kernels and host functions",
-           "// of the GPU path (docs/gpu-path.md).",
-           "module attributes {gpu.container_module} {",
-           "  gpu.module @moe_kernels {"]
+    out = [
+        "// GENERATED by gen_gpu_library.py; do not edit. The sm_90a kernels and host functions",
+        "// of the GPU path (docs/gpu-path.md).",
+        "module attributes {gpu.container_module} {",
+        "  gpu.module @moe_kernels {",
+    ]
     kernels = [gen_gemm(g) for g in GEMMS] + SIMPLE
     if PDL == "1":
         out += ["    " + PDL_MARKER] + with_dependent_launch(kernels)
@@ -3478,12 +4306,22 @@ def main():
     out.append(DEVICE_FUNCS)
     out.append("  }")
     # libmoe_runtime (runtime/include/moe/Runtime/Runtime.h)
-    out.append("  func.func private @moeTensorMapDeviceBf16(!llvm.ptr" + ", i64" * 12
-               + ") -> !llvm.ptr")
-    for fn in (host_router, host_dispatch, host_expert_ffn,
-               lambda: host_expert_ffn(with_y=False), host_combine, host_shared_expert,
-               lambda: host_shared_expert(with_y=False), host_expert_combine_grad,
-               host_shared_expert_grad, host_router_grad, host_add):
+    out.append(
+        "  func.func private @moeTensorMapDeviceBf16(!llvm.ptr" + ", i64" * 12 + ") -> !llvm.ptr"
+    )
+    for fn in (
+        host_router,
+        host_dispatch,
+        host_expert_ffn,
+        lambda: host_expert_ffn(with_y=False),
+        host_combine,
+        host_shared_expert,
+        lambda: host_shared_expert(with_y=False),
+        host_expert_combine_grad,
+        host_shared_expert_grad,
+        host_router_grad,
+        host_add,
+    ):
         out.append(fn())
     if ACCUMULATE == "1":
         for fn in (host_combine, host_expert_combine_grad, host_router_grad):

@@ -1,5 +1,5 @@
 // The dynamic shared memory of lowered kernels becomes one external array
-// aligned to 1024 bytes (CODEGEN.md P6); other shared globals are kept.
+// aligned to 1024 bytes (docs/gpu-kernels.md, pitfall P6); other shared globals are kept.
 // RUN: moe-opt %s --split-input-file --pass-pipeline='builtin.module(gpu.module(moe-align-dynamic-shared-memory))' | FileCheck %s
 // RUN: moe-opt %s --split-input-file --pass-pipeline='builtin.module(gpu.module(moe-align-dynamic-shared-memory{alignment=128}))' | FileCheck %s --check-prefix=ALIGN128
 // RUN: not moe-opt %s --split-input-file --pass-pipeline='builtin.module(gpu.module(moe-align-dynamic-shared-memory{alignment=48}))' 2>&1 | FileCheck %s --check-prefix=BAD

@@ -1,5 +1,5 @@
 // The NVVM pipeline turns the golden TMA + mbarrier + wgmma kernel into PTX for
-// sm_90a with what must be there (CODEGEN.md §3).
+// sm_90a with what must be there (docs/gpu-kernels.md §6.1).
 // RUN: moe-opt %S/Inputs/gemm-tile-sm90a.mlir --moe-lower-to-nvvm-pipeline > %t.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
 // RUN: FileCheck %s --input-file=%t.moe_kernels.ptx

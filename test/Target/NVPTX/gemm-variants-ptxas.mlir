@@ -1,4 +1,4 @@
-// The generator's GEMM variants that docs/perf.md times beside the default
+// The generator's GEMM variants that docs/gpu-kernels.md times beside the default
 // (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised, here
 // with MOE_GEMM_BULK_STORE=0, C out by 16-byte stores from every consumer thread;
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'

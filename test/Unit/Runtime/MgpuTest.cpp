@@ -21,8 +21,8 @@ namespace {
 using RuntimeMgpuNoDriver = NoDriverTest;
 using RuntimeMgpuFake = FakeDriverTest;
 
-// The exact LLVM 22.1 signatures of CODEGEN.md section 7.2: a mismatch here
-// is a compile error.
+// The exact LLVM 22.1 signatures of docs/gpu-kernels.md section 6.8: a mismatch
+// here is a compile error.
 static_assert(
     std::is_same_v<decltype(&mgpuModuleLoad), void *(*)(void *, uint64_t)>);
 static_assert(

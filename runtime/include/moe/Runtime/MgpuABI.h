@@ -1,7 +1,7 @@
 /*===- MgpuABI.h - The mgpu* functions that gpu-to-llvm calls -----*- C -*-===*\
 |*                                                                            *|
 |* The host ABI that MLIR 22.1's gpu-to-llvm emits calls to, with the exact   *|
-|* signatures of ../shared/CODEGEN.md section 7.2 (LLVM IR types in the       *|
+|* signatures of docs/gpu-kernels.md section 6.8 (LLVM IR types in the        *|
 |* comments). Re-check them with mlir-translate on every LLVM bump.           *|
 |*                                                                            *|
 |* These functions return void or a pointer, so failures are recorded as the *|

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Reads `ptxas -v` output on stdin and fails on what costs speed silently
-(CODEGEN.md P13): spills, a local-memory stack, the serialisation and
+(docs/gpu-kernels.md section 6.6): spills, a local-memory stack, the serialisation and
 register warnings C7515, C7520 and C7508, and C7519 / C7517 (a warpgroup.arrive
 or wait that ptxas injected around a wgmma, as it did for wgmma under a branch
 inside a k-loop: each one then waited for the one before; `--allow CODE` for a
 kernel that has them and is not timed). Echoes the input so FileCheck can read
 the register counts after it."""
+
 import re
 import sys
 

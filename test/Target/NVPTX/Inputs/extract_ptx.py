@@ -7,6 +7,7 @@ gpu-module-to-binary stores the object as an MLIR string attribute
 (`assembly = "..."` for format=isa, `bin = "..."` for format=bin) with \\XX hex
 escapes; this undoes them.
 """
+
 import re
 import sys
 
@@ -30,7 +31,7 @@ def unescape(text: str) -> bytes:
                 out.append(9)
                 i += 2
                 continue
-            out.append(int(text[i + 1:i + 3], 16))
+            out.append(int(text[i + 1 : i + 3], 16))
             i += 3
             continue
         out.extend(ch.encode())
@@ -42,8 +43,8 @@ def main() -> int:
     source, prefix = sys.argv[1], sys.argv[2]
     text = open(source).read()
     found = 0
-    for binary in re.finditer(r'gpu\.binary @(\w+)', text):
-        tail = text[binary.end():]
+    for binary in re.finditer(r"gpu\.binary @(\w+)", text):
+        tail = text[binary.end() :]
         match = re.search(r'\b(assembly|bin) = "((?:[^"\\]|\\.)*)"', tail)
         if not match:
             continue

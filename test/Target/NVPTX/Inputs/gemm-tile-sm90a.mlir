@@ -1,6 +1,6 @@
 // One warpgroup: a 128x64 f16 A tile and two 64x64 B boxes loaded by TMA into
-// 128B-swizzled shared memory, one mbarrier, a 128x128x64 wgmma (CODEGEN.md
-// §3). The golden kernel of the NVVM pipeline: what it must compile to, and
+// 128B-swizzled shared memory, one mbarrier, a 128x128x64 wgmma
+// (docs/gpu-kernels.md §6.1). The golden kernel of the NVVM pipeline: what it must compile to, and
 // the first kernel run on the H200 through the runtime.
 !mbar = !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>, num_barriers = 1>
 !tmaA = !nvgpu.tensormap.descriptor<tensor = memref<128x64xf16, 3>, swizzle = swizzle_128b, l2promo = none, oob = zero, interleave = none>

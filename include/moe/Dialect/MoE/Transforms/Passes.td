@@ -145,7 +145,7 @@ def MoEPlanActivations : Pass<"moe-plan-activations", "::mlir::func::FuncOp"> {
            "Whether policy=auto may offload">,
     Option<"gpuTflops", "gpu-tflops", "double", /*default=*/"780.0",
            "GPU rate that turns recompute FLOPs into time (TFLOP/s; "
-           "BENCH.md's measured bf16 ceiling on the H200)">,
+           "the bf16 ceiling measured on the H200, docs/benchmarks.md)">,
     Option<"hostGbps", "host-gbps", "double", /*default=*/"55.0",
            "Host-link bandwidth of each copy direction (GB/s; measured on "
            "the H200, PCIe 5.0 x16, pinned 1 GiB copies: 55.4 GB/s)">,

@@ -50,9 +50,10 @@ std::string mlir::moe::findPtxas() {
 
 namespace {
 
-/// The kernel half of the NVVM lowering (CODEGEN.md section 3): attach the
-/// target, nvgpu and gpu to NVVM, then 1024-aligned dynamic shared memory
-/// (CODEGEN.md P6). Bare pointers need kernels on statically shaped memrefs.
+/// The kernel half of the NVVM lowering (docs/gpu-kernels.md section 6.1):
+/// attach the target, nvgpu and gpu to NVVM, then 1024-aligned dynamic shared
+/// memory (docs/gpu-kernels.md, pitfall P6). Bare pointers need kernels on
+/// statically shaped memrefs.
 void addKernelLowering(OpPassManager &pm, StringRef chip, StringRef features,
                        unsigned optLevel, bool barePointers) {
   GpuNVVMAttachTargetOptions target;
@@ -75,7 +76,8 @@ void addKernelLowering(OpPassManager &pm, StringRef chip, StringRef features,
   kernels.addPass(createReconcileUnrealizedCastsPass());
 }
 
-/// The PTX ISA version sm_90a needs (CODEGEN.md P2: lower versions abort).
+/// The PTX ISA version sm_90a needs (docs/gpu-kernels.md, pitfall P2: lower
+/// versions abort).
 constexpr llvm::StringLiteral kSM90aFeatures = "+ptx80";
 
 } // namespace
@@ -89,15 +91,9 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
       *error = message.str();
     return failure();
   };
-  pm.addPass(createMoEDecompose());
-  pm.addPass(createCanonicalizerPass());
-  if (options.chip.empty()) {
-    pm.addPass(createCSEPass());
-    return success();
-  }
-
-  // Checked here because gpu-module-to-binary reports a bad format late, and
-  // format=offload not at all (CODEGEN.md P3).
+  // Every option is checked, whether or not chip makes it matter. Checked
+  // here because gpu-module-to-binary reports a bad format late, and
+  // format=offload not at all (docs/gpu-kernels.md, pitfall P3).
   StringRef format = options.format;
   if (format != "bin" && format != "isa" && format != "fatbin")
     return fail("moe-training-pipeline: unknown format '" + format +
@@ -135,6 +131,13 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   if (!(options.gpuTflops > 0.0) || !(options.hostGbps > 0.0))
     return fail("moe-training-pipeline: gpu-tflops and host-gbps must be "
                 "positive");
+
+  pm.addPass(createMoEDecompose());
+  pm.addPass(createCanonicalizerPass());
+  if (options.chip.empty()) {
+    pm.addPass(createCSEPass());
+    return success();
+  }
   // Silent unless the user asked for a plan: a remark then shows its bytes.
   MoEPlanActivationsOptions plan;
   plan.memoryBudget = options.memoryBudget;

@@ -64,6 +64,9 @@ std::optional<uint64_t> mlir::moe::parseMemorySize(llvm::StringRef text,
     numerator = numerator * 10 + (digit - '0');
     denominator *= 10;
   }
+  // numerator < 10^32 and scale <= 2^40 could pass 2^128: compare first.
+  if (numerator > ~static_cast<unsigned __int128>(0) / *scale)
+    return fail(error, "memory size '" + text + "' is too large");
   unsigned __int128 scaled = numerator * *scale;
   if (scaled % denominator != 0)
     return fail(error,

@@ -12,7 +12,7 @@ An entry lives in `ROOT/<target>/<config key>/<compiler key>/`:
 Lookup: with the compiler present here, the entry of its exact key (else it is built); without it
 (the GPU machine has no LLVM) the newest entry of the config key, from any root. Roots, searched
 in order: `$MOE_MLIR_PREBUILT` (folders separated by `:`, read-only: e.g. the `gpu-inputs/torch-cache`
-that scripts/build-torch-inputs.sh fills on the LLVM machine), then `$MOE_MLIR_CACHE` (default
+that scripts/inputs/build-torch-cache.sh fills on the LLVM machine), then `$MOE_MLIR_CACHE` (default
 `~/.cache/moe_mlir`), the only one written. Builds go to a temporary folder renamed into place, so
 two processes building the same entry do not see half of it.
 
@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,15 +40,29 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .config import LayerConfig
 from .mlir_text import layer_mlir
 
-__all__ = ["GENERATOR_VERSION", "TARGETS", "BuildOptions", "CacheEntry", "cache_root",
-           "prebuilt_roots", "config_key", "tool_key", "find_moe_compile", "layer_name",
-           "get_cpu_layer", "build_gpu_entry", "find_gpu_entry", "link_gpu_layer",
-           "NoCompilerError", "Progress"]
+__all__ = [
+    "GENERATOR_VERSION",
+    "TARGETS",
+    "BuildOptions",
+    "CacheEntry",
+    "cache_root",
+    "prebuilt_roots",
+    "config_key",
+    "tool_key",
+    "find_moe_compile",
+    "layer_name",
+    "get_cpu_layer",
+    "build_gpu_entry",
+    "find_gpu_entry",
+    "link_gpu_layer",
+    "NoCompilerError",
+    "Progress",
+]
 
 # Bump when what is compiled for a config changes outside the compiler (mlir_text, the passes
 # asked for, the entry layout).
@@ -59,17 +74,37 @@ class NoCompilerError(RuntimeError):
     """No compiler here and no prebuilt entry for the layer."""
 
 
+POLICIES = ("auto", "keep", "recompute", "offload")
+# What moe-plan-activations' memory-budget takes (lib/Support/MemorySize.cpp), without spaces.
+_MEMORY_SIZE = re.compile(r"(\d+(\.\d*)?|\.\d+)(B|kB|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?")
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
     """What, besides the config, changes the compiled layer."""
+
     memory_budget: Optional[str] = None  # moe-plan-activations memory-budget ("1GiB", ...)
-    policy: str = "auto"  # moe-plan-activations policy: auto, keep, recompute
+    policy: str = "auto"  # moe-plan-activations policy: auto, keep, recompute, offload
+
+    def __post_init__(self):
+        # Both go into a pass option string: a value with a space or an '=' would carry
+        # other options along (a report file, another budget).
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
+        if self.memory_budget is not None and not (
+            isinstance(self.memory_budget, str) and _MEMORY_SIZE.fullmatch(self.memory_budget)
+        ):
+            raise ValueError(
+                f"memory_budget must be a byte count such as '2GiB', '512MiB' or "
+                f"'1000000', not {self.memory_budget!r}"
+            )
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------- roots and keys
+
 
 def cache_root() -> Path:
     value = os.environ.get("MOE_MLIR_CACHE")
@@ -87,8 +122,12 @@ def layer_name(config: LayerConfig) -> str:
 
 
 def _config_digest(config: LayerConfig, target: str, options: BuildOptions) -> str:
-    data = {"config": dataclasses.asdict(config), "target": target,
-            "options": options.as_dict(), "generator": GENERATOR_VERSION}
+    data = {
+        "config": dataclasses.asdict(config),
+        "target": target,
+        "options": options.as_dict(),
+        "generator": GENERATOR_VERSION,
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -121,6 +160,7 @@ def find_moe_compile() -> Optional[str]:
     """`MOE_COMPILE`, `$MOE_BUILD_DIR/bin/moe-compile`, build/bin of this repository, PATH;
     None when there is none (the GPU machine)."""
     from .cpu import REPO_ROOT, _which  # noqa: PLC0415
+
     if os.environ.get("MOE_COMPILE"):  # "none" (not a file): no compiler, prebuilt entries only
         return _which([os.environ["MOE_COMPILE"]])
     candidates: List[Any] = [REPO_ROOT / "build" / "bin" / "moe-compile", "moe-compile"]
@@ -131,6 +171,7 @@ def find_moe_compile() -> Optional[str]:
 
 def _find_moe_opt() -> Optional[str]:
     from .cpu import ToolError, find_moe_opt  # noqa: PLC0415
+
     try:
         path = find_moe_opt()
     except ToolError:
@@ -140,12 +181,12 @@ def _find_moe_opt() -> Optional[str]:
 
 # --------------------------------------------------------------------------- progress
 
+
 class Progress:
     """Prints `moe_mlir: compiling WHAT ...` on stderr once a build has taken `after` seconds,
     then every `every` seconds, and the total at the end (only if it printed before)."""
 
-    def __init__(self, what: str, after: float = 1.0, every: float = 15.0,
-                 stream=None):
+    def __init__(self, what: str, after: float = 1.0, every: float = 15.0, stream=None):
         self.what = what
         self.after = after
         self.every = every
@@ -169,8 +210,10 @@ class Progress:
             return
         self._print(f"compiling {self.what}{self._step()} ...")
         while not self._stop.wait(self.every):
-            self._print(f"  still compiling {self.what}{self._step()} "
-                        f"({time.monotonic() - self.start:.0f} s)")
+            self._print(
+                f"  still compiling {self.what}{self._step()} "
+                f"({time.monotonic() - self.start:.0f} s)"
+            )
 
     def _step(self) -> str:
         return f" [{self.step}]" if self.step else ""
@@ -192,6 +235,7 @@ class Progress:
 
 
 # --------------------------------------------------------------------------- entries
+
 
 @dataclasses.dataclass
 class CacheEntry:
@@ -233,21 +277,37 @@ def _lookup(target: str, ckey: str, tkey: Optional[str]) -> Optional[CacheEntry]
     return max(found, key=lambda e: float(e.meta.get("created", 0)))
 
 
-def _build(target: str, ckey: str, tkey: str, config: LayerConfig, options: BuildOptions,
-           tool: str, builder) -> CacheEntry:
+def _build(
+    target: str,
+    ckey: str,
+    tkey: str,
+    config: LayerConfig,
+    options: BuildOptions,
+    tool: str,
+    builder,
+) -> CacheEntry:
     final = cache_root() / target / ckey / tkey
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tkey}.", dir=final.parent))
     name = layer_name(config)
-    what = (f"{name} (T={config.tokens} d={config.hidden} n={config.ffn} E={config.experts} "
-            f"k={config.top_k}, {config.dtype}) for {target}")
+    what = (
+        f"{name} (T={config.tokens} d={config.hidden} n={config.ffn} E={config.experts} "
+        f"k={config.top_k}, {config.dtype}) for {target}"
+    )
     try:
         with Progress(what) as progress:
             builder(tmp, name, progress)
-        meta = {"name": name, "target": target, "config": dataclasses.asdict(config),
-                "options": options.as_dict(), "generator": GENERATOR_VERSION,
-                "compiler": os.path.abspath(tool), "compiler_key": tkey,
-                "created": time.time(), "seconds": round(progress.elapsed, 3)}
+        meta = {
+            "name": name,
+            "target": target,
+            "config": dataclasses.asdict(config),
+            "options": options.as_dict(),
+            "generator": GENERATOR_VERSION,
+            "compiler": os.path.abspath(tool),
+            "compiler_key": tkey,
+            "created": time.time(),
+            "seconds": round(progress.elapsed, 3),
+        }
         with open(tmp / "meta.json", "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1, sort_keys=True)
         try:
@@ -264,14 +324,18 @@ def _build(target: str, ckey: str, tkey: str, config: LayerConfig, options: Buil
 
 # --------------------------------------------------------------------------- CPU
 
+
 def _cpu_pre_passes(options: BuildOptions) -> Tuple[str, ...]:
     if options.memory_budget is None and options.policy == "auto":
         return ("--moe-decompose", "--moe-generate-backward")
     plan = [f"policy={options.policy}", "report=false"]
     if options.memory_budget is not None:
         plan.insert(0, f"memory-budget={options.memory_budget}")
-    return ("--moe-decompose", f"--moe-plan-activations={' '.join(plan)}",
-            "--moe-generate-backward")
+    return (
+        "--moe-decompose",
+        f"--moe-plan-activations={' '.join(plan)}",
+        "--moe-generate-backward",
+    )
 
 
 def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
@@ -286,7 +350,8 @@ def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
         if tool is None:
             raise NoCompilerError(
                 f"no moe-opt here (set MOE_OPT or MOE_BUILD_DIR) and no cached CPU build of "
-                f"this layer (config key {ckey}) under {', '.join(map(str, _roots()))}")
+                f"this layer (config key {ckey}) under {', '.join(map(str, _roots()))}"
+            )
 
         def build(folder: Path, name: str, progress: Progress) -> None:
             text = layer_mlir(config, name)
@@ -303,10 +368,12 @@ def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
     name = entry.name
     tensor_ir = (entry.path / "tensor.mlir").read_text()
     lowered = (entry.path / "module.mlir").read_text()
-    module = cpu.CompiledModule(tensor_ir, lowered,
-                                cpu.CpuModule.load(str(entry.path / "module.so"), lowered))
-    return cpu.CompiledLayer(config, name, module=module,
-                             source=(entry.path / "layer.mlir").read_text())
+    module = cpu.CompiledModule(
+        tensor_ir, lowered, cpu.CpuModule.load(str(entry.path / "module.so"), lowered)
+    )
+    return cpu.CompiledLayer(
+        config, name, module=module, source=(entry.path / "layer.mlir").read_text()
+    )
 
 
 def _roots() -> List[Path]:
@@ -315,8 +382,13 @@ def _roots() -> List[Path]:
 
 # --------------------------------------------------------------------------- sm_90a
 
-def build_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions(), *,
-                    moe_compile: Optional[str] = None) -> CacheEntry:
+
+def build_gpu_entry(
+    config: LayerConfig,
+    options: BuildOptions = BuildOptions(),
+    *,
+    moe_compile: Optional[str] = None,
+) -> CacheEntry:
     """The sm_90a entry of `config` (NAME.o, NAME.h, NAME.json), built with moe-compile when
     the cache has none for this compiler. Needs moe-compile (and ptxas): the LLVM machine.
     `options.policy` and `options.memory_budget` go to moe-compile (--policy,
@@ -343,6 +415,7 @@ def build_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions(),
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             from .cpu import CompileError  # noqa: PLC0415
+
             raise CompileError("moe-compile", cmd, proc.returncode, proc.stderr or proc.stdout)
 
     return _build("sm_90a", ckey, tkey, config, options, tool, build)
@@ -358,8 +431,9 @@ def find_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions()) 
         raise NoCompilerError(
             f"no moe-compile on this machine and no prebuilt sm_90a build of this layer "
             f"({config}; config key {ckey}) under {', '.join(map(str, _roots()))}. Build it "
-            f"on the LLVM machine (scripts/build-torch-inputs.sh, or "
-            f"moe_mlir.compile_cache.build_gpu_entry) and point MOE_MLIR_PREBUILT at the folder")
+            f"on the LLVM machine (scripts/inputs/build-torch-cache.sh, or "
+            f"moe_mlir.compile_cache.build_gpu_entry) and point MOE_MLIR_PREBUILT at the folder"
+        )
     return entry
 
 
@@ -368,7 +442,8 @@ def runtime_library() -> str:
     if not value:
         raise NoCompilerError(
             "MOE_RUNTIME_LIB is not set: it names libmoe_runtime.so (or its folder), which "
-            "compiled layers are linked with (scripts/gpu-common.sh gpu_build_runtime builds it)")
+            "compiled layers are linked with (scripts/common.sh gpu_build_runtime builds it)"
+        )
     path = Path(value)
     if path.is_dir():
         path = path / "libmoe_runtime.so"
@@ -383,8 +458,10 @@ def link_gpu_layer(entry: CacheEntry) -> Tuple[str, str]:
     obj = entry.path / f"{name}.o"
     manifest = entry.path / f"{name}.json"
     runtime = runtime_library()
-    rkey = hashlib.sha256(f"{obj.resolve()}:{os.stat(obj).st_mtime_ns}:{runtime}:"
-                          f"{os.stat(runtime).st_mtime_ns}".encode()).hexdigest()[:16]
+    rkey = hashlib.sha256(
+        f"{obj.resolve()}:{os.stat(obj).st_mtime_ns}:{runtime}:"
+        f"{os.stat(runtime).st_mtime_ns}".encode()
+    ).hexdigest()[:16]
     folder = cache_root() / "linked" / f"{name}-{rkey}"
     so = folder / f"{name}.so"
     if not so.exists():
@@ -392,11 +469,21 @@ def link_gpu_layer(entry: CacheEntry) -> Tuple[str, str]:
         tmp = folder / f".{name}.{os.getpid()}.so"
         cxx = os.environ.get("CXX", "g++")
         libdir = os.path.dirname(runtime)
-        cmd = [cxx, "-shared", "-o", str(tmp), str(obj), f"-L{libdir}", "-lmoe_runtime",
-               f"-Wl,-rpath,{libdir}", "-Wl,-z,defs"]
+        cmd = [
+            cxx,
+            "-shared",
+            "-o",
+            str(tmp),
+            str(obj),
+            f"-L{libdir}",
+            "-lmoe_runtime",
+            f"-Wl,-rpath,{libdir}",
+            "-Wl,-z,defs",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             from .cpu import CompileError  # noqa: PLC0415
+
             raise CompileError("link", cmd, proc.returncode, proc.stderr or proc.stdout)
         os.replace(tmp, so)
     return str(so), str(manifest)

@@ -39,9 +39,20 @@ def rel(a, b):
 
 CONFIGS = {
     "softmax": LayerConfig(0, 32, 24, 4, 2, renormalize=True),
-    "deepseek": LayerConfig(0, 32, 16, 8, 2, scoring="sigmoid", renormalize=True,
-                            router_bias=True, num_groups=4, topk_groups=2, scaling_factor=2.5,
-                            shared_ffn=16),
+    "deepseek": LayerConfig(
+        0,
+        32,
+        16,
+        8,
+        2,
+        scoring="sigmoid",
+        renormalize=True,
+        router_bias=True,
+        num_groups=4,
+        topk_groups=2,
+        scaling_factor=2.5,
+        shared_ffn=16,
+    ),
     "gelu-capacity": LayerConfig(0, 24, 16, 4, 1, activation="gelu", capacity_factor=4.0),
 }
 
@@ -68,7 +79,9 @@ def test_forward_backward_match_the_torch_reference(name):
     assert out.shape == x.shape and logits.shape == (21, cfg.experts)
     d_out = torch.randn_like(out)
     out.backward(d_out)
-    ref, grads = reference_grads(cfg, layer, x.reshape(-1, cfg.hidden), d_out.reshape(-1, cfg.hidden))
+    ref, grads = reference_grads(
+        cfg, layer, x.reshape(-1, cfg.hidden), d_out.reshape(-1, cfg.hidden)
+    )
     assert rel(out.reshape(-1, cfg.hidden), ref.out) < 1e-5
     assert rel(logits, ref.logits) < 1e-5
     assert rel(x.grad.reshape(-1, cfg.hidden), grads["x"]) < 1e-5
@@ -128,13 +141,13 @@ def test_cuda_autocast_casts_to_bf16_and_refuses_f16(monkeypatch):
     """The CUDA side of autocast without a GPU: FakeTensorMode, with torch told that CUDA
     autocast is on (it is disabled on a machine without CUDA)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     cfg = LayerConfig(0, 64, 64, 4, 2, renormalize=True)
     seen = []
 
     def layer_forward(spec, x, *weights):
         seen.append([t.dtype for t in (x, *weights) if t is not None])
-        return [x.new_empty(x.shape), x.new_empty((x.shape[0], cfg.experts),
-                                                  dtype=torch.float32)]
+        return [x.new_empty(x.shape), x.new_empty((x.shape[0], cfg.experts), dtype=torch.float32)]
 
     monkeypatch.setattr(L, "layer_forward", layer_forward)
     real = L._autocast_dtype
@@ -180,10 +193,21 @@ def test_opcheck():
     cfg = CONFIGS["softmax"]
     layer = MoELayer(cfg, init_std=0.2)
     w = layer.layer_weights()
-    args = (layer.spec_key, torch.randn(5, cfg.hidden), w["w_router"].detach(), None,
-            w["w_gate_up"].detach(), w["w_down"].detach(), None, None)
-    torch.library.opcheck(torch.ops.moe_mlir.layer_forward.default, args,
-                          test_utils=("test_schema", "test_faketensor"))
+    args = (
+        layer.spec_key,
+        torch.randn(5, cfg.hidden),
+        w["w_router"].detach(),
+        None,
+        w["w_gate_up"].detach(),
+        w["w_down"].detach(),
+        None,
+        None,
+    )
+    torch.library.opcheck(
+        torch.ops.moe_mlir.layer_forward.default,
+        args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_bad_input_raises_before_any_kernel(monkeypatch):
@@ -202,6 +226,21 @@ def test_bad_input_raises_before_any_kernel(monkeypatch):
     with pytest.raises(TypeError, match="torch.Tensor"):
         layer([1.0] * 32)
     assert calls == []
+
+
+def test_build_options_are_single_values():
+    """policy and memory_budget go into a pass option string: a value that carries another
+    option along (a report file, a second budget) is refused, not passed on."""
+    for bad in ("1GiB policy=keep", "1GiB memory-report=/tmp/x", "2 GiB", "GiB", "-1B", ""):
+        with pytest.raises(ValueError, match="memory_budget"):
+            cc.BuildOptions(memory_budget=bad)
+        with pytest.raises(ValueError, match="memory_budget"):
+            MoELayer(CONFIGS["softmax"], memory_budget=bad)
+    for bad in ("keep memory-report=/tmp/x", "frugal", "auto "):
+        with pytest.raises(ValueError, match="policy"):
+            cc.BuildOptions(policy=bad)
+    for good in ("2GiB", "512MiB", "1000000", "1.5KiB", "3B"):
+        assert cc.BuildOptions(memory_budget=good).memory_budget == good
 
 
 def test_bad_configs():
@@ -243,17 +282,21 @@ def test_cache_is_reused_without_a_compiler(_cache, monkeypatch, tmp_path):
 
 def test_config_key_depends_on_config_target_and_options():
     cfg = dataclasses.replace(CONFIGS["softmax"], tokens=8)
-    keys = {cc.config_key(cfg, "cpu", cc.BuildOptions()),
-            cc.config_key(dataclasses.replace(cfg, tokens=9), "cpu", cc.BuildOptions()),
-            cc.config_key(cfg, "sm_90a", cc.BuildOptions()),
-            cc.config_key(cfg, "cpu", cc.BuildOptions(memory_budget="1MiB"))}
+    keys = {
+        cc.config_key(cfg, "cpu", cc.BuildOptions()),
+        cc.config_key(dataclasses.replace(cfg, tokens=9), "cpu", cc.BuildOptions()),
+        cc.config_key(cfg, "sm_90a", cc.BuildOptions()),
+        cc.config_key(cfg, "cpu", cc.BuildOptions(memory_budget="1MiB")),
+    }
     assert len(keys) == 4
-    assert cc.config_key(cfg, "cpu", cc.BuildOptions()) == \
-        cc.config_key(dataclasses.replace(cfg), "cpu", cc.BuildOptions())
+    assert cc.config_key(cfg, "cpu", cc.BuildOptions()) == cc.config_key(
+        dataclasses.replace(cfg), "cpu", cc.BuildOptions()
+    )
 
 
 def test_progress_is_printed_for_slow_compiles(capsys, monkeypatch):
     import time
+
     monkeypatch.delenv("MOE_MLIR_QUIET")
     with cc.Progress("layer X", after=0.05, every=0.05):
         time.sleep(0.2)
@@ -286,12 +329,13 @@ def test_cuda_path_without_a_gpu(_cache, monkeypatch):
     if cc.find_moe_compile() is None:
         pytest.skip("no moe-compile")
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     cfg = LayerConfig(0, 64, 64, 4, 2, renormalize=True)
     entry = cc.build_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16"))
     assert (entry.path / f"{entry.name}.o").is_file()
     monkeypatch.setenv("MOE_COMPILE", "none")
     assert cc.find_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16")).path == entry.path
-    with pytest.raises(cc.NoCompilerError, match="build-torch-inputs"):
+    with pytest.raises(cc.NoCompilerError, match="build-torch-cache"):
         cc.find_gpu_entry(dataclasses.replace(cfg, tokens=17, dtype="bf16"))
     layer = MoELayer(cfg)
     with FakeTensorMode():
@@ -307,6 +351,7 @@ def test_cuda_path_without_a_gpu(_cache, monkeypatch):
 
 def _saved_params(entry):
     from moe_mlir import gpu
+
     manifest = gpu.Manifest.load(str(entry.path / f"{entry.name}.json"))
     return [p.name for p in manifest.forward.by_role("saved")]
 
@@ -318,6 +363,7 @@ def test_cuda_memory_plan_reaches_moe_compile(_cache):
     if cc.find_moe_compile() is None:
         pytest.skip("no moe-compile")
     from moe_mlir.cpu import CompileError
+
     cfg = LayerConfig(16, 64, 64, 4, 2, renormalize=True, dtype="bf16")
     keep = cc.build_gpu_entry(cfg)
     recompute = cc.build_gpu_entry(cfg, cc.BuildOptions(policy="recompute"))

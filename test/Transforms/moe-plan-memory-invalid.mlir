@@ -43,3 +43,17 @@ func.func @f_backward(%logits: tensor<4x4xf32>, %d: tensor<4x4xf32>) -> tensor<4
     attributes {moe.gradient_args = array<i64: 0>} {
   return %d : tensor<4x4xf32>
 }
+
+// -----
+
+// Bytes past 63 bits: 2^62 tokens' routing weights wrapped to a small
+// count before they were checked.
+func.func @bytes_wrap(%x: tensor<4611686018427387904x16xf32>, %wr: tensor<16x4xf32>)
+    -> tensor<4611686018427387904x4xf32> {
+  // expected-error @+1 {{'moe.router' op moe-plan-memory: the bytes of moe.router.weights ('tensor<4611686018427387904x2xf32>') do not fit in 63 bits}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<4611686018427387904x16xf32>, tensor<16x4xf32>
+      -> tensor<4611686018427387904x2xf32>, tensor<4611686018427387904x2xi32>,
+         tensor<4611686018427387904x4xf32>
+  return %l : tensor<4611686018427387904x4xf32>
+}

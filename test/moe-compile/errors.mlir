@@ -12,6 +12,11 @@
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy=frugal 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=4GiX 2>&1 | FileCheck %s --check-prefix=UNIT
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=1KiB 2>&1 | FileCheck %s --check-prefix=BUDGET
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy="keep memory-report=%t/report" 2>&1 | FileCheck %s --check-prefix=INJECT-POLICY
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget="1GiB policy=keep" 2>&1 | FileCheck %s --check-prefix=INJECT-BUDGET
+// RUN: not moe-compile %S/compile.mlir -o %t/out/ --format=isa 2>&1 | FileCheck %s --check-prefix=PREFIX
+// RUN: not moe-compile %S/compile.mlir -o %t/out/.x --format=isa 2>&1 | FileCheck %s --check-prefix=HIDDEN
+// RUN: not test -e %t/report
 // RUN: not test -e %t/out
 
 // MISSING: moe-compile: error: cannot read '{{.*}}missing.mlir': {{.*}}
@@ -24,9 +29,13 @@
 // EMIT: moe-compile: error: unknown --emit kind 'pdf' (expected obj, header, manifest, llvm or mlir)
 // FORMAT: moe-compile: error: unknown --format 'offload' (expected bin, isa or fatbin)
 // OPT: moe-compile: error: --opt-level must be 0 to 3, got 7
-// POLICY: moe-compile: error: moe-training-pipeline: unknown policy 'frugal' (expected keep, recompute, offload or auto)
-// UNIT: unknown unit 'GiX' in memory size '4GiX'
-// UNIT: moe-compile: error: bad --memory-budget '4GiX'
+// POLICY: moe-compile: error: unknown --policy 'frugal' (expected auto, keep, recompute or offload)
+// UNIT: moe-compile: error: bad --memory-budget '4GiX': unknown unit 'GiX' in memory size '4GiX'
+// A value that would carry another pipeline option along is refused.
+// INJECT-POLICY: moe-compile: error: unknown --policy 'keep memory-report={{.*}}report'
+// INJECT-BUDGET: moe-compile: error: bad --memory-budget '1GiB policy=keep': {{.*}}
+// PREFIX: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/'
+// HIDDEN: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/.x'
 // BUDGET: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: memory-budget 1024 B {{.*}} cannot be met with policy=auto: the smallest budget it can meet is 6532 B
 // BUDGET: moe-compile: error: compiling '{{.*}}compile.mlir' failed
 

@@ -11,6 +11,8 @@
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
 #include "moe/InitAll.h"
 #include "moe/Pipelines/Pipelines.h"
+#include "moe/Support/InputNesting.h"
+#include "moe/Support/MemorySize.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -42,7 +44,6 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/SourceMgr.h"
-#include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Target/TargetMachine.h"
 #include "llvm/Target/TargetOptions.h"
 #include "llvm/TargetParser/Triple.h"
@@ -127,8 +128,8 @@ int fail(const llvm::Twine &message) {
   return 1;
 }
 
-/// LLVM reports some errors (a PTX version the chip does not take, CODEGEN.md
-/// P2) by aborting; say what happened and exit instead.
+/// LLVM reports some errors (a PTX version the chip does not take: pitfall P2
+/// of docs/gpu-kernels.md) by aborting; say what happened and exit instead.
 void onFatalError(void *, const char *reason, bool) {
   llvm::errs() << "moe-compile: error: LLVM: " << reason << "\n";
   llvm::errs().flush();
@@ -616,19 +617,84 @@ std::string kernelLibraryDir() {
   return llvm::sys::fs::is_directory(dir) ? std::string(dir) : "";
 }
 
-LogicalResult writeFile(StringRef path, StringRef contents) {
-  std::string error;
-  std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(path, &error);
-  if (!file) {
-    fail("cannot write '" + path + "': " + error);
-    return failure();
+/// The files of one compile, each written to a temporary file beside its
+/// final path and renamed there only when all of them are written: they
+/// appear together or not at all, and a failure leaves the files of an
+/// earlier compile as they were.
+class StagedOutputs {
+public:
+  StagedOutputs() = default;
+  StagedOutputs(const StagedOutputs &) = delete;
+  StagedOutputs &operator=(const StagedOutputs &) = delete;
+  ~StagedOutputs() {
+    for (Output &output : outputs)
+      if (output.file)
+        llvm::consumeError(output.file->discard());
   }
-  file->os() << contents;
-  file->keep();
-  return success();
-}
 
-LogicalResult writeObject(llvm::Module &llvmModule, StringRef path) {
+  /// A stream into the temporary file for `path`, or null after an error.
+  llvm::raw_pwrite_stream *open(StringRef path) {
+    llvm::Expected<llvm::sys::fs::TempFile> file =
+        llvm::sys::fs::TempFile::create(path + ".tmp-%%%%%%");
+    if (!file) {
+      fail("cannot write '" + path + "': " + llvm::toString(file.takeError()));
+      return nullptr;
+    }
+    Output &output = outputs.emplace_back();
+    output.path = path.str();
+    output.file.emplace(std::move(*file));
+    output.os = std::make_unique<llvm::raw_fd_ostream>(output.file->FD,
+                                                       /*shouldClose=*/false);
+    return output.os.get();
+  }
+
+  /// Writes `contents` to `path` (staged).
+  LogicalResult write(StringRef path, StringRef contents) {
+    llvm::raw_pwrite_stream *os = open(path);
+    if (!os)
+      return failure();
+    *os << contents;
+    return success();
+  }
+
+  /// Flushes every file, then renames each to its final path. What would
+  /// stop a rename (a directory in the way) is found before the first one.
+  LogicalResult commit() {
+    for (Output &output : outputs) {
+      if (llvm::sys::fs::is_directory(output.path)) {
+        fail("cannot write '" + output.path + "': it is a directory");
+        return failure();
+      }
+      output.os->flush();
+      if (output.os->has_error()) {
+        fail("cannot write '" + output.path +
+             "': " + output.os->error().message());
+        output.os->clear_error();
+        return failure();
+      }
+    }
+    for (Output &output : outputs) {
+      if (llvm::Error error = output.file->keep(output.path)) {
+        fail("cannot write '" + output.path +
+             "': " + llvm::toString(std::move(error)));
+        return failure();
+      }
+      output.file.reset();
+    }
+    return success();
+  }
+
+private:
+  struct Output {
+    std::string path;
+    std::optional<llvm::sys::fs::TempFile> file;
+    std::unique_ptr<llvm::raw_fd_ostream> os;
+  };
+  std::vector<Output> outputs;
+};
+
+LogicalResult writeObject(llvm::Module &llvmModule, StringRef path,
+                          StagedOutputs &outputs) {
   LLVMInitializeX86TargetInfo();
   LLVMInitializeX86Target();
   LLVMInitializeX86TargetMC();
@@ -650,20 +716,26 @@ LogicalResult writeObject(llvm::Module &llvmModule, StringRef path) {
     fail("optimising the host code: " + llvm::toString(std::move(err)));
     return failure();
   }
-  std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(path, &error);
-  if (!file) {
-    fail("cannot write '" + path + "': " + error);
+  llvm::raw_pwrite_stream *os = outputs.open(path);
+  if (!os)
     return failure();
-  }
   llvm::legacy::PassManager codegen;
-  if (machine->addPassesToEmitFile(codegen, file->os(), nullptr,
+  if (machine->addPassesToEmitFile(codegen, *os, nullptr,
                                    llvm::CodeGenFileType::ObjectFile)) {
     fail("the x86-64 target cannot emit an object file");
     return failure();
   }
   codegen.run(llvmModule);
-  file->keep();
   return success();
+}
+
+/// A plan option's value goes into the pipeline's option string: only a
+/// word of letters, digits, '.' and '_' may, so that no other option can
+/// ride along.
+bool isPlainWord(StringRef value) {
+  return !value.empty() && llvm::all_of(value, [](char c) {
+    return llvm::isAlnum(c) || c == '.' || c == '_';
+  });
 }
 
 int compile() {
@@ -689,8 +761,23 @@ int compile() {
                 "$CUDA_ROOT/bin or /usr/local/cuda/bin; install it, set "
                 "CUDA_ROOT, or use --format=isa (PTX, JIT-compiled at load)");
   StringRef prefix = outputPrefix;
-  if (llvm::sys::path::filename(prefix).empty())
-    return fail("-o needs DIR/NAME, got '" + prefix + "'");
+  StringRef name = llvm::sys::path::filename(prefix);
+  if (prefix.empty() || llvm::sys::path::is_separator(prefix.back()) ||
+      name.empty() || name.starts_with("."))
+    return fail("-o needs DIR/NAME, a name that does not start with '.', "
+                "got '" +
+                prefix + "'");
+  if (policy != "auto" && policy != "keep" && policy != "recompute" &&
+      policy != "offload")
+    return fail("unknown --policy '" + policy +
+                "' (expected auto, keep, recompute or offload)");
+  std::string budgetError;
+  if (!memoryBudget.empty() &&
+      (!moe::parseMemorySize(memoryBudget, &budgetError) ||
+       !isPlainWord(memoryBudget)))
+    return fail("bad --memory-budget '" + memoryBudget + "': " +
+                (budgetError.empty() ? "write a size without spaces, e.g. 2GiB"
+                                     : budgetError));
 
   DialectRegistry registry;
   moe::registerAllMoEToolDialects(registry);
@@ -706,11 +793,17 @@ int compile() {
       openInputFile(inputFilename, &error);
   if (!input)
     return fail("cannot read '" + inputFilename + "': " + error);
+  if (std::optional<moe::NestingError> deep =
+          moe::checkInputNesting(input->getBuffer())) {
+    llvm::errs() << inputFilename << ":" << deep->line << ":" << deep->column
+                 << ": error: " << deep->message << "\n";
+    return fail("cannot parse '" + inputFilename + "'");
+  }
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
   SourceMgrDiagnosticHandler printer(sourceMgr, &context);
   // Errors are counted as well as printed: some passes report an error and
-  // still succeed (CODEGEN.md P3).
+  // still succeed (docs/gpu-kernels.md, pitfall P3).
   unsigned errors = 0;
   ScopedDiagnosticHandler counter(&context, [&](Diagnostic &diagnostic) {
     if (diagnostic.getSeverity() == DiagnosticSeverity::Error)
@@ -735,7 +828,7 @@ int compile() {
   std::string planError;
   llvm::raw_string_ostream planErrorStream(planError);
   if (failed(options.parseFromString(planOptions, planErrorStream)))
-    return fail("bad --memory-budget '" + memoryBudget + "'" +
+    return fail("bad plan options '" + planOptions + "'" +
                 (planError.empty() ? "" : ": " + planError));
   PassManager pm(&context);
   if (failed(moe::buildMoETrainingPipeline(pm, options, &error)))
@@ -793,39 +886,41 @@ int compile() {
     return fail("the generated entry points do not verify");
 
   std::string base = prefix.str();
+  StagedOutputs outputs;
   if (kinds.contains("header") &&
-      failed(writeFile(base + ".h",
-                       makeHeader(cName, entries, layer, inputFilename,
-                                  llvm::sys::path::filename(base + ".h")))))
+      failed(outputs.write(base + ".h",
+                           makeHeader(cName, entries, layer, inputFilename,
+                                      llvm::sys::path::filename(base + ".h")))))
     return 1;
   if (kinds.contains("manifest") &&
-      failed(writeFile(base + ".json", makeManifest(cName, entries, layer))))
+      failed(
+          outputs.write(base + ".json", makeManifest(cName, entries, layer))))
     return 1;
   if (kinds.contains("mlir")) {
     std::string text;
     llvm::raw_string_ostream os(text);
     module->print(os);
-    if (failed(writeFile(base + ".mlir", text)))
+    if (failed(outputs.write(base + ".mlir", text)))
       return 1;
   }
-  if (!kinds.contains("llvm") && !kinds.contains("obj"))
-    return 0;
-
-  llvm::LLVMContext llvmContext;
-  std::unique_ptr<llvm::Module> llvmModule =
-      translateModuleToLLVMIR(*module, llvmContext, cName);
-  if (!llvmModule || errors)
-    return fail("translating to LLVM IR failed");
-  if (kinds.contains("llvm")) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    llvmModule->print(os, nullptr);
-    if (failed(writeFile(base + ".ll", text)))
+  if (kinds.contains("llvm") || kinds.contains("obj")) {
+    llvm::LLVMContext llvmContext;
+    std::unique_ptr<llvm::Module> llvmModule =
+        translateModuleToLLVMIR(*module, llvmContext, cName);
+    if (!llvmModule || errors)
+      return fail("translating to LLVM IR failed");
+    if (kinds.contains("llvm")) {
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      llvmModule->print(os, nullptr);
+      if (failed(outputs.write(base + ".ll", text)))
+        return 1;
+    }
+    if (kinds.contains("obj") &&
+        failed(writeObject(*llvmModule, base + ".o", outputs)))
       return 1;
   }
-  if (kinds.contains("obj") && failed(writeObject(*llvmModule, base + ".o")))
-    return 1;
-  return 0;
+  return failed(outputs.commit()) ? 1 : 0;
 }
 
 } // namespace

@@ -77,10 +77,14 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
 
     Values that are returned are written straight into their
     out-parameter; a value returned twice, or a returned argument, is
-    copied with `gpu.memcpy async`. Other values are `gpu.alloc async`
-    before their producer and `gpu.dealloc async` after their last use. A
+    copied with `gpu.memcpy async`. The other values share one arena, a
+    `gpu.alloc async` a call, at static offsets placed from their
+    lifetimes (as `moe-plan-memory` places a step), 256-byte aligned. A
     missing router bias or logits gradient is a size-0 view of another f32
-    operand of the call.
+    operand of the call. `moe.checkpoint` regions are inlined; a
+    `moe.offload` of a saved tensor (from `moe-offload`) copies it to the
+    forward's pinned host out-parameter, and `moe.prefetch` copies it back,
+    both on the runtime's copy stream with events.
 
     `@f_forward` (`moe.num_saved`) drops the saved values that are its own
     arguments: backward takes the input again, and `moe.saved` on the
@@ -92,8 +96,8 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     manifest, `moe.gpu.entry` (forward, backward or plain),
     `moe.gpu.layer_name` (`f`), `moe.gpu.params` (name, role, dtype and
     shape of every parameter), `moe.gpu.workspace_bytes` (the peak of the
-    bytes it holds in `gpu.alloc`s at once; temporaries of the library
-    functions are not counted) and, on the forward, `moe.gpu.layer` (the
+    bytes its allocations, the arena among them, hold at once; temporaries
+    of the library functions are not counted) and, on the forward, `moe.gpu.layer` (the
     layer configuration and which argument is which input).
 
     The host functions the module calls, the functions they call and the
@@ -134,9 +138,11 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     Rejected with an error at the op, as this version cannot run them:
     data other than bf16, dynamic shapes, activations other than swiglu, a
     dispatch capacity factor, `moe.aux_loss(_grad)`, the unfused
-    `moe.combine_grad`/`moe.expert_ffn_grad`, offload/prefetch/checkpoint,
-    an undecomposed `moe.layer`, any other op on tensors, and `d`, `n` or
-    the shared expert's `m` not a multiple of 64.
+    `moe.combine_grad`/`moe.expert_ffn_grad`, an offload or prefetch other
+    than `moe-offload`'s, an undecomposed `moe.layer`, any other op on
+    tensors, an empty tensor, `d`, `n` or the shared expert's `m` not a
+    multiple of 64 or over 65536, and more than 1024 experts or 64 expert
+    groups.
   }];
   let options = [
     Option<"libraryPath", "library", "std::string", /*default=*/"\"\"",
@@ -205,7 +211,7 @@ def MoEAlignDynamicSharedMemory
     : Pass<"moe-align-dynamic-shared-memory", "::mlir::gpu::GPUModuleOp"> {
   let summary = "make the dynamic shared memory of lowered kernels one external, aligned array";
   let description = [{
-    Runs on a `gpu.module` after `convert-gpu-to-nvvm` (CODEGEN.md P6).
+    Runs on a `gpu.module` after `convert-gpu-to-nvvm` (docs/gpu-kernels.md, pitfall P6).
     `gpu.dynamic_shared_memory` lowers to an internal zero-size global
     `@__dynamic_shmem__N` in address space 3 aligned to 16, which becomes
     `.shared .align 16 .b8 __dynamic_shmem__0;` in PTX. 128B-swizzled TMA

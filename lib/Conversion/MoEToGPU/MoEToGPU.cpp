@@ -14,8 +14,10 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Checkpoint.h"
+#include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 #include "moe/Support/ArenaPlacement.h"
+#include "moe/Support/ByteSize.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
@@ -60,6 +62,10 @@ constexpr int64_t kTile = 64;
 constexpr int64_t kMaxExperts = 1024;
 /// Expert groups of a group-limited router (gen_gpu_library.py: select_kernel).
 constexpr int64_t kMaxGroups = 64;
+/// The widest d, n and m: the kernels hold a row's byte stride in 32 bits, and
+/// with these bounds (and moe.dispatch's T * k < 2^31) no buffer size of a
+/// layer can wrap 64 bits.
+constexpr int64_t kMaxWidth = 65536;
 /// The alignment of the temporaries in a host function's arena (as
 /// moe-plan-memory's default): more than the kernels' 16 bytes.
 constexpr uint64_t kArenaAlignment = 256;
@@ -188,6 +194,9 @@ LogicalResult checkSupported(Operation *op) {
     auto tensor = dyn_cast<RankedTensorType>(type);
     if (!tensor || !tensor.hasStaticShape())
       return op->emitError("the GPU path needs static shapes, got ") << type;
+    if (llvm::is_contained(tensor.getShape(), 0))
+      return op->emitError("the GPU path needs non-empty tensors, got ")
+             << type;
   }
   for (Value value : getDataValues(op))
     if (!cast<ShapedType>(value.getType()).getElementType().isBF16())
@@ -223,11 +232,15 @@ LogicalResult checkSupported(Operation *op) {
       return op->emitError("the GPU path routes among at most ")
              << kMaxGroups << " expert groups, got " << groups;
   }
-  for (auto [name, size] : getTiledSizes(op))
+  for (auto [name, size] : getTiledSizes(op)) {
     if (size % kTile != 0)
       return op->emitError()
              << "the GPU kernels need " << name << " to be a multiple of "
              << kTile << ", got " << size;
+    if (size > kMaxWidth)
+      return op->emitError() << "the GPU kernels take " << name << " up to "
+                             << kMaxWidth << ", got " << size;
+  }
   return success();
 }
 
@@ -340,6 +353,17 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
     if (!isStatic)
       return func.emitError("the GPU path needs functions on statically "
                             "shaped tensors, got ")
+             << input;
+    ShapedType shaped;
+    if (auto host = dyn_cast<HostTensorType>(input))
+      shaped = host.getDeviceType();
+    else
+      shaped = cast<ShapedType>(input);
+    ByteSizeStatus status;
+    (void)getByteSize(shaped, status);
+    if (status != ByteSizeStatus::Known)
+      return func.emitError("the GPU path takes tensors of at most 2^63 - 1 "
+                            "bytes, got ")
              << input;
   }
 
@@ -1217,6 +1241,8 @@ struct ConvertMoEToGPUPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (failed(checkNoMoEInNestedModules(module, "convert-moe-to-gpu")))
+      return signalPassFailure();
     // What a recompute plan (moe-plan-activations) left in the forward runs
     // in place; backward already holds its recomputation.
     inlineCheckpoints(module);

@@ -12,6 +12,7 @@
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/Checkpoint.h"
 #include "moe/Dialect/MoE/Transforms/Decompose.h"
+#include "moe/Dialect/MoE/Transforms/NestedModules.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
@@ -461,6 +462,8 @@ struct ConvertMoEToLinalgPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (failed(checkNoMoEInNestedModules(module, "convert-moe-to-linalg")))
+      return signalPassFailure();
     if (failed(decomposeLayers(module)))
       return signalPassFailure();
     inlineCheckpoints(module);

@@ -235,3 +235,52 @@ func.func @wrong_library_type(%a: tensor<4x64xbf16>) -> tensor<4x64xbf16> {
 }
 // expected-error @+1 {{@__moe_gpu_add exists, but the GPU path calls it as a function of type '(!gpu.async.token, memref<?xbf16>, memref<?xbf16>, memref<?xbf16>) -> !gpu.async.token'}}
 func.func private @__moe_gpu_add(%a: memref<?xbf16>)
+
+// -----
+
+// No tokens: the kernels need every tensor non-empty (a zero-size layer
+// crashed the conversion).
+func.func @no_tokens(%x: tensor<0x64xbf16>, %wr: tensor<64x4xbf16>)
+    -> (tensor<0x2xf32>, tensor<0x2xi32>, tensor<0x4xf32>) {
+  // expected-error @+1 {{the GPU path needs non-empty tensors, got 'tensor<0x64xbf16>'}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<0x64xbf16>, tensor<64x4xbf16> -> tensor<0x2xf32>, tensor<0x2xi32>, tensor<0x4xf32>
+  return %w, %e, %l : tensor<0x2xf32>, tensor<0x2xi32>, tensor<0x4xf32>
+}
+
+// -----
+
+// n past the kernels' bound (with n = 2^42 the workspace size wrapped).
+func.func @n_too_wide(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
+                      %wgu: tensor<4x64x262144xbf16>, %wd: tensor<4x131072x64xbf16>)
+    -> (tensor<74x64xbf16>, tensor<74x262144xbf16>) {
+  // expected-error @+1 {{the GPU kernels take n up to 65536, got 131072}}
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x262144xbf16>,
+        tensor<4x131072x64xbf16> -> tensor<74x64xbf16>, tensor<74x262144xbf16>
+  return %y, %h : tensor<74x64xbf16>, tensor<74x262144xbf16>
+}
+
+// -----
+
+func.func @d_too_wide(%x: tensor<37x131072xbf16>, %wr: tensor<131072x4xbf16>)
+    -> (tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>) {
+  // expected-error @+1 {{the GPU kernels take d up to 65536, got 131072}}
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x131072xbf16>, tensor<131072x4xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+  return %w, %e, %l : tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>
+}
+
+// -----
+
+// 2^62 tokens: the tensors' bytes do not fit in 63 bits (the element count
+// itself wrapped before).
+// expected-error @+1 {{the GPU path takes tensors of at most 2^63 - 1 bytes, got 'tensor<4611686018427387904x64xbf16>'}}
+func.func @bytes_wrap(%x: tensor<4611686018427387904x64xbf16>, %wr: tensor<64x4xbf16>)
+    -> tensor<4611686018427387904x4xf32> {
+  %w, %e, %l = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<4611686018427387904x64xbf16>, tensor<64x4xbf16>
+      -> tensor<4611686018427387904x2xf32>, tensor<4611686018427387904x2xi32>,
+         tensor<4611686018427387904x4xf32>
+  return %l : tensor<4611686018427387904x4xf32>
+}

@@ -56,6 +56,21 @@ TEST(MemorySize, Errors) {
   EXPECT_FALSE(parseMemorySize(".", &error));
 }
 
+// Twelve decimals of a large number times TiB passed 2^128 and wrapped to a
+// small count (256 MiB for this one) before the product was checked.
+TEST(MemorySize, ProductPastOneHundredTwentyEightBits) {
+  std::string error;
+  EXPECT_FALSE(
+      parseMemorySize("309485009821345.068968921681TiB", &error).has_value());
+  EXPECT_NE(error.find("too large"), std::string::npos) << error;
+  EXPECT_FALSE(parseMemorySize("999999999999999999.999999999999TiB", &error)
+                   .has_value());
+  EXPECT_NE(error.find("too large"), std::string::npos) << error;
+  // A large count with a fraction still parses exactly.
+  EXPECT_EQ(parseMemorySize("16777215.5TiB"),
+            16777215ull * (1ull << 40) + (1ull << 39));
+}
+
 TEST(MemorySize, LargestExactValue) {
   EXPECT_EQ(parseMemorySize("18446744073709551615"), UINT64_MAX);
   EXPECT_FALSE(parseMemorySize("18446744073709551616"));

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
@@ -420,6 +421,8 @@ struct MoEGenerateBackwardPass
     : public mlir::moe::impl::MoEGenerateBackwardBase<MoEGenerateBackwardPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (failed(checkNoMoEInNestedModules(module, "moe-generate-backward")))
+      return signalPassFailure();
     SymbolTable symbols(module);
     SmallVector<func::FuncOp> functions;
     for (auto func : module.getOps<func::FuncOp>())

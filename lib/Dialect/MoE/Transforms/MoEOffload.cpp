@@ -12,6 +12,7 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
@@ -193,6 +194,8 @@ LogicalResult MoEOffloadPass::offloadPair(func::FuncOp forward,
 
 void MoEOffloadPass::runOnOperation() {
   ModuleOp module = getOperation();
+  if (failed(checkNoMoEInNestedModules(module, "moe-offload")))
+    return signalPassFailure();
   if (prefetch != "early" && prefetch != "late") {
     // On the first function: the module of a parsed file has no location.
     auto functions = module.getOps<func::FuncOp>();

@@ -13,6 +13,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
+#include "moe/Support/ByteSize.h"
 #include "moe/Support/MemorySize.h"
 
 #include "mlir/IR/Builders.h"
@@ -30,16 +31,6 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
-
-/// Bytes of a statically shaped tensor, or nullopt.
-std::optional<uint64_t> tensorBytes(Type type) {
-  auto tensor = dyn_cast<RankedTensorType>(type);
-  if (!tensor || !tensor.hasStaticShape())
-    return std::nullopt;
-  uint64_t elementBytes =
-      (tensor.getElementType().getIntOrFloatBitWidth() + 7) / 8;
-  return static_cast<uint64_t>(tensor.getNumElements()) * elementBytes;
-}
 
 /// "12744 B (1.19e-05 GiB)".
 std::string bytesText(uint64_t bytes) {
@@ -355,26 +346,56 @@ void MoEPlanActivationsPass::runOnOperation() {
   if (candidates.empty() && common.empty())
     return;
 
-  // Bytes of each plan; unknown with a dynamic shape.
+  // Bytes of each plan; unknown with a dynamic shape. The report's words for
+  // the dynamic value are taken now: the plan may erase its op.
   Value dynamic;
+  std::string dynamicName;
+  Type dynamicType;
+  auto noteDynamic = [&](Value value) {
+    if (dynamic)
+      return;
+    dynamic = value;
+    dynamicName = valueText(value);
+    dynamicType = value.getType();
+  };
+  // A byte count over 63 bits is an error at the value, never a wrapped
+  // number in the plan.
+  auto tooLarge = [&](Value value) {
+    emitError(value.getLoc())
+        << "moe-plan-activations: the bytes of " << valueText(value) << " ("
+        << value.getType() << "), added up, do not fit in 63 bits";
+    signalPassFailure();
+  };
   uint64_t commonBytes = 0;
   for (Value value : common) {
-    std::optional<uint64_t> bytes = tensorBytes(value.getType());
-    if (!bytes) {
-      dynamic = value;
+    ByteSizeStatus status = ByteSizeStatus::Dynamic;
+    uint64_t bytes = 0;
+    if (auto shaped = dyn_cast<ShapedType>(value.getType()))
+      bytes = getByteSize(shaped, status);
+    if (status == ByteSizeStatus::Dynamic) {
+      noteDynamic(value);
       break;
     }
-    commonBytes += *bytes;
+    std::optional<uint64_t> sum = addByteSizes(commonBytes, bytes);
+    if (status == ByteSizeStatus::Overflow || !sum)
+      return tooLarge(value);
+    commonBytes = *sum;
   }
+  uint64_t keepBytes = commonBytes;
   for (Candidate &candidate : candidates) {
     Value x = candidate.op->getOperand(0);
     Value h = candidate.op->getResult(1);
-    std::optional<uint64_t> bytes = tensorBytes(h.getType());
-    if (!bytes) {
-      dynamic = dynamic ? dynamic : h;
+    ByteSizeStatus status;
+    uint64_t bytes = getByteSize(cast<ShapedType>(h.getType()), status);
+    if (status == ByteSizeStatus::Dynamic) {
+      noteDynamic(h);
       continue;
     }
-    candidate.hBytes = *bytes;
+    std::optional<uint64_t> sum = addByteSizes(keepBytes, bytes);
+    if (status == ByteSizeStatus::Overflow || !sum)
+      return tooLarge(h);
+    keepBytes = *sum;
+    candidate.hBytes = bytes;
     auto hType = cast<RankedTensorType>(h.getType());
     auto xType = cast<RankedTensorType>(x.getType());
     candidate.flops = 2.0 * static_cast<double>(hType.getDimSize(0)) *
@@ -383,8 +404,8 @@ void MoEPlanActivationsPass::runOnOperation() {
   }
   if (dynamic && budget) {
     func.emitError("cannot plan activations under memory-budget ")
-        << bytesText(*budget) << ": " << valueText(dynamic) << " has type "
-        << dynamic.getType() << "; the saved bytes need static shapes";
+        << bytesText(*budget) << ": " << dynamicName << " has type "
+        << dynamicType << "; the saved bytes need static shapes";
     return signalPassFailure();
   }
 
@@ -407,12 +428,10 @@ void MoEPlanActivationsPass::runOnOperation() {
   for (Operation &op : func.getBody().front())
     forwardTotal += forwardFlops(&op);
 
-  uint64_t keepBytes = commonBytes, recomputeBytes = commonBytes;
+  uint64_t recomputeBytes = commonBytes;
   double recomputeFlops = 0;
-  for (const Candidate &candidate : candidates) {
-    keepBytes += candidate.hBytes;
+  for (const Candidate &candidate : candidates)
     recomputeFlops += candidate.flops;
-  }
   Rates rates{gpuTflops * 1e12, hostGbps * 1e9};
   auto every = [&](Choice choice) {
     return SmallVector<Choice>(candidates.size(), choice);
@@ -512,8 +531,8 @@ void MoEPlanActivationsPass::runOnOperation() {
   if (dynamic) {
     remark << numRecomputed << " recomputed, " << numOffloaded
            << " offloaded of " << candidates.size()
-           << " expert FFNs; saved bytes unknown (" << valueText(dynamic)
-           << " has type " << dynamic.getType() << ")";
+           << " expert FFNs; saved bytes unknown (" << dynamicName
+           << " has type " << dynamicType << ")";
     return;
   }
   std::string plans;

@@ -14,15 +14,18 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 #include "moe/Support/ArenaPlacement.h"
+#include "moe/Support/ByteSize.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
@@ -128,12 +131,19 @@ FailureOr<Buffer *> StepPlanner::bufferOf(Value value, unsigned index) {
   auto [it, inserted] = buffers.try_emplace(value);
   Buffer &buffer = it->second;
   if (inserted) {
-    uint64_t elementBytes =
-        (shaped.getElementType().getIntOrFloatBitWidth() + 7) / 8;
+    ByteSizeStatus status;
     buffer.value = value;
-    buffer.size = static_cast<uint64_t>(shaped.getNumElements()) * elementBytes;
+    buffer.size = getByteSize(shaped, status);
     buffer.first = buffer.last = index;
     buffer.host = host;
+    if (status != ByteSizeStatus::Known) {
+      InFlightDiagnostic diag = isa<BlockArgument>(value)
+                                    ? mlir::emitError(value.getLoc())
+                                    : value.getDefiningOp()->emitOpError();
+      diag << "moe-plan-memory: the bytes of " << valueName(value) << " ("
+           << type << ") do not fit in 63 bits";
+      return failure();
+    }
   }
   return &buffer;
 }
@@ -177,11 +187,17 @@ LogicalResult StepPlanner::collect() {
       Value value = forwardReturn.getOperand(firstSaved + i);
       alias[backward.getArgument(i)] = value;
       if (auto argument = dyn_cast<BlockArgument>(value))
-        if (auto type = dyn_cast<RankedTensorType>(argument.getType());
-            type && type.hasStaticShape())
-          savedArguments +=
-              static_cast<uint64_t>(type.getNumElements()) *
-              ((type.getElementType().getIntOrFloatBitWidth() + 7) / 8);
+        if (auto type = dyn_cast<RankedTensorType>(argument.getType())) {
+          ByteSizeStatus status;
+          uint64_t bytes = getByteSize(type, status);
+          std::optional<uint64_t> sum = addByteSizes(savedArguments, bytes);
+          if (status == ByteSizeStatus::Overflow || !sum)
+            return mlir::emitError(argument.getLoc())
+                   << "moe-plan-memory: the bytes of the saved arguments ("
+                   << type << " among them) do not fit in 63 bits";
+          if (status == ByteSizeStatus::Known)
+            savedArguments = *sum;
+        }
     }
   }
 
@@ -227,6 +243,18 @@ LogicalResult StepPlanner::assign() {
       requests.push_back(
           {entry.second.size, entry.second.first, entry.second.last});
     }
+  // With every buffer and its alignment padding under 2^63 in all, no
+  // offset, end or sum of live bytes below can wrap.
+  uint64_t total = 0;
+  for (const ArenaBuffer &request : requests) {
+    std::optional<uint64_t> sum = addByteSizes(total, request.size);
+    sum = sum ? addByteSizes(*sum, alignment) : std::nullopt;
+    if (!sum)
+      return forward.emitOpError("moe-plan-memory: the step's ")
+             << requests.size() << " buffers, aligned to " << alignment
+             << " B, do not fit in 63 bits";
+    total = *sum;
+  }
   SmallVector<uint64_t> offsets;
   arenaSize = placeInArena(requests, alignment, offsets);
   for (auto [buffer, offset] : llvm::zip(inArena, offsets))
@@ -327,6 +355,8 @@ bool containsMoEOps(func::FuncOp func) {
 
 void MoEPlanMemoryPass::runOnOperation() {
   ModuleOp module = getOperation();
+  if (failed(checkNoMoEInNestedModules(module, "moe-plan-memory")))
+    return signalPassFailure();
   auto functions = llvm::to_vector(module.getOps<func::FuncOp>());
   Operation *at = functions.empty() ? module.getOperation()
                                     : functions.front().getOperation();
@@ -350,6 +380,19 @@ void MoEPlanMemoryPass::runOnOperation() {
     }
     os = file.get();
   }
+  // A failed write (a full disk, /dev/full) is an error here, on every way
+  // out; left in the stream it would abort the program when it closes.
+  llvm::scope_exit closeReport([&] {
+    if (!file)
+      return;
+    file->close();
+    if (!file->has_error())
+      return;
+    at->emitError("moe-plan-memory: cannot write the memory report to '")
+        << memoryReport << "': " << file->error().message();
+    file->clear_error();
+    signalPassFailure();
+  });
 
   // Training pairs as steps; functions with moe ops that belong to no pair
   // (and are not the source of one) alone.

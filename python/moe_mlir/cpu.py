@@ -743,6 +743,141 @@ def check_signature_supported(sig: FunctionSignature) -> None:
                 )
 
 
+# =========================================================================== index inputs
+
+# The integer operands of each moe op whose values the CPU kernels use as indices, by operand
+# position: the kind of index and the operand (position, dimension) that bounds it. Most
+# kernels read the queues without a bounds check (a token id or an offset out of range reads
+# or writes out of bounds), so a function's inputs that reach them are checked before a call.
+_INDEX_OPERANDS = {
+    "dispatch": [("experts", 0, None)],
+    "expert_ffn": [("token_ids", 1, (0, 0)), ("offsets", 2, (3, 0))],
+    "expert_ffn_grad": [("token_ids", 1, (0, 0)), ("offsets", 2, (3, 0))],
+    "expert_combine_grad": [("token_ids", 1, (0, 0)), ("offsets", 2, (5, 0)), ("rows", 3, (1, 0))],
+    "combine": [("rows", 2, (0, 0))],
+    "combine_grad": [("rows", 2, (3, 0))],
+    "router_grad": [("experts", 3, (2, 1))],
+    "aux_loss": [("experts", 1, (0, 1))],
+    "aux_loss_grad": [("experts", 1, (0, 1))],
+}
+_GENERIC_OP_RE = re.compile(r'"moe\.(\w+)"\(([^)]*)\)')
+
+
+@dataclasses.dataclass
+class IndexCheck:
+    """One function input that an op reads as indices, and what bounds its values."""
+
+    arg: int  # the function's input
+    kind: str  # token_ids, offsets, rows or experts
+    op: str
+    bound: Optional[tuple]  # ("arg", input, dim) or ("size", n); None: unknown
+    queue: Optional[tuple] = None  # offsets: what bounds them, the token ids' count (_bound)
+    num_experts: Optional[int] = None
+
+
+def _bound(ref, operands: List[str], types: List[str], args: Dict[str, int]):
+    """What bounds an index operand: ("arg", input, dim) when operand ref[0] is a function
+    input, ("size", n) when its type's dimension ref[1] is static, else None."""
+    if ref is None:
+        return None
+    pos, dim = ref
+    if operands[pos] in args:
+        return ("arg", args[operands[pos]], dim)
+    shape = TensorSpec.parse(types[pos]).shape
+    size = shape[dim] if dim < len(shape) else None
+    return ("size", size) if size is not None else None
+
+
+def index_checks(generic_text: str) -> Dict[str, List[IndexCheck]]:
+    """For each function of generic-form MLIR (`--mlir-print-op-generic`), its inputs that a moe
+    op reads as indices, with what bounds their values (_bound)."""
+    text = strip_comments(generic_text)
+    checks: Dict[str, List[IndexCheck]] = {}
+    for m in re.finditer(r'"func\.func"\(\) <\{', text):
+        props_end = _matching(text, m.end() - 2)
+        name = re.search(r'sym_name = "([^"]+)"', text[m.end() : props_end])
+        region = text.find("({", props_end, props_end + 4)
+        if not name or region < 0:
+            continue
+        body = text[region : _matching(text, region)]
+        header = re.match(r"\(\{\s*\^bb0\(([^)]*)\)", body)
+        args = {}
+        if header:
+            for i, entry in enumerate(_split_top(header.group(1), ",")):
+                args[entry.split(":")[0].strip()] = i
+        # The arguments of a checkpoint's region are its operands.
+        for c in re.finditer(r'"moe\.checkpoint"\(([^)]*)\)[^(]*\(\{\s*\^bb0\(([^)]*)\)', body):
+            outer = [o.strip() for o in c.group(1).split(",") if o.strip()]
+            inner = [e.split(":")[0].strip() for e in _split_top(c.group(2), ",")]
+            for a, b in zip(outer, inner):
+                if a in args:
+                    args[b] = args[a]
+        found = []
+        for op in _GENERIC_OP_RE.finditer(body):
+            kind_list = _INDEX_OPERANDS.get(op.group(1))
+            if not kind_list:
+                continue
+            operands = [o.strip() for o in op.group(2).split(",")]
+            sig = body.find(" : (", op.end())
+            types = _split_top(body[sig + 3 : _matching(body, sig + 3)][1:-1], ",")
+            props = body[op.end() : sig]
+            experts = re.search(r"num_experts = (\d+)", props)
+
+            queue = _bound((1, 0), operands, types, args) if op.group(1) != "dispatch" else None
+            for kind, pos, ref in kind_list:
+                if operands[pos] not in args:
+                    continue
+                found.append(
+                    IndexCheck(
+                        args[operands[pos]],
+                        kind,
+                        op.group(1),
+                        _bound(ref, operands, types, args),
+                        queue if kind == "offsets" else None,
+                        int(experts.group(1)) if experts else None,
+                    )
+                )
+        checks[name.group(1)] = found
+    return checks
+
+
+def check_index_inputs(name: str, checks: Sequence[IndexCheck], arrays: Sequence[np.ndarray]):
+    """Raises ValueError when an input a moe op reads as indices holds a value out of range."""
+
+    def size(bound):
+        return arrays[bound[1]].shape[bound[2]] if bound[0] == "arg" else bound[1]
+
+    def fail(check, detail):
+        raise ValueError(f"@{name} input {check.arg} ({check.kind} of 'moe.{check.op}') {detail}")
+
+    for check in checks:
+        a = np.asarray(arrays[check.arg]).astype(np.int64).reshape(-1)
+        bound = size(check.bound) if check.bound else None
+        if check.kind == "offsets":
+            if bound is not None and a.size != bound + 1:
+                fail(check, f"has {a.size} entries for {bound} experts (expected {bound + 1})")
+            if a.size == 0 or a[0] != 0:
+                fail(check, "must start at 0")
+            if (np.diff(a) < 0).any():
+                fail(check, "must not decrease")
+            rows = size(check.queue) if check.queue else None
+            if rows is not None and a[-1] > rows:
+                fail(check, f"ends at {a[-1]}, past the {rows} token ids")
+        elif check.kind == "token_ids":
+            if bound is not None and a.size and (a.min() < 0 or a.max() >= bound):
+                bad = a[(a < 0) | (a >= bound)][0]
+                fail(check, f"holds token id {bad}, outside [0, {bound}) tokens")
+        elif check.kind == "rows":
+            if bound is not None and a.size and (a.min() < -1 or a.max() >= bound):
+                bad = a[(a < -1) | (a >= bound)][0]
+                fail(check, f"holds row {bad}, neither -1 (dropped) nor in [0, {bound})")
+        elif check.kind == "experts":
+            experts = check.num_experts if check.bound is None else bound
+            if experts is not None and a.size and (a.min() < 0 or a.max() >= experts):
+                bad = a[(a < 0) | (a >= experts)][0]
+                fail(check, f"holds expert {bad}, outside [0, {experts})")
+
+
 class CompiledFunction:
     """A public function of a compiled module, typed by its tensor-level signature."""
 
@@ -751,6 +886,7 @@ class CompiledFunction:
         self.module = module
         self.signature = signature
         self.name = signature.name
+        self.index_checks: List[IndexCheck] = []
 
     def check_inputs(self, inputs: Sequence) -> List[np.ndarray]:
         sig = self.signature
@@ -773,6 +909,7 @@ class CompiledFunction:
 
     def __call__(self, *inputs) -> Tuple[np.ndarray, ...]:
         arrays = self.check_inputs(inputs)
+        check_index_inputs(self.name, self.index_checks, arrays)
         outs = [(t.shape, t.dtype) for t in self.signature.results]
         return tuple(self.module.call(self.name, arrays, outs))
 
@@ -780,11 +917,18 @@ class CompiledFunction:
 class CompiledModule:
     """Tensor-level MLIR lowered and compiled. `module[name]` is a CompiledFunction."""
 
-    def __init__(self, tensor_ir: str, lowered_ir: str, cpu_module: CpuModule):
+    def __init__(
+        self,
+        tensor_ir: str,
+        lowered_ir: str,
+        cpu_module: CpuModule,
+        checks: Optional[Dict[str, List[IndexCheck]]] = None,
+    ):
         self.tensor_ir = tensor_ir
         self.lowered_ir = lowered_ir
         self.cpu = cpu_module
         self.signatures = parse_functions(tensor_ir)
+        self.checks = checks or {}
         self._functions: Dict[str, CompiledFunction] = {}
 
     def __getitem__(self, name: str) -> CompiledFunction:
@@ -797,7 +941,9 @@ class CompiledModule:
                     if s.visibility == "public" and not s.is_declaration
                 ]
                 raise KeyError(f"no public function @{name} (have: {', '.join(public)})")
-            self._functions[name] = CompiledFunction(self.cpu, sig)
+            function = CompiledFunction(self.cpu, sig)
+            function.index_checks = self.checks.get(name, [])
+            self._functions[name] = function
         return self._functions[name]
 
     def __contains__(self, name: str) -> bool:
@@ -821,7 +967,10 @@ def compile_mlir(
     if pre_passes:
         text = run_opt(text, pre_passes, opt_tool)
     lowered = run_opt(text, passes, opt_tool)
-    return CompiledModule(text, lowered, CpuModule(lowered, keep_dir=keep_dir))
+    checks = {}
+    if "moe." in text:  # which inputs moe ops read as indices, from the generic form
+        checks = index_checks(run_opt(text, ["--mlir-print-op-generic"], opt_tool))
+    return CompiledModule(text, lowered, CpuModule(lowered, keep_dir=keep_dir), checks)
 
 
 def compile_function(

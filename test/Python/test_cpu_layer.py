@@ -323,3 +323,30 @@ def test_nan_and_inf_inputs_follow_the_documented_rules():
     )
     for (gname, g), r in zip(grads.items(), ref_grads):
         same_nans_and_close(g, r, f"gradient of {gname}")
+
+
+def test_tampered_saved_indices_are_refused():
+    """Backward takes the dispatch queues and the router's choices as saved inputs: a saved
+    tensor tampered with between forward and backward (a token id of 2^31 - 1, a negative one,
+    offsets past the end, a row or an expert out of range) raises ValueError naming the input,
+    instead of reading out of bounds."""
+    name = "t37_shared"
+    config, mode = CASES[name]
+    layer = compiled(name)
+    args = make_inputs(config, mode, 11)
+    out, logits, saved = layer.forward(args)
+    checks = layer.module[f"{layer.name}_backward"].index_checks
+    assert sorted(c.kind for c in checks) == ["experts", "offsets", "rows", "token_ids"]
+    d_out, d_logits = np.ones_like(out), np.zeros_like(logits)
+    expected = layer.backward(saved, d_out, d_logits)
+    for check in checks:
+        values = [2**31 - 1, -7] if check.kind != "offsets" else [10**6, -1]
+        for value in values:
+            tampered = [a.copy() for a in saved]
+            tampered[check.arg].reshape(-1)[-1 if check.kind == "offsets" else 0] = value
+            with pytest.raises(ValueError, match=f"input {check.arg} \\({check.kind} of"):
+                layer.backward(tampered, d_out, d_logits)
+    # and the untampered inputs still give the same gradients, bit for bit
+    again = layer.backward(saved, d_out, d_logits)
+    for key in expected:
+        assert expected[key].tobytes() == again[key].tobytes()

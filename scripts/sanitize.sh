@@ -9,7 +9,8 @@
 #
 #   scripts/sanitize.sh
 #
-# MOE_ASAN_BUILD_DIR overrides the build folder.
+# MOE_ASAN_BUILD_DIR overrides the build folder. MOE_SANITIZE_LAYER_FUZZ=S
+# then runs test/Fuzz/layer_fuzz.py on the instrumented tools for S seconds.
 set -euo pipefail
 # shellcheck source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -37,3 +38,7 @@ MOE_BUILD_DIR=$build "$root/scripts/build.sh" \
   -DLLVM_UBSAN_FLAGS="-fsanitize=undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" -E '^moe-lint$'
+if [ -n "${MOE_SANITIZE_LAYER_FUZZ:-}" ]; then
+  python3 "$root/test/Fuzz/layer_fuzz.py" --build "$build" \
+    --seconds "$MOE_SANITIZE_LAYER_FUZZ" --out "$build/layer-fuzz"
+fi

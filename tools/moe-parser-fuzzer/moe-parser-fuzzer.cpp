@@ -16,10 +16,19 @@
 // still goes through the inlined host code, gpu-to-llvm and PTX generation.
 // test/Target/NVPTX covers the real kernels.
 //
-// Built with -DMOE_ENABLE_FUZZER=ON; scripts/fuzz.sh runs it.
+// With MOE_FUZZ_LAYERS=1 in the environment the harness is structure-aware:
+// the fuzzer's bytes choose a module of moe.layer functions, built with the op
+// builders (every routing option, bias, shared experts, capacity factors, the
+// element types and activations, dynamic dimensions, sizes at and past every
+// limit, extra and passthrough results, several functions, a nested module),
+// and what verifies goes through the same passes. test/Fuzz/layer_fuzz.py does
+// the same from random seeds through the command-line tools.
+//
+// Built with -DMOE_ENABLE_FUZZER=ON; scripts/fuzz.sh runs both modes.
 //
 //===----------------------------------------------------------------------===//
 
+#include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/InitAll.h"
 
 #include "moe/Pipelines/Pipelines.h"
@@ -34,6 +43,8 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -110,15 +121,169 @@ extern "C" const char *__asan_default_options() {
   return "allow_user_poisoning=0";
 }
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  // The lexer reads up to the terminating nul, so parse a nul-terminated copy.
-  std::string source(reinterpret_cast<const char *>(data), size);
+static void runPasses(MLIRContext &context, ModuleOp module);
 
+namespace {
+
+/// A dimension: mostly small, sometimes 0, a limit, past one, or dynamic.
+int64_t pickSize(FuzzedDataProvider &bytes, ArrayRef<int64_t> usual) {
+  static constexpr int64_t kEdges[] = {0,
+                                       1,
+                                       63,
+                                       65,
+                                       65536,
+                                       65600,
+                                       2147483647,
+                                       2147483648LL,
+                                       4611686018427387904LL};
+  switch (bytes.ConsumeIntegralInRange<int>(0, 9)) {
+  case 0:
+    return ShapedType::kDynamic;
+  case 1:
+    return kEdges[bytes.ConsumeIntegralInRange<size_t>(0,
+                                                       std::size(kEdges) - 1)];
+  default:
+    return usual[bytes.ConsumeIntegralInRange<size_t>(0, usual.size() - 1)];
+  }
+}
+
+int64_t times(int64_t size, int64_t factor) {
+  return ShapedType::isDynamic(size) ? size : size * factor;
+}
+
+/// Appends one func.func holding a moe.layer chosen by `bytes` at the end of
+/// `block`; false when the bytes ask for what cannot be built (an attribute
+/// the attribute verifier refuses).
+bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
+                unsigned index) {
+  MLIRContext *context = builder.getContext();
+  Location loc = builder.getUnknownLoc();
+  Type elements[] = {builder.getF32Type(), builder.getBF16Type(),
+                     builder.getF16Type()};
+  Type element = elements[bytes.ConsumeIntegralInRange<int>(0, 2)];
+  auto activation =
+      static_cast<moe::Activation>(bytes.ConsumeIntegralInRange<int>(0, 2));
+  bool gated = activation == moe::Activation::swiglu;
+  int64_t tokens = pickSize(bytes, {1, 2, 7, 37, 64});
+  int64_t d = pickSize(bytes, {4, 8, 48, 64, 128});
+  int64_t n = pickSize(bytes, {4, 8, 40, 64, 128});
+  int64_t experts =
+      bytes.PickValueInArray<int64_t>({1, 2, 4, 5, 8, 64, 1024, 1025});
+  auto scoring = bytes.ConsumeBool() ? moe::ScoringFunc::sigmoid
+                                     : moe::ScoringFunc::softmax;
+  int64_t topK = bytes.ConsumeIntegralInRange<int64_t>(0, experts + 1);
+  int64_t groups = bytes.PickValueInArray<int64_t>({1, 1, 2, 3, 4, 8});
+  int64_t topkGroups = bytes.ConsumeIntegralInRange<int64_t>(0, groups + 1);
+  double scaling = bytes.PickValueInArray<double>({1.0, 2.5, 0.0, -1.0});
+  moe::RoutingAttr routing = moe::RoutingAttr::getChecked(
+      [&] { return emitError(loc); }, context, scoring, topK,
+      bytes.ConsumeBool(), groups, topkGroups, llvm::APFloat(scaling),
+      bytes.ConsumeBool());
+  if (!routing)
+    return false;
+
+  auto tensor = [&](ArrayRef<int64_t> shape, Type type) {
+    return RankedTensorType::get(shape, type);
+  };
+  SmallVector<Type> inputs = {tensor({tokens, d}, element),
+                              tensor({d, experts}, element)};
+  bool hasBias = bytes.ConsumeBool();
+  if (hasBias)
+    inputs.push_back(tensor({experts}, builder.getF32Type()));
+  inputs.push_back(tensor({experts, d, times(n, gated ? 2 : 1)}, element));
+  inputs.push_back(tensor({experts, n, d}, element));
+  bool hasShared = bytes.ConsumeIntegralInRange<int>(0, 3) == 0;
+  if (hasShared) {
+    int64_t m = pickSize(bytes, {8, 64});
+    inputs.push_back(tensor({d, times(m, gated ? 2 : 1)}, element));
+    inputs.push_back(tensor({m, d}, element));
+  }
+  FloatAttr capacity;
+  if (bytes.ConsumeIntegralInRange<int>(0, 5) == 0)
+    capacity = builder.getF64FloatAttr(
+        bytes.PickValueInArray<double>({1.0, 1.25, 0.5, 0.0}));
+
+  Type out = inputs[0];
+  Type logits = tensor({tokens, experts}, builder.getF32Type());
+  SmallVector<Type> results = {out};
+  bool returnLogits = bytes.ConsumeBool();
+  if (returnLogits)
+    results.push_back(logits);
+  bool passthrough = bytes.ConsumeIntegralInRange<int>(0, 4) == 0;
+  if (passthrough)
+    results.push_back(inputs[1]);
+
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToEnd(&block);
+  auto func =
+      func::FuncOp::create(builder, loc, "layer" + std::to_string(index),
+                           builder.getFunctionType(inputs, results));
+  Block *body = func.addEntryBlock();
+  builder.setInsertionPointToEnd(body);
+  ValueRange args = body->getArguments();
+  unsigned next = 2;
+  Value bias = hasBias ? args[next++] : Value();
+  Value wGateUp = args[next++];
+  Value wDown = args[next++];
+  Value sharedGateUp = hasShared ? args[next++] : Value();
+  Value sharedDown = hasShared ? args[next++] : Value();
+  auto layer = moe::LayerOp::create(
+      builder, loc, out, logits, args[0], args[1], bias, wGateUp, wDown,
+      sharedGateUp, sharedDown, routing,
+      moe::ActivationAttr::get(context, activation), capacity);
+  SmallVector<Value> returned = {layer.getOut()};
+  if (returnLogits)
+    returned.push_back(layer.getRouterLogits());
+  if (passthrough)
+    returned.push_back(args[1]);
+  func::ReturnOp::create(builder, loc, returned);
+  return true;
+}
+
+/// The module of layer functions that `data` chooses, or null.
+OwningOpRef<ModuleOp> buildLayers(MLIRContext &context, const uint8_t *data,
+                                  size_t size) {
+  FuzzedDataProvider bytes(data, size);
+  // The parser loads the dialects an input names; the builders need them now.
+  context.loadDialect<moe::MoEDialect, func::FuncDialect>();
+  OpBuilder builder(&context);
+  OwningOpRef<ModuleOp> module = ModuleOp::create(builder.getUnknownLoc());
+  Block *block = module->getBody();
+  if (bytes.ConsumeIntegralInRange<int>(0, 9) == 0) {
+    builder.setInsertionPointToEnd(block);
+    block =
+        ModuleOp::create(builder, builder.getUnknownLoc(), "inner").getBody();
+  }
+  unsigned functions = bytes.ConsumeIntegralInRange<unsigned>(1, 3);
+  for (unsigned i = 0; i < functions; ++i)
+    if (!buildLayer(builder, bytes, *block, i))
+      return nullptr;
+  if (failed(verify(*module)))
+    return nullptr;
+  return module;
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   // A fresh context per input: nothing carries over from one input to the
   // next, and no thread pool is started.
   MLIRContext context(parserRegistry(), MLIRContext::Threading::DISABLED);
   ScopedDiagnosticHandler swallow(&context,
                                   [](Diagnostic &) { return success(); });
+
+  static const bool layers = [] {
+    const char *mode = std::getenv("MOE_FUZZ_LAYERS");
+    return mode && std::string(mode) == "1";
+  }();
+  if (layers) {
+    if (OwningOpRef<ModuleOp> module = buildLayers(context, data, size))
+      runPasses(context, *module);
+    return 0;
+  }
+
+  // The lexer reads up to the terminating nul, so parse a nul-terminated copy.
+  std::string source(reinterpret_cast<const char *>(data), size);
 
   ParserConfig config(&context);
   OwningOpRef<ModuleOp> module =
@@ -126,12 +291,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!module)
     return 0;
 
+  runPasses(context, *module);
+  return 0;
+}
+
+static void runPasses(MLIRContext &context, ModuleOp module) {
   // The input verified: the printers and the passes must cope with it.
   module->print(llvm::nulls());
   module->print(llvm::nulls(), OpPrintingFlags().printGenericOpForm());
 
   context.appendDialectRegistry(passRegistry());
-  ModuleOp input = *module;
+  ModuleOp input = module;
   OwningOpRef<ModuleOp> decomposed =
       runOurPass(input, moe::createMoEDecompose());
   if (decomposed)
@@ -157,12 +327,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   OwningOpRef<ModuleOp> converted =
       runOurPass(input, moe::createConvertMoEToLinalg());
   if (!converted)
-    return 0;
+    return;
   // The whole CPU pipeline, with the verifier after each pass; on converted
   // IR its convert-moe-to-linalg finds nothing left to do.
   PassManager pm(&context);
   moe::buildMoELowerToCPUPipeline(pm);
   if (succeeded(pm.run(*converted)))
     (*converted)->print(llvm::nulls());
-  return 0;
 }

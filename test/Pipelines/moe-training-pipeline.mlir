@@ -9,6 +9,10 @@
 // RUN: not moe-opt %s --moe-training-pipeline="memory-budget=-1" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not moe-opt %s --moe-training-pipeline="offload=sometimes" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
 // RUN: moe-opt --help | FileCheck %s --check-prefix=HELP
+// Every option is checked, with or without chip (these were accepted without it):
+// RUN: not moe-opt %s --moe-training-pipeline="policy=frugal" 2>&1 | FileCheck %s --check-prefix=POLICY
+// RUN: not moe-opt %s --moe-training-pipeline="format=offload" 2>&1 | FileCheck %s --check-prefix=FORMAT
+// RUN: not moe-opt %s --moe-training-pipeline="gpu-tflops=0" 2>&1 | FileCheck %s --check-prefix=RATE
 
 // DUMP: builtin.module(
 // DUMP-NEXT: moe-decompose,
@@ -19,6 +23,9 @@
 // BUDGET: unknown unit 'GiX' in memory size '4GiX'
 // NEGATIVE: memory size '-1' must start with a non-negative number
 // OFFLOAD: Cannot find option named 'sometimes'
+// POLICY: moe-training-pipeline: unknown policy 'frugal' (expected keep, recompute, offload or auto)
+// FORMAT: moe-training-pipeline: unknown format 'offload' (expected bin, isa or fatbin)
+// RATE: moe-training-pipeline: gpu-tflops and host-gbps must be positive
 // HELP: --moe-decompose
 // HELP: --moe-training-pipeline
 // HELP-DAG: --chip=<string>

@@ -3,6 +3,10 @@
 // RUN: moe-opt %s --moe-plan-activations="policy=offload report=false" --moe-generate-backward --moe-offload --moe-plan-memory="memory-report=- alignment=1" -o /dev/null | FileCheck %s --check-prefix=OFFLOAD
 // RUN: moe-opt %s --moe-plan-activations="report=false" --moe-generate-backward --moe-plan-memory=memory-report=%t.report -o /dev/null
 // RUN: FileCheck %s --check-prefix=KEEP < %t.report
+// A report that cannot be written is a diagnostic (a full device ended in "LLVM ERROR"):
+// RUN: not moe-opt %s --moe-plan-memory=memory-report=/dev/full -o /dev/null 2>&1 | FileCheck %s --check-prefix=FULL
+// FULL: error: moe-plan-memory: cannot write the memory report to '/dev/full': {{.*}}
+// FULL-NOT: LLVM ERROR
 // RUN: moe-opt %s --moe-decompose --moe-plan-memory=memory-report=- -o /dev/null | FileCheck %s --check-prefix=ALONE
 
 // The layer of moe-plan-activations.mlir (x 128 B, routing metadata 212 B,

@@ -2,9 +2,9 @@
 //
 // convert-gpu-to-nvvm lowers gpu.dynamic_shared_memory to an internal
 // zero-size global aligned to 16 (docs/gpu-kernels.md, pitfall P6); swizzled
-// TMA/wgmma tiles need 1024. An external global becomes `.extern .shared .align
-// 1024 .b8
-// __dynamic_shmem__0[];`, which ptxas places at the start of dynamic smem.
+// TMA/wgmma tiles need 1024. An external global becomes
+// `.extern .shared .align 1024 .b8 __dynamic_shmem__0[];`, which ptxas places
+// at the start of dynamic smem.
 //
 //===----------------------------------------------------------------------===//
 

@@ -388,7 +388,9 @@ void MoEPlanMemoryPass::runOnOperation() {
     file->close();
     if (!file->has_error())
       return;
-    at->emitError("moe-plan-memory: cannot write the memory report to '")
+    // At the location only: the note with the whole function is noise here.
+    mlir::emitError(at->getLoc(),
+                    "moe-plan-memory: cannot write the memory report to '")
         << memoryReport << "': " << file->error().message();
     file->clear_error();
     signalPassFailure();

@@ -31,11 +31,15 @@ export ASAN_OPTIONS=allow_user_poisoning=0:detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 # LLVM_USE_SANITIZER alone gives ASan only: LLVM_UBSAN_FLAGS is defined in
-# LLVM's own top-level CMake, not in the installed HandleLLVMOptions.
+# LLVM's own top-level CMake, not in the installed HandleLLVMOptions. The build
+# has the libFuzzer harness too (MOE_ENABLE_FUZZER: coverage instrumentation on
+# our libraries), so that scripts/fuzz.sh can run in it
+# (MOE_FUZZ_BUILD_DIR=build-asan) instead of building everything again.
 MOE_BUILD_DIR=$build "$root/scripts/build.sh" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLLVM_USE_SANITIZER="Address;Undefined" \
-  -DLLVM_UBSAN_FLAGS="-fsanitize=undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all"
+  -DLLVM_UBSAN_FLAGS="-fsanitize=undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all" \
+  -DMOE_ENABLE_FUZZER=ON
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" -E '^moe-lint$'
 if [ -n "${MOE_SANITIZE_LAYER_FUZZ:-}" ]; then

@@ -18,8 +18,8 @@ layers inside a nested module. Each module runs through:
 
 with verification after each pass turned off, so that IR a pass breaks is found by parsing
 its output again. A run fails on a crash (a signal, "LLVM ERROR", a sanitizer report), a tool
-that fails without a diagnostic, a tool that takes longer than --timeout, or output that does
-not parse and verify. Failing modules are kept in --out with the command that failed.
+that fails without a diagnostic, a tool that takes longer than --timeout and then twice that
+again, or output that does not parse and verify. Failing modules are kept in --out with the command that failed.
 
     python3 test/Fuzz/layer_fuzz.py --build build --seconds 60 [--seed N] [--out DIR]
 
@@ -183,11 +183,14 @@ CRASH_SIGNS = (
 
 
 def run(cmd: List[str], timeout: float, stdin: Optional[str] = None):
-    try:
-        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    return proc
+    """The finished process, or None when it ran out of time twice: once with `timeout`, then
+    with twice that (a busy machine starves a run now and then; a hang stays a hang)."""
+    for limit in (timeout, 2 * timeout):
+        try:
+            return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            continue
+    return None
 
 
 def check(module: str, tools: dict, timeout: float, workdir: Path, seen: dict) -> Optional[str]:
@@ -199,7 +202,7 @@ def check(module: str, tools: dict, timeout: float, workdir: Path, seen: dict) -
         cmd = [tools["moe-opt"], str(source), "--verify-each=false", *passes]
         proc = run(cmd, timeout)
         if proc is None:
-            return f"timed out after {timeout} s: {' '.join(cmd)}"
+            return f"timed out after {timeout} s and again after {2 * timeout} s: {' '.join(cmd)}"
         problem = judge(proc, cmd)
         if problem:
             return problem
@@ -219,7 +222,7 @@ def check(module: str, tools: dict, timeout: float, workdir: Path, seen: dict) -
     cmd = [tools["moe-compile"], str(source), "-o", str(out / "layer"), "--format=isa"]
     proc = run(cmd, timeout * 2)
     if proc is None:
-        return f"timed out after {timeout * 2} s: {' '.join(cmd)}"
+        return f"timed out after {timeout * 2} s and again after {timeout * 4} s: {' '.join(cmd)}"
     if proc.returncode == 0:
         seen["moe-compile"] = seen.get("moe-compile", 0) + 1
     return judge(proc, cmd)

@@ -49,6 +49,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -147,8 +148,13 @@ int64_t pickSize(FuzzedDataProvider &bytes, ArrayRef<int64_t> usual) {
   }
 }
 
+/// size * factor; a size that would overflow stays as it is (the layer's
+/// shapes then disagree, which its verifier reports).
 int64_t times(int64_t size, int64_t factor) {
-  return ShapedType::isDynamic(size) ? size : size * factor;
+  if (ShapedType::isDynamic(size) ||
+      size > std::numeric_limits<int64_t>::max() / factor)
+    return size;
+  return size * factor;
 }
 
 /// Appends one func.func holding a moe.layer chosen by `bytes` at the end of

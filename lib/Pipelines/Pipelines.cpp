@@ -154,7 +154,9 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
     memory.memoryReport = options.memoryReport;
     pm.addPass(createMoEPlanMemory(memory));
   }
-  pm.addPass(createConvertMoEToGPU());
+  ConvertMoEToGPUOptions conversion;
+  conversion.libraryPath = options.gpuLibrary;
+  pm.addPass(createConvertMoEToGPU(conversion));
   addMoEGPULowering(pm, options.chip, options.optLevel, binary,
                     options.kernelCache, options.kernelLibrary);
   return success();

@@ -16,6 +16,8 @@
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget="1GiB policy=keep" 2>&1 | FileCheck %s --check-prefix=INJECT-BUDGET
 // RUN: not moe-compile %S/compile.mlir -o %t/out/ --format=isa 2>&1 | FileCheck %s --check-prefix=PREFIX
 // RUN: not moe-compile %S/compile.mlir -o %t/out/.x --format=isa 2>&1 | FileCheck %s --check-prefix=HIDDEN
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --gpu-library=%t/nolibrary.mlir 2>&1 | FileCheck %s --check-prefix=NOLIB
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --gpu-library=%t/invalid.mlir 2>&1 | FileCheck %s --check-prefix=BADLIB
 // RUN: not test -e %t/report
 // RUN: not test -e %t/out
 
@@ -36,6 +38,9 @@
 // INJECT-BUDGET: moe-compile: error: bad --memory-budget '1GiB policy=keep': {{.*}}
 // PREFIX: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/'
 // HIDDEN: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/.x'
+// NOLIB: moe-compile: error: cannot read the GPU library '{{.*}}nolibrary.mlir': not a file
+// BADLIB: invalid.mlir:2:8: error: custom op 'moe.frobnicate' is unknown
+// BADLIB: moe-compile: error: compiling '{{.*}}compile.mlir' failed
 // BUDGET: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: memory-budget 1024 B {{.*}} cannot be met with policy=auto: the smallest budget it can meet is 6532 B
 // BUDGET: moe-compile: error: compiling '{{.*}}compile.mlir' failed
 

@@ -108,6 +108,12 @@ cl::opt<std::string> kernelLibrary(
              "compiles (default: share/moe_mlir/kernels beside this "
              "program's bin/, when it exists; 'none': not searched)"),
     cl::init(""));
+cl::opt<std::string> gpuLibrary(
+    "gpu-library",
+    cl::desc("A GPU library file (kernels and host functions) to compile "
+             "the layer against instead of the embedded one, e.g. another "
+             "build's, to time two libraries in one run"),
+    cl::value_desc("file"), cl::init(""));
 cl::list<std::string>
     emit("emit",
          cl::desc("What to write: obj (NAME.o), header (NAME.h), manifest "
@@ -778,6 +784,8 @@ int compile() {
     return fail("bad --memory-budget '" + memoryBudget + "': " +
                 (budgetError.empty() ? "write a size without spaces, e.g. 2GiB"
                                      : budgetError));
+  if (!gpuLibrary.empty() && !llvm::sys::fs::is_regular_file(gpuLibrary))
+    return fail("cannot read the GPU library '" + gpuLibrary + "': not a file");
 
   DialectRegistry registry;
   moe::registerAllMoEToolDialects(registry);
@@ -821,6 +829,7 @@ int compile() {
   options.optLevel = optLevel;
   options.kernelCache = kernelCacheDir();
   options.kernelLibrary = kernelLibraryDir();
+  options.gpuLibrary = gpuLibrary;
   // The plan options go through the pipeline's own parsers (units, policies).
   std::string planOptions = "policy=" + policy;
   if (!memoryBudget.empty())

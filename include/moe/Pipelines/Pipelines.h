@@ -91,6 +91,13 @@ struct MoETrainingPipelineOptions
                      "binaries are kept and found again "
                      "(moe-serialize-kernels-cached); empty: none"),
       llvm::cl::init("")};
+  PassOptions::Option<std::string> gpuLibrary{
+      *this, "gpu-library",
+      llvm::cl::desc("With chip set, a GPU library file (kernels and host "
+                     "functions) to use instead of the embedded one, e.g. "
+                     "another build's, to time two libraries side by side; "
+                     "empty: the embedded library"),
+      llvm::cl::init("")};
   PassOptions::Option<std::string> kernelLibrary{
       *this, "kernel-library",
       llvm::cl::desc("With chip set, a read-only directory of prebuilt "

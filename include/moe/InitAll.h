@@ -6,6 +6,7 @@
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoEGPU/IR/MoEGPUDialect.h"
 #include "moe/Pipelines/Pipelines.h"
 
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
@@ -51,9 +52,9 @@
 
 namespace mlir::moe {
 
-/// The moe dialect and the dialects its passes produce.
+/// The moe dialect and moe_gpu, which configures the GPU path's kernels.
 inline void registerAllMoEDialects(DialectRegistry &registry) {
-  registry.insert<MoEDialect>();
+  registry.insert<MoEDialect, moe_gpu::MoEGPUDialect>();
 }
 
 /// What moe-lower-to-cpu-pipeline needs beyond the moe dialect: the dialects

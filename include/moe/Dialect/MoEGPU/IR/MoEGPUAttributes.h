@@ -1,0 +1,112 @@
+//===- MoEGPUAttributes.h - moe_gpu attributes and enums ----*- C++ -*-===//
+//
+// #moe_gpu.gemm, the configuration of one grouped GEMM kernel, and what is
+// derived from it: threads, launch shared memory, the kernel's name.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_DIALECT_MOEGPU_IR_MOEGPUATTRIBUTES_H
+#define MOE_DIALECT_MOEGPU_IR_MOEGPUATTRIBUTES_H
+
+#include "mlir/IR/Attributes.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/Support/LLVM.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "moe/Dialect/MoEGPU/IR/MoEGPUEnums.h.inc"
+
+namespace mlir::moe_gpu {
+
+/// Constants of the kernels (gen_gpu_library.py).
+/// The two consumer warpgroups that run the wgmma.
+constexpr int64_t kConsumerThreads = 256;
+/// The producer warpgroup of a warp-specialized kernel.
+constexpr int64_t kProducerThreads = 128;
+/// Dynamic shared memory a CTA may ask for on sm_90a.
+constexpr int64_t kMaxSharedMemoryBytes = 227 * 1024;
+/// 32-bit registers of an SM, shared by the threads of the one CTA it holds.
+constexpr int64_t kRegistersPerSM = 65536;
+/// The only tile the kernel code builds today.
+constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
+
+/// The parameters of a #moe_gpu.gemm. A parameter left unset takes the
+/// generator's default given the others (resolved()); GemmConfigAttr stores
+/// every one set.
+struct GemmConfig {
+  // What the kernel computes.
+  AOperand a = AOperand::Rows;
+  BOperand b = BOperand::WMn;
+  GatheredOperand gathered = GatheredOperand::None;
+  GemmEpilogue epilogue = GemmEpilogue::StoreBf16;
+  bool storeA = false;
+  bool withRouterWeight = false;
+  bool withDs = false;
+  bool accumulate = false;
+  GemmProblem problem = GemmProblem::VarlenM;
+  // How it is built.
+  int64_t tileM = kTileM, tileN = kTileN, tileK = kTileK;
+  std::optional<int64_t> stages;
+  std::optional<bool> warpSpecialized;
+  int64_t producerRegisters = 72, consumerRegisters = 216;
+  TileSchedule schedule = TileSchedule::Static;
+  std::optional<bool> idleSkip;
+  int64_t groupM = 16;
+  std::optional<bool> rowsTma;
+  std::optional<StorePath> store;
+  bool dependentLaunch = false;
+  int64_t dactUnroll = 4;
+  DactStage dactStage = DactStage::F32;
+  bool dactFma = false;
+  bool dactPipeline = false;
+
+  /// This config with every unset parameter at its default.
+  GemmConfig resolved() const;
+  /// Every parameter that has a default at its default given this config's
+  /// others (a, b, epilogue and problem kept): what the printer and kernel
+  /// names leave out.
+  GemmConfig defaults() const;
+
+  bool operator==(const GemmConfig &other) const;
+  bool operator!=(const GemmConfig &other) const { return !(*this == other); }
+};
+
+/// The bf16 epilogues run persistent kernels: CTAs walk the tiles.
+bool isPersistentEpilogue(GemmEpilogue epilogue);
+/// The expert weights come by TMA boxes.
+bool isTmaOperand(BOperand b);
+
+/// Checks the rules of the kernel code; reports the first broken one.
+LogicalResult verifyGemmConfig(const GemmConfig &config,
+                               function_ref<InFlightDiagnostic()> emitError);
+/// Threads a CTA.
+int64_t gemmThreads(const GemmConfig &config);
+/// Registers a thread gets at launch: 65536 / threads in steps of 8.
+int64_t gemmLaunchRegisters(const GemmConfig &config);
+/// The generator's Gemm.launch_smem.
+int64_t gemmLaunchSharedMemoryBytes(const GemmConfig &config);
+/// The kernel's name: the generator's name of its kind (moe_gemm_up_gather,
+/// ...), then a suffix for each parameter that differs from its default
+/// (_s4, _nows, _dyn, _pdl, ...), so that different configs of valid kernels
+/// get different names.
+std::string gemmKernelName(const GemmConfig &config);
+
+} // namespace mlir::moe_gpu
+
+#define GET_ATTRDEF_CLASSES
+#include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h.inc"
+
+namespace mlir::moe_gpu {
+/// The GEMMs of the generator's default library, in its order (GEMMS). The
+/// last, moe_gemm_rows_k_bf16_acc (getAccumulate()), is built only with
+/// MOE_GPU_ACCUMULATE=1; withAccumulate = false leaves it out.
+SmallVector<GemmConfigAttr> defaultGemmConfigs(MLIRContext *context,
+                                               bool withAccumulate = true);
+} // namespace mlir::moe_gpu
+
+#endif // MOE_DIALECT_MOEGPU_IR_MOEGPUATTRIBUTES_H

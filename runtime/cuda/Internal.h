@@ -123,8 +123,7 @@ moeStatus statusFromCuda(CUresult result);
   X(cuMemAllocAsync)                                                           \
   X(cuMemFreeAsync)                                                            \
   X(cuDeviceGetDefaultMemPool)                                                 \
-  X(cuMemPoolSetAttribute)                                                     \
-  X(cuModuleGetGlobal)
+  X(cuMemPoolSetAttribute)
 
 struct DriverApi {
 #define MOE_DECLARE_MEMBER(name) decltype(&::name) name = nullptr;

@@ -35,11 +35,6 @@ struct moeModule_st {
   const void *image = nullptr;
   int device = 0;
   int references = 1;
-  // The module defines kDependentLaunchSymbol: each of its kernels executes
-  // griddepcontrol.wait before it touches global memory, so it may be
-  // launched before the stream's previous kernel has finished (programmatic
-  // dependent launch).
-  bool dependentLaunch = false;
   std::unordered_map<std::string, std::unique_ptr<moeFunction_st>> functions;
 };
 
@@ -67,23 +62,6 @@ ModuleCache &moduleCache() {
 }
 
 constexpr size_t kJitLogBytes = 8192;
-
-// The global a module defines to say that its kernels wait on griddepcontrol
-// (the generated library does, with MOE_GPU_PDL=1; docs/gpu-path.md).
-constexpr const char *kDependentLaunchSymbol = "__moe_griddepcontrol";
-
-// Whether launches of `module`'s kernels may overlap the previous kernel's
-// tail: the module says so, the driver can tell, and MOE_DEPENDENT_LAUNCH is
-// not "0".
-bool allowsDependentLaunch(const DriverApi *api, CUmodule module) {
-  const char *setting = std::getenv("MOE_DEPENDENT_LAUNCH");
-  if ((setting && std::strcmp(setting, "0") == 0) || !api->cuModuleGetGlobal)
-    return false;
-  CUdeviceptr address = 0;
-  size_t bytes = 0;
-  return api->cuModuleGetGlobal(&address, &bytes, module,
-                                kDependentLaunchSymbol) == CUDA_SUCCESS;
-}
 
 bool isCudaBinary(const void *image, size_t size) {
   if (size < 4)
@@ -156,7 +134,6 @@ moeStatus loadModule(const void *image, bool ptx, int optLevel,
   record->module = module;
   record->image = image;
   record->device = device;
-  record->dependentLaunch = allowsDependentLaunch(api, module);
   cache.modules.emplace(key, record);
   *out = record;
   return MOE_SUCCESS;
@@ -250,9 +227,7 @@ moeStatus launchKernel(moeFunction function, const int64_t grid[3],
   const DriverApi *api;
   if (moeStatus status = getContext(api))
     return status;
-  bool clustered = cluster[0] || cluster[1] || cluster[2];
-  bool dependent = function->module && function->module->dependentLaunch;
-  if (!clustered && !dependent) {
+  if (!cluster[0] && !cluster[1] && !cluster[2]) {
     if (CUresult result = api->cuLaunchKernel(
             function->function, unsigned(grid[0]), unsigned(grid[1]),
             unsigned(grid[2]), unsigned(block[0]), unsigned(block[1]),
@@ -260,24 +235,12 @@ moeStatus launchKernel(moeFunction function, const int64_t grid[3],
       return failCuda(result, "cuLaunchKernel", function->name.c_str());
     return MOE_SUCCESS;
   }
-  CUlaunchAttribute attributes[2];
-  std::memset(attributes, 0, sizeof(attributes));
-  unsigned numAttributes = 0;
-  if (clustered) {
-    CUlaunchAttribute &attribute = attributes[numAttributes++];
-    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attribute.value.clusterDim.x = unsigned(cluster[0]);
-    attribute.value.clusterDim.y = unsigned(cluster[1]);
-    attribute.value.clusterDim.z = unsigned(cluster[2]);
-  }
-  if (dependent) {
-    // The kernel may start while the previous kernel in the stream finishes;
-    // its griddepcontrol.wait holds it until that kernel's writes are
-    // visible.
-    CUlaunchAttribute &attribute = attributes[numAttributes++];
-    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attribute.value.programmaticStreamSerializationAllowed = 1;
-  }
+  CUlaunchAttribute attribute;
+  std::memset(&attribute, 0, sizeof(attribute));
+  attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attribute.value.clusterDim.x = unsigned(cluster[0]);
+  attribute.value.clusterDim.y = unsigned(cluster[1]);
+  attribute.value.clusterDim.z = unsigned(cluster[2]);
   CUlaunchConfig config;
   std::memset(&config, 0, sizeof(config));
   config.gridDimX = unsigned(grid[0]);
@@ -288,8 +251,8 @@ moeStatus launchKernel(moeFunction function, const int64_t grid[3],
   config.blockDimZ = unsigned(block[2]);
   config.sharedMemBytes = unsigned(smem);
   config.hStream = stream;
-  config.attrs = attributes;
-  config.numAttrs = numAttributes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
   if (CUresult result =
           api->cuLaunchKernelEx(&config, function->function, params, extra))
     return failCuda(result, "cuLaunchKernelEx", function->name.c_str());

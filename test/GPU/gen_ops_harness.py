@@ -95,12 +95,14 @@ OPS = {
     ],
     "add": [("a", BF1), ("b", BF1), ("out", BF1)],
 }
+# The accumulating host functions: the result added to what its buffer holds.
+OPS["combine_acc"] = OPS["combine"]
+OPS["expert_combine_grad_acc"] = OPS["expert_combine_grad"]
 # Host functions of a library built with some settings only: wrapped where it has them.
 OPTIONAL_OPS = {
-    # MOE_GPU_ACCUMULATE=1: the result added to what its buffer holds
+    # not where the row-wise GEMMs store without TMA boxes (MOE_GEMM_WS, MOE_GEMM_BULK_STORE
+    # or MOE_GEMM_TMA_STORE off their defaults)
     "router_grad_acc": OPS["router_grad"],
-    "combine_acc": OPS["combine"],
-    "expert_combine_grad_acc": OPS["expert_combine_grad"],
 }
 
 

@@ -52,6 +52,6 @@ def test_stamp_names_the_library_settings(tmp_path):
     """A build configured with -DMOE_GPU_LIBRARY_ENV=... (a variant of the kernel library)
     says so, as CMake writes the cache."""
     (tmp_path / "CMakeCache.txt").write_text(
-        "//NAME=VALUE settings of gen_gpu_library.py\nMOE_GPU_LIBRARY_ENV:STRING=MOE_GPU_PDL=1\n"
+        "//NAME=VALUE settings of gen_gpu_library.py\nMOE_GPU_LIBRARY_ENV:STRING=MOE_GEMM_DYNAMIC=rows\n"
     )
-    assert "library settings: MOE_GPU_PDL=1" in stamp(tmp_path)
+    assert "library settings: MOE_GEMM_DYNAMIC=rows" in stamp(tmp_path)

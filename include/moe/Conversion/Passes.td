@@ -123,17 +123,16 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     return
     ```
 
-    With a library that has the accumulating host functions (one built with
-    `MOE_GPU_ACCUMULATE=1`, embedded or given by `library`), an
-    `arith.addf` `sum = X + P` is folded where P is the `dx` of a
-    `moe.router_grad` or a `moe.expert_combine_grad`, or the output of a
-    `moe.combine`: X is written straight into the sum's buffer and P's op,
-    by its `_acc` host function, adds P there, so no add runs. Only where
-    the sum has a buffer of its own (an out-parameter, or the X of another
-    fold), P and X are used by the add alone, X is the result of an op (not
-    an argument or a prefetch) and comes before P's op, or P's op can move
-    to right before the add (nothing reads its results before, and it does
-    not pass work that waits for a prefetch).
+    Where the library (embedded or given by `library`) has the accumulating
+    host functions, as the default one does, an `arith.addf` `sum = X + P`
+    is folded where P is the `dx` of a `moe.router_grad` or a
+    `moe.expert_combine_grad`, or the output of a `moe.combine`: X is written
+    straight into the sum's buffer and P's op, by its `_acc` host function,
+    adds P there, so no add runs. Only where the sum has a buffer of its own
+    (an out-parameter, or the X of another fold), P and X are used by the add
+    alone, X is the result of an op (not an argument or a prefetch) and comes
+    before P's op, or P's op can move to right before the add (nothing reads
+    its results before, and it does not pass work that waits for a prefetch).
 
     Rejected with an error at the op, as this version cannot run them:
     data other than bf16, dynamic shapes, activations other than swiglu, a

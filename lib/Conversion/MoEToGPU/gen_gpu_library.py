@@ -148,35 +148,12 @@ def ws_register_split(text):
     return producer, consumer
 
 
-# The dSwiGLU epilogue reads H (gate and up) of MOE_GEMM_DACT_UNROLL rows a warp before it
-# computes any of them: the 16 rows a warp walks in a tile wait for global memory 16 / U
-# times (1: every row on its own). 4 and 8 ran alike (docs/gpu-kernels.md, A1); 16
-# spills.
+# The dSwiGLU epilogue walks a warp's 16 rows of a tile MOE_GEMM_DACT_UNROLL (U) at a time,
+# H (gate and up) of a batch of U rows loaded while the previous batch computes: the rows
+# wait for global memory 16 / U times a tile (1: every row on its own). 4 and 8 ran alike
+# (docs/gpu-kernels.md, A1); 16 spills.
 DACT_UNROLL_TEXT = setting("MOE_GEMM_DACT_UNROLL", "4", ("1", "2", "4", "8"))
 DACT_UNROLL = int(DACT_UNROLL_TEXT)
-# MOE_GEMM_DACT_STAGE: how the dSwiGLU GEMM hands dA from the accumulators to the row-wise
-# epilogue through the (then free) ring. f32: a scalar store and a scalar load a value, in
-# rows XOR-swizzled by row % 32 (256 shared-memory instructions a thread a tile). bf16: dA
-# rounded to bf16 (as the GEMM's output is in the HF block) by stmatrix into rows padded to
-# BULK_ROW, read back 8 values a lane in one 16-byte load (32 instructions, half the bytes).
-DACT_STAGE = setting("MOE_GEMM_DACT_STAGE", "f32", ("f32", "bf16"))
-# MOE_GEMM_DACT_FMA=1: the dSwiGLU's arithmetic in 12 f32 operations a value, not 15
-# (fused multiply-adds where a product is summed, d silu / dg as s + s (g - silu)), and
-# its bf16 inputs widened two bit operations a pair, not three. The epilogue issues
-# about 31 instructions a value (SASS counts in docs/gpu-kernels.md, N1-N2).
-DACT_FMA = setting("MOE_GEMM_DACT_FMA", "0", ("0", "1"))
-# MOE_GEMM_DACT_PIPELINE=1: the dSwiGLU epilogue loads the next rows' H (and w) before it
-# computes the current ones, and the first rows' before dA is staged, so a batch's loads
-# wait behind the previous batch's arithmetic instead of in front of its own (the last
-# batch loads itself again, from L1, so that no branch holds a load).
-DACT_PIPELINE = setting("MOE_GEMM_DACT_PIPELINE", "0", ("0", "1"))
-# MOE_GPU_ACCUMULATE=1: the library also has host functions that add their result to what
-# its buffer holds instead of overwriting it: __moe_gpu_router_grad_acc (dx += dlogits W_r^T,
-# TMA reduce-add box stores, moe_gemm_rows_k_bf16_acc), __moe_gpu_combine_acc and
-# __moe_gpu_expert_combine_grad_acc (out and dx += the gather-sum, which starts from what
-# they hold, moe_gather_sum_acc); convert-moe-to-gpu then folds the adds of the layer into
-# them (docs/gpu-path.md).
-ACCUMULATE = setting("MOE_GPU_ACCUMULATE", "0", ("0", "1"))
 WS_PRODUCER_REGS, WS_CONSUMER_REGS = ws_register_split(os.environ.get("MOE_GEMM_WS_REGS", "72,216"))
 STAGE_C_BYTES = BM * BN * 2
 # MOE_GEMM_BULK_STORE's staging: a row of C (512 bytes) and 16 of padding, so the 8 rows
@@ -398,16 +375,12 @@ class Gemm:
         # of a [rows, N] map, an expert's partial last tile (whose box would run into the
         # next expert's rows) row by row
         self.tma_store_rows = self.bulk_store and epi == "store_bf16" and TMA_STORE == "1"
-        # MOE_GPU_ACCUMULATE: C += the tile, every tile by TMA reduce-add boxes of the
-        # [rows, N] map. Only for one problem (num_experts = 1): the map's rows end where
-        # the problem's do, so it clips a partial last tile (several experts' partial
-        # tiles would reach into the next expert's rows).
+        # reduce_store (the accumulating dX): C += the tile, every tile by TMA reduce-add
+        # boxes of the [rows, N] map. Only for one problem (num_experts = 1): the map's rows
+        # end where the problem's do, so it clips a partial last tile (several experts'
+        # partial tiles would reach into the next expert's rows).
         self.reduce_store = reduce_store
-        if reduce_store and not self.tma_store_rows:
-            sys.exit(
-                f"gen_gpu_library.py: {name} (MOE_GPU_ACCUMULATE=1) stores by TMA reduce "
-                "boxes: it needs MOE_GEMM_WS=all, MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1"
-            )
+        assert self.tma_store_rows or not reduce_store, name
         self.stage_c_bytes = (
             BULK_STAGE_C_BYTES if self.bulk_store and not self.tma_store else STAGE_C_BYTES
         )
@@ -2002,42 +1975,10 @@ def silu_parts(e, g32):
 
 
 def dswiglu_loads(e, g, A, r, col):
-    """What the dSwiGLU of row r, columns col + [0, V) reads: (hrow, w, gate, up), hrow =
-    where row r of H starts, the rest in f32, w = wrow[r] (1 without routing weights). r
-    and col must be in bounds: the caller clamps them, so the loads need no branch and
-    can all be issued before the first is used."""
-    c = e.const
-    half = A["dim_n"]
-
-    def vload_bf16(mem, idx):
-        v = e.op(f"vector.load {mem}[{idx}] {{alignment = 16}} : memref<?xbf16>, vector<{V}xbf16>")
-        return widen_bf16x8(e, v)
-
-    w = e.op(f"memref.load {A['wrow']}[{r}] : memref<?xf32>") if g.has_w else c(1.0, "f32")
-    hrow = e.mul(r, e.mul(half, c(2)))
-    return (
-        hrow,
-        w,
-        vload_bf16(A["hsaved"], e.add(hrow, col)),
-        vload_bf16(A["hsaved"], e.add(hrow, e.add(half, col))),
-    )
-
-
-def widen_bf16x8(e, v):
-    """The 8 lanes of a vector<8xbf16> in f32."""
-    if DACT_FMA == "1":
-        return e.bf16x8_to_f32(v)
-    return [
-        e.op(
-            f"arith.extf {e.op(f'vector.extract {v}[{u}] : bf16 from vector<{V}xbf16>')} : bf16 to f32"
-        )
-        for u in range(V)
-    ]
-
-
-def dswiglu_raw_loads(e, g, A, r, col):
-    """MOE_GEMM_DACT_PIPELINE: dswiglu_loads' loads alone, [gate, up] as vector<8xbf16>
-    (and w), to be carried into the next iteration and widened there by dswiglu_widen."""
+    """What the dSwiGLU of row r, columns col + [0, V) of h reads, as loaded: [gate, up]
+    as vector<8xbf16> (and w = wrow[r] with routing weights), carried into the next
+    iteration of the epilogue's loop and widened there by dswiglu_widen. r and col must be
+    in bounds: the caller clamps them, so the loads need no branch."""
     half = A["dim_n"]
     hrow = e.mul(r, e.mul(half, e.const(2)))
     vals = [
@@ -2052,21 +1993,24 @@ def dswiglu_raw_loads(e, g, A, r, col):
     return vals
 
 
-def dswiglu_raw_types(g):
+def dswiglu_load_types(g):
     return [f"vector<{V}xbf16>"] * 2 + (["f32"] if g.has_w else [])
 
 
 def dswiglu_widen(e, g, A, r, raw):
-    """dswiglu_loads' tuple from dswiglu_raw_loads' values for row r."""
+    """(hrow, w, gate, up) of row r from dswiglu_loads' values: hrow = where row r of H
+    starts, the rest in f32, w = 1 without routing weights."""
     w = raw[2] if g.has_w else e.const(1.0, "f32")
     hrow = e.mul(r, e.mul(A["dim_n"], e.const(2)))
-    return (hrow, w, widen_bf16x8(e, raw[0]), widen_bf16x8(e, raw[1]))
+    return (hrow, w, e.bf16x8_to_f32(raw[0]), e.bf16x8_to_f32(raw[1]))
 
 
 def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
-    """dSwiGLU of row r, columns col + [0, V) of h from dswiglu_loads' values: a_accs =
+    """dSwiGLU of row r, columns col + [0, V) of h from dswiglu_widen's values: a_accs =
     dA there (unscaled, f32). Stores dH (gate and up) and w*a where ok, and returns the
-    row's part of dS there (0 elsewhere): the sum of dA * a over the V columns."""
+    row's part of dS there (0 elsewhere): the sum of dA * a over the V columns. Fused
+    multiply-adds where a product is summed, and d silu / dg as s + s (g - silu)
+    (docs/gpu-kernels.md, A7)."""
     c = e.const
     half = A["dim_n"]
     hrow, w, gs, us = loaded
@@ -2086,16 +2030,12 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
         sgm, silu = silu_parts(e, gs[u])
         a = e.fmul(silu, us[u])
         da = e.fmul(a_accs[u], w)
-        if DACT_FMA == "1":
-            # s (1 + g (1 - s)) = s + s (g - silu)
-            dsilu = e.ffma(sgm, e.fsub(gs[u], silu), sgm)
-        else:
-            # d silu / dg = s (1 + g (1 - s))
-            dsilu = e.fmul(sgm, e.fadd(c(1.0, "f32"), e.fmul(gs[u], e.fsub(c(1.0, "f32"), sgm))))
+        # d silu / dg = s (1 + g (1 - s)) = s + s (g - silu)
+        dsilu = e.ffma(sgm, e.fsub(gs[u], silu), sgm)
         dgs.append(bf16(e.fmul(e.fmul(da, us[u]), dsilu)))
         dus.append(bf16(e.fmul(da, silu)))
         was.append(bf16(e.fmul(w, a)))
-        part = e.ffma(a_accs[u], a, part) if DACT_FMA == "1" else e.fadd(part, e.fmul(a_accs[u], a))
+        part = e.ffma(a_accs[u], a, part)
     e.if_begin(ok)
     vstore(dgs, e.add(hrow, col), A["dh"])
     vstore(dus, e.add(hrow, e.add(half, col)), A["dh"])
@@ -2104,17 +2044,18 @@ def dswiglu_group(e, g, A, r, col, a_accs, loaded, ok):
     return e.select(ok, part, c(0.0, "f32"), "f32")
 
 
-# ---- epilogues of the other kernels (fp32 C through the ring) -----------------
+# ---- epilogues of the other kernels (through the ring) ------------------------
 def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, stage_rows_bf16):
-    """The ring is free after the k-loop: the fp32 tile goes through it so the
-    epilogue walks the tile in an order that makes the global stores coalesced,
-    with few live registers. With MOE_GEMM_DACT_STAGE=bf16 the dSwiGLU's tile goes
-    through it in bf16 instead: stage_rows_bf16() writes it by stmatrix into rows of
-    BULK_ROW elements from the ring's start."""
+    """The ring is free after the k-loop: the tile goes through it so the epilogue walks
+    the tile in an order that makes the global stores coalesced, with few live registers.
+    store_f32 stages the fp32 tile. The dSwiGLU stages dA rounded to bf16 (as the GEMM's
+    output is in the HF block): stage_rows_bf16() writes it by stmatrix into rows of
+    BULK_ROW elements from the ring's start, read back 8 values a lane in one 16-byte load
+    (32 shared-memory instructions a thread a tile)."""
     c = e.const
     m0, n0, m_end = S["m0"], S["n0"], S["m_end"]
     SF = f"memref<?xf32, {WG}>"
-    pipelined = g.epi == "dswiglu" and DACT_PIPELINE == "1"
+    dswiglu = g.epi == "dswiglu"
     rows_per_batch = DACT_UNROLL * (GEMM_THREADS // 32)
 
     # The dSwiGLU walks rows (a warp per row, 8 columns a lane: coalesced H loads and dH,
@@ -2138,21 +2079,20 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         r_in = e.select(r_ok, r, last_row)
         return lr, r_in, e.op(f"arith.andi {r_ok}, {col_ok} : i1")
 
-    if pipelined:
+    if dswiglu:
         cols = dswiglu_columns()
 
         def batch_loads(ep):
             return [
                 v
                 for u in range(DACT_UNROLL)
-                for v in dswiglu_raw_loads(e, g, A, dswiglu_row(ep, u, cols)[1], cols[2])
+                for v in dswiglu_loads(e, g, A, dswiglu_row(ep, u, cols)[1], cols[2])
             ]
 
         # the first batch's loads fly while dA is staged
         first_loads = batch_loads(c(0))
     e.emit("gpu.barrier")
-    bf16_stage = g.epi == "dswiglu" and DACT_STAGE == "bf16"
-    if bf16_stage:
+    if dswiglu:
         stage = e.op(f"memref.view {smem}[{pad}][{c(BM * BULK_ROW)}] : {SMEM} to {SBF16}", "st")
         stage_rows_bf16()
     else:
@@ -2163,7 +2103,7 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         # column-wise walks over the tile are both free of bank conflicts
         return e.add(e.mul(lr, c(BN)), e.xor(lc, e.rem(lr, c(32))))
 
-    if not bf16_stage:
+    if not dswiglu:
         for v in range(BN // 2):
             j, i, cc = v // 4, (v // 2) % 2, v % 2
             val = e.op(f"llvm.extractvalue {acc}[{v}] : {ACC}", "f")
@@ -2183,11 +2123,9 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
 
     def staged_group(lr, lc):
         """dA of row lr, columns lc + [0, V) in f32 (lc a multiple of V)."""
-        if not bf16_stage:
-            return [staged(lr, e.add(lc, c(u))) for u in range(V)]
         idx = e.add(e.mul(lr, c(BULK_ROW)), lc)
         vec = e.op(f"vector.load {stage}[{idx}] {{alignment = 16}} : {SBF16}, vector<{V}xbf16>")
-        return widen_bf16x8(e, vec)
+        return e.bf16x8_to_f32(vec)
 
     def vstore(vec, mem, idx, ty):
         e.emit(
@@ -2207,13 +2145,10 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
         vstore(vec, A["cout"], e.add(e.mul(r, A["ldc"]), col), "f32")
         if_end()
         if_end()
-    elif g.epi == "dswiglu":
+    elif dswiglu:
         # acc = dA (unscaled) for columns n0 + [0,256) of n; w = wrow[r] (1 without
         # routing weights); the weight gradients read dH and w*a MN-major from these rows.
         # With dS, each warp sums its row's products acc*a in a fixed order.
-        if not pipelined:
-            # an unused product, left so that the default library stays byte-identical
-            e.mul(A["dim_n"], c(2))
         ds_off = e.add(pad, c(g.ring_bytes))
         stage_ds = e.op(f"memref.view {smem}[{ds_off}][{c(BM)}] : {SMEM} to {SF}", "std")
 
@@ -2231,41 +2166,30 @@ def ring_epilogue(e, g, A, S, smem, pad, acc, qrow, qcol, warp, lane, wg, tid, s
                 e.emit(f"memref.store {part}, {stage_ds}[{lr}] : {SF}")
                 if_end()
 
-        if pipelined:
-            # the loads a batch ahead, carried through the loop
-            types = dswiglu_raw_types(g) * DACT_UNROLL
-            carried = [e.fresh("ld") for _ in types]
-            res = e.fresh("eps")
-            e.emit(
-                f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
-                + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
-                + f") -> ({', '.join(types)}) {{"
+        # A warp's MOE_GEMM_DACT_UNROLL rows a batch, their H (and w) loaded a batch ahead
+        # and carried through the loop: a batch's loads wait behind the previous batch's
+        # arithmetic instead of in front of its own (the last batch loads itself again,
+        # L1 hits, so that no branch holds a load).
+        types = dswiglu_load_types(g) * DACT_UNROLL
+        carried = [e.fresh("ld") for _ in types]
+        res = e.fresh("eps")
+        e.emit(
+            f"{res}:{len(types)} = scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} iter_args("
+            + ", ".join(f"{a} = {b}" for a, b in zip(carried, first_loads))
+            + f") -> ({', '.join(types)}) {{"
+        )
+        e.indent += "  "
+        nxt = batch_loads(e.minu(e.add("%ep", c(rows_per_batch)), c(BM - rows_per_batch)))
+        per_row = len(dswiglu_load_types(g))
+        for u in range(DACT_UNROLL):
+            lr, r_in, ok = dswiglu_row("%ep", u, cols)
+            finish_row(
+                lr,
+                r_in,
+                ok,
+                dswiglu_widen(e, g, A, r_in, carried[per_row * u : per_row * (u + 1)]),
             )
-            e.indent += "  "
-            # the next batch (the last loads itself again: L1 hits, no branch)
-            nxt = batch_loads(e.minu(e.add("%ep", c(rows_per_batch)), c(BM - rows_per_batch)))
-            per_row = len(dswiglu_raw_types(g))
-            for u in range(DACT_UNROLL):
-                lr, r_in, ok = dswiglu_row("%ep", u, cols)
-                finish_row(
-                    lr,
-                    r_in,
-                    ok,
-                    dswiglu_widen(e, g, A, r_in, carried[per_row * u : per_row * (u + 1)]),
-                )
-            e.emit(f"scf.yield {', '.join(nxt)} : {', '.join(types)}")
-        else:
-            # The rows come DACT_UNROLL at a time, their loads first, so a thread waits for
-            # global memory 16 / DACT_UNROLL times a tile instead of 16.
-            cols = dswiglu_columns()
-            e.emit(f"scf.for %ep = {c(0)} to {c(BM)} step {c(rows_per_batch)} {{")
-            e.indent += "  "
-            batch = []
-            for u in range(DACT_UNROLL):
-                lr, r_in, ok = dswiglu_row("%ep", u, cols)
-                batch.append((lr, r_in, ok, dswiglu_loads(e, g, A, r_in, cols[2])))
-            for row in batch:
-                finish_row(*row)
+        e.emit(f"scf.yield {', '.join(nxt)} : {', '.join(types)}")
         if_end()
         e.emit("gpu.barrier")
         if g.has_ds:
@@ -2296,8 +2220,13 @@ GEMMS = [
     Gemm("moe_gemm_wgrad_gather_a", "mn", "rows_mn", "store_bf16_w", "varlen_k", gather_a=True),
     Gemm("moe_gemm_wgrad_rows", "mn", "rows_mn", "store_bf16_w", "varlen_k"),
 ]
-if ACCUMULATE == "1":
-    # dx += dlogits W_r^T (the router's dX, one problem)
+# dx += dlogits W_r^T (the router's dX, one problem; __moe_gpu_router_grad_acc) by TMA
+# reduce-add boxes: where the row-wise GEMMs store by TMA boxes (MOE_GEMM_WS=all,
+# MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1, the defaults). Under other settings the
+# library has no __moe_gpu_router_grad_acc, and convert-moe-to-gpu keeps the adds of the
+# router's dx.
+ROUTER_GRAD_ACC = next(g for g in GEMMS if g.name == "moe_gemm_rows_k_bf16").tma_store_rows
+if ROUTER_GRAD_ACC:
     GEMMS.append(
         Gemm("moe_gemm_rows_k_bf16_acc", "rows", "w_k", "store_bf16", "varlen_m", reduce_store=True)
     )
@@ -2928,10 +2857,9 @@ def accumulating_gather_sum(body):
     return body
 
 
-if ACCUMULATE == "1":
-    SIMPLE.append(
-        kernel("moe_gather_sum_acc", GATHER_SUM_ARGS, accumulating_gather_sum(GATHER_SUM_BODY))
-    )
+SIMPLE.append(
+    kernel("moe_gather_sum_acc", GATHER_SUM_ARGS, accumulating_gather_sum(GATHER_SUM_BODY))
+)
 
 # wrow[rows[t, j]] = weights[t, j]: the routing weight of each expert-ordered row.
 SIMPLE.append(
@@ -3831,8 +3759,8 @@ def host_shared_expert(with_y=True):
 
 
 def host_combine(accumulate=False):
-    """__moe_gpu_combine; accumulate (MOE_GPU_ACCUMULATE): __moe_gpu_combine_acc, which adds
-    the combined rows to what out holds."""
+    """__moe_gpu_combine; accumulate: __moe_gpu_combine_acc, which adds the combined rows
+    to what out holds."""
     h = Host(
         "combine_acc" if accumulate else "combine",
         [("y", M2["bf16"]), ("weights", M2["f32"]), ("rows", M2["i32"]), ("out", M2["bf16"])],
@@ -3979,8 +3907,8 @@ def round8(h, v):
 
 
 def host_expert_combine_grad(accumulate=False):
-    """__moe_gpu_expert_combine_grad; accumulate (MOE_GPU_ACCUMULATE):
-    __moe_gpu_expert_combine_grad_acc, which adds the experts' dx to what dx holds."""
+    """__moe_gpu_expert_combine_grad; accumulate: __moe_gpu_expert_combine_grad_acc, which
+    adds the experts' dx to what dx holds."""
     h = Host(
         "expert_combine_grad_acc" if accumulate else "expert_combine_grad",
         [
@@ -4121,8 +4049,8 @@ def host_shared_expert_grad():
 
 
 def host_router_grad(accumulate=False):
-    """__moe_gpu_router_grad; accumulate (MOE_GPU_ACCUMULATE): __moe_gpu_router_grad_acc,
-    which adds dx's part to what dx holds."""
+    """__moe_gpu_router_grad; accumulate: __moe_gpu_router_grad_acc, which adds dx's part
+    to what dx holds."""
     h = Host(
         "router_grad_acc" if accumulate else "router_grad",
         [
@@ -4264,33 +4192,6 @@ def host_add():
     return h.text()
 
 
-# MOE_GPU_PDL=1 (default 0): programmatic dependent launch. Every kernel starts with
-# griddepcontrol.wait (nothing of the previous kernel's is read or overwritten before it has
-# finished) and then launch_dependents, and the module defines @__moe_griddepcontrol, which
-# tells libmoe_runtime to launch its kernels with programmatic stream serialization: the next
-# kernel's CTAs are placed on the SMs the current one's last wave frees, and start the moment
-# it completes, instead of after the launch that follows its completion.
-PDL = setting("MOE_GPU_PDL", "0", ("0", "1"))
-PDL_MARKER = (
-    "llvm.mlir.global external constant @__moe_griddepcontrol(1 : i32) {addr_space = 4 : i32} : i32"
-)
-# the line that opens a kernel's body (the last of its gpu.func head)
-KERNEL_HEAD = re.compile(r"\bkernel attributes \{.*\} \{$")
-
-
-def with_dependent_launch(module_lines):
-    """The gpu.module's text with griddepcontrol wait and launch_dependents first in every
-    kernel (MOE_GPU_PDL); the runtime keys on PDL_MARKER."""
-    out = []
-    for text in module_lines:
-        for line in text.split("\n"):
-            out.append(line)
-            if KERNEL_HEAD.search(line):
-                out.append("      nvvm.griddepcontrol wait")
-                out.append("      nvvm.griddepcontrol launch_dependents")
-    return out
-
-
 def main():
     out = [
         "// GENERATED by gen_gpu_library.py; do not edit. The sm_90a kernels and host functions",
@@ -4298,11 +4199,7 @@ def main():
         "module attributes {gpu.container_module} {",
         "  gpu.module @moe_kernels {",
     ]
-    kernels = [gen_gemm(g) for g in GEMMS] + SIMPLE
-    if PDL == "1":
-        out += ["    " + PDL_MARKER] + with_dependent_launch(kernels)
-    else:
-        out += kernels
+    out += [gen_gemm(g) for g in GEMMS] + SIMPLE
     out.append(DEVICE_FUNCS)
     out.append("  }")
     # libmoe_runtime (runtime/include/moe/Runtime/Runtime.h)
@@ -4323,9 +4220,12 @@ def main():
         host_add,
     ):
         out.append(fn())
-    if ACCUMULATE == "1":
-        for fn in (host_combine, host_expert_combine_grad, host_router_grad):
-            out.append(fn(accumulate=True))
+    # the accumulating host functions (adds of the layer folded into them by
+    # convert-moe-to-gpu; docs/gpu-path.md)
+    for fn in (host_combine, host_expert_combine_grad):
+        out.append(fn(accumulate=True))
+    if ROUTER_GRAD_ACC:
+        out.append(host_router_grad(accumulate=True))
     out.append("}")
     text = "\n".join(out) + "\n"
     if len(sys.argv) == 3 and sys.argv[1] == "-o":

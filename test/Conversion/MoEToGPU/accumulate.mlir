@@ -1,15 +1,16 @@
-// convert-moe-to-gpu with a GPU library that has the accumulating host
-// functions (MOE_GPU_ACCUMULATE=1, given by the pass's `library` option):
+// convert-moe-to-gpu with the accumulating host functions of the GPU library:
 // an add `sum = X + P` whose P the router's gradient, the experts' gradient
 // (their dx) or the combine can add into X's buffer is folded: X is written
 // straight into the sum's buffer and P's op, by its `_acc` host function, adds
 // to it; no add runs and neither part is a temporary. P's op moves to right
 // before the add where X comes after it and nothing reads P's op's results
 // before the add. Where an add cannot be folded, or the library lacks the
-// functions (the embedded default), it stays.
-// RUN: env MOE_GPU_ACCUMULATE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.acc.mlir
-// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.acc.mlir" | FileCheck %s
-// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu | FileCheck %s --check-prefix=DEFAULT
+// function, it stays: the NOROUTER checks run with a library generated with
+// MOE_GEMM_TMA_STORE=0 (given by the pass's `library` option), which has no
+// __moe_gpu_router_grad_acc.
+// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu | FileCheck %s
+// RUN: env MOE_GEMM_TMA_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.norouter.mlir
+// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.norouter.mlir" | FileCheck %s --check-prefix=NOROUTER
 // RUN: not moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.missing.mlir" 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: echo "module {" > %t.bad.mlir
 // RUN: not moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.bad.mlir" 2>&1 | FileCheck %s --check-prefix=BAD
@@ -31,12 +32,14 @@
 // CHECK-DAG: func.func private @__moe_gpu_router_grad_acc(
 // CHECK-DAG: func.func private @__moe_gpu_expert_combine_grad(
 // CHECK-NOT: func.func private @__moe_gpu_expert_combine_grad_acc(
-// The embedded library has no `_acc` host functions: the add stays, and the
-// experts' and the router's dx are temporaries (4864 bytes each, aligned).
-// DEFAULT-LABEL: func.func @fold(
-// DEFAULT-SAME: moe.gpu.workspace_bytes = 10024 : i64
-// DEFAULT: call @__moe_gpu_router_grad(
-// DEFAULT: call @__moe_gpu_add(
+// Without __moe_gpu_router_grad_acc the add stays (the experts' gradient
+// cannot move past the router's, which reads its d_weights), and the experts'
+// and the router's dx are temporaries (4864 bytes each, aligned).
+// NOROUTER-LABEL: func.func @fold(
+// NOROUTER-SAME: moe.gpu.workspace_bytes = 10024 : i64
+// NOROUTER: call @__moe_gpu_expert_combine_grad(
+// NOROUTER: call @__moe_gpu_router_grad(
+// NOROUTER: call @__moe_gpu_add(
 func.func @fold(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>, %wgu: tensor<4x64x256xbf16>, %wd: tensor<4x128x64xbf16>, %w: tensor<37x2xf32>, %e: tensor<37x2xi32>, %l: tensor<37x4xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>, %rows: tensor<37x2xi32>, %h: tensor<74x256xbf16>, %dout: tensor<37x64xbf16>)
     -> (tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>) {
   %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>, tensor<74x256xbf16>, tensor<37x64xbf16> -> tensor<37x64xbf16>, tensor<37x2xf32>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>
@@ -59,10 +62,10 @@ func.func @fold(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>, %wgu: tensor<4x6
 // CHECK: call @__moe_gpu_router_grad_acc({{.*}}, %[[DX]], %{{[a-z0-9_]+}})
 // CHECK-NOT: call @__moe_gpu_add(
 // CHECK: return
-// DEFAULT-LABEL: func.func @fold_after_add(
-// DEFAULT: call @__moe_gpu_add(
-// DEFAULT: call @__moe_gpu_router_grad(
-// DEFAULT: call @__moe_gpu_add(
+// NOROUTER-LABEL: func.func @fold_after_add(
+// NOROUTER: call @__moe_gpu_add(
+// NOROUTER: call @__moe_gpu_router_grad(
+// NOROUTER: call @__moe_gpu_add(
 func.func @fold_after_add(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>, %wgu: tensor<4x64x256xbf16>, %wd: tensor<4x128x64xbf16>, %w: tensor<37x2xf32>, %e: tensor<37x2xi32>, %l: tensor<37x4xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>, %rows: tensor<37x2xi32>, %h: tensor<74x256xbf16>, %dout: tensor<37x64xbf16>, %dshared: tensor<37x64xbf16>)
     -> (tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>) {
   %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>, tensor<74x256xbf16>, tensor<37x64xbf16> -> tensor<37x64xbf16>, tensor<37x2xf32>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>
@@ -88,11 +91,11 @@ func.func @fold_after_add(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>, %wgu: 
 // CHECK: call @__moe_gpu_combine_acc({{.*}}, %[[OUT]])
 // CHECK-NOT: call @__moe_gpu_add(
 // CHECK: return
-// DEFAULT-LABEL: func.func @ds_like(
-// DEFAULT-SAME: moe.gpu.workspace_bytes = 34088 : i64
-// DEFAULT: call @__moe_gpu_combine(
-// DEFAULT: call @__moe_gpu_shared_expert(
-// DEFAULT: call @__moe_gpu_add(
+// NOROUTER-LABEL: func.func @ds_like(
+// NOROUTER-SAME: moe.gpu.workspace_bytes = 29988 : i64
+// NOROUTER: call @__moe_gpu_shared_expert(
+// NOROUTER: call @__moe_gpu_combine_acc(
+// NOROUTER-NOT: call @__moe_gpu_add(
 func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: tensor<8xf32>, %arg3: tensor<8x64x128xbf16>, %arg4: tensor<8x64x64xbf16>, %arg5: tensor<64x256xbf16>, %arg6: tensor<128x64xbf16>) -> tensor<37x64xbf16> {
   %weights, %experts, %logits = moe.router %arg0, %arg1 bias(%arg2 : tensor<8xf32>) {routing = #moe.routing<scoring = sigmoid, top_k = 2, renormalize = true, num_groups = 4, topk_groups = 2, scaling_factor = 2.500000e+00>} : tensor<37x64xbf16>, tensor<64x8xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x8xf32>
   %token_ids, %offsets, %rows = moe.dispatch %experts {num_experts = 8 : i64} : tensor<37x2xi32> -> tensor<74xi32>, tensor<9xi32>, tensor<37x2xi32>
@@ -116,8 +119,11 @@ func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: t
 // CHECK: call @__moe_gpu_router_grad_acc(
 // CHECK-NOT: call @__moe_gpu_add(
 // CHECK: return
-// DEFAULT-LABEL: func.func @ds_like_backward(
-// DEFAULT-COUNT-2: call @__moe_gpu_add(
+// Without the router's: both adds stay (the first sum has no buffer of its
+// own, being the X of no fold).
+// NOROUTER-LABEL: func.func @ds_like_backward(
+// NOROUTER: call @__moe_gpu_expert_combine_grad(
+// NOROUTER-COUNT-2: call @__moe_gpu_add(
 func.func @ds_like_backward(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: tensor<8x64x128xbf16>, %arg3: tensor<8x64x64xbf16>, %arg4: tensor<64x256xbf16>, %arg5: tensor<128x64xbf16>, %arg6: tensor<37x2xf32>, %arg7: tensor<37x2xi32>, %arg8: tensor<37x8xf32>, %arg9: tensor<74xi32>, %arg10: tensor<9xi32>, %arg11: tensor<37x2xi32>, %arg12: tensor<74x128xbf16>, %arg13: tensor<37x256xbf16>, %arg14: tensor<37x64xbf16>) -> (tensor<37x64xbf16>, tensor<64x8xbf16>, tensor<8x64x128xbf16>, tensor<8x64x64xbf16>, tensor<64x256xbf16>, tensor<128x64xbf16>) {
   %dx, %d_w_gate_up, %d_w_down = moe.shared_expert_grad %arg0, %arg4, %arg5, %arg13, %arg14 {activation = #moe.activation<swiglu>} : tensor<37x64xbf16>, tensor<64x256xbf16>, tensor<128x64xbf16>, tensor<37x256xbf16>, tensor<37x64xbf16> -> tensor<37x64xbf16>, tensor<64x256xbf16>, tensor<128x64xbf16>
   %dx_0, %d_weights, %d_w_gate_up_1, %d_w_down_2 = moe.expert_combine_grad %arg0, %arg9, %arg10, %arg11, %arg6, %arg2, %arg3, %arg12, %arg14 {activation = #moe.activation<swiglu>} : tensor<37x64xbf16>, tensor<74xi32>, tensor<9xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<8x64x128xbf16>, tensor<8x64x64xbf16>, tensor<74x128xbf16>, tensor<37x64xbf16> -> tensor<37x64xbf16>, tensor<37x2xf32>, tensor<8x64x128xbf16>, tensor<8x64x64xbf16>

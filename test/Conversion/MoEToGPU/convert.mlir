@@ -26,13 +26,14 @@
 // CHECK-SAME: moe.gpu.params = [{dtype = "bf16", name = "arg0", role = "input", shape = array<i64: 37, 64>},
 // CHECK-SAME: {dtype = "bf16", name = "result0", role = "output", shape = array<i64: 37, 64>}, {dtype = "f32", name = "moe.router.weights", role = "saved", shape = array<i64: 37, 2>},
 // CHECK-SAME: {dtype = "bf16", name = "moe.shared_expert.h", role = "saved", shape = array<i64: 37, 256>}]
-// The peak is y [74x64] and the combine output [37x64]: 9472 + 4736 bytes
-// (y is freed before the shared expert's output is allocated).
-// CHECK-SAME: moe.gpu.workspace_bytes = 14208 : i64
+// The one temporary is y [74x64], 9472 bytes: the add is folded (the
+// library's accumulating host functions, accumulate.mlir), so neither the
+// combine's output nor the shared expert's is a temporary.
+// CHECK-SAME: moe.gpu.workspace_bytes = 9472 : i64
 // The temporaries live in one arena at static offsets (ArenaPlacement.h):
 // its allocation comes first and its free last.
 // CHECK: %[[T0W:.*]] = gpu.wait async
-// CHECK-NEXT: %[[ARENA:.*]], %[[T0:.*]] = gpu.alloc async [%[[T0W]]] () : memref<14208xi8>
+// CHECK-NEXT: %[[ARENA:.*]], %[[T0:.*]] = gpu.alloc async [%[[T0W]]] () : memref<9472xi8>
 // CHECK-DAG: %[[XD:.*]] = memref.cast %[[X]] : memref<37x64xbf16> to memref<?x?xbf16>
 // CHECK-DAG: %[[BIASD:.*]] = memref.cast %[[BIAS]] : memref<8xf32> to memref<?xf32>
 // CHECK-DAG: %[[SIGMOID:.*]] = arith.constant 1 : i32
@@ -44,23 +45,19 @@
 // CHECK: %[[T1:.*]] = call @__moe_gpu_router(%[[T0]], %[[XD]], %{{.*}}, %[[BIASD]], %[[SIGMOID]], %[[RENORM]], %[[GROUPS]], %[[TOPKG]], %[[SCALE]], %[[NOROUND]], %{{.*}}, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?x?xbf16>, memref<?xf32>, i32, i1, index, index, f32, i1, memref<?x?xf32>, memref<?x?xi32>, memref<?x?xf32>) -> !gpu.async.token
 // CHECK: %[[T2:.*]] = call @__moe_gpu_dispatch(%[[T1]],
 // The expert outputs y are neither returned nor saved: a temporary at 0.
-// CHECK: %[[Y:.*]] = memref.view %[[ARENA]][%c0{{.*}}][] : memref<14208xi8> to memref<74x64xbf16>
+// CHECK: %[[Y:.*]] = memref.view %[[ARENA]][%c0{{.*}}][] : memref<9472xi8> to memref<74x64xbf16>
 // CHECK: %[[YD:.*]] = memref.cast %[[Y]] : memref<74x64xbf16> to memref<?x?xbf16>
 // CHECK: %[[HD:.*]] = memref.cast %[[H]] : memref<74x128xbf16> to memref<?x?xbf16>
 // CHECK: %[[T4:.*]] = call @__moe_gpu_expert_ffn(%[[T2]], {{.*}}, %[[YD]], %[[HD]])
-// CHECK: %[[C:.*]] = memref.view %[[ARENA]][%c9472{{.*}}][] : memref<14208xi8> to memref<37x64xbf16>
-// CHECK: %[[T6:.*]] = call @__moe_gpu_combine(%[[T4]],
-// The shared expert's output reuses y's bytes: y is dead by then.
-// CHECK-NOT: gpu.dealloc
-// CHECK: %[[S:.*]] = memref.view %[[ARENA]][%c0{{.*}}][] : memref<14208xi8> to memref<37x64xbf16>
-// CHECK: %[[T9:.*]] = call @__moe_gpu_shared_expert(%[[T6]],
-// The sum goes straight into the out-parameter.
-// CHECK-DAG: memref.collapse_shape %[[C]] {{\[\[}}0, 1]] : memref<37x64xbf16> into memref<2368xbf16>
-// CHECK-DAG: memref.collapse_shape %[[S]] {{\[\[}}0, 1]] : memref<37x64xbf16> into memref<2368xbf16>
-// CHECK-DAG: memref.collapse_shape %[[OUT]] {{\[\[}}0, 1]] : memref<37x64xbf16> into memref<2368xbf16>
-// CHECK: %[[T10:.*]] = call @__moe_gpu_add(%[[T9]], %{{.*}}, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?xbf16>, memref<?xbf16>, memref<?xbf16>) -> !gpu.async.token
-// CHECK-NEXT: %[[T12:.*]] = gpu.dealloc async [%[[T10]]] %[[ARENA]] : memref<14208xi8>
-// CHECK: gpu.wait [%[[T12]]]
+// The shared expert writes its output into the out-parameter, and the combine
+// (moved after it) adds the experts' rows there.
+// CHECK: %[[SD:.*]] = memref.cast %[[OUT]] : memref<37x64xbf16> to memref<?x?xbf16>
+// CHECK: %[[T5:.*]] = call @__moe_gpu_shared_expert(%[[T4]], {{.*}}, %[[SD]], %{{[a-z0-9_]+}})
+// CHECK: %[[YD2:.*]] = memref.cast %[[Y]] : memref<74x64xbf16> to memref<?x?xbf16>
+// CHECK: %[[OUTD:.*]] = memref.cast %[[OUT]] : memref<37x64xbf16> to memref<?x?xbf16>
+// CHECK: %[[T6:.*]] = call @__moe_gpu_combine_acc(%[[T5]], %[[YD2]], %{{.*}}, %{{.*}}, %[[OUTD]])
+// CHECK-NEXT: %[[T7:.*]] = gpu.dealloc async [%[[T6]]] %[[ARENA]] : memref<9472xi8>
+// CHECK: gpu.wait [%[[T7]]]
 // CHECK-NEXT: return{{$}}
 
 // Backward: the saved tensors, then the cotangent of result0; the gradients
@@ -74,17 +71,19 @@
 // CHECK-SAME: {dtype = "bf16", name = "d_result0", of = "result0", role = "cotangent", shape = array<i64: 37, 64>},
 // CHECK-SAME: {dtype = "bf16", name = "d_arg0", of = "arg0", role = "gradient", shape = array<i64: 37, 64>},
 // CHECK-SAME: {dtype = "bf16", name = "d_arg3", of = "arg3", role = "gradient", shape = array<i64: 8, 64, 128>}
+// The shared expert's gradient writes dx, the experts' and the router's add
+// theirs to it (folded adds): only d_weights [37x2xf32] is a temporary.
+// CHECK-SAME: moe.gpu.workspace_bytes = 296 : i64
 // CHECK: gpu.wait async
 // CHECK: call @__moe_gpu_shared_expert_grad(
-// CHECK: call @__moe_gpu_expert_combine_grad(
-// CHECK: call @__moe_gpu_add(
+// CHECK: call @__moe_gpu_expert_combine_grad_acc(
 // No logits gradient: a size-0 view of the logits.
 // CHECK: %[[NONE:.*]] = memref.reinterpret_cast %[[LOGITS]] to offset: [0], sizes: [0, 0], strides: [0, 1] : memref<37x8xf32> to memref<0x0xf32>
 // CHECK: %[[NONED:.*]] = memref.cast %[[NONE]] : memref<0x0xf32> to memref<?x?xf32>
-// CHECK: call @__moe_gpu_router_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[NONED]],
-// CHECK: collapse_shape %[[DX]]
-// CHECK: call @__moe_gpu_add(
+// CHECK: %[[DXD:.*]] = memref.cast %[[DX]] : memref<37x64xbf16> to memref<?x?xbf16>
+// CHECK: call @__moe_gpu_router_grad_acc(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[NONED]], %{{.*}}, %{{.*}}, %{{.*}}, %[[DXD]], %{{.*}})
 // CHECK-NOT: gpu.alloc
+// CHECK-NOT: call @__moe_gpu_add(
 // CHECK: gpu.wait [
 // CHECK-NEXT: return
 
@@ -93,12 +92,11 @@
 // CHECK-DAG: func.func private @__moe_gpu_router(
 // CHECK-DAG: func.func private @__moe_gpu_dispatch(
 // CHECK-DAG: func.func private @__moe_gpu_expert_ffn(
-// CHECK-DAG: func.func private @__moe_gpu_combine(
+// CHECK-DAG: func.func private @__moe_gpu_combine_acc(
 // CHECK-DAG: func.func private @__moe_gpu_shared_expert(
-// CHECK-DAG: func.func private @__moe_gpu_add(
-// CHECK-DAG: func.func private @__moe_gpu_expert_combine_grad(
+// CHECK-DAG: func.func private @__moe_gpu_expert_combine_grad_acc(
 // CHECK-DAG: func.func private @__moe_gpu_shared_expert_grad(
-// CHECK-DAG: func.func private @__moe_gpu_router_grad(
+// CHECK-DAG: func.func private @__moe_gpu_router_grad_acc(
 func.func @ds(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: tensor<8xf32>, %arg3: tensor<8x64x128xbf16>, %arg4: tensor<8x64x64xbf16>, %arg5: tensor<64x256xbf16>, %arg6: tensor<128x64xbf16>) -> tensor<37x64xbf16> {
   %weights, %experts, %logits = moe.router %arg0, %arg1 bias(%arg2 : tensor<8xf32>) {routing = #moe.routing<scoring = sigmoid, top_k = 2, renormalize = true, num_groups = 4, topk_groups = 2, scaling_factor = 2.500000e+00>} : tensor<37x64xbf16>, tensor<64x8xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x8xf32>
   %token_ids, %offsets, %rows = moe.dispatch %experts {num_experts = 8 : i64} : tensor<37x2xi32> -> tensor<74xi32>, tensor<9xi32>, tensor<37x2xi32>
@@ -155,7 +153,7 @@ func.func @ds_backward(%arg0: tensor<37x64xbf16> {moe.saved = "arg0"}, %arg1: te
 // CHECK-SAME: %[[DOUT:[a-z0-9]+]]: memref<37x64xbf16>, %[[DLOGITS:[a-z0-9]+]]: memref<37x4xf32>, %{{.*}}: memref<37x64xbf16>, %{{.*}}: memref<64x4xbf16>,
 // CHECK-SAME: {dtype = "bf16", name = "d_result0", of = "result0", role = "cotangent", shape = array<i64: 37, 64>}, {dtype = "f32", name = "d_result1", of = "result1", role = "cotangent", shape = array<i64: 37, 4>}
 // CHECK: %[[DLD:.*]] = memref.cast %[[DLOGITS]] : memref<37x4xf32> to memref<?x?xf32>
-// CHECK: call @__moe_gpu_router_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[DLD]],
+// CHECK: call @__moe_gpu_router_grad_acc(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[DLD]],
 
 func.func @layer_forward(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x4xbf16>, %arg2: tensor<4x64x256xbf16>, %arg3: tensor<4x128x64xbf16>) -> (tensor<37x64xbf16>, tensor<37x4xf32>, tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x256xbf16>, tensor<4x128x64xbf16>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>, tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>, tensor<74x256xbf16>) attributes {moe.num_saved = 11 : i64} {
   %weights, %experts, %logits = moe.router %arg0, %arg1 {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>} : tensor<37x64xbf16>, tensor<64x4xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x4xf32>

@@ -9,16 +9,13 @@
 // is freed after its last reader like any temporary.
 // Work that needs no prefetched tensor runs before work that does. The
 // offloaded h is not in the temporaries' arena (the runtime frees it after
-// its copy).
+// its copy). The adds are folded into the library's accumulating host
+// functions (accumulate.mlir) after the prefetches are scheduled, but no op
+// moves past work that waits for a prefetch: in @ds_like every add goes, the
+// forward's combine moving after the shared expert; in @ds_shared's backward
+// none (the router's and the experts' gradients run ahead of the shared
+// expert's, which waits for its prefetch).
 // RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu | FileCheck %s
-// With a library of accumulating host functions (MOE_GPU_ACCUMULATE=1,
-// accumulate.mlir) the adds are folded after the prefetches are scheduled,
-// but no op moves past work that waits for a prefetch: in @ds_like every add
-// goes, the forward's combine moving after the shared expert; in @ds_shared's
-// backward none (the router's and the experts' gradients run ahead of the
-// shared expert's, which waits for its prefetch).
-// RUN: env MOE_GPU_ACCUMULATE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.acc.mlir
-// RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --convert-moe-to-gpu="library=%t.acc.mlir" | FileCheck %s --check-prefix=ACC
 
 // Both H offloaded (policy=offload).
 // CHECK-DAG: func.func private @mgpuMoeOffload(i64, i64, i64, i32)
@@ -35,29 +32,14 @@
 // CHECK: %[[HP:.*]] = memref.extract_aligned_pointer_as_index %[[H]]
 // CHECK: call @mgpuMoeOffload(%{{.*}}, %{{.*}}, %c18944_i64, %c1_i32{{.*}}) : (i64, i64, i64, i32) -> ()
 // CHECK-NOT: gpu.dealloc {{.*}} %[[H]]
-// CHECK: call @__moe_gpu_combine(
 // CHECK: call @__moe_gpu_shared_expert(
 // CHECK: call @mgpuMoeOffload(%{{.*}}, %{{.*}}, %c18944_i64{{.*}}, %c1_i32{{.*}})
 // CHECK-NOT: gpu.dealloc {{.*}} %[[H]]
+// CHECK: call @__moe_gpu_combine_acc(
+// CHECK-NOT: call @__moe_gpu_add(
 // CHECK: call @mgpuMoeOffloadsFinish() : () -> ()
 // CHECK-NEXT: gpu.wait [
 // CHECK-NEXT: return
-// ACC-LABEL: func.func @ds_like_forward(
-// ACC: call @__moe_gpu_expert_ffn(
-// ACC: call @mgpuMoeOffload(
-// ACC: call @__moe_gpu_shared_expert(
-// ACC: call @mgpuMoeOffload(
-// ACC: call @__moe_gpu_combine_acc(
-// ACC-NOT: call @__moe_gpu_add(
-// ACC: return
-// ACC-LABEL: func.func @ds_like_backward(
-// ACC: call @mgpuMoeAwaitPrefetch(
-// ACC: call @__moe_gpu_shared_expert_grad(
-// ACC: call @mgpuMoeAwaitPrefetch(
-// ACC: call @__moe_gpu_expert_combine_grad_acc(
-// ACC: call @__moe_gpu_router_grad_acc(
-// ACC-NOT: call @__moe_gpu_add(
-// ACC: return
 // CHECK-LABEL: func.func @ds_like_backward(
 // CHECK-SAME: {dtype = "bf16", forward_param = "moe.expert_ffn.h", memory = "host", name = "moe.expert_ffn.h", role = "saved", shape = array<i64: 74, 128>}
 // The arena of the temporaries, then no device buffer for the prefetches:
@@ -76,9 +58,12 @@
 // CHECK: call @__moe_gpu_shared_expert_grad(
 // CHECK: gpu.dealloc async {{.*}} %[[DS]]
 // CHECK: call @mgpuMoeAwaitPrefetch(%[[HP]])
-// CHECK: call @__moe_gpu_expert_combine_grad(
+// CHECK: call @__moe_gpu_expert_combine_grad_acc(
 // CHECK: gpu.dealloc async {{.*}} %[[DH]]
 // CHECK-NOT: call @mgpuMoe
+// CHECK: call @__moe_gpu_router_grad_acc(
+// CHECK-NOT: call @mgpuMoe
+// CHECK-NOT: call @__moe_gpu_add(
 // CHECK: return
 
 func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: tensor<8xf32>,
@@ -98,14 +83,6 @@ func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: t
 // Only the shared expert's H offloaded: backward runs the experts' gradient,
 // which needs no prefetched tensor, before the shared expert's, so the copy
 // overlaps it; the router's gradient (after the experts') stays after it.
-// ACC-LABEL: func.func @ds_shared_backward(
-// ACC: call @__moe_gpu_expert_combine_grad(
-// ACC: call @__moe_gpu_router_grad(
-// ACC: call @mgpuMoeAwaitPrefetch(
-// ACC: call @__moe_gpu_shared_expert_grad(
-// ACC-COUNT-2: call @__moe_gpu_add(
-// ACC-NOT: _acc(
-// ACC: return
 // CHECK-LABEL: func.func @ds_shared_backward(
 // CHECK: call @mgpuMoePrefetch(
 // CHECK-NOT: call @mgpuMoePrefetch(
@@ -113,7 +90,8 @@ func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: t
 // CHECK: call @__moe_gpu_router_grad(
 // CHECK: call @mgpuMoeAwaitPrefetch(
 // CHECK: call @__moe_gpu_shared_expert_grad(
-// CHECK: call @__moe_gpu_add(
+// CHECK-COUNT-2: call @__moe_gpu_add(
+// CHECK-NOT: _acc(
 // CHECK: return
 
 func.func @ds_shared(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: tensor<8xf32>,

@@ -16,7 +16,7 @@
 // CHECK-DAG: call @__moe_gpu_expert_ffn_h({{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?xi32>, memref<?xi32>, memref<?x?x?xbf16>, memref<?x?x?xbf16>, i32, memref<?x?xbf16>) -> !gpu.async.token
 // CHECK-NOT: call @__moe_gpu_expert_ffn(
 // CHECK-NOT: call @__moe_gpu_shared_expert(
-// CHECK: call @__moe_gpu_expert_combine_grad(
+// CHECK: call @__moe_gpu_expert_combine_grad_acc(
 // CHECK-LABEL: func.func private @__moe_gpu_expert_ffn_h(
 // CHECK-NOT: moe_gemm_rows_mn_bf16
 // CHECK-NOT: gpu.alloc

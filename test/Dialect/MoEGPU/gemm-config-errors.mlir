@@ -98,21 +98,6 @@ func.func private @with_ds() attributes {moe_gpu.config = #moe_gpu.gemm<a = gath
 // expected-error @+1 {{dact_unroll configures the dSwiGLU epilogue: it needs epilogue = dswiglu, got store_bf16}}
 func.func private @dact_unroll() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, dact_unroll = 8>}
 
-// -----
-
-// expected-error @+1 {{dact_stage configures the dSwiGLU epilogue: it needs epilogue = dswiglu, got store_f32}}
-func.func private @dact_stage() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_f32, problem = varlen_m, dact_stage = bf16>}
-
-// -----
-
-// expected-error @+1 {{dact_fma configures the dSwiGLU epilogue: it needs epilogue = dswiglu, got swiglu}}
-func.func private @dact_fma() attributes {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_mn_swiglu, epilogue = swiglu, store_a = true, problem = varlen_m, dact_fma = true>}
-
-// -----
-
-// expected-error @+1 {{dact_pipeline configures the dSwiGLU epilogue: it needs epilogue = dswiglu, got store_bf16_w}}
-func.func private @dact_pipeline() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, epilogue = store_bf16_w, problem = varlen_k, dact_pipeline = true>}
-
 //===----------------------------------------------------------------------===//
 // GemmConfigAttr::verify: warp specialisation and setmaxnreg
 //===----------------------------------------------------------------------===//
@@ -241,7 +226,7 @@ func.func private @key_twice() attributes {moe_gpu.config = #moe_gpu.gemm<a = ro
 // -----
 
 // expected-error @+1 {{expected 'true' or 'false'}}
-func.func private @bad_bool() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, dependent_launch = 1>}
+func.func private @bad_bool() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, rows_tma = 1>}
 
 // -----
 

@@ -66,8 +66,7 @@ func.func private @explicit_defaults() attributes {moe_gpu.config = #moe_gpu.gem
     with_ds = false, accumulate = false, tile = [128, 256, 64], stages = 3,
     warp_specialized = true, registers = [72, 216], schedule = static,
     idle_skip = false, group_m = 16, rows_tma = false, store = threads,
-    dependent_launch = false, dact_unroll = 4, dact_stage = f32,
-    dact_fma = false, dact_pipeline = false>}
+    dact_unroll = 4>}
 
 // The defaults of the one-tile kernels: 4 stages, no warp specialisation, C
 // through the ring.
@@ -90,10 +89,10 @@ func.func private @wgrad_rows_defaults() attributes {moe_gpu.config = #moe_gpu.g
 func.func private @moe_gemm_wgrad_gather_nows() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = b, epilogue = store_bf16_w, problem = varlen_k, warp_specialized = false, store = threads>}
 
 // MOE_GEMM_PSTAGES=2, MOE_GEMM_WS_REGS=80,208, MOE_GEMM_GROUP_M=8,
-// MOE_GEMM_DYNAMIC=rows (idle_skip follows the schedule), MOE_GPU_PDL=1.
-// CHECK-LABEL: func.func private @moe_gemm_rows_k_bf16_s2_regs80x208_dyn_g8_pdl()
-// CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m, stages = 2, registers = [80, 208], schedule = dynamic, group_m = 8, dependent_launch = true>}
-func.func private @moe_gemm_rows_k_bf16_s2_regs80x208_dyn_g8_pdl() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m, stages = 2, registers = [80, 208], schedule = dynamic, idle_skip = true, group_m = 8, dependent_launch = true>}
+// MOE_GEMM_DYNAMIC=rows (idle_skip follows the schedule).
+// CHECK-LABEL: func.func private @moe_gemm_rows_k_bf16_s2_regs80x208_dyn_g8()
+// CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m, stages = 2, registers = [80, 208], schedule = dynamic, group_m = 8>}
+func.func private @moe_gemm_rows_k_bf16_s2_regs80x208_dyn_g8() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m, stages = 2, registers = [80, 208], schedule = dynamic, idle_skip = true, group_m = 8>}
 
 // MOE_GEMM_DYNAMIC=all with MOE_GEMM_IDLE_SKIP=0.
 // CHECK-LABEL: func.func private @moe_gemm_up_gather_dyn_noskip()
@@ -108,11 +107,11 @@ func.func private @moe_gemm_up_gather_dyn_noskip() attributes {moe_gpu.config = 
 func.func private @moe_gemm_wgrad_gather_a_norowstma_storebulk() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = a, epilogue = store_bf16_w, problem = varlen_k, rows_tma = false, store = bulk_rows>}
 func.func private @moe_gemm_rows_mn_bf16_storethreads() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, store = threads>}
 
-// The dSwiGLU epilogue's options, and kernels the generator does not list:
-// a gathered down projection, a dSwiGLU without dS.
-// CHECK-LABEL: func.func private @moe_gemm_dact_gather_nods_s3_u8_stagebf16_fma_pipe()
-// CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_k, epilogue = dswiglu, with_router_weight = true, problem = varlen_m, stages = 3, dact_unroll = 8, dact_stage = bf16, dact_fma = true, dact_pipeline = true>}
+// MOE_GEMM_DACT_UNROLL=8, and kernels the generator does not list: a gathered
+// down projection, a dSwiGLU without dS.
+// CHECK-LABEL: func.func private @moe_gemm_dact_gather_nods_s3_u8()
+// CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_k, epilogue = dswiglu, with_router_weight = true, problem = varlen_m, stages = 3, dact_unroll = 8>}
 // CHECK-LABEL: func.func private @moe_gemm_gather_mn_bf16()
 // CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_mn, epilogue = store_bf16, problem = varlen_m>}
-func.func private @moe_gemm_dact_gather_nods_s3_u8_stagebf16_fma_pipe() attributes {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_k, epilogue = dswiglu, with_router_weight = true, problem = varlen_m, stages = 3, dact_unroll = 8, dact_stage = bf16, dact_fma = true, dact_pipeline = true>}
+func.func private @moe_gemm_dact_gather_nods_s3_u8() attributes {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_k, epilogue = dswiglu, with_router_weight = true, problem = varlen_m, stages = 3, dact_unroll = 8>}
 func.func private @moe_gemm_gather_mn_bf16() attributes {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_mn, epilogue = store_bf16, problem = varlen_m>}

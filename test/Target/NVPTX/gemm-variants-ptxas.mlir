@@ -4,15 +4,11 @@
 // MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
 // row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1, the default: C
 // out by bulk copies, one a row where MOE_GEMM_TMA_STORE=0, the experts' weight gradients
-// by four TMA box stores where it is 1, the default; the last two in one library; MOE_GEMM_DACT_UNROLL=8 and 1 with the
-// first two: the dSwiGLU epilogue's rows loaded 8 and 1 at a time; MOE_GEMM_DACT_FMA=1 with
-// the second and, with MOE_GEMM_DACT_STAGE=bf16, with MOE_GEMM_DYNAMIC=all: the dSwiGLU's
-// fused multiply-adds, and its dA staged in bf16 by stmatrix; MOE_GEMM_DACT_PIPELINE=1 with
-// those and with the fourth, whose dA goes through f32: its H loads a batch ahead;
-// MOE_GPU_ACCUMULATE=1 with the fourth: the router's dX GEMM that adds into dx, and the
-// gather-sum that starts from what out holds) still
-// compile for sm_90a with no spill, no local stack and no wgmma serialisation warning
-// (check_ptxas.py fails on any).
+// by four TMA box stores where it is 1, the default; the last two in one library, which
+// also has the router's dX GEMM that adds into dx and the gather-sum that starts from what
+// out holds; MOE_GEMM_DACT_UNROLL=8 and 1 with the first two: the dSwiGLU epilogue's rows
+// loaded 8 and 1 at a time; MOE_GEMM_DYNAMIC=all) still compile for sm_90a with no spill,
+// no local stack and no wgmma serialisation warning (check_ptxas.py fails on any).
 // REQUIRES: ptxas
 // RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 MOE_GEMM_DACT_UNROLL=8 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
@@ -20,14 +16,14 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.gather.isa.mlir %t.gather
 // RUN: %ptxas -arch=sm_90a -v %t.gather.moe_kernels.ptx -o %t.gather.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.gather.txt
 // RUN: FileCheck %s --check-prefix=GATHER < %t.gather.txt
-// RUN: env MOE_GEMM_WS=none MOE_GEMM_DACT_UNROLL=1 MOE_GEMM_DACT_FMA=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.none.mlir
+// RUN: env MOE_GEMM_WS=none MOE_GEMM_DACT_UNROLL=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.none.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.none.mlir > %t.none.ops.mlir
 // RUN: mlir-opt %t.none.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.none.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.none.isa.mlir %t.none
 // RUN: %ptxas -arch=sm_90a -v %t.none.moe_kernels.ptx -o %t.none.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.none.txt
 // RUN: FileCheck %s --check-prefix=NONE < %t.none.txt
 // RUN: not grep "Used 168 registers" %t.none.txt
-// RUN: env MOE_GEMM_ROWS_TMA=1 MOE_GEMM_DACT_PIPELINE=1 MOE_GPU_ACCUMULATE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
+// RUN: env MOE_GEMM_ROWS_TMA=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.rows.mlir > %t.rows.ops.mlir
 // RUN: mlir-opt %t.rows.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.rows.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
@@ -41,7 +37,7 @@
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk
 // RUN: %ptxas -arch=sm_90a -v %t.bulk.moe_kernels.ptx -o %t.bulk.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.bulk.txt
 // RUN: FileCheck %s --check-prefix=BULK --input-file=%t.bulk.moe_kernels.ptx
-// RUN: env MOE_GEMM_DYNAMIC=all MOE_GEMM_DACT_STAGE=bf16 MOE_GEMM_DACT_FMA=1 MOE_GEMM_DACT_PIPELINE=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.dyn.mlir
+// RUN: env MOE_GEMM_DYNAMIC=all %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.dyn.mlir
 // RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.dyn.mlir > %t.dyn.ops.mlir
 // RUN: mlir-opt %t.dyn.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.dyn.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.dyn.isa.mlir %t.dyn
@@ -101,8 +97,8 @@
 // TSTORE-DAG: cp.async.bulk.global.shared::cta.bulk_group
 // TSTORE-LABEL: .entry moe_gemm_dact_gather(
 
-// MOE_GPU_ACCUMULATE=1: the router's dX GEMM adds every tile, the partial last one
-// too, into dx by four TMA reduce-add boxes, and stores nothing otherwise.
+// The router's accumulating dX GEMM adds every tile, the partial last one too, into dx by
+// four TMA reduce-add boxes, and stores nothing otherwise.
 // ACC-LABEL: .entry moe_gemm_rows_k_bf16_acc(
 // ACC-NOT: cp.async.bulk.global.shared::cta
 // ACC-NOT: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group

@@ -20,12 +20,14 @@
 // CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_gather' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gemm_wgrad_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gemm_rows_k_bf16_acc' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_router_scores' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_router_select' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_dispatch_rank' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_dispatch_scan' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_dispatch_place' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gather_sum' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_gather_sum_acc' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_scatter_weights' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_single_offsets' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_split_offsets' for 'sm_90a'
@@ -35,5 +37,5 @@
 // CHECK-DAG: Compiling entry function 'moe_repack_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_repack_f32' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_add' for 'sm_90a'
-// COUNT-COUNT-27: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-COUNT-29: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

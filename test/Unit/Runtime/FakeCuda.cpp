@@ -19,10 +19,8 @@ namespace {
 
 FakeCudaState state;
 
-struct FakeModule {
-  // The image contains "__moe_griddepcontrol": the module defines that global.
-  bool dependentLaunch = false;
-};
+// A loaded module: the handle is its address.
+struct FakeModule {};
 
 struct FakeFunction {
   std::string name;
@@ -162,22 +160,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   ++state.moduleLoadCalls;
   if (std::strstr(static_cast<const char *>(image) + 4, "corrupt"))
     return CUDA_ERROR_INVALID_IMAGE;
-  auto *record = new FakeModule;
-  record->dependentLaunch =
-      std::strstr(static_cast<const char *>(image) + 4, "__moe_griddepcontrol");
-  *module = reinterpret_cast<CUmodule>(record);
-  return CUDA_SUCCESS;
-}
-
-CUresult cuModuleGetGlobal(CUdeviceptr *address, size_t *bytes, CUmodule module,
-                           const char *name) {
-  auto *record = reinterpret_cast<FakeModule *>(module);
-  if (std::strcmp(name, "__moe_griddepcontrol") != 0 ||
-      !record->dependentLaunch)
-    return CUDA_ERROR_NOT_FOUND;
-  static int marker = 1;
-  *address = reinterpret_cast<CUdeviceptr>(&marker);
-  *bytes = sizeof(marker);
+  *module = reinterpret_cast<CUmodule>(new FakeModule);
   return CUDA_SUCCESS;
 }
 
@@ -298,16 +281,11 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction function,
   state.lastStream = config->hStream;
   state.lastParams = params;
   state.lastCluster[0] = state.lastCluster[1] = state.lastCluster[2] = 0;
-  state.lastProgrammatic = 0;
   for (unsigned i = 0; i < config->numAttrs; ++i)
     if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
       state.lastCluster[0] = config->attrs[i].value.clusterDim.x;
       state.lastCluster[1] = config->attrs[i].value.clusterDim.y;
       state.lastCluster[2] = config->attrs[i].value.clusterDim.z;
-    } else if (config->attrs[i].id ==
-               CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) {
-      state.lastProgrammatic =
-          config->attrs[i].value.programmaticStreamSerializationAllowed;
     }
   return CUDA_SUCCESS;
 }

@@ -12,8 +12,6 @@
 //   contains "corrupt"; cuModuleLoadDataEx fails with CUDA_ERROR_INVALID_PTX
 //   and writes kFakeJitLog into the error log when the PTX contains
 //   "syntax_error".
-// - cuModuleGetGlobal finds "__moe_griddepcontrol" in a module whose image
-//   contains that name, and no other global.
 // - cuModuleGetFunction answers CUDA_ERROR_NOT_FOUND for names starting with
 //   "missing"; a name starting with "small" gets MAX_THREADS_PER_BLOCK 128,
 //   others 1024. Every kernel has 40 registers and 1024 B of static smem.
@@ -64,8 +62,6 @@ struct FakeCudaState {
   unsigned lastGrid[3] = {0, 0, 0};
   unsigned lastBlock[3] = {0, 0, 0};
   unsigned lastCluster[3] = {0, 0, 0};
-  // PROGRAMMATIC_STREAM_SERIALIZATION of the last cuLaunchKernelEx
-  int lastProgrammatic = 0;
   unsigned lastSmem = 0;
   void **lastParams = nullptr;
   void *lastStream = nullptr;

@@ -258,54 +258,6 @@ TEST_F(RuntimeFake, Launches) {
   EXPECT_EQ(moeModuleUnload(module), MOE_SUCCESS);
 }
 
-TEST_F(RuntimeFake, DependentLaunch) {
-  // A module that defines __moe_griddepcontrol: its kernels launch with
-  // programmatic stream serialization, clustered or not.
-  static const char kWaiting[] = "\x7f"
-                                 "ELF fake cubin __moe_griddepcontrol";
-  moeModule module = nullptr;
-  ASSERT_EQ(moeModuleLoad(kWaiting, sizeof(kWaiting), &module), MOE_SUCCESS);
-  moeFunction function = nullptr;
-  ASSERT_EQ(moeModuleGetFunction(module, "gemm", &function), MOE_SUCCESS);
-  int value = 7;
-  void *params[] = {&value};
-  moeLaunchConfig config = plainLaunch(132, 256);
-  ASSERT_EQ(moeLaunch(function, &config, params), MOE_SUCCESS) << lastMessage();
-  EXPECT_EQ(fake->launchCalls, 0);
-  EXPECT_EQ(fake->launchExCalls, 1);
-  EXPECT_EQ(fake->lastProgrammatic, 1);
-  EXPECT_EQ(fake->lastCluster[0], 0u);
-  config.clusterX = 2;
-  config.clusterY = config.clusterZ = 1;
-  ASSERT_EQ(moeLaunch(function, &config, params), MOE_SUCCESS) << lastMessage();
-  EXPECT_EQ(fake->launchExCalls, 2);
-  EXPECT_EQ(fake->lastProgrammatic, 1);
-  EXPECT_EQ(fake->lastCluster[0], 2u);
-  EXPECT_EQ(moeModuleUnload(module), MOE_SUCCESS);
-
-  // A module without it (any other kernel): a plain launch, never overlapped.
-  ASSERT_EQ(moeModuleLoad(kElf, sizeof(kElf), &module), MOE_SUCCESS);
-  ASSERT_EQ(moeModuleGetFunction(module, "gemm", &function), MOE_SUCCESS);
-  config.clusterX = config.clusterY = config.clusterZ = 0;
-  ASSERT_EQ(moeLaunch(function, &config, params), MOE_SUCCESS) << lastMessage();
-  EXPECT_EQ(fake->launchCalls, 1);
-  EXPECT_EQ(fake->launchExCalls, 2);
-  EXPECT_EQ(moeModuleUnload(module), MOE_SUCCESS);
-
-  // MOE_DEPENDENT_LAUNCH=0 turns it off for modules loaded after it is set.
-  static const char kWaitingToo[] = "\x7f"
-                                    "ELF another cubin __moe_griddepcontrol";
-  ASSERT_EQ(setenv("MOE_DEPENDENT_LAUNCH", "0", 1), 0);
-  ASSERT_EQ(moeModuleLoad(kWaitingToo, sizeof(kWaitingToo), &module),
-            MOE_SUCCESS);
-  ASSERT_EQ(unsetenv("MOE_DEPENDENT_LAUNCH"), 0);
-  ASSERT_EQ(moeModuleGetFunction(module, "gemm", &function), MOE_SUCCESS);
-  ASSERT_EQ(moeLaunch(function, &config, params), MOE_SUCCESS) << lastMessage();
-  EXPECT_EQ(fake->launchCalls, 2);
-  EXPECT_EQ(fake->launchExCalls, 2);
-  EXPECT_EQ(moeModuleUnload(module), MOE_SUCCESS);
-}
-
 TEST_F(RuntimeFake, StreamsAndEvents) {
   moeStream stream = nullptr;
   ASSERT_EQ(moeStreamCreate(&stream), MOE_SUCCESS);

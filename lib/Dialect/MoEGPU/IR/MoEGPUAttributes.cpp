@@ -114,8 +114,7 @@ static auto asTuple(const GemmConfig &c) {
                   c.withRouterWeight, c.withDs, c.accumulate, c.problem,
                   c.tileM, c.tileN, c.tileK, c.stages, c.warpSpecialized,
                   c.producerRegisters, c.consumerRegisters, c.schedule,
-                  c.idleSkip, c.groupM, c.rowsTma, c.store, c.dependentLaunch,
-                  c.dactUnroll, c.dactStage, c.dactFma, c.dactPipeline);
+                  c.idleSkip, c.groupM, c.rowsTma, c.store, c.dactUnroll);
 }
 
 bool GemmConfig::operator==(const GemmConfig &other) const {
@@ -250,16 +249,8 @@ std::string mlir::moe_gpu::gemmKernelName(const GemmConfig &config) {
       break;
     }
   }
-  if (c.dependentLaunch != d.dependentLaunch)
-    os << (c.dependentLaunch ? "_pdl" : "_nopdl");
   if (c.dactUnroll != d.dactUnroll)
     os << "_u" << c.dactUnroll;
-  if (c.dactStage != d.dactStage)
-    os << "_stage" << stringifyEnum(c.dactStage);
-  if (c.dactFma != d.dactFma)
-    os << (c.dactFma ? "_fma" : "_nofma");
-  if (c.dactPipeline != d.dactPipeline)
-    os << (c.dactPipeline ? "_pipe" : "_nopipe");
   return name;
 }
 
@@ -342,22 +333,10 @@ mlir::moe_gpu::verifyGemmConfig(const GemmConfig &config,
   if (c.withDs && c.epilogue != GemmEpilogue::Dswiglu)
     return emitError() << "with_ds needs epilogue = dswiglu, got "
                        << stringifyEnum(c.epilogue);
-  if (c.epilogue != GemmEpilogue::Dswiglu) {
-    StringRef option;
-    if (c.dactUnroll != d.dactUnroll)
-      option = "dact_unroll";
-    else if (c.dactStage != d.dactStage)
-      option = "dact_stage";
-    else if (c.dactFma != d.dactFma)
-      option = "dact_fma";
-    else if (c.dactPipeline != d.dactPipeline)
-      option = "dact_pipeline";
-    if (!option.empty())
-      return emitError() << option
-                         << " configures the dSwiGLU epilogue: it needs "
-                            "epilogue = dswiglu, got "
-                         << stringifyEnum(c.epilogue);
-  }
+  if (c.epilogue != GemmEpilogue::Dswiglu && c.dactUnroll != d.dactUnroll)
+    return emitError() << "dact_unroll configures the dSwiGLU epilogue: it "
+                          "needs epilogue = dswiglu, got "
+                       << stringifyEnum(c.epilogue);
 
   // Warp specialisation and setmaxnreg (ws_register_split).
   if (ws && !persistent)
@@ -439,8 +418,8 @@ mlir::moe_gpu::verifyGemmConfig(const GemmConfig &config,
 
   // Shared memory.
   if (store == StorePath::Ring) {
-    bool bf16 =
-        c.epilogue == GemmEpilogue::Dswiglu && c.dactStage == DactStage::Bf16;
+    // The dSwiGLU stages dA in bf16 rows padded as for bulk copies.
+    bool bf16 = c.epilogue == GemmEpilogue::Dswiglu;
     int64_t staged =
         bf16 ? c.tileM * (c.tileN + kBulkRowPad) * 2 : c.tileM * c.tileN * 4;
     int64_t ring = *c.stages * stageBytes(c);
@@ -469,8 +448,7 @@ LogicalResult GemmConfigAttr::verify(
     int64_t tileM, int64_t tileN, int64_t tileK, int64_t stages,
     bool warpSpecialized, int64_t producerRegisters, int64_t consumerRegisters,
     TileSchedule schedule, bool idleSkip, int64_t groupM, bool rowsTma,
-    StorePath store, bool dependentLaunch, int64_t dactUnroll,
-    DactStage dactStage, bool dactFma, bool dactPipeline) {
+    StorePath store, int64_t dactUnroll) {
   GemmConfig c;
   c.a = a;
   c.b = b;
@@ -493,11 +471,7 @@ LogicalResult GemmConfigAttr::verify(
   c.groupM = groupM;
   c.rowsTma = rowsTma;
   c.store = store;
-  c.dependentLaunch = dependentLaunch;
   c.dactUnroll = dactUnroll;
-  c.dactStage = dactStage;
-  c.dactFma = dactFma;
-  c.dactPipeline = dactPipeline;
   return verifyGemmConfig(c, emitError);
 }
 
@@ -524,11 +498,7 @@ GemmConfig GemmConfigAttr::getConfig() const {
   c.groupM = getGroupM();
   c.rowsTma = getRowsTma();
   c.store = getStore();
-  c.dependentLaunch = getDependentLaunch();
   c.dactUnroll = getDactUnroll();
-  c.dactStage = getDactStage();
-  c.dactFma = getDactFma();
-  c.dactPipeline = getDactPipeline();
   return c;
 }
 
@@ -571,38 +541,18 @@ enum class Key {
   GroupM,
   RowsTma,
   Store,
-  DependentLaunch,
   DactUnroll,
-  DactStage,
-  DactFma,
-  DactPipeline,
   Count
 };
 
 constexpr StringLiteral kKeyNames[] = {
-    "a",
-    "b",
-    "gathered",
-    "epilogue",
-    "store_a",
-    "with_router_weight",
-    "with_ds",
-    "accumulate",
-    "problem",
-    "tile",
-    "stages",
-    "warp_specialized",
-    "registers",
-    "schedule",
-    "idle_skip",
-    "group_m",
-    "rows_tma",
-    "store",
-    "dependent_launch",
+    "a",           "b",          "gathered",
+    "epilogue",    "store_a",    "with_router_weight",
+    "with_ds",     "accumulate", "problem",
+    "tile",        "stages",     "warp_specialized",
+    "registers",   "schedule",   "idle_skip",
+    "group_m",     "rows_tma",   "store",
     "dact_unroll",
-    "dact_stage",
-    "dact_fma",
-    "dact_pipeline",
 };
 static_assert(std::size(kKeyNames) == static_cast<size_t>(Key::Count),
               "one name a key");
@@ -720,16 +670,8 @@ Attribute GemmConfigAttr::parse(AsmParser &parser, Type) {
       return parseOptionalBool(parser, c.rowsTma);
     case Key::Store:
       return parseOptionalValue(parser, c.store);
-    case Key::DependentLaunch:
-      return parseBool(parser, c.dependentLaunch);
     case Key::DactUnroll:
       return parser.parseInteger(c.dactUnroll);
-    case Key::DactStage:
-      return parseEnumValue(parser, c.dactStage);
-    case Key::DactFma:
-      return parseBool(parser, c.dactFma);
-    case Key::DactPipeline:
-      return parseBool(parser, c.dactPipeline);
     case Key::Count:
       break;
     }
@@ -785,12 +727,7 @@ void GemmConfigAttr::print(AsmPrinter &printer) const {
   flag("rows_tma", *c.rowsTma, *d.rowsTma);
   if (*c.store != *d.store)
     os << ", store = " << stringifyEnum(*c.store);
-  flag("dependent_launch", c.dependentLaunch, d.dependentLaunch);
   integer("dact_unroll", c.dactUnroll, d.dactUnroll);
-  if (c.dactStage != d.dactStage)
-    os << ", dact_stage = " << stringifyEnum(c.dactStage);
-  flag("dact_fma", c.dactFma, d.dactFma);
-  flag("dact_pipeline", c.dactPipeline, d.dactPipeline);
   os << ">";
 }
 
@@ -799,7 +736,7 @@ void GemmConfigAttr::print(AsmPrinter &printer) const {
 //===----------------------------------------------------------------------===//
 
 SmallVector<GemmConfigAttr>
-mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context, bool withAccumulate) {
+mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context) {
   auto kind = [](AOperand a, BOperand b, GemmEpilogue epilogue,
                  GemmProblem problem) {
     GemmConfig c;
@@ -845,12 +782,10 @@ mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context, bool withAccumulate) {
       wgradGatherA,
       kind(A::Mn, B::RowsMn, E::StoreBf16W, varlenK),
   };
-  if (withAccumulate) {
-    // MOE_GPU_ACCUMULATE=1: dx += dlogits W_r^T.
-    GemmConfig acc = kind(A::Rows, B::WK, E::StoreBf16, varlenM);
-    acc.accumulate = true;
-    configs.push_back(acc);
-  }
+  // dx += dlogits W_r^T (the accumulating router gradient).
+  GemmConfig acc = kind(A::Rows, B::WK, E::StoreBf16, varlenM);
+  acc.accumulate = true;
+  configs.push_back(acc);
   SmallVector<GemmConfigAttr> attrs;
   for (const GemmConfig &config : configs)
     attrs.push_back(GemmConfigAttr::get(context, config));

@@ -59,11 +59,7 @@ struct GemmConfig {
   int64_t groupM = 16;
   std::optional<bool> rowsTma;
   std::optional<StorePath> store;
-  bool dependentLaunch = false;
   int64_t dactUnroll = 4;
-  DactStage dactStage = DactStage::F32;
-  bool dactFma = false;
-  bool dactPipeline = false;
 
   /// This config with every unset parameter at its default.
   GemmConfig resolved() const;
@@ -92,7 +88,7 @@ int64_t gemmLaunchRegisters(const GemmConfig &config);
 int64_t gemmLaunchSharedMemoryBytes(const GemmConfig &config);
 /// The kernel's name: the generator's name of its kind (moe_gemm_up_gather,
 /// ...), then a suffix for each parameter that differs from its default
-/// (_s4, _nows, _dyn, _pdl, ...), so that different configs of valid kernels
+/// (_s4, _nows, _dyn, _u8, ...), so that different configs of valid kernels
 /// get different names.
 std::string gemmKernelName(const GemmConfig &config);
 
@@ -102,11 +98,9 @@ std::string gemmKernelName(const GemmConfig &config);
 #include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h.inc"
 
 namespace mlir::moe_gpu {
-/// The GEMMs of the generator's default library, in its order (GEMMS). The
-/// last, moe_gemm_rows_k_bf16_acc (getAccumulate()), is built only with
-/// MOE_GPU_ACCUMULATE=1; withAccumulate = false leaves it out.
-SmallVector<GemmConfigAttr> defaultGemmConfigs(MLIRContext *context,
-                                               bool withAccumulate = true);
+/// The GEMMs of the generator's default library, in its order (GEMMS); the
+/// last is moe_gemm_rows_k_bf16_acc (getAccumulate()), the accumulating dX.
+SmallVector<GemmConfigAttr> defaultGemmConfigs(MLIRContext *context);
 } // namespace mlir::moe_gpu
 
 #endif // MOE_DIALECT_MOEGPU_IR_MOEGPUATTRIBUTES_H

@@ -49,9 +49,7 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
     - `store`: `ring` (one-tile kernels), `threads`, `bulk_rows` or
       `tma_boxes` (the default for warp-specialized store_bf16 and gathered
       store_bf16_w); `threads` for the other persistent ones.
-    - `dependent_launch` (false): programmatic dependent launch.
-    - `dact_unroll` (4), `dact_stage` (`f32`), `dact_fma` and
-      `dact_pipeline` (false): the dSwiGLU epilogue's options.
+    - `dact_unroll` (4): the dSwiGLU epilogue's rows a warp loads ahead.
 
     The persistent kernels' CTA count is not a parameter: it is the chip's
     SM count, a launch decision.
@@ -60,7 +58,7 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
     #moe_gpu.gemm<a = gather, b = w_mn_swiglu, epilogue = swiglu,
                   store_a = true, problem = varlen_m>
     #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m,
-                  stages = 2, schedule = dynamic, dependent_launch = true>
+                  stages = 2, schedule = dynamic>
     ```
   }];
   let parameters = (ins
@@ -92,11 +90,7 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
     AttrParameter<"bool", "the non-gathered rows by TMA">:$rows_tma,
     MoEGPU_EnumParameter<MoEGPU_StorePath,
         "ring, threads, bulk_rows, tma_boxes">:$store,
-    AttrParameter<"bool", "programmatic dependent launch">:$dependent_launch,
-    AttrParameter<"int64_t", "dSwiGLU rows loaded ahead">:$dact_unroll,
-    MoEGPU_EnumParameter<MoEGPU_DactStage, "f32, bf16">:$dact_stage,
-    AttrParameter<"bool", "dSwiGLU by fused multiply-adds">:$dact_fma,
-    AttrParameter<"bool", "dSwiGLU loads a batch ahead">:$dact_pipeline
+    AttrParameter<"int64_t", "dSwiGLU rows loaded ahead">:$dact_unroll
   );
   let builders = [
     AttrBuilder<(ins "const GemmConfig &":$config), [{
@@ -105,9 +99,7 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
                    c.withRouterWeight, c.withDs, c.accumulate, c.problem,
                    c.tileM, c.tileN, c.tileK, *c.stages, *c.warpSpecialized,
                    c.producerRegisters, c.consumerRegisters, c.schedule,
-                   *c.idleSkip, c.groupM, *c.rowsTma, *c.store,
-                   c.dependentLaunch, c.dactUnroll, c.dactStage, c.dactFma,
-                   c.dactPipeline);
+                   *c.idleSkip, c.groupM, *c.rowsTma, *c.store, c.dactUnroll);
     }]>
   ];
   let hasCustomAssemblyFormat = 1;

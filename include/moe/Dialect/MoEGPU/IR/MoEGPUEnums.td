@@ -65,10 +65,4 @@ def MoEGPU_StorePath : MoEGPU_I32Enum<"StorePath",
       I32EnumAttrCase<"TmaBoxes", 3, "tma_boxes">
     ]>;
 
-def MoEGPU_DactStage : MoEGPU_I32Enum<"DactStage",
-    "the type dA is staged in by the dSwiGLU epilogue", [
-      I32EnumAttrCase<"F32", 0, "f32">,
-      I32EnumAttrCase<"Bf16", 1, "bf16">
-    ]>;
-
 #endif // MOE_DIALECT_MOEGPU_IR_MOEGPUENUMS_TD

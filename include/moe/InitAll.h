@@ -7,6 +7,7 @@
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoEGPU/IR/MoEGPUDialect.h"
+#include "moe/Dialect/MoEGPU/Transforms/Passes.h"
 #include "moe/Pipelines/Pipelines.h"
 
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
@@ -112,6 +113,7 @@ inline void registerAllMoEToolDialects(DialectRegistry &registry) {
 /// moe-* passes and pipelines.
 inline void registerAllMoEPasses() {
   registerMoEPasses();
+  moe_gpu::registerMoEGPUPasses();
   registerMoEConversionPasses();
   registerMoEPipelines();
 }

@@ -3,6 +3,7 @@
 #include "moe/Pipelines/Pipelines.h"
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoEGPU/Transforms/Passes.h"
 
 #include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
 #include "mlir/Conversion/ConvertToLLVM/ToLLVMPass.h"
@@ -154,6 +155,9 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
     memory.memoryReport = options.memoryReport;
     pm.addPass(createMoEPlanMemory(memory));
   }
+  moe_gpu::MoEGPUSelectKernelsOptions selection;
+  selection.chip = options.chip;
+  pm.addPass(moe_gpu::createMoEGPUSelectKernels(selection));
   ConvertMoEToGPUOptions conversion;
   conversion.libraryPath = options.gpuLibrary;
   pm.addPass(createConvertMoEToGPU(conversion));

@@ -16,6 +16,7 @@
 #include "moe/Dialect/MoE/Transforms/Checkpoint.h"
 #include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
+#include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
 #include "moe/Support/ArenaPlacement.h"
 #include "moe/Support/ByteSize.h"
 
@@ -46,7 +47,7 @@ using namespace mlir::moe;
 namespace {
 
 /// The suffix of the host functions that add their result to what its buffer
-/// holds (libraries built with MOE_GPU_ACCUMULATE=1 only).
+/// holds; a library may lack one (foldAdds looks each up in its text).
 constexpr llvm::StringLiteral kAccumulateSuffix = "_acc";
 
 /// The text of MoEGPULibrary.mlir, embedded at build time.
@@ -1166,8 +1167,87 @@ void convertFunction(FunctionPlan &plan, StringRef library) {
 /// reference (transitively) and the library's gpu.modules into `module`.
 /// Symbols the module already has are kept, but a host function must have the
 /// type its calls expect.
-LogicalResult addLibrary(ModuleOp module, StringRef libraryText,
-                         StringRef libraryName) {
+/// The GPU library, parsed once when first needed.
+class LibraryModule {
+public:
+  LibraryModule(MLIRContext *context, StringRef text, StringRef name)
+      : context(context), text(text), name(name.str()) {}
+
+  StringRef getName() const { return name; }
+
+  /// The parsed library; failure (reported at `module`) when it is empty or
+  /// does not parse.
+  FailureOr<ModuleOp> get(ModuleOp module) {
+    if (parsed)
+      return *parsed;
+    if (text.trim().empty())
+      return module.emitError("the GPU library ")
+             << name
+             << " is empty: rebuild after MoEGPULibrary.mlir is written in "
+                "full";
+    ParserConfig config(context);
+    parsed = parseSourceString<ModuleOp>(text, config, name);
+    if (!parsed)
+      return module.emitError("cannot parse the GPU library ") << name;
+    return *parsed;
+  }
+
+private:
+  MLIRContext *context;
+  StringRef text;
+  std::string name;
+  OwningOpRef<ModuleOp> parsed;
+};
+
+/// Each op's `moe_gpu.kernels` (moe-gpu-select-kernels) against the library:
+/// the library's host functions launch one kernel a GEMM role, so a config
+/// must be that kernel's, and the kernel must be in the library (a symbol
+/// lookup by the config's kernel name).
+LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
+                                 LibraryModule &library, ModuleOp module) {
+  SmallVector<std::pair<Operation *, DictionaryAttr>> chosen;
+  for (const FunctionPlan &plan : plans)
+    func::FuncOp(plan.func).walk([&](Operation *op) {
+      if (auto kernels =
+              op->getAttrOfType<DictionaryAttr>(moe_gpu::kKernelsAttrName))
+        chosen.emplace_back(op, kernels);
+    });
+  if (chosen.empty())
+    return success();
+  FailureOr<ModuleOp> parsed = library.get(module);
+  if (failed(parsed))
+    return failure();
+  SmallVector<SymbolTable> kernelModules;
+  for (auto kernels : parsed->getOps<gpu::GPUModuleOp>())
+    kernelModules.emplace_back(kernels);
+  for (auto [op, kernels] : chosen) {
+    for (const moe_gpu::GemmRole &role : moe_gpu::gemmRolesOf(op)) {
+      auto config = kernels.getAs<moe_gpu::GemmConfigAttr>(role.name);
+      if (!config)
+        continue;
+      std::string name = config.kernelName();
+      // The conversion decides whether a GEMM accumulates (a folded add).
+      moe_gpu::GemmConfig requested = config.getConfig().resolved();
+      requested.accumulate = false;
+      std::string built = moe_gpu::gemmKernelName(role.libraryConfig);
+      if (requested != role.libraryConfig.resolved())
+        return op->emitError()
+               << "'" << moe_gpu::kKernelsAttrName << "' chooses @" << name
+               << " for '" << role.name << "', but the GPU library's "
+               << op->getName() << " runs @" << built
+               << " there (other configs are not built yet)";
+      if (llvm::none_of(kernelModules, [&](SymbolTable &symbols) {
+            return symbols.lookup(name) != nullptr;
+          }))
+        return op->emitError()
+               << "the GPU library " << library.getName() << " has no kernel @"
+               << name << " for '" << role.name << "'";
+    }
+  }
+  return success();
+}
+
+LogicalResult addLibrary(ModuleOp module, LibraryModule &library) {
   SymbolTable symbols(module);
   SmallVector<StringAttr> worklist;
   WalkResult walk = module.walk([&](func::CallOp call) {
@@ -1193,19 +1273,13 @@ LogicalResult addLibrary(ModuleOp module, StringRef libraryText,
   if (worklist.empty())
     return success();
 
-  if (libraryText.trim().empty())
-    return module.emitError("the GPU library ")
-           << libraryName
-           << " is empty: rebuild after MoEGPULibrary.mlir is written in full";
-  ParserConfig config(module.getContext());
-  OwningOpRef<ModuleOp> library =
-      parseSourceString<ModuleOp>(libraryText, config, libraryName);
-  if (!library)
-    return module.emitError("cannot parse the GPU library ") << libraryName;
-  SymbolTable librarySymbols(*library);
+  FailureOr<ModuleOp> parsed = library.get(module);
+  if (failed(parsed))
+    return failure();
+  SymbolTable librarySymbols(*parsed);
 
   // The kernels, whether or not a copied function launches them yet.
-  for (auto kernels : library->getOps<gpu::GPUModuleOp>())
+  for (auto kernels : parsed->getOps<gpu::GPUModuleOp>())
     worklist.push_back(kernels.getSymNameAttr());
   while (!worklist.empty()) {
     StringAttr name = worklist.pop_back_val();
@@ -1313,10 +1387,14 @@ struct ConvertMoEToGPUPass
       libraryName = libraryPath;
     }
 
+    LibraryModule library(module.getContext(), libraryText, libraryName);
+    if (failed(checkKernelConfigs(plans, library, module)))
+      return signalPassFailure();
+
     for (FunctionPlan &plan : plans)
       convertFunction(plan, libraryText);
 
-    if (failed(addLibrary(module, libraryText, libraryName)))
+    if (failed(addLibrary(module, library)))
       return signalPassFailure();
     module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                     UnitAttr::get(module.getContext()));

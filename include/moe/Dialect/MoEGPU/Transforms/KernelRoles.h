@@ -1,0 +1,52 @@
+//===- KernelRoles.h - the GEMMs each moe op runs on the GPU --*- C++ -*-===//
+//
+// The contract between the kernel selection (moe-gpu-select-kernels) and the
+// GPU library: which GEMM roles a moe op has, and the config of the kernel the
+// library builds for each.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_DIALECT_MOEGPU_TRANSFORMS_KERNELROLES_H
+#define MOE_DIALECT_MOEGPU_TRANSFORMS_KERNELROLES_H
+
+#include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h"
+
+#include "mlir/IR/Operation.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringRef.h"
+
+#include <cstdint>
+#include <optional>
+
+namespace mlir::moe_gpu {
+
+/// The attribute that holds an op's configs: {role = #moe_gpu.gemm<...>}.
+constexpr llvm::StringLiteral kKernelsAttrName = "moe_gpu.kernels";
+
+/// One GEMM of an op: its role name and the config the library builds.
+struct GemmRole {
+  llvm::StringLiteral name;
+  GemmConfig libraryConfig;
+};
+
+/// The GEMM roles of `op` on the GPU path, in the order the op runs them;
+/// empty for an op without GEMMs. The up projection's config depends on
+/// whether anything reads the op's output (the H-only kernel otherwise).
+llvm::SmallVector<GemmRole> gemmRolesOf(Operation *op);
+
+/// The sizes a config is chosen by, from the op's static types (-1 where the
+/// op has no such size).
+struct GemmShape {
+  int64_t tokens = -1, hidden = -1, expertWidth = -1, experts = -1, topK = -1;
+};
+GemmShape gemmShapeOf(Operation *op);
+
+/// The config of `role` for `shape` on `chip`: the tuned table's entry, else
+/// the library's config. std::nullopt for a chip without kernels.
+std::optional<GemmConfig> selectGemmConfig(const GemmRole &role,
+                                           const GemmShape &shape,
+                                           llvm::StringRef chip);
+
+} // namespace mlir::moe_gpu
+
+#endif // MOE_DIALECT_MOEGPU_TRANSFORMS_KERNELROLES_H

@@ -1,0 +1,41 @@
+//===- Passes.td - moe_gpu passes ----------------------------*- tablegen -*-===//
+
+#ifndef MOE_DIALECT_MOEGPU_TRANSFORMS_PASSES
+#define MOE_DIALECT_MOEGPU_TRANSFORMS_PASSES
+
+include "mlir/Pass/PassBase.td"
+
+def MoEGPUSelectKernels
+    : Pass<"moe-gpu-select-kernels", "::mlir::ModuleOp"> {
+  let summary = "chooses the GEMM kernel config of each moe op for the GPU path";
+  let description = [{
+    Gives every moe op that runs GEMMs on the GPU path a `moe_gpu.kernels`
+    dictionary: one `#moe_gpu.gemm` config per GEMM role of the op, chosen
+    from the op's static shapes (tokens, hidden size, expert width, experts,
+    top-k) and the chip. The roles:
+
+    | op | roles |
+    |---|---|
+    | `moe.router` | `logits` |
+    | `moe.router_grad` | `dx`, `dw` |
+    | `moe.expert_ffn`, `moe.shared_expert` | `up`, `down` |
+    | `moe.expert_combine_grad`, `moe.shared_expert_grad` | `dact`, `dx`, `dw_down`, `dw_gate_up` |
+
+    A role already in an op's `moe_gpu.kernels` is kept (a user's or an
+    earlier pass's choice overrides the selection); an unknown role name is an
+    error at the op. The choice is each role's default config (the kernels
+    the GPU library builds today): the table of per-shape choices is empty
+    until they are measured. `convert-moe-to-gpu` checks every op's configs
+    against the library by symbol lookup of their kernel names and refuses a
+    config the library does not build, with a diagnostic at the op.
+
+    `chip` names the target; only `sm_90a` has kernels.
+  }];
+  let options = [
+    Option<"chip", "chip", "std::string", /*default=*/"\"sm_90a\"",
+           "The GPU the kernels are chosen for (sm_90a)">,
+  ];
+  let dependentDialects = ["::mlir::moe_gpu::MoEGPUDialect"];
+}
+
+#endif // MOE_DIALECT_MOEGPU_TRANSFORMS_PASSES

@@ -1,0 +1,114 @@
+//===- SelectKernels.cpp - moe-gpu-select-kernels -------------------------===//
+//
+// Chooses each moe op's GEMM kernel configs (KernelRoles.h) and records them in
+// the IR, where a later pass, the conversion and the user see them.
+//
+//===----------------------------------------------------------------------===//
+
+#include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
+#include "moe/Dialect/MoEGPU/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "llvm/ADT/STLExtras.h"
+
+namespace mlir::moe_gpu {
+#define GEN_PASS_DEF_MOEGPUSELECTKERNELS
+#include "moe/Dialect/MoEGPU/Transforms/Passes.h.inc"
+} // namespace mlir::moe_gpu
+
+using namespace mlir;
+using namespace mlir::moe_gpu;
+
+namespace {
+
+/// The op's configs: what it already holds, then a selection for each role it
+/// lacks; failure (reported) for a role the op does not have or a value that is
+/// not a #moe_gpu.gemm.
+FailureOr<DictionaryAttr> selectKernels(Operation *op, ArrayRef<GemmRole> roles,
+                                        StringRef chip) {
+  MLIRContext *context = op->getContext();
+  Attribute held = op->getAttr(kKernelsAttrName);
+  auto given = dyn_cast_or_null<DictionaryAttr>(held);
+  if (held && !given)
+    return op->emitError() << "'" << kKernelsAttrName
+                           << "' must be a dictionary of role = "
+                              "#moe_gpu.gemm<...>, got "
+                           << held;
+  auto roleNames = [&]() {
+    std::string names;
+    llvm::raw_string_ostream os(names);
+    llvm::interleaveComma(roles, os,
+                          [&](const GemmRole &role) { os << role.name; });
+    return names;
+  };
+  if (given) {
+    for (NamedAttribute entry : given) {
+      if (!llvm::any_of(roles, [&](const GemmRole &role) {
+            return role.name == entry.getName().getValue();
+          }))
+        return op->emitError()
+               << "'" << kKernelsAttrName << "' has a config for '"
+               << entry.getName().getValue() << "', which " << op->getName()
+               << " does not run (its GEMMs: " << roleNames() << ")";
+      if (!isa<GemmConfigAttr>(entry.getValue()))
+        return op->emitError()
+               << "'" << kKernelsAttrName << "' entry '"
+               << entry.getName().getValue()
+               << "' must be a #moe_gpu.gemm<...>, got " << entry.getValue();
+    }
+  }
+  GemmShape shape = gemmShapeOf(op);
+  SmallVector<NamedAttribute> chosen;
+  for (const GemmRole &role : roles) {
+    if (Attribute kept = given ? given.get(role.name) : Attribute()) {
+      chosen.emplace_back(StringAttr::get(context, role.name), kept);
+      continue;
+    }
+    std::optional<GemmConfig> config = selectGemmConfig(role, shape, chip);
+    if (!config)
+      return op->emitError() << "no GEMM kernels for chip '" << chip
+                             << "' (the GPU path builds sm_90a kernels)";
+    GemmConfigAttr attr = GemmConfigAttr::getChecked(
+        [&]() { return op->emitError(); }, context, *config);
+    if (!attr)
+      return failure();
+    chosen.emplace_back(StringAttr::get(context, role.name), attr);
+  }
+  return DictionaryAttr::get(context, chosen);
+}
+
+struct MoEGPUSelectKernelsPass
+    : public mlir::moe_gpu::impl::MoEGPUSelectKernelsBase<
+          MoEGPUSelectKernelsPass> {
+  using MoEGPUSelectKernelsBase::MoEGPUSelectKernelsBase;
+
+  void runOnOperation() override {
+    if (chip != "sm_90a") {
+      getOperation().emitError()
+          << "moe-gpu-select-kernels: no GEMM kernels for chip '" << chip
+          << "' (the GPU path builds sm_90a kernels)";
+      return signalPassFailure();
+    }
+    WalkResult result = getOperation().walk([&](Operation *op) {
+      SmallVector<GemmRole> roles = gemmRolesOf(op);
+      if (roles.empty()) {
+        if (op->hasAttr(kKernelsAttrName)) {
+          op->emitError() << "'" << kKernelsAttrName << "' on " << op->getName()
+                          << ", which runs no GEMM kernel";
+          return WalkResult::interrupt();
+        }
+        return WalkResult::advance();
+      }
+      FailureOr<DictionaryAttr> kernels = selectKernels(op, roles, chip);
+      if (failed(kernels))
+        return WalkResult::interrupt();
+      op->setAttr(kKernelsAttrName, *kernels);
+      return WalkResult::advance();
+    });
+    if (result.wasInterrupted())
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
+#include "moe/Conversion/MoEToGPU/KernelBuilder.h"
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
@@ -1402,3 +1403,5 @@ struct ConvertMoEToGPUPass
 };
 
 } // namespace
+
+StringRef mlir::moe::getEmbeddedGPULibrary() { return kGPULibrary; }

@@ -1,0 +1,64 @@
+//===- KernelBuilder.h - the GPU library's kernels, built in C++ -*- C++
+//-*-===//
+//
+// The sm_90a kernels of the GPU path built with OpBuilder, one function a
+// kernel, as a port of gen_gpu_library.py: each builds the same ops in the
+// same order as the generator's text, which a unit test checks kernel by
+// kernel (KernelPortTest), so the PTX and SASS are the generator's.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CONVERSION_MOETOGPU_KERNELBUILDER_H
+#define MOE_CONVERSION_MOETOGPU_KERNELBUILDER_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Support/LLVM.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringRef.h"
+
+namespace mlir::moe {
+
+/// Builds the library kernel `name` at the end of `module`; failure (with an
+/// error at the module) for a kernel the builder does not make.
+FailureOr<gpu::GPUFuncOp> buildLibraryKernel(gpu::GPUModuleOp module,
+                                             StringRef name);
+
+/// The kernels buildLibraryKernel makes, in the library's order.
+SmallVector<StringRef> builtLibraryKernelNames();
+
+/// Builds the library's device functions (the private func.func helpers its
+/// kernels call, e.g. @__moe_gpu_exp) at the end of `module`, all of them
+/// and in the library's order, since they call one another; failure (with an
+/// error at the module, nothing built) if `module` already has a symbol of
+/// one of their names.
+LogicalResult buildLibraryDeviceFunctions(gpu::GPUModuleOp module);
+
+/// The device functions buildLibraryDeviceFunctions makes, in its order.
+SmallVector<StringRef> libraryDeviceFunctionNames();
+
+/// Builds the library's host function `name` (a func.func @__moe_gpu_* of
+/// the module, which launches @moe_kernels::@<kernel>s on an async token) at
+/// the end of `module`. A function that calls @moeTensorMapDeviceBf16 (the
+/// runtime's tensor maps) declares it first, before itself, where `module`
+/// has no symbol of that name. `module` becomes a gpu.container_module
+/// (where gpu.launch_func verifies). The context must have the func, gpu,
+/// arith, memref, scf and llvm dialects loaded; the kernels need not be in
+/// `module`. Failure (with an error at the module, nothing built) for a name
+/// the builder does not make, if `module` already has a symbol `name`, or if
+/// its @moeTensorMapDeviceBf16 is not that declaration.
+FailureOr<func::FuncOp> buildLibraryHostFunction(ModuleOp module,
+                                                 StringRef name);
+
+/// The host functions buildLibraryHostFunction makes, in the library's
+/// order.
+SmallVector<StringRef> libraryHostFunctionNames();
+
+/// The text of the GPU library the compiler embeds (gen_gpu_library.py's
+/// output): what the builder's kernels are checked against.
+StringRef getEmbeddedGPULibrary();
+
+} // namespace mlir::moe
+
+#endif // MOE_CONVERSION_MOETOGPU_KERNELBUILDER_H

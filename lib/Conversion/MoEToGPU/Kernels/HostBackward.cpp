@@ -1,0 +1,348 @@
+//===- HostBackward.cpp - the library's backward host functions -----------===//
+//
+// The gradients of the expert and shared-expert FFNs with the combine, and of
+// the router: dA with dSwiGLU (and dS), dX, and the weight gradients, GEMMs
+// over each expert's tokens (varlen K).
+//
+//===----------------------------------------------------------------------===//
+
+#include "HostBuilder.h"
+
+using namespace mlir;
+using namespace mlir::moe::host;
+using mlir::moe::kernels::GemmTraits;
+
+namespace {
+
+/// A weight gradient (launch_wgrad): the kernel `gathered` with the dispatch
+/// queue as its `queueArg` (the operand whose rows are tokens), or, without a
+/// queue, the rows in order.
+void launchWgrad(HostFunctionBuilder &h, std::optional<LibraryGemm> gathered,
+                 Value GemmValues::*queueArg, Value queue, GemmValues values) {
+  const GemmTraits &g = libraryGemm(queue ? *gathered : LibraryGemm::WgradRows);
+  if (queue)
+    values.*queueArg = queue;
+  Value mtiles = h.ceil(values.dimM, g.config.tileM);
+  Value ntiles = h.ceil(values.dimN, g.config.tileN);
+  SmallVector<Value> args = gemmArgs(h, g, values);
+  h.launchGemm(g, mtiles, ntiles, values.numExperts, args);
+}
+
+/// The per-expert values of the routed experts' backward, absent for the
+/// shared expert.
+struct ExpertValues {
+  Value ids, wrow, dspart, numNtiles;
+};
+
+/// dA (with dSwiGLU, and dS for routed experts), dX_e, dW_down and
+/// dW_gate_up of one grouped FFN (ffn_backward).
+void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
+                 Value e, Value wguf, Value wdf, Value hf, Value m, Value d,
+                 Value n, Value dxe, Value dwguf, Value dwdf,
+                 std::optional<ExpertValues> experts) {
+  Value one = h.c(1);
+  Value two = h.c(2);
+  Value twoN = h.mul(n, two);
+  Value dhSize = h.mul(m, twoN);
+  Value dh = h.alloc(dhSize, h.bf16());
+  Value waSize = h.mul(m, n);
+  Value wa = h.alloc(h.grid(waSize), h.bf16());
+
+  const GemmTraits &dact =
+      libraryGemm(experts ? LibraryGemm::DactGather : LibraryGemm::DactRows);
+  GemmValues v;
+  v.offsets = offs;
+  v.numExperts = e;
+  v.amat = dout;
+  v.lda = d;
+  v.bmat = wdf;
+  v.ldb = d;
+  v.dimM = m;
+  v.dimN = n;
+  v.dimK = d;
+  v.hsaved = hf;
+  v.dh = dh;
+  v.wa = wa;
+  if (experts) {
+    v.ids = experts->ids;
+    v.wrow = experts->wrow;
+    v.dspart = experts->dspart;
+    v.numNtiles = experts->numNtiles;
+  }
+  {
+    Value mt = h.ceil(m, dact.config.tileM);
+    Value mtiles = h.add(mt, e);
+    Value ntiles = h.ceil(n, dact.config.tileN);
+    SmallVector<Value> args = gemmArgs(h, dact, v);
+    h.launchGemm(dact, mtiles, ntiles, one, args);
+  }
+
+  const GemmTraits &dxGemm = libraryGemm(LibraryGemm::RowsKBf16);
+  {
+    Value mt = h.ceil(m, dxGemm.config.tileM);
+    Value mtiles = h.add(mt, e);
+    Value ntiles = h.ceil(d, dxGemm.config.tileN);
+    GemmValues dv;
+    dv.offsets = offs;
+    dv.numExperts = e;
+    dv.amat = dh;
+    dv.lda = twoN;
+    dv.bmat = wguf;
+    dv.ldb = twoN;
+    dv.dimM = m;
+    dv.dimN = d;
+    dv.dimK = twoN;
+    dv.cout = dxe;
+    dv.ldc = d;
+    SmallVector<Value> args = gemmArgs(h, dxGemm, dv);
+    h.launchGemm(dxGemm, mtiles, ntiles, one, args);
+  }
+
+  Value queue = experts ? experts->ids : Value();
+  // dW_down = (w A)^T dOut[q]: the token rows are B; dW_gate_up = x[q]^T dH:
+  // they are A (rows: of w A and dH, for the tensor maps of the rows).
+  GemmValues down;
+  down.offsets = offs;
+  down.numExperts = e;
+  down.amat = wa;
+  down.lda = n;
+  down.bmat = dout;
+  down.ldb = d;
+  down.dimM = n;
+  down.dimN = d;
+  down.dimK = h.c(0);
+  down.cout = dwdf;
+  down.ldc = d;
+  down.rows = m;
+  launchWgrad(h, LibraryGemm::WgradGather, &GemmValues::bids, queue, down);
+  GemmValues gateUp;
+  gateUp.offsets = offs;
+  gateUp.numExperts = e;
+  gateUp.amat = x;
+  gateUp.lda = d;
+  gateUp.bmat = dh;
+  gateUp.ldb = twoN;
+  gateUp.dimM = d;
+  gateUp.dimN = twoN;
+  gateUp.dimK = h.c(0);
+  gateUp.cout = dwguf;
+  gateUp.ldc = twoN;
+  gateUp.rows = m;
+  launchWgrad(h, LibraryGemm::WgradGatherA, &GemmValues::ids, queue, gateUp);
+  h.dealloc(dh);
+  h.dealloc(wa);
+}
+
+} // namespace
+
+void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
+                                                 bool accumulate) {
+  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
+  HostFunctionBuilder h(
+      b, module, accumulate ? "expert_combine_grad_acc" : "expert_combine_grad",
+      {{"x", buffer(bf16, 2)},
+       {"token_ids", buffer(i32)},
+       {"offsets", buffer(i32)},
+       {"rows", buffer(i32, 2)},
+       {"weights", buffer(f32, 2)},
+       {"wgu", buffer(bf16, 3)},
+       {"wd", buffer(bf16, 3)},
+       {"h", buffer(bf16, 2)},
+       {"dout", buffer(bf16, 2)},
+       {"act", i32},
+       {"dx", buffer(bf16, 2)},
+       {"d_weights", buffer(f32, 2)},
+       {"d_wgu", buffer(bf16, 3)},
+       {"d_wd", buffer(bf16, 3)}});
+  Value one = h.c(1);
+  Value t = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value k = h.dim(h.arg("rows"), 1);
+  Value tk = h.mul(t, k);
+  Value r = h.dim(h.arg("token_ids"), 0);
+  Value e = h.dim(h.arg("wd"), 0);
+  Value n = h.dim(h.arg("wd"), 1);
+  Value rowsf = h.flat(h.arg("rows"));
+  Value wf = h.flat(h.arg("weights"));
+  // The routing weight of each row of the dispatch queue.
+  Value wrow = h.alloc(h.grid(r), f32);
+  Value slotBlocks = h.ceil(tk, kThreads);
+  h.launch("moe_scatter_weights", slotBlocks, one, one, {wf, rowsf, tk, wrow});
+  // dS of each row, a partial sum per N-tile of the dSwiGLU GEMM.
+  Value nt = h.ceil(n, libraryGemm(LibraryGemm::DactGather).config.tileN);
+  Value dspartSize = h.mul(r, nt);
+  Value dspart = h.alloc(h.grid(dspartSize), f32);
+  Value dxeSize = h.mul(r, d);
+  Value dxe = h.alloc(dxeSize, bf16);
+  Value xf = h.flat(h.arg("x"));
+  Value doutf = h.flat(h.arg("dout"));
+  Value wguf = h.flat(h.arg("wgu"));
+  Value wdf = h.flat(h.arg("wd"));
+  Value hf = h.flat(h.arg("h"));
+  Value dwguf = h.flat(h.arg("d_wgu"));
+  Value dwdf = h.flat(h.arg("d_wd"));
+  ffnBackward(h, xf, doutf, h.arg("offsets"), e, wguf, wdf, hf, r, d, n, dxe,
+              dwguf, dwdf, ExpertValues{h.arg("token_ids"), wrow, dspart, nt});
+  Value dweightBlocks = h.ceil(tk, kThreads);
+  Value dweightsf = h.flat(h.arg("d_weights"));
+  h.launch("moe_dweights", dweightBlocks, one, one,
+           {dspart, rowsf, tk, nt, dweightsf});
+  Value weighted = h.cI1(false);
+  Value dxf = h.flat(h.arg("dx"));
+  h.launch(accumulate ? "moe_gather_sum_acc" : "moe_gather_sum", t, one, one,
+           {dxe, rowsf, wrow, weighted, t, k, d, dxf});
+  h.dealloc(dxe);
+  h.dealloc(dspart);
+  h.dealloc(wrow);
+  h.finish();
+}
+
+void mlir::moe::host::buildSharedExpertGradHost(OpBuilder &b, ModuleOp module) {
+  MemRefType bf16 = buffer(b.getBF16Type(), 2);
+  HostFunctionBuilder h(b, module, "shared_expert_grad",
+                        {{"x", bf16},
+                         {"wgu", bf16},
+                         {"wd", bf16},
+                         {"h", bf16},
+                         {"dy", bf16},
+                         {"act", b.getI32Type()},
+                         {"dx", bf16},
+                         {"d_wgu", bf16},
+                         {"d_wd", bf16}});
+  Value t = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value m = h.dim(h.arg("wd"), 0);
+  Value offs = singleOffsets(h, t);
+  Value xf = h.flat(h.arg("x"));
+  Value dyf = h.flat(h.arg("dy"));
+  Value one = h.c(1);
+  Value wguf = h.flat(h.arg("wgu"));
+  Value wdf = h.flat(h.arg("wd"));
+  Value hf = h.flat(h.arg("h"));
+  Value dxf = h.flat(h.arg("dx"));
+  Value dwguf = h.flat(h.arg("d_wgu"));
+  Value dwdf = h.flat(h.arg("d_wd"));
+  ffnBackward(h, xf, dyf, offs, one, wguf, wdf, hf, t, d, m, dxf, dwguf, dwdf,
+              std::nullopt);
+  h.dealloc(offs);
+  h.finish();
+}
+
+void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
+                                          bool accumulate) {
+  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
+  HostFunctionBuilder h(b, module,
+                        accumulate ? "router_grad_acc" : "router_grad",
+                        {{"x", buffer(bf16, 2)},
+                         {"wr", buffer(bf16, 2)},
+                         {"logits", buffer(f32, 2)},
+                         {"experts", buffer(i32, 2)},
+                         {"d_weights", buffer(f32, 2)},
+                         {"d_logits", buffer(f32, 2)},
+                         {"scoring", i32},
+                         {"renormalize", b.getI1Type()},
+                         {"scaling", f32},
+                         {"dx", buffer(bf16, 2)},
+                         {"d_wr", buffer(bf16, 2)}});
+  Value one = h.c(1);
+  Value t = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value e = h.dim(h.arg("wr"), 1);
+  Value k = h.dim(h.arg("experts"), 1);
+  Value e8 = round8(h, e);
+  Value dlSize = h.mul(t, e8);
+  Value dl = h.alloc(h.grid(dlSize), bf16);
+  // d_logits is an output only where the layer wants it.
+  Value dlogitsRows = h.dim(h.arg("d_logits"), 0);
+  Value zero = h.c(0);
+  Value has = h.cmp(arith::CmpIPredicate::ugt, dlogitsRows, zero);
+  Value blocks = h.ceil(t, kTokenWarps);
+  Value logitsf = h.flat(h.arg("logits"));
+  Value expertsf = h.flat(h.arg("experts"));
+  Value dweightsf = h.flat(h.arg("d_weights"));
+  Value dlogitsf = h.flat(h.arg("d_logits"));
+  h.launch("moe_router_grad_logits", blocks, one, one,
+           {logitsf, expertsf, dweightsf, dlogitsf, has, t, e, k,
+            h.arg("scoring"), h.arg("renormalize"), h.arg("scaling"), dl, e8});
+  Value offs = singleOffsets(h, t);
+  Value xf = h.flat(h.arg("x"));
+  Value wrf = h.flat(h.arg("wr"));
+  Value wrp = paddedCopy(h, wrf, d, e, e8, bf16);
+
+  // dx (+)= dlogits W_r^T, one problem of T rows.
+  const GemmTraits &dxGemm = libraryGemm(accumulate ? LibraryGemm::RowsKBf16Acc
+                                                    : LibraryGemm::RowsKBf16);
+  {
+    Value mt = h.ceil(t, dxGemm.config.tileM);
+    Value mtiles = h.add(mt, one);
+    Value ntiles = h.ceil(d, dxGemm.config.tileN);
+    GemmValues v;
+    v.offsets = offs;
+    v.numExperts = one;
+    v.amat = dl;
+    v.lda = e8;
+    v.bmat = wrp;
+    v.ldb = e8;
+    v.dimM = t;
+    v.dimN = d;
+    v.dimK = e;
+    v.cout = h.flat(h.arg("dx"));
+    v.ldc = d;
+    SmallVector<Value> args = gemmArgs(h, dxGemm, v);
+    h.launchGemm(dxGemm, mtiles, ntiles, one, args);
+  }
+
+  // dW_r = x^T dlogits, [d, E8]: K = T tokens, but only ceil(d / 128) output
+  // tiles, so the tokens are split into S slices (S tiles a 128 rows of d, at
+  // most kNumCtas tiles in all, at least kRouterSplitTokens tokens a slice),
+  // each slice's [d, E8] written in bf16 and the S summed in f32. A slice's
+  // columns past E come from the padding of dlogits, which nothing writes;
+  // the sum reads columns < E only.
+  const GemmTraits &wgrad = libraryGemm(LibraryGemm::WgradRows);
+  Value ctas = h.c(kNumCtas);
+  Value dTiles = h.ceil(d, wgrad.config.tileM);
+  Value slicesPerTile = h.div(ctas, dTiles);
+  Value minTokens = h.c(kRouterSplitTokens);
+  Value slicesOfTokens = h.div(t, minTokens);
+  Value fewest = h.minu(slicesPerTile, slicesOfTokens);
+  Value s = h.maxs(one, fewest);
+  // A slice's tokens: ceil(T / S) rounded up to whole k-steps.
+  Value sMinus1 = h.sub(s, one);
+  Value tRounded = h.add(t, sMinus1);
+  Value perSlice = h.div(tRounded, s);
+  Value ksteps = h.ceil(perSlice, wgrad.config.tileK);
+  Value kstep = h.c(wgrad.config.tileK);
+  Value chunk = h.mul(ksteps, kstep);
+  Value soffsSize = h.add(s, one);
+  Value soffs = h.alloc(soffsSize, i32);
+  Value sPlus1 = h.add(s, one);
+  Value splitBlocks = h.ceil(sPlus1, kThreads);
+  h.launch("moe_split_offsets", splitBlocks, one, one, {soffs, t, chunk, s});
+  Value sliceSize = h.mul(d, e8);
+  Value dwrpSize = h.mul(s, sliceSize);
+  Value dwrp = h.alloc(dwrpSize, bf16);
+  GemmValues v;
+  v.offsets = soffs;
+  v.numExperts = s;
+  v.amat = xf;
+  v.lda = d;
+  v.bmat = dl;
+  v.ldb = e8;
+  v.dimM = d;
+  v.dimN = e8;
+  v.dimK = h.c(0);
+  v.cout = dwrp;
+  v.ldc = e8;
+  launchWgrad(h, std::nullopt, nullptr, Value(), v);
+  Value sumSize = h.mul(d, e);
+  Value sumBlocks = h.ceil(sumSize, kThreads);
+  Value dwrf = h.flat(h.arg("d_wr"));
+  h.launch("moe_sum_splits_bf16", sumBlocks, one, one,
+           {dwrp, dwrf, d, e8, e, s});
+  h.dealloc(dl);
+  h.dealloc(offs);
+  h.dealloc(soffs);
+  h.dealloc(wrp);
+  h.dealloc(dwrp);
+  h.finish();
+}

@@ -1,0 +1,809 @@
+//===- HostFunctions.cpp - the library's host functions -------------------===//
+//
+// The host functions of the GPU library (func.func @__moe_gpu_*, outside the
+// gpu.module): each launches the kernels of one MoE op on one async token
+// (docs/gpu-path.md §1). This file holds HostFunctionBuilder, the helpers of
+// several host functions, the forward ones (router, dispatch, expert and
+// shared-expert FFN, combine, add) and the registry; HostBackward.cpp holds
+// the backward ones.
+//
+//===----------------------------------------------------------------------===//
+
+#include "HostBuilder.h"
+#include "moe/Conversion/MoEToGPU/KernelBuilder.h"
+#include "moe/Dialect/MoEGPU/IR/MoEGPUDialect.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+#include <vector>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::host;
+using kernels::GemmTraits;
+using moe_gpu::BOperand;
+using moe_gpu::GemmEpilogue;
+using Pred = arith::CmpIPredicate;
+
+namespace {
+
+constexpr StringLiteral kHostPrefix = "__moe_gpu_";
+
+Type llvmPointer(MLIRContext *context) {
+  return LLVM::LLVMPointerType::get(context);
+}
+
+/// (!llvm.ptr, i64 x 12) -> !llvm.ptr: the map's address, its rank, then
+/// four dimensions, three strides and four box sizes.
+FunctionType tensorMapFunctionType(MLIRContext *context) {
+  Type ptr = llvmPointer(context);
+  SmallVector<Type> inputs = {ptr};
+  inputs.append(12, IntegerType::get(context, 64));
+  return FunctionType::get(context, inputs, {ptr});
+}
+
+} // namespace
+
+MemRefType mlir::moe::host::buffer(Type element, int64_t rank) {
+  return MemRefType::get(SmallVector<int64_t>(rank, ShapedType::kDynamic),
+                         element);
+}
+
+//===----------------------------------------------------------------------===//
+// The library's GEMMs
+//===----------------------------------------------------------------------===//
+
+const GemmTraits &mlir::moe::host::libraryGemm(LibraryGemm gemm) {
+  // Made once in a context of their own: the builder's context need not have
+  // the moe_gpu dialect loaded.
+  static const std::vector<GemmTraits> gemms = [] {
+    MLIRContext context(MLIRContext::Threading::DISABLED);
+    context.loadDialect<moe_gpu::MoEGPUDialect>();
+    std::vector<GemmTraits> out;
+    for (moe_gpu::GemmConfigAttr attr : moe_gpu::defaultGemmConfigs(&context))
+      out.emplace_back(attr.getConfig());
+    return out;
+  }();
+  auto index = static_cast<unsigned>(gemm);
+  assert(index < gemms.size() && "no default GEMM of that index");
+  return gemms[index];
+}
+
+//===----------------------------------------------------------------------===//
+// HostFunctionBuilder
+//===----------------------------------------------------------------------===//
+
+HostFunctionBuilder::HostFunctionBuilder(
+    OpBuilder &b, ModuleOp module, StringRef name,
+    ArrayRef<std::pair<StringRef, Type>> argList)
+    : b(b), module(module), loc(module.getLoc()) {
+  Type tokenType = b.getType<gpu::AsyncTokenType>();
+  SmallVector<Type> types = {tokenType};
+  for (const auto &[argName, type] : argList)
+    types.push_back(type);
+  function = func::FuncOp::create(b, loc, (kHostPrefix + name).str(),
+                                  b.getFunctionType(types, {tokenType}));
+  function.setPrivate();
+  Block *entry = function.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  constants.emplace(*entry, loc);
+  token = entry->getArgument(0);
+  for (auto [i, arg] : llvm::enumerate(argList))
+    args[arg.first] = entry->getArgument(i + 1);
+}
+
+Value HostFunctionBuilder::arg(StringRef name) const {
+  auto it = args.find(name);
+  assert(it != args.end() && "the host function has no argument of that name");
+  return it->second;
+}
+
+func::FuncOp HostFunctionBuilder::finish() {
+  for (Value buf : counters)
+    dealloc(buf);
+  counters.clear();
+  func::ReturnOp::create(b, loc, token);
+  return function;
+}
+
+Value HostFunctionBuilder::add(Value x, Value y) {
+  return arith::AddIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::sub(Value x, Value y) {
+  return arith::SubIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::mul(Value x, Value y) {
+  return arith::MulIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::div(Value x, Value y) {
+  return arith::DivUIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::minu(Value x, Value y) {
+  return arith::MinUIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::maxu(Value x, Value y) {
+  return arith::MaxUIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::maxs(Value x, Value y) {
+  return arith::MaxSIOp::create(b, loc, x, y);
+}
+
+Value HostFunctionBuilder::cmp(Pred pred, Value x, Value y) {
+  return arith::CmpIOp::create(b, loc, pred, x, y);
+}
+
+Value HostFunctionBuilder::dim(Value mem, int64_t i) {
+  Value index = c(i);
+  return memref::DimOp::create(b, loc, mem, index);
+}
+
+Value HostFunctionBuilder::flat(Value mem) {
+  auto type = cast<MemRefType>(mem.getType());
+  if (type.getRank() == 1)
+    return mem;
+  SmallVector<ReassociationIndices, 1> all(1);
+  for (int64_t i = 0; i < type.getRank(); ++i)
+    all.front().push_back(i);
+  return memref::CollapseShapeOp::create(b, loc, buffer(type.getElementType()),
+                                         mem, all);
+}
+
+Value HostFunctionBuilder::ceil(Value a, int64_t divisor) {
+  Value bias = c(divisor - 1);
+  Value sum = add(a, bias);
+  Value d = c(divisor);
+  return div(sum, d);
+}
+
+Value HostFunctionBuilder::grid(Value v) {
+  Value one = c(1);
+  return maxu(v, one);
+}
+
+Value HostFunctionBuilder::alloc(Value size, Type element) {
+  auto op = gpu::AllocOp::create(
+      b, loc, buffer(element), b.getType<gpu::AsyncTokenType>(),
+      ValueRange{token}, ValueRange{size}, ValueRange{}, /*hostShared=*/false);
+  token = op.getAsyncToken();
+  return op.getMemref();
+}
+
+std::pair<Value, Value> HostFunctionBuilder::tileCounter() {
+  if (counterWordsUsed == kCounterWords) {
+    Value words = c(kCounterWords);
+    Value buf = alloc(words, i32());
+    Value zero = cI32(0);
+    token = gpu::MemsetOp::create(b, loc, b.getType<gpu::AsyncTokenType>(),
+                                  ValueRange{token}, buf, zero)
+                .getAsyncToken();
+    counters.push_back(buf);
+    counterWordsUsed = 0;
+  }
+  ++counterWordsUsed;
+  Value word = c(counterWordsUsed - 1);
+  return {counters.back(), word};
+}
+
+void HostFunctionBuilder::dealloc(Value buf) {
+  token = gpu::DeallocOp::create(b, loc, b.getType<gpu::AsyncTokenType>(),
+                                 ValueRange{token}, buf)
+              .getAsyncToken();
+}
+
+// The tensor maps' boxes: 64 columns (128 bytes, the span of the 128B
+// swizzle) by the rows of a tile.
+static constexpr int64_t kBoxColumns = hopper::kSwizzleRowElements;
+
+Value HostFunctionBuilder::weightMap(const GemmTraits &g, const GemmValues &v) {
+  Value n = v.dimN, k = v.dimK, e = v.numExperts;
+  Value two = c(2);
+  Value row = mul(v.ldb, two); // bytes
+  switch (g.b) {
+  case BOperand::WMn: { // [E][K][N]
+    Value expert = mul(k, row);
+    return tensorMap(v.bmat, {n, k, e}, {row, expert},
+                     {kBoxColumns, g.config.tileK, 1});
+  }
+  case BOperand::WK: { // [E][N][K]
+    Value expert = mul(n, row);
+    return tensorMap(v.bmat, {k, n, e}, {row, expert},
+                     {kBoxColumns, g.config.tileN, 1});
+  }
+  case BOperand::WMnSwiglu: { // [E][K][2][h]: gate and up halves of each row
+    Value halves = c(2);
+    Value two2 = c(2);
+    Value half = mul(n, two2);
+    Value expert = mul(k, row);
+    return tensorMap(v.bmat, {n, halves, k, e}, {half, row, expert},
+                     {kBoxColumns, 1, g.config.tileK, 1});
+  }
+  case BOperand::RowsMn:
+    break;
+  }
+  llvm_unreachable("a weight map of a GEMM whose B is no weight");
+}
+
+Value HostFunctionBuilder::outMap(const GemmValues &v) {
+  Value two = c(2);
+  Value row = mul(v.ldc, two);
+  Value mn = mul(v.dimM, v.dimN);
+  Value two2 = c(2);
+  Value expert = mul(mn, two2);
+  return tensorMap(v.cout, {v.dimN, v.dimM, v.numExperts}, {row, expert},
+                   {kBoxColumns, moe_gpu::kTileM, 1});
+}
+
+Value HostFunctionBuilder::rowsMap(Value mat, Value rows, Value cols, Value ld,
+                                   int64_t boxRows) {
+  Value zero = c(0);
+  Value any = cmp(Pred::ugt, rows, zero);
+  Type ptr = llvmPointer(b.getContext());
+  auto ifOp = scf::IfOp::create(b, loc, TypeRange{ptr}, any,
+                                /*withElseRegion=*/true);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifOp.thenBlock());
+  Value two = c(2);
+  Value row = mul(ld, two);
+  Value map = tensorMap(mat, {cols, rows}, {row}, {kBoxColumns, boxRows});
+  scf::YieldOp::create(b, loc, map);
+  b.setInsertionPointToStart(ifOp.elseBlock());
+  Value null = LLVM::ZeroOp::create(b, loc, ptr);
+  scf::YieldOp::create(b, loc, null);
+  return ifOp.getResult(0);
+}
+
+void HostFunctionBuilder::declareTensorMap() {
+  if (module.lookupSymbol(kTensorMapFunctionName))
+    return;
+  OpBuilder moduleBuilder(b.getContext());
+  moduleBuilder.setInsertionPoint(function);
+  auto declaration =
+      func::FuncOp::create(moduleBuilder, loc, kTensorMapFunctionName,
+                           tensorMapFunctionType(b.getContext()));
+  declaration.setPrivate();
+}
+
+Value HostFunctionBuilder::tensorMap(Value mat, ArrayRef<Value> dims,
+                                     ArrayRef<Value> strides,
+                                     ArrayRef<int64_t> box) {
+  declareTensorMap();
+  Type i64 = b.getI64Type();
+  auto toI64 = [&](Value x) -> Value {
+    return arith::IndexCastOp::create(b, loc, i64, x);
+  };
+  Value zero = cI64(0);
+  SmallVector<Value> dimArgs, strideArgs, boxArgs;
+  for (Value x : dims)
+    dimArgs.push_back(toI64(x));
+  dimArgs.resize(4, zero);
+  for (Value x : strides)
+    strideArgs.push_back(toI64(x));
+  strideArgs.resize(3, zero);
+  for (int64_t size : box)
+    boxArgs.push_back(cI64(size));
+  boxArgs.resize(4, zero);
+  Value addr = memref::ExtractAlignedPointerAsIndexOp::create(b, loc, mat);
+  Value addr64 = toI64(addr);
+  Type ptrType = llvmPointer(b.getContext());
+  Value ptr = LLVM::IntToPtrOp::create(b, loc, ptrType, addr64);
+  // The map's rank: the box sizes given (none is 0).
+  Value rank = cI64(box.size());
+  SmallVector<Value> operands = {ptr, rank};
+  llvm::append_range(operands, dimArgs);
+  llvm::append_range(operands, strideArgs);
+  llvm::append_range(operands, boxArgs);
+  return func::CallOp::create(b, loc, kTensorMapFunctionName,
+                              TypeRange{ptrType}, operands)
+      .getResult(0);
+}
+
+void HostFunctionBuilder::launchGemm(const GemmTraits &g, Value mtiles,
+                                     Value ntiles, Value gz, ValueRange args) {
+  Value m = grid(mtiles);
+  Value tiles = mul(m, ntiles);
+  if (g.persistent) {
+    Value all = mul(tiles, gz);
+    Value ctas = c(kNumCtas);
+    tiles = minu(all, ctas);
+    gz = c(1);
+  }
+  Value one = c(1);
+  launch(g.name, tiles, one, gz, args,
+         moe_gpu::gemmLaunchSharedMemoryBytes(g.config),
+         moe_gpu::gemmThreads(g.config));
+}
+
+void HostFunctionBuilder::launch(StringRef kernel, Value gx, Value gy, Value gz,
+                                 ValueRange args, int64_t sharedMemoryBytes,
+                                 int64_t threads) {
+  Value one = c(1);
+  Value blockX = c(threads);
+  Value smem = sharedMemoryBytes ? cI32(sharedMemoryBytes) : Value();
+  Value x = grid(gx);
+  Value y = grid(gy);
+  Value z = grid(gz);
+  MLIRContext *context = b.getContext();
+  auto symbol = SymbolRefAttr::get(context, kKernelModuleName,
+                                   {FlatSymbolRefAttr::get(context, kernel)});
+  token = gpu::LaunchFuncOp::create(
+              b, loc, symbol, {x, y, z}, {blockX, one, one}, smem, args,
+              b.getType<gpu::AsyncTokenType>(), ValueRange{token})
+              .getAsyncToken();
+}
+
+//===----------------------------------------------------------------------===//
+// Helpers of several host functions
+//===----------------------------------------------------------------------===//
+
+SmallVector<Value> mlir::moe::host::gemmArgs(HostFunctionBuilder &h,
+                                             const GemmTraits &g,
+                                             GemmValues v) {
+  if (g.tmaB)
+    v.bmap = h.weightMap(g, v);
+  if (g.tmaRowsA)
+    v.amap = h.rowsMap(v.amat, v.rows, v.dimM, v.lda);
+  if (g.tmaRowsB)
+    v.browmap = h.rowsMap(v.bmat, v.rows, v.dimN, v.ldb);
+  if (g.tmaStore)
+    v.cmap = h.outMap(v);
+  if (g.tmaStoreRows)
+    v.cmap = h.rowsMap(v.cout, v.dimM, v.dimN, v.ldc, g.config.tileM);
+  if (g.dynamic)
+    std::tie(v.tileCounter, v.counterSlot) = h.tileCounter();
+
+  // The kernel's arguments in order (gemm_signature).
+  SmallVector<Value> out = {v.offsets, v.numExperts};
+  if (g.a == moe_gpu::AOperand::Gather || g.gatherA)
+    out.push_back(v.ids);
+  out.append({v.amat, v.lda});
+  if (g.b == BOperand::RowsMn && g.gatherB)
+    out.push_back(v.bids);
+  if (g.tmaRowsA)
+    out.push_back(v.amap);
+  if (g.tmaB) {
+    out.push_back(v.bmap);
+  } else {
+    out.append({v.bmat, v.ldb});
+    if (g.tmaRowsB)
+      out.push_back(v.browmap);
+  }
+  out.append({v.dimM, v.dimN, v.dimK});
+  switch (g.epi) {
+  case GemmEpilogue::Swiglu:
+    out.push_back(v.hout);
+    if (g.storeA)
+      out.push_back(v.aout);
+    break;
+  case GemmEpilogue::StoreF32:
+    out.append({v.cout, v.ldc});
+    break;
+  case GemmEpilogue::StoreBf16:
+  case GemmEpilogue::StoreBf16W:
+    out.append({v.cout, v.ldc});
+    if (g.tmaStore || g.tmaStoreRows)
+      out.push_back(v.cmap);
+    break;
+  case GemmEpilogue::Dswiglu:
+    out.push_back(v.hsaved);
+    if (g.hasW)
+      out.push_back(v.wrow);
+    out.append({v.dh, v.wa});
+    if (g.hasDs)
+      out.append({v.dspart, v.numNtiles});
+    break;
+  }
+  if (g.dynamic)
+    out.append({v.tileCounter, v.counterSlot});
+  assert(llvm::all_of(out, [](Value x) { return x; }) &&
+         "a GEMM launch without a value of one of its arguments");
+  return out;
+}
+
+void mlir::moe::host::repack(HostFunctionBuilder &h, Value src, Value dst,
+                             Value rows, Value csrc, Value cdst, Value ncopy) {
+  Type element = cast<MemRefType>(src.getType()).getElementType();
+  Value one = h.c(1);
+  Value size = h.mul(rows, cdst);
+  Value blocks = h.ceil(size, kThreads);
+  h.launch(element.isF32() ? "moe_repack_f32" : "moe_repack_bf16", blocks, one,
+           one, {src, dst, rows, csrc, cdst, ncopy});
+}
+
+Value mlir::moe::host::paddedCopy(HostFunctionBuilder &h, Value src, Value rows,
+                                  Value cols, Value cols8, Type element) {
+  Value size = h.mul(rows, cols8);
+  Value dst = h.alloc(size, element);
+  repack(h, src, dst, rows, cols, cols8, cols);
+  return dst;
+}
+
+Value mlir::moe::host::singleOffsets(HostFunctionBuilder &h, Value t) {
+  Value two = h.c(2);
+  Value offs = h.alloc(two, h.i32());
+  Value gx = h.c(1), gy = h.c(1), gz = h.c(1);
+  h.launch("moe_single_offsets", gx, gy, gz, {offs, t});
+  return offs;
+}
+
+Value mlir::moe::host::round8(HostFunctionBuilder &h, Value v) {
+  Value groups = h.ceil(v, 8);
+  Value eight = h.c(8);
+  return h.mul(groups, eight);
+}
+
+//===----------------------------------------------------------------------===//
+// The forward host functions
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module) {
+  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type(),
+       i1 = b.getI1Type(), index = b.getIndexType();
+  HostFunctionBuilder h(b, module, "router",
+                        {{"x", buffer(bf16, 2)},
+                         {"wr", buffer(bf16, 2)},
+                         {"bias", buffer(f32)},
+                         {"scoring", i32},
+                         {"renormalize", i1},
+                         {"num_groups", index},
+                         {"topk_groups", index},
+                         {"scaling", f32},
+                         {"round_logits", i1},
+                         {"weights", buffer(f32, 2)},
+                         {"experts", buffer(i32, 2)},
+                         {"logits", buffer(f32, 2)}});
+  Value t = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value e = h.dim(h.arg("wr"), 1);
+  Value k = h.dim(h.arg("weights"), 1);
+  Value xf = h.flat(h.arg("x"));
+  Value wrf = h.flat(h.arg("wr"));
+  Value lf = h.flat(h.arg("logits"));
+  Value wf = h.flat(h.arg("weights"));
+  Value ef = h.flat(h.arg("experts"));
+  Value offs = singleOffsets(h, t);
+  Value one = h.c(1);
+  Value e8 = round8(h, e);
+  Value wrp = paddedCopy(h, wrf, d, e, e8, bf16);
+  Value logitsSize = h.mul(t, e8);
+  Value lp = h.alloc(h.grid(logitsSize), f32);
+
+  // The logits, [T, E8] in f32: x W_r over one problem of T rows.
+  const GemmTraits &gemm = libraryGemm(LibraryGemm::RowsMnF32);
+  Value mt = h.ceil(t, gemm.config.tileM);
+  Value mtiles = h.add(mt, one);
+  Value ntiles = h.ceil(e8, gemm.config.tileN);
+  GemmValues v;
+  v.offsets = offs;
+  v.numExperts = one;
+  v.amat = xf;
+  v.lda = d;
+  v.bmat = wrp;
+  v.ldb = e8;
+  v.dimM = t;
+  v.dimN = e8;
+  v.dimK = d;
+  v.cout = lp;
+  v.ldc = e8;
+  SmallVector<Value> args = gemmArgs(h, gemm, v);
+  h.launchGemm(gemm, mtiles, ntiles, one, args);
+  repack(h, lp, lf, t, e8, e, e);
+  h.dealloc(lp);
+  h.dealloc(wrp);
+
+  Value scoresSize = h.mul(t, e);
+  Value scores = h.alloc(scoresSize, f32);
+  Value blocks = h.ceil(t, kTokenWarps);
+  h.launch("moe_router_scores", blocks, one, one,
+           {lf, scores, t, e, h.arg("scoring"), h.arg("round_logits")});
+  Value nb = h.dim(h.arg("bias"), 0);
+  Value selectBlocks = h.ceil(t, kTokenWarps);
+  h.launch("moe_router_select", selectBlocks, one, one,
+           {scores, h.arg("bias"), nb, t, e, k, h.arg("num_groups"),
+            h.arg("topk_groups"), h.arg("renormalize"), h.arg("scaling"), wf,
+            ef});
+  h.dealloc(scores);
+  h.dealloc(offs);
+  h.finish();
+}
+
+void mlir::moe::host::buildDispatchHost(OpBuilder &b, ModuleOp module) {
+  Type i32 = b.getI32Type();
+  HostFunctionBuilder h(b, module, "dispatch",
+                        {{"experts", buffer(i32, 2)},
+                         {"token_ids", buffer(i32)},
+                         {"offsets", buffer(i32)},
+                         {"rows", buffer(i32, 2)}});
+  Value one = h.c(1);
+  Value t = h.dim(h.arg("experts"), 0);
+  Value k = h.dim(h.arg("experts"), 1);
+  Value tk = h.mul(t, k);
+  Value offsetCount = h.dim(h.arg("offsets"), 0);
+  Value e = h.sub(offsetCount, one);
+  Value r = h.dim(h.arg("token_ids"), 0);
+  Value ef = h.flat(h.arg("experts"));
+  Value rf = h.flat(h.arg("rows"));
+  Value nchunks = h.ceil(tk, kDispatchChunk);
+  Value rank = h.alloc(tk, i32);
+  Value chunks = h.grid(nchunks);
+  Value countsSize = h.mul(chunks, e);
+  Value cnt = h.alloc(countsSize, i32);
+  h.launch("moe_dispatch_rank", nchunks, one, one, {ef, tk, e, rank, cnt});
+  h.launch("moe_dispatch_scan", one, one, one,
+           {cnt, nchunks, e, h.arg("offsets")});
+  Value work = h.maxu(tk, r);
+  Value blocks = h.ceil(work, kThreads);
+  h.launch(
+      "moe_dispatch_place", blocks, one, one,
+      {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("token_ids"), rf});
+  h.dealloc(rank);
+  h.dealloc(cnt);
+  h.finish();
+}
+
+namespace {
+
+/// The up projection (gathered or row-wise) with SwiGLU, then the down
+/// projection (ffn_forward); without y only H is wanted, from the up
+/// kernel's variant that writes no A. A lives only between the two.
+void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
+                Value wguf, Value wdf, Value yf, Value hf, Value m, Value d,
+                Value n, bool gathered) {
+  Value one = h.c(1);
+  Value two = h.c(2);
+  GemmValues v;
+  v.offsets = offs;
+  v.numExperts = e;
+  v.amat = x;
+  v.lda = d;
+  v.bmat = wguf;
+  v.ldb = h.mul(n, two);
+  v.dimM = m;
+  v.dimN = n;
+  v.dimK = d;
+  v.hout = hf;
+  v.ids = ids;
+  // An up tile covers half a tile of gate and up columns each.
+  auto upTiles = [&](const GemmTraits &up) {
+    Value mt = h.ceil(m, up.config.tileM);
+    Value mtiles = h.add(mt, e);
+    Value ntiles = h.ceil(n, up.config.tileN / 2);
+    return std::make_pair(mtiles, ntiles);
+  };
+  if (!yf) {
+    const GemmTraits &up =
+        libraryGemm(gathered ? LibraryGemm::UpGatherH : LibraryGemm::UpRowsH);
+    auto [mtiles, ntiles] = upTiles(up);
+    SmallVector<Value> args = gemmArgs(h, up, v);
+    h.launchGemm(up, mtiles, ntiles, one, args);
+    return;
+  }
+  Value size = h.mul(m, n);
+  Value a = h.alloc(h.grid(size), h.bf16());
+  v.aout = a;
+  const GemmTraits &up =
+      libraryGemm(gathered ? LibraryGemm::UpGather : LibraryGemm::UpRows);
+  {
+    auto [mtiles, ntiles] = upTiles(up);
+    SmallVector<Value> args = gemmArgs(h, up, v);
+    h.launchGemm(up, mtiles, ntiles, one, args);
+  }
+
+  const GemmTraits &down = libraryGemm(LibraryGemm::RowsMnBf16);
+  Value mt = h.ceil(m, down.config.tileM);
+  Value mtiles = h.add(mt, e);
+  Value ntiles = h.ceil(d, down.config.tileN);
+  GemmValues dv;
+  dv.offsets = offs;
+  dv.numExperts = e;
+  dv.amat = a;
+  dv.lda = n;
+  dv.bmat = wdf;
+  dv.ldb = d;
+  dv.dimM = m;
+  dv.dimN = d;
+  dv.dimK = n;
+  dv.cout = yf;
+  dv.ldc = d;
+  SmallVector<Value> args = gemmArgs(h, down, dv);
+  h.launchGemm(down, mtiles, ntiles, one, args);
+  h.dealloc(a);
+}
+
+} // namespace
+
+void mlir::moe::host::buildExpertFfnHost(OpBuilder &b, ModuleOp module,
+                                         bool withY) {
+  Type bf16 = b.getBF16Type(), i32 = b.getI32Type();
+  SmallVector<std::pair<StringRef, Type>> args = {
+      {"x", buffer(bf16, 2)},   {"token_ids", buffer(i32)},
+      {"offsets", buffer(i32)}, {"wgu", buffer(bf16, 3)},
+      {"wd", buffer(bf16, 3)},  {"act", i32}};
+  if (withY)
+    args.push_back({"y", buffer(bf16, 2)});
+  args.push_back({"h", buffer(bf16, 2)});
+  HostFunctionBuilder h(b, module, withY ? "expert_ffn" : "expert_ffn_h", args);
+  Value d = h.dim(h.arg("x"), 1);
+  Value r = h.dim(h.arg("token_ids"), 0);
+  Value e = h.dim(h.arg("wd"), 0);
+  Value n = h.dim(h.arg("wd"), 1);
+  Value xf = h.flat(h.arg("x"));
+  Value wguf = h.flat(h.arg("wgu"));
+  Value wdf = h.flat(h.arg("wd"));
+  Value yf = withY ? h.flat(h.arg("y")) : Value();
+  Value hf = h.flat(h.arg("h"));
+  ffnForward(h, xf, h.arg("token_ids"), h.arg("offsets"), e, wguf, wdf, yf, hf,
+             r, d, n, /*gathered=*/true);
+  h.finish();
+}
+
+void mlir::moe::host::buildSharedExpertHost(OpBuilder &b, ModuleOp module,
+                                            bool withY) {
+  Type bf16 = b.getBF16Type();
+  SmallVector<std::pair<StringRef, Type>> args = {{"x", buffer(bf16, 2)},
+                                                  {"wgu", buffer(bf16, 2)},
+                                                  {"wd", buffer(bf16, 2)},
+                                                  {"act", b.getI32Type()}};
+  if (withY)
+    args.push_back({"y", buffer(bf16, 2)});
+  args.push_back({"h", buffer(bf16, 2)});
+  HostFunctionBuilder h(b, module, withY ? "shared_expert" : "shared_expert_h",
+                        args);
+  Value t = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value m = h.dim(h.arg("wd"), 0);
+  Value offs = singleOffsets(h, t);
+  Value xf = h.flat(h.arg("x"));
+  Value one = h.c(1);
+  Value wguf = h.flat(h.arg("wgu"));
+  Value wdf = h.flat(h.arg("wd"));
+  Value yf = withY ? h.flat(h.arg("y")) : Value();
+  Value hf = h.flat(h.arg("h"));
+  ffnForward(h, xf, /*ids=*/Value(), offs, one, wguf, wdf, yf, hf, t, d, m,
+             /*gathered=*/false);
+  h.dealloc(offs);
+  h.finish();
+}
+
+void mlir::moe::host::buildCombineHost(OpBuilder &b, ModuleOp module,
+                                       bool accumulate) {
+  Type bf16 = b.getBF16Type();
+  HostFunctionBuilder h(b, module, accumulate ? "combine_acc" : "combine",
+                        {{"y", buffer(bf16, 2)},
+                         {"weights", buffer(b.getF32Type(), 2)},
+                         {"rows", buffer(b.getI32Type(), 2)},
+                         {"out", buffer(bf16, 2)}});
+  Value one = h.c(1);
+  Value t = h.dim(h.arg("weights"), 0);
+  Value k = h.dim(h.arg("weights"), 1);
+  Value d = h.dim(h.arg("y"), 1);
+  Value yf = h.flat(h.arg("y"));
+  Value rowsf = h.flat(h.arg("rows"));
+  Value wf = h.flat(h.arg("weights"));
+  Value weighted = h.cI1(true);
+  Value outf = h.flat(h.arg("out"));
+  h.launch(accumulate ? "moe_gather_sum_acc" : "moe_gather_sum", t, one, one,
+           {yf, rowsf, wf, weighted, t, k, d, outf});
+  h.finish();
+}
+
+void mlir::moe::host::buildAddHost(OpBuilder &b, ModuleOp module) {
+  MemRefType bf16 = buffer(b.getBF16Type());
+  HostFunctionBuilder h(b, module, "add",
+                        {{"a", bf16}, {"b", bf16}, {"out", bf16}});
+  Value one = h.c(1);
+  Value n = h.dim(h.arg("a"), 0);
+  // A thread adds 8 values.
+  Value vectors = h.ceil(n, 8);
+  Value blocks = h.ceil(vectors, kThreads);
+  h.launch("moe_add", blocks, one, one,
+           {h.arg("a"), h.arg("b"), h.arg("out"), n});
+  h.finish();
+}
+
+//===----------------------------------------------------------------------===//
+// The registry
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+using HostBuildFn = void (*)(OpBuilder &, ModuleOp);
+
+struct HostEntry {
+  StringLiteral name;
+  HostBuildFn build;
+};
+
+/// The host functions in the library's order: the forward and backward ones,
+/// then the accumulating ones (into which convert-moe-to-gpu folds the
+/// layer's adds).
+const HostEntry kHostFunctions[] = {
+    {"__moe_gpu_router", host::buildRouterHost},
+    {"__moe_gpu_dispatch", host::buildDispatchHost},
+    {"__moe_gpu_expert_ffn",
+     [](OpBuilder &b, ModuleOp m) { host::buildExpertFfnHost(b, m, true); }},
+    {"__moe_gpu_expert_ffn_h",
+     [](OpBuilder &b, ModuleOp m) { host::buildExpertFfnHost(b, m, false); }},
+    {"__moe_gpu_combine",
+     [](OpBuilder &b, ModuleOp m) { host::buildCombineHost(b, m, false); }},
+    {"__moe_gpu_shared_expert",
+     [](OpBuilder &b, ModuleOp m) { host::buildSharedExpertHost(b, m, true); }},
+    {"__moe_gpu_shared_expert_h",
+     [](OpBuilder &b, ModuleOp m) {
+       host::buildSharedExpertHost(b, m, false);
+     }},
+    {"__moe_gpu_expert_combine_grad",
+     [](OpBuilder &b, ModuleOp m) {
+       host::buildExpertCombineGradHost(b, m, false);
+     }},
+    {"__moe_gpu_shared_expert_grad", host::buildSharedExpertGradHost},
+    {"__moe_gpu_router_grad",
+     [](OpBuilder &b, ModuleOp m) { host::buildRouterGradHost(b, m, false); }},
+    {"__moe_gpu_add", host::buildAddHost},
+    {"__moe_gpu_combine_acc",
+     [](OpBuilder &b, ModuleOp m) { host::buildCombineHost(b, m, true); }},
+    {"__moe_gpu_expert_combine_grad_acc",
+     [](OpBuilder &b, ModuleOp m) {
+       host::buildExpertCombineGradHost(b, m, true);
+     }},
+    {"__moe_gpu_router_grad_acc",
+     [](OpBuilder &b, ModuleOp m) { host::buildRouterGradHost(b, m, true); }},
+};
+
+/// The accumulating router gradient reduces into dx by TMA boxes: the library
+/// has it where the row-wise GEMMs store C by TMA boxes.
+bool hasRouterGradAcc() {
+  return libraryGemm(LibraryGemm::RowsKBf16).tmaStoreRows;
+}
+
+bool isBuilt(const HostEntry &entry) {
+  return entry.name != "__moe_gpu_router_grad_acc" || hasRouterGradAcc();
+}
+
+} // namespace
+
+FailureOr<func::FuncOp> mlir::moe::buildLibraryHostFunction(ModuleOp module,
+                                                            StringRef name) {
+  const HostEntry *entry = llvm::find_if(
+      kHostFunctions, [&](const HostEntry &e) { return e.name == name; });
+  if (entry == std::end(kHostFunctions) || !isBuilt(*entry))
+    return module.emitError("the host function builder has no function @")
+           << name;
+  if (module.lookupSymbol(name))
+    return module.emitError("the module already has a symbol @") << name;
+  if (Operation *existing = module.lookupSymbol(kTensorMapFunctionName)) {
+    auto declaration = dyn_cast<func::FuncOp>(existing);
+    if (!declaration || declaration.getFunctionType() !=
+                            tensorMapFunctionType(module.getContext()))
+      return module.emitError("the module's @")
+             << kTensorMapFunctionName
+             << " is not the host functions' declaration of it";
+  }
+  // gpu.launch_func verifies only in a gpu.container_module.
+  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                  UnitAttr::get(module.getContext()));
+  OpBuilder b(module.getContext());
+  b.setInsertionPointToEnd(module.getBody());
+  entry->build(b, module);
+  auto function = module.lookupSymbol<func::FuncOp>(name);
+  if (!function)
+    return module.emitError("the host function builder of @")
+           << name << " made no function of that name";
+  return function;
+}
+
+SmallVector<StringRef> mlir::moe::libraryHostFunctionNames() {
+  SmallVector<StringRef> names;
+  for (const HostEntry &entry : kHostFunctions)
+    if (isBuilt(entry))
+      names.push_back(entry.name);
+  return names;
+}

@@ -1,0 +1,116 @@
+//===- KernelBuilder.cpp - the GPU library's kernels, built in C++ --------===//
+
+#include "moe/Conversion/MoEToGPU/KernelBuilder.h"
+#include "Kernels.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+
+using KernelBuildFn = void (*)(OpBuilder &, Location);
+
+struct KernelEntry {
+  StringLiteral name;
+  KernelBuildFn build;
+};
+
+/// The ported kernels, in the library's order.
+constexpr KernelEntry kKernels[] = {
+    {"moe_gemm_up_gather", kernels::buildDefaultGemm<0>},
+    {"moe_gemm_up_rows", kernels::buildDefaultGemm<1>},
+    {"moe_gemm_up_gather_h", kernels::buildDefaultGemm<2>},
+    {"moe_gemm_up_rows_h", kernels::buildDefaultGemm<3>},
+    {"moe_gemm_rows_mn_bf16", kernels::buildDefaultGemm<4>},
+    {"moe_gemm_rows_mn_f32", kernels::buildDefaultGemm<5>},
+    {"moe_gemm_rows_k_bf16", kernels::buildDefaultGemm<6>},
+    {"moe_gemm_dact_gather", kernels::buildDefaultGemm<7>},
+    {"moe_gemm_dact_rows", kernels::buildDefaultGemm<8>},
+    {"moe_gemm_wgrad_gather", kernels::buildDefaultGemm<9>},
+    {"moe_gemm_wgrad_gather_a", kernels::buildDefaultGemm<10>},
+    {"moe_gemm_wgrad_rows", kernels::buildDefaultGemm<11>},
+    {"moe_gemm_rows_k_bf16_acc", kernels::buildDefaultGemm<12>},
+    {"moe_router_scores", kernels::buildRouterScoresKernel},
+    {"moe_router_select", kernels::buildRouterSelectKernel},
+    {"moe_dispatch_rank", kernels::buildDispatchRankKernel},
+    {"moe_dispatch_scan", kernels::buildDispatchScanKernel},
+    {"moe_dispatch_place", kernels::buildDispatchPlaceKernel},
+    {"moe_gather_sum", kernels::buildGatherSumKernel},
+    {"moe_gather_sum_acc", kernels::buildGatherSumAccKernel},
+    {"moe_scatter_weights", kernels::buildScatterWeightsKernel},
+    {"moe_single_offsets", kernels::buildSingleOffsetsKernel},
+    {"moe_split_offsets", kernels::buildSplitOffsetsKernel},
+    {"moe_sum_splits_bf16", kernels::buildSumSplitsBf16Kernel},
+    {"moe_dweights", kernels::buildDWeightsKernel},
+    {"moe_router_grad_logits", kernels::buildRouterGradLogitsKernel},
+    {"moe_repack_bf16", kernels::buildRepackBf16Kernel},
+    {"moe_repack_f32", kernels::buildRepackF32Kernel},
+    {"moe_add", kernels::buildAddKernel},
+};
+
+} // namespace
+
+gpu::GPUFuncOp kernels::createKernel(OpBuilder &b, Location loc, StringRef name,
+                                     TypeRange argTypes, int64_t threads) {
+  auto kernel =
+      gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(argTypes, {}));
+  kernel->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  kernel.setKnownBlockSizeAttr(
+      b.getDenseI32ArrayAttr({static_cast<int32_t>(threads), 1, 1}));
+  b.setInsertionPointToStart(&kernel.getBody().front());
+  return kernel;
+}
+
+MemRefType kernels::flatBuffer(Type element) {
+  return MemRefType::get({ShapedType::kDynamic}, element);
+}
+
+Value kernels::indexConstant(OpBuilder &b, Location loc, int64_t value) {
+  return arith::ConstantIndexOp::create(b, loc, value);
+}
+
+Value kernels::i32Constant(OpBuilder &b, Location loc, int32_t value) {
+  return arith::ConstantIntOp::create(b, loc, b.getI32Type(), value);
+}
+
+Value kernels::f32Constant(OpBuilder &b, Location loc, float value) {
+  return arith::ConstantFloatOp::create(b, loc, b.getF32Type(),
+                                        llvm::APFloat(value));
+}
+
+Value kernels::buildGlobalThreadId(OpBuilder &b, Location loc) {
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value threads = indexConstant(b, loc, kSimpleThreads);
+  Value first = arith::MulIOp::create(b, loc, bid, threads);
+  return arith::AddIOp::create(b, loc, first, tid);
+}
+
+FailureOr<gpu::GPUFuncOp> mlir::moe::buildLibraryKernel(gpu::GPUModuleOp module,
+                                                        StringRef name) {
+  for (const KernelEntry &entry : kKernels) {
+    if (entry.name != name)
+      continue;
+    OpBuilder b(module.getContext());
+    b.setInsertionPoint(module.getBody(), module.getBody()->end());
+    Location loc = module.getLoc();
+    entry.build(b, loc);
+    auto kernel = module.lookupSymbol<gpu::GPUFuncOp>(name);
+    if (!kernel)
+      return module.emitError("the kernel builder of @")
+             << name << " made no kernel of that name";
+    return kernel;
+  }
+  return module.emitError("the kernel builder has no kernel @") << name;
+}
+
+SmallVector<StringRef> mlir::moe::builtLibraryKernelNames() {
+  SmallVector<StringRef> names;
+  for (const KernelEntry &entry : kKernels)
+    names.push_back(entry.name);
+  return names;
+}

@@ -1,0 +1,75 @@
+//===- Kernels.h - the kernel builders, one a kernel ---------*- C++ -*-===//
+//
+// Internal to the kernel builder (KernelBuilder.h). Each builder makes one
+// gpu.func at the builder's insertion point, op for op as gen_gpu_library.py
+// writes it: value names aside, the printed IR must be the generator's.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_CONVERSION_MOETOGPU_KERNELS_KERNELS_H
+#define MOE_LIB_CONVERSION_MOETOGPU_KERNELS_KERNELS_H
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+
+namespace mlir::moe_gpu {
+struct GemmConfig;
+} // namespace mlir::moe_gpu
+
+namespace mlir::moe::kernels {
+
+/// Threads a block of the non-GEMM kernels (THREADS in the generator).
+constexpr int64_t kSimpleThreads = 128;
+
+/// A kernel `name` with `argTypes` and known_block_size = [threads, 1, 1];
+/// the builder's insertion point moves into its entry block.
+gpu::GPUFuncOp createKernel(OpBuilder &b, Location loc, StringRef name,
+                            TypeRange argTypes,
+                            int64_t threads = kSimpleThreads);
+
+/// memref<?xT>: the kernels' flat buffers.
+MemRefType flatBuffer(Type element);
+
+/// `%gid = block_id x * 128 + thread_id x` as the generator's GID prelude
+/// writes it (thread id, block id, the constant 128, multiply, add).
+Value buildGlobalThreadId(OpBuilder &b, Location loc);
+
+/// arith.constant of an index / i32 / f32 at the insertion point.
+Value indexConstant(OpBuilder &b, Location loc, int64_t value);
+Value i32Constant(OpBuilder &b, Location loc, int32_t value);
+Value f32Constant(OpBuilder &b, Location loc, float value);
+
+// One builder a kernel (Kernels/*.cpp).
+void buildAddKernel(OpBuilder &b, Location loc);
+void buildRouterScoresKernel(OpBuilder &b, Location loc);
+void buildRouterSelectKernel(OpBuilder &b, Location loc);
+void buildRouterGradLogitsKernel(OpBuilder &b, Location loc);
+// Dispatch.cpp
+void buildDispatchRankKernel(OpBuilder &b, Location loc);
+void buildDispatchScanKernel(OpBuilder &b, Location loc);
+void buildDispatchPlaceKernel(OpBuilder &b, Location loc);
+void buildSingleOffsetsKernel(OpBuilder &b, Location loc);
+void buildSplitOffsetsKernel(OpBuilder &b, Location loc);
+// Combine.cpp
+void buildGatherSumKernel(OpBuilder &b, Location loc);
+void buildGatherSumAccKernel(OpBuilder &b, Location loc);
+void buildScatterWeightsKernel(OpBuilder &b, Location loc);
+void buildSumSplitsBf16Kernel(OpBuilder &b, Location loc);
+void buildDWeightsKernel(OpBuilder &b, Location loc);
+void buildRepackBf16Kernel(OpBuilder &b, Location loc);
+void buildRepackF32Kernel(OpBuilder &b, Location loc);
+// Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp
+/// The grouped GEMM of `config`, named gemmKernelName(config).
+void buildGemmKernel(OpBuilder &b, Location loc,
+                     const moe_gpu::GemmConfig &config);
+/// The generator's default GEMM `index` (defaultGemmConfigs' order).
+void buildDefaultGemmKernel(OpBuilder &b, Location loc, unsigned index);
+template <unsigned Index>
+void buildDefaultGemm(OpBuilder &b, Location loc) {
+  buildDefaultGemmKernel(b, loc, Index);
+}
+
+} // namespace mlir::moe::kernels
+
+#endif // MOE_LIB_CONVERSION_MOETOGPU_KERNELS_KERNELS_H

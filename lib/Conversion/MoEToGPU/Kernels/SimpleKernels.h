@@ -1,0 +1,49 @@
+//===- SimpleKernels.h - helpers of the non-GEMM kernels -----*- C++ -*-===//
+//
+// Internal to the kernel builder. Structured control flow with the bodies
+// given as callbacks, so that a builder reads in the order of the
+// generator's text: each callback builds its block's ops at the builder's
+// insertion point, and the helper adds the scf.yield after them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_CONVERSION_MOETOGPU_KERNELS_SIMPLEKERNELS_H
+#define MOE_LIB_CONVERSION_MOETOGPU_KERNELS_SIMPLEKERNELS_H
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
+
+namespace mlir::moe::kernels {
+
+/// scf.if without results and without an else block.
+void buildIf(OpBuilder &b, Location loc, Value cond,
+             llvm::function_ref<void()> thenBody);
+
+/// scf.if without results, with an else block.
+void buildIfElse(OpBuilder &b, Location loc, Value cond,
+                 llvm::function_ref<void()> thenBody,
+                 llvm::function_ref<void()> elseBody);
+
+/// scf.if yielding one value of `type`: each body returns the value its
+/// block yields. Returns the if's result.
+Value buildIfElse(OpBuilder &b, Location loc, Type type, Value cond,
+                  llvm::function_ref<Value()> thenBody,
+                  llvm::function_ref<Value()> elseBody);
+
+/// scf.for without iter_args; `body` gets the induction variable.
+void buildFor(OpBuilder &b, Location loc, Value lower, Value upper, Value step,
+              llvm::function_ref<void(Value iv)> body);
+
+/// scf.for with one iter_arg starting at `init`; `body` gets the induction
+/// variable and the iter_arg and returns the value to yield. Returns the
+/// loop's result.
+Value buildFor(OpBuilder &b, Location loc, Value lower, Value upper, Value step,
+               Value init, llvm::function_ref<Value(Value iv, Value acc)> body);
+
+/// arith.constant `value` of a float type, or a splat of it for a vector of
+/// floats (arith.constant dense<value>), rounded to the element type.
+Value floatConstant(OpBuilder &b, Location loc, Type type, double value);
+
+} // namespace mlir::moe::kernels
+
+#endif // MOE_LIB_CONVERSION_MOETOGPU_KERNELS_SIMPLEKERNELS_H

@@ -1,11 +1,12 @@
 //===- MoEToGPU.cpp - moe to GPU host functions (sm_90a path) -*- C++ -*-===//
 //
 // Functions on tensors become host functions on device memrefs whose moe ops
-// are calls of the host functions of the embedded library MoEGPULibrary.mlir
-// (docs/gpu-path.md section 1). Buffers are planned here: results go straight
-// into out-parameters, the other values share one arena at static offsets from
-// their lifetimes, and one async token orders every call. Offloaded saved
-// tensors go to pinned host memory through the runtime's copy stream.
+// are calls of the host functions of the GPU library, which the kernel builder
+// makes (KernelBuilder.h; docs/gpu-path.md section 1). Buffers are planned
+// here: results go straight into out-parameters, the other values share one
+// arena at static offsets from their lifetimes, and one async token orders
+// every call. Offloaded saved tensors go to pinned host memory through the
+// runtime's copy stream.
 //
 //===----------------------------------------------------------------------===//
 
@@ -48,10 +49,11 @@ using namespace mlir::moe;
 namespace {
 
 /// The suffix of the host functions that add their result to what its buffer
-/// holds; a library may lack one (foldAdds looks each up in its text).
+/// holds; a library file may lack one (foldAdds looks each up).
 constexpr llvm::StringLiteral kAccumulateSuffix = "_acc";
 
-/// The text of MoEGPULibrary.mlir, embedded at build time.
+/// gen_gpu_library.py's output, embedded at build time: the reference the
+/// kernel builder is tested against (KernelPortTest).
 constexpr llvm::StringLiteral kGPULibrary =
 #include "MoEGPULibrary.inc"
     ;
@@ -909,7 +911,7 @@ StringRef getAccumulatingCallee(Value value) {
 }
 
 /// Folds the adds `sum = X + P` whose P an op A can add into X's buffer itself
-/// (its `_acc` host function, where `library` has it): X is written straight
+/// (its `_acc` host function, where the library has it): X is written straight
 /// into the sum's buffer, A adds P there, and the add runs no kernel. Only
 /// where the sum has a buffer of its own (an out-parameter, or the X of a
 /// later fold: the adds are visited last first), P and X are used by the add
@@ -919,7 +921,8 @@ StringRef getAccumulatingCallee(Value value) {
 /// each folded add with its A; `buffers` gets P's and X's buffers, and A may
 /// have moved.
 DenseMap<Operation *, Operation *>
-foldAdds(Block &body, DenseMap<Value, Value> &buffers, StringRef library) {
+foldAdds(Block &body, DenseMap<Value, Value> &buffers,
+         function_ref<bool(StringRef)> libraryHas) {
   DenseMap<Operation *, Operation *> folds;
   DenseSet<Operation *> waitsForPrefetch = getPrefetchDependents(body);
   auto canMoveBefore = [&](Operation *op, Operation *add) {
@@ -941,8 +944,7 @@ foldAdds(Block &body, DenseMap<Value, Value> &buffers, StringRef library) {
       Operation *accumulator = part.getDefiningOp();
       Operation *producer = other.getDefiningOp();
       // A prefetch's buffer is the runtime's, not one X could be placed in.
-      if (callee.empty() ||
-          !library.contains(("@" + callee + kAccumulateSuffix + "(").str()) ||
+      if (callee.empty() || !libraryHas((callee + kAccumulateSuffix).str()) ||
           !part.hasOneUse() || !other.hasOneUse() || !producer ||
           isa<PrefetchOp>(producer) || buffers.count(other) ||
           accumulator->getBlock() != &body || producer->getBlock() != &body)
@@ -965,9 +967,10 @@ foldAdds(Block &body, DenseMap<Value, Value> &buffers, StringRef library) {
   return folds;
 }
 
-/// Replaces `plan.func` with a host function on device memrefs; `library` is
-/// the GPU library's text (which host functions it has).
-void convertFunction(FunctionPlan &plan, StringRef library) {
+/// Replaces `plan.func` with a host function on device memrefs; `libraryHas`
+/// says which host functions the GPU library has.
+void convertFunction(FunctionPlan &plan,
+                     function_ref<bool(StringRef)> libraryHas) {
   func::FuncOp func = plan.func;
   MLIRContext *context = func.getContext();
   auto module = func->getParentOfType<ModuleOp>();
@@ -1015,7 +1018,7 @@ void convertFunction(FunctionPlan &plan, StringRef library) {
   // With a library that has accumulating host functions, adds become
   // in-place accumulations (no add, and neither part is a temporary).
   DenseMap<Operation *, Operation *> foldedAdds =
-      foldAdds(body, buffers, library);
+      foldAdds(body, buffers, libraryHas);
   DenseSet<Operation *> accumulators;
   for (auto &fold : foldedAdds)
     accumulators.insert(fold.second);
@@ -1168,36 +1171,47 @@ void convertFunction(FunctionPlan &plan, StringRef library) {
 /// reference (transitively) and the library's gpu.modules into `module`.
 /// Symbols the module already has are kept, but a host function must have the
 /// type its calls expect.
-/// The GPU library, parsed once when first needed.
+/// The GPU library: the one the kernel builder makes, or a file's (the
+/// `library` option), made or parsed once when first needed.
 class LibraryModule {
 public:
-  LibraryModule(MLIRContext *context, StringRef text, StringRef name)
-      : context(context), text(text), name(name.str()) {}
+  LibraryModule(MLIRContext *context, StringRef path)
+      : context(context), path(path.str()) {}
 
-  StringRef getName() const { return name; }
+  std::string getName() const {
+    return path.empty() ? "(built in)" : "'" + path + "'";
+  }
 
-  /// The parsed library; failure (reported at `module`) when it is empty or
-  /// does not parse.
+  /// The library; failure (reported at `module`) when the file cannot be
+  /// read, is empty or does not parse.
   FailureOr<ModuleOp> get(ModuleOp module) {
-    if (parsed)
-      return *parsed;
-    if (text.trim().empty())
-      return module.emitError("the GPU library ")
-             << name
-             << " is empty: rebuild after MoEGPULibrary.mlir is written in "
-                "full";
+    if (library)
+      return *library;
+    if (path.empty()) {
+      library = buildGPULibrary(context);
+      if (!library)
+        return module.emitError("the kernel builder could not build the GPU "
+                                "library");
+      return *library;
+    }
+    llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> file =
+        llvm::MemoryBuffer::getFile(path);
+    if (!file)
+      return module.emitError("cannot read the GPU library '")
+             << path << "': " << file.getError().message();
+    if ((*file)->getBuffer().trim().empty())
+      return module.emitError("the GPU library '") << path << "' is empty";
     ParserConfig config(context);
-    parsed = parseSourceString<ModuleOp>(text, config, name);
-    if (!parsed)
-      return module.emitError("cannot parse the GPU library ") << name;
-    return *parsed;
+    library = parseSourceString<ModuleOp>((*file)->getBuffer(), config, path);
+    if (!library)
+      return module.emitError("cannot parse the GPU library '") << path << "'";
+    return *library;
   }
 
 private:
   MLIRContext *context;
-  StringRef text;
-  std::string name;
-  OwningOpRef<ModuleOp> parsed;
+  std::string path;
+  OwningOpRef<ModuleOp> library;
 };
 
 /// Each op's `moe_gpu.kernels` (moe-gpu-select-kernels) against the library:
@@ -1371,29 +1385,22 @@ struct ConvertMoEToGPUPass
         return signalPassFailure();
       plans.push_back(std::move(*plan));
     }
-    // The embedded library, or the one `library` names.
-    std::unique_ptr<llvm::MemoryBuffer> libraryFile;
-    StringRef libraryText = kGPULibrary;
-    std::string libraryName = "MoEGPULibrary.mlir (embedded)";
-    if (!libraryPath.empty()) {
-      llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> file =
-          llvm::MemoryBuffer::getFile(libraryPath);
-      if (!file) {
-        module.emitError("cannot read the GPU library '")
-            << libraryPath << "': " << file.getError().message();
-        return signalPassFailure();
-      }
-      libraryFile = std::move(*file);
-      libraryText = libraryFile->getBuffer();
-      libraryName = libraryPath;
-    }
-
-    LibraryModule library(module.getContext(), libraryText, libraryName);
+    // The built library, or the one `library` names.
+    LibraryModule library(module.getContext(), libraryPath);
     if (failed(checkKernelConfigs(plans, library, module)))
       return signalPassFailure();
 
-    for (FunctionPlan &plan : plans)
-      convertFunction(plan, libraryText);
+    if (!plans.empty()) {
+      FailureOr<ModuleOp> parsed = library.get(module);
+      if (failed(parsed))
+        return signalPassFailure();
+      SymbolTable librarySymbols(*parsed);
+      auto hasFunction = [&](StringRef name) {
+        return isa_and_nonnull<func::FuncOp>(librarySymbols.lookup(name));
+      };
+      for (FunctionPlan &plan : plans)
+        convertFunction(plan, hasFunction);
+    }
 
     if (failed(addLibrary(module, library)))
       return signalPassFailure();

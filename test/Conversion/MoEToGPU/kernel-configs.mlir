@@ -10,7 +10,7 @@
 // CHECK-LABEL: func.func @layer
 // CHECK: call @__moe_gpu_expert_ffn(
 // CHECK-NOT: moe_gpu.kernels
-// MISSING: layer.mlir:{{[0-9]+}}:{{[0-9]+}}: error: the GPU library {{.*}}empty-library.mlir has no kernel @moe_gemm_up_gather for 'up'
+// MISSING: layer.mlir:{{[0-9]+}}:{{[0-9]+}}: error: the GPU library '{{.*}}empty-library.mlir' has no kernel @moe_gemm_up_gather for 'up'
 
 //--- layer.mlir
 func.func @layer(%x: tensor<37x128xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,

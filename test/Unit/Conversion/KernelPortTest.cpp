@@ -20,6 +20,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -73,6 +74,13 @@ TEST_F(KernelPortTest, EachBuiltKernelIsTheGenerators) {
     ASSERT_TRUE(succeeded(kernel));
     EXPECT_EQ(printed(*kernel), printed(expected));
   }
+}
+
+TEST_F(KernelPortTest, TheWholeLibraryIsTheGenerators) {
+  OwningOpRef<ModuleOp> built = moe::buildGPULibrary(&context);
+  ASSERT_TRUE(built);
+  EXPECT_TRUE(succeeded(verify(*built)));
+  EXPECT_EQ(printed(*built), printed(*library));
 }
 
 TEST_F(KernelPortTest, UnknownKernelIsAnError) {

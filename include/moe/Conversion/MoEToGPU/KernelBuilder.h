@@ -14,6 +14,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
 #include "mlir/Support/LLVM.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
@@ -54,6 +55,13 @@ FailureOr<func::FuncOp> buildLibraryHostFunction(ModuleOp module,
 /// The host functions buildLibraryHostFunction makes, in the library's
 /// order.
 SmallVector<StringRef> libraryHostFunctionNames();
+
+/// The whole GPU library, as the compiler uses it: a gpu.container_module
+/// with gpu.module @moe_kernels (every kernel, then the device functions) and
+/// the host functions, in the library's order. Null (with an error at an
+/// unknown location) if a part cannot be built. The context must have the
+/// dialects buildLibraryHostFunction names, and nvvm and vector loaded.
+OwningOpRef<ModuleOp> buildGPULibrary(MLIRContext *context);
 
 /// The text of the GPU library the compiler embeds (gen_gpu_library.py's
 /// output): what the builder's kernels are checked against.

@@ -114,3 +114,22 @@ SmallVector<StringRef> mlir::moe::builtLibraryKernelNames() {
     names.push_back(entry.name);
   return names;
 }
+
+OwningOpRef<ModuleOp> mlir::moe::buildGPULibrary(MLIRContext *context) {
+  OpBuilder b(context);
+  Location loc = UnknownLoc::get(context);
+  OwningOpRef<ModuleOp> library = ModuleOp::create(loc);
+  (*library)->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                      b.getUnitAttr());
+  b.setInsertionPointToEnd(library->getBody());
+  auto kernels = gpu::GPUModuleOp::create(b, loc, "moe_kernels");
+  for (StringRef name : builtLibraryKernelNames())
+    if (failed(buildLibraryKernel(kernels, name)))
+      return nullptr;
+  if (failed(buildLibraryDeviceFunctions(kernels)))
+    return nullptr;
+  for (StringRef name : libraryHostFunctionNames())
+    if (failed(buildLibraryHostFunction(*library, name)))
+      return nullptr;
+  return library;
+}

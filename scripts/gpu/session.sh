@@ -14,9 +14,10 @@
 #             MOE_SANITIZE_LIMIT: the step's seconds, default 200; MOE_SANITIZE_TOOL_LIMIT:
 #             each tool's, default 200);
 #   layer     gpu/layer-check.sh --only build,example,check,bench,recompute;
-#   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (a library built
-#             with other generator settings: cmake -DMOE_GPU_LIBRARY_ENV=..., then
-#             inputs/build-layers.sh --out gpu-inputs-NAME; carry it too), built and timed as
+#   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled against
+#             another library: inputs/build-layers.sh --out gpu-inputs-NAME --
+#             --gpu-library=FILE, FILE e.g. the generator's output with other settings; carry
+#             the tree too), built and timed as
 #             the layer step's (gpu/layer-check.sh --only build,bench,recompute), NAME's
 #             lines in session.txt as layer-NAME;
 #   torch     gpu/torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against

@@ -2,20 +2,31 @@
 # Builds gpu-inputs/ops/ops.o (needs LLVM/MLIR 22 and ptxas): the GPU library with a
 # C-interface wrapper per host function, for scripts/gpu/ops-check.sh on a GPU machine.
 #   bash scripts/inputs/build-ops-harness.sh [DIR [GENERATOR]]
-# DIR (default gpu-inputs/ops) and GENERATOR (default lib/.../gen_gpu_library.py) let a
-# variant of the library (an older generator, other MOE_GEMM_* settings) be timed beside
-# the current one in one GPU run (gpu/ops-check.sh --ops=DIR).
+# DIR (default gpu-inputs/ops). The library is the compiler's (moe-opt
+# --moe-gpu-emit-library, from MOE_BUILD_DIR, default build/); with a GENERATOR (a
+# gen_gpu_library.py, e.g. an older one) or MOE_GEMM_* settings in the environment it is
+# that generator's output (default lib/.../gen_gpu_library.py), so that a variant is timed
+# beside the current library in one GPU run (gpu/ops-check.sh --ops=DIR).
 set -euo pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 case "${1:-}" in -h | --help) usage ;; -*) die "unknown option $1 (see --help)" ;; esac
 bin=/usr/lib/llvm-22/bin
 dir=$(realpath -m "${1:-$root/gpu-inputs/ops}")
-gen=${2:-$root/lib/Conversion/MoEToGPU/gen_gpu_library.py}
+gen=${2:-}
+settings=$(env | grep -E '^MOE_(GEMM|GPU)_' | tr '\n' ' ' || true)
 mkdir -p "$dir"
 export PATH="$PATH:/usr/local/cuda/bin"
-echo "generator: $gen $(env | grep -E '^MOE_(GEMM|GPU)_' | tr '\n' ' ')" >"$dir/VARIANT"
-python3 "$gen" -o "$dir/library.mlir"
+if [ -z "$gen" ] && [ -z "$settings" ]; then
+  moe_opt=${MOE_BUILD_DIR:-$root/build}/bin/moe-opt
+  [ -x "$moe_opt" ] || die "$moe_opt not found: build it first (ninja -C build moe-opt)"
+  echo "library: moe-opt --moe-gpu-emit-library" >"$dir/VARIANT"
+  echo 'module {}' | "$moe_opt" --moe-gpu-emit-library -o "$dir/library.mlir"
+else
+  gen=${gen:-$root/lib/Conversion/MoEToGPU/gen_gpu_library.py}
+  echo "generator: $gen $settings" >"$dir/VARIANT"
+  python3 "$gen" -o "$dir/library.mlir"
+fi
 python3 "$root/test/GPU/gen_ops_harness.py" "$dir/library.mlir" >"$dir/ops.mlir"
 "$bin/mlir-opt" "$dir/ops.mlir" --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=bin opt-level=3" -o "$dir/ops.llvm.mlir"
 "$bin/mlir-translate" --mlir-to-llvmir "$dir/ops.llvm.mlir" -o "$dir/ops.ll"

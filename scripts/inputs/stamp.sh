@@ -8,17 +8,13 @@
 
 # Prints: the commit, the files of lib/ include/ tools/ not committed (the kernels come from
 # the build's generator, which may be ahead of the commit, and layers built from an
-# uncommitted experiment must say so), the kernel library the build holds, the
-# generator settings it was built with (CMake's MOE_GPU_LIBRARY_ENV; "default" for none) and
-# the date.
+# uncommitted experiment must say so), the kernel library the build holds and the date.
 inputs_stamp() {
-  local root=$1 build=$2 changed settings
+  local root=$1 build=$2 changed
   echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
   changed=$(git -C "$root" status --porcelain -- lib include tools 2>/dev/null | awk '{print $2}' | tr '\n' ' ')
   echo "uncommitted in lib/ include/ tools/: ${changed:-none}"
   # shellcheck disable=SC2012 # the kernel files' names are hashes
   echo "kernel library: $(ls "$build/share/moe_mlir/kernels" 2>/dev/null | tr '\n' ' ')"
-  settings=$(sed -n 's/^MOE_GPU_LIBRARY_ENV:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
-  echo "library settings: ${settings:-default}"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }

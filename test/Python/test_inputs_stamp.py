@@ -32,11 +32,9 @@ def test_stamp_names_the_build_kernel_library(tmp_path):
         "commit",
         "uncommitted in lib/ include/ tools/",
         "kernel library",
-        "library settings",
         "date",
     ]
     assert kernel_library(lines) == ["0123abcd.mlir "]
-    assert "library settings: default" in lines
     other = tmp_path / "other"
     (other / "share" / "moe_mlir" / "kernels").mkdir(parents=True)
     (other / "share" / "moe_mlir" / "kernels" / "feed.mlir").write_text("")
@@ -46,12 +44,3 @@ def test_stamp_names_the_build_kernel_library(tmp_path):
 def test_stamp_of_a_build_without_kernels_is_empty(tmp_path):
     # gpu/torch-check.sh fails on an empty "kernel library:", whatever the other file says
     assert kernel_library(stamp(tmp_path / "missing")) == [""]
-
-
-def test_stamp_names_the_library_settings(tmp_path):
-    """A build configured with -DMOE_GPU_LIBRARY_ENV=... (a variant of the kernel library)
-    says so, as CMake writes the cache."""
-    (tmp_path / "CMakeCache.txt").write_text(
-        "//NAME=VALUE settings of gen_gpu_library.py\nMOE_GPU_LIBRARY_ENV:STRING=MOE_GEMM_DYNAMIC=rows\n"
-    )
-    assert "library settings: MOE_GEMM_DYNAMIC=rows" in stamp(tmp_path)

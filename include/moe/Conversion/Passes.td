@@ -206,6 +206,34 @@ def MoESerializeKernelsCached : Pass<"moe-serialize-kernels-cached", "::mlir::Mo
   ];
 }
 
+def MoEGPUEmitLibrary : Pass<"moe-gpu-emit-library", "::mlir::ModuleOp"> {
+  let summary = "append the GPU library the kernel builder makes to the module";
+  let description = [{
+    Appends the whole GPU library, as `convert-moe-to-gpu` takes it from the
+    kernel builder, to the module: `gpu.module @moe_kernels` with every kernel
+    and device function, the runtime's tensor-map declaration and the
+    `__moe_gpu_*` host functions, and marks the module a
+    `gpu.container_module`. For tools that compile the library on its own
+    (the op-level GPU checks: `scripts/inputs/build-ops-harness.sh`):
+
+    ```
+    echo 'module {}' | moe-opt --moe-gpu-emit-library -o library.mlir
+    ```
+
+    A module that already has one of the library's symbols is an error.
+  }];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect",
+    "::mlir::func::FuncDialect",
+    "::mlir::gpu::GPUDialect",
+    "::mlir::LLVM::LLVMDialect",
+    "::mlir::memref::MemRefDialect",
+    "::mlir::NVVM::NVVMDialect",
+    "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect"
+  ];
+}
+
 def MoEAlignDynamicSharedMemory
     : Pass<"moe-align-dynamic-shared-memory", "::mlir::gpu::GPUModuleOp"> {
   let summary = "make the dynamic shared memory of lowered kernels one external, aligned array";

@@ -38,6 +38,8 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <map>
+
 namespace mlir::moe {
 #define GEN_PASS_DEF_CONVERTMOETOGPU
 #include "moe/Conversion/Passes.h.inc"
@@ -720,6 +722,40 @@ public:
   Location loc;
 };
 
+/// The configs `op`'s `moe_gpu.kernels` choose for the GEMM roles of the host
+/// function `base`, where that function has variants.
+SmallVector<HostGemmConfig> getChosenConfigs(Operation *op, StringRef base) {
+  SmallVector<HostGemmConfig> configs;
+  auto kernels = op->getAttrOfType<DictionaryAttr>(moe_gpu::kKernelsAttrName);
+  if (!kernels)
+    return configs;
+  for (const HostGemmConfig &role : libraryHostGemmConfigs(base))
+    if (auto config = kernels.getAs<moe_gpu::GemmConfigAttr>(role.role))
+      configs.push_back({role.role, config.getConfig()});
+  return configs;
+}
+
+/// The host function of `op` where the library's is `base`: `base`, or its
+/// variant for the configs `op` chooses (libraryHostFunctionVariantName).
+std::string getHostCallee(Operation *op, StringRef base) {
+  return libraryHostFunctionVariantName(base, getChosenConfigs(op, base));
+}
+
+/// The library host functions with variants that `op` may call.
+SmallVector<StringRef> getVariantBases(Operation *op) {
+  return TypeSwitch<Operation *, SmallVector<StringRef>>(op)
+      .Case([](RouterOp) -> SmallVector<StringRef> {
+        return {"__moe_gpu_router"};
+      })
+      .Case([](ExpertFFNOp) -> SmallVector<StringRef> {
+        return {"__moe_gpu_expert_ffn", "__moe_gpu_expert_ffn_h"};
+      })
+      .Case([](SharedExpertOp) -> SmallVector<StringRef> {
+        return {"__moe_gpu_shared_expert", "__moe_gpu_shared_expert_h"};
+      })
+      .Default([](Operation *) { return SmallVector<StringRef>(); });
+}
+
 /// Emits the library call of `op`: its tensor operands, then scalar config,
 /// then its results, as the contract of docs/gpu-path.md lists them. With
 /// `accumulate`, the call of the host function that adds the result
@@ -758,7 +794,7 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
                  h.f32(routing.getScalingFactorValue()),
                  h.i1(routing.getRoundLogits())});
     results();
-    h.call("__moe_gpu_router", args);
+    h.call(getHostCallee(op, "__moe_gpu_router"), args);
   } else if (auto grad = dyn_cast<RouterGradOp>(op)) {
     RoutingAttr routing = grad.getRouting();
     operands();
@@ -786,8 +822,9 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     operands();
     activation();
     args.push_back(h.dynamic(bufferOf(op->getResult(1))));
-    h.call(isa<ExpertFFNOp>(op) ? "__moe_gpu_expert_ffn_h"
-                                : "__moe_gpu_shared_expert_h",
+    h.call(getHostCallee(op, isa<ExpertFFNOp>(op)
+                                 ? "__moe_gpu_expert_ffn_h"
+                                 : "__moe_gpu_shared_expert_h"),
            args);
   } else {
     StringRef callee =
@@ -803,7 +840,10 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     operands();
     activation();
     results();
-    call(callee, args);
+    if (isa<ExpertFFNOp, SharedExpertOp>(op))
+      h.call(getHostCallee(op, callee), args);
+    else
+      call(callee, args);
   }
 }
 
@@ -1214,12 +1254,28 @@ private:
   OwningOpRef<ModuleOp> library;
 };
 
+/// The host function variants the converted ops may call, by name: the
+/// library function they vary and the configs they run.
+using HostVariants =
+    std::map<std::string, std::pair<std::string, SmallVector<HostGemmConfig>>>;
+
+/// Whether `a` and `b` compute the same GEMM (they may differ in how).
+bool computesSame(const moe_gpu::GemmConfig &a, const moe_gpu::GemmConfig &b) {
+  return a.a == b.a && a.b == b.b && a.gathered == b.gathered &&
+         a.epilogue == b.epilogue && a.storeA == b.storeA &&
+         a.withRouterWeight == b.withRouterWeight && a.withDs == b.withDs &&
+         a.problem == b.problem;
+}
+
 /// Each op's `moe_gpu.kernels` (moe-gpu-select-kernels) against the library:
-/// the library's host functions launch one kernel a GEMM role, so a config
-/// must be that kernel's, and the kernel must be in the library (a symbol
-/// lookup by the config's kernel name).
+/// a library config must name a kernel of the library (a symbol lookup by
+/// its kernel name). Another config must compute the role's GEMM and belong
+/// to an op whose host function has variants (router, expert and shared
+/// expert FFN): the variants it may call go to `variants`, built with their
+/// kernels when called. The backward ops' other configs are refused.
 LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
-                                 LibraryModule &library, ModuleOp module) {
+                                 LibraryModule &library, ModuleOp module,
+                                 HostVariants &variants) {
   SmallVector<std::pair<Operation *, DictionaryAttr>> chosen;
   for (const FunctionPlan &plan : plans)
     func::FuncOp(plan.func).walk([&](Operation *op) {
@@ -1236,6 +1292,7 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
   for (auto kernels : parsed->getOps<gpu::GPUModuleOp>())
     kernelModules.emplace_back(kernels);
   for (auto [op, kernels] : chosen) {
+    bool anyOther = false;
     for (const moe_gpu::GemmRole &role : moe_gpu::gemmRolesOf(op)) {
       auto config = kernels.getAs<moe_gpu::GemmConfigAttr>(role.name);
       if (!config)
@@ -1244,13 +1301,25 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
       // The conversion decides whether a GEMM accumulates (a folded add).
       moe_gpu::GemmConfig requested = config.getConfig().resolved();
       requested.accumulate = false;
+      moe_gpu::GemmConfig libraryConfig = role.libraryConfig.resolved();
       std::string built = moe_gpu::gemmKernelName(role.libraryConfig);
-      if (requested != role.libraryConfig.resolved())
-        return op->emitError()
-               << "'" << moe_gpu::kKernelsAttrName << "' chooses @" << name
-               << " for '" << role.name << "', but the GPU library's "
-               << op->getName() << " runs @" << built
-               << " there (other configs are not built yet)";
+      if (requested != libraryConfig) {
+        if (!computesSame(requested, libraryConfig))
+          return op->emitError()
+                 << "'" << moe_gpu::kKernelsAttrName << "' chooses @" << name
+                 << " for '" << role.name << "', which computes another GEMM"
+                 << " than the one " << op->getName() << " runs there (@"
+                 << built << ")";
+        if (getVariantBases(op).empty())
+          return op->emitError()
+                 << "'" << moe_gpu::kKernelsAttrName << "' chooses @" << name
+                 << " for '" << role.name << "', but the GPU library's "
+                 << op->getName() << " runs @" << built
+                 << " there (other configs of the backward ops are not built "
+                    "yet)";
+        anyOther = true;
+        continue;
+      }
       if (llvm::none_of(kernelModules, [&](SymbolTable &symbols) {
             return symbols.lookup(name) != nullptr;
           }))
@@ -1258,20 +1327,37 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
                << "the GPU library " << library.getName() << " has no kernel @"
                << name << " for '" << role.name << "'";
     }
+    if (!anyOther)
+      continue;
+    for (StringRef base : getVariantBases(op)) {
+      SmallVector<HostGemmConfig> configs = getChosenConfigs(op, base);
+      std::string variant = libraryHostFunctionVariantName(base, configs);
+      if (variant != base)
+        variants.try_emplace(variant, base.str(), std::move(configs));
+    }
   }
   return success();
 }
 
-LogicalResult addLibrary(ModuleOp module, LibraryModule &library) {
+/// Copies the library's functions that the module calls, with what they use,
+/// and every kernel; builds the called `variants` (and their kernels) into
+/// the module.
+LogicalResult addLibrary(ModuleOp module, LibraryModule &library,
+                         const HostVariants &variants) {
   SymbolTable symbols(module);
   SmallVector<StringAttr> worklist;
+  SmallVector<HostVariants::const_iterator> called;
   WalkResult walk = module.walk([&](func::CallOp call) {
     StringAttr callee = call.getCalleeAttr().getAttr();
     if (!callee.getValue().starts_with(kHostPrefix))
       return WalkResult::advance();
     Operation *existing = symbols.lookup(callee);
     if (!existing) {
-      worklist.push_back(callee);
+      auto variant = variants.find(callee.getValue().str());
+      if (variant == variants.end())
+        worklist.push_back(callee);
+      else if (!llvm::is_contained(called, variant))
+        called.push_back(variant);
       return WalkResult::advance();
     }
     auto function = dyn_cast<func::FuncOp>(existing);
@@ -1285,7 +1371,7 @@ LogicalResult addLibrary(ModuleOp module, LibraryModule &library) {
   });
   if (walk.wasInterrupted())
     return failure();
-  if (worklist.empty())
+  if (worklist.empty() && called.empty())
     return success();
 
   FailureOr<ModuleOp> parsed = library.get(module);
@@ -1312,6 +1398,17 @@ LogicalResult addLibrary(ModuleOp module, LibraryModule &library) {
             SymbolTable::getSymbolUses(copy))
       for (const SymbolTable::SymbolUse &use : *uses)
         worklist.push_back(use.getSymbolRef().getRootReference());
+  }
+  // The variants, after the library's kernels: theirs join @moe_kernels.
+  for (HostVariants::const_iterator variant : called) {
+    const auto &[base, configs] = variant->second;
+    FailureOr<func::FuncOp> function =
+        buildLibraryHostFunction(module, base, configs);
+    if (failed(function))
+      return failure();
+    if (function->getSymName() != variant->first)
+      return module.emitError("the host function builder built @")
+             << function->getSymName() << " for @" << variant->first;
   }
   return success();
 }
@@ -1387,7 +1484,8 @@ struct ConvertMoEToGPUPass
     }
     // The built library, or the one `library` names.
     LibraryModule library(module.getContext(), libraryPath);
-    if (failed(checkKernelConfigs(plans, library, module)))
+    HostVariants variants;
+    if (failed(checkKernelConfigs(plans, library, module, variants)))
       return signalPassFailure();
 
     if (!plans.empty()) {
@@ -1402,7 +1500,7 @@ struct ConvertMoEToGPUPass
         convertFunction(plan, hasFunction);
     }
 
-    if (failed(addLibrary(module, library)))
+    if (failed(addLibrary(module, library, variants)))
       return signalPassFailure();
     module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                     UnitAttr::get(module.getContext()));

@@ -11,6 +11,8 @@
 #ifndef MOE_CONVERSION_MOETOGPU_KERNELBUILDER_H
 #define MOE_CONVERSION_MOETOGPU_KERNELBUILDER_H
 
+#include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -18,6 +20,8 @@
 #include "mlir/Support/LLVM.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
+
+#include <string>
 
 namespace mlir::moe {
 
@@ -51,6 +55,44 @@ SmallVector<StringRef> libraryDeviceFunctionNames();
 /// its @moeTensorMapDeviceBf16 is not that declaration.
 FailureOr<func::FuncOp> buildLibraryHostFunction(ModuleOp module,
                                                  StringRef name);
+
+/// One GEMM role of a host function (KernelRoles.h's role names: logits, up,
+/// down) and its config.
+struct HostGemmConfig {
+  std::string role;
+  moe_gpu::GemmConfig config;
+};
+
+/// The GEMM roles of the host function `name` that can take other configs,
+/// with the library's configs, in the order it runs them: those of
+/// __moe_gpu_router, __moe_gpu_expert_ffn(_h) and __moe_gpu_shared_expert(_h);
+/// empty for any other function (the backward and accumulating ones have no
+/// variants yet).
+SmallVector<HostGemmConfig> libraryHostGemmConfigs(StringRef name);
+
+/// The name of the variant of the host function `name` that runs `configs`
+/// (roles not given keep the library's config; a config is compared resolved
+/// and not accumulating): `name` itself where every role has the library's
+/// config, else `name` followed by "__" and the kernel name (gemmKernelName)
+/// of each role that differs, in the function's role order, e.g.
+/// __moe_gpu_expert_ffn__moe_gemm_rows_mn_bf16_s2.
+std::string libraryHostFunctionVariantName(StringRef name,
+                                           ArrayRef<HostGemmConfig> configs);
+
+/// Builds the variant of the host function `name` that launches the kernels
+/// of `configs` (libraryHostFunctionVariantName names it) at the end of
+/// `module`, as the overload without configs builds the library's: the same
+/// launches with the threads, dynamic shared memory, grid, tensor maps and
+/// tile counters of the chosen kernels' configs. Builds each chosen kernel
+/// (buildGemmKernel) into `module`'s gpu.module @moe_kernels, made where
+/// missing, unless it has a kernel of that name; the library's kernels and
+/// device functions are not built. With every config the library's, the
+/// overload without configs. Failure (with an error at the module) for a
+/// function without variants given another config, a role it lacks, an
+/// invalid config, or as the overload without configs fails.
+FailureOr<func::FuncOp>
+buildLibraryHostFunction(ModuleOp module, StringRef name,
+                         ArrayRef<HostGemmConfig> configs);
 
 /// The host functions buildLibraryHostFunction makes, in the library's
 /// order.

@@ -30,7 +30,9 @@
 #include "llvm/ADT/StringMap.h"
 
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace mlir::moe::host {
 
@@ -80,6 +82,27 @@ enum class LibraryGemm : unsigned {
 
 /// What the generator's Gemm object tells a launch of `gemm`.
 const kernels::GemmTraits &libraryGemm(LibraryGemm gemm);
+
+/// The GEMMs one host function launches, by role: the library's, except
+/// where a variant of the function chooses another config for a role.
+class HostGemms {
+public:
+  HostGemms() = default;
+  /// The configs `chosen` by role (resolved, not accumulating); `suffix` is
+  /// what the variant's name adds to the function's.
+  HostGemms(ArrayRef<std::pair<StringRef, moe_gpu::GemmConfig>> chosen,
+            std::string suffix);
+
+  /// The GEMM of `role`: its chosen config's, else the library's `library`.
+  const kernels::GemmTraits &get(StringRef role, LibraryGemm library) const;
+  /// What the variant's name adds to the function's: empty for the
+  /// library's configs.
+  StringRef suffix() const { return nameSuffix; }
+
+private:
+  std::vector<std::pair<std::string, kernels::GemmTraits>> chosen;
+  std::string nameSuffix;
+};
 
 /// The operands of a GEMM launch by the names of the kernel's arguments
 /// (gemm_signature), null where not given; `rows` is no argument but the
@@ -219,10 +242,14 @@ Value round8(HostFunctionBuilder &h, Value v);
 
 // One builder a host function (HostFunctions.cpp, HostBackward.cpp); each
 // builds at `b`'s insertion point in `module`.
-void buildRouterHost(OpBuilder &b, ModuleOp module);
+// The forward ones with GEMMs take `gemms` (a variant's configs).
+void buildRouterHost(OpBuilder &b, ModuleOp module,
+                     const HostGemms &gemms = {});
 void buildDispatchHost(OpBuilder &b, ModuleOp module);
-void buildExpertFfnHost(OpBuilder &b, ModuleOp module, bool withY);
-void buildSharedExpertHost(OpBuilder &b, ModuleOp module, bool withY);
+void buildExpertFfnHost(OpBuilder &b, ModuleOp module, bool withY,
+                        const HostGemms &gemms = {});
+void buildSharedExpertHost(OpBuilder &b, ModuleOp module, bool withY,
+                           const HostGemms &gemms = {});
 void buildCombineHost(OpBuilder &b, ModuleOp module, bool accumulate);
 void buildAddHost(OpBuilder &b, ModuleOp module);
 void buildExpertCombineGradHost(OpBuilder &b, ModuleOp module, bool accumulate);

@@ -72,6 +72,21 @@ const GemmTraits &mlir::moe::host::libraryGemm(LibraryGemm gemm) {
   return gemms[index];
 }
 
+HostGemms::HostGemms(
+    ArrayRef<std::pair<StringRef, moe_gpu::GemmConfig>> chosenConfigs,
+    std::string suffix)
+    : nameSuffix(std::move(suffix)) {
+  for (const auto &[role, config] : chosenConfigs)
+    chosen.emplace_back(role.str(), GemmTraits(config));
+}
+
+const GemmTraits &HostGemms::get(StringRef role, LibraryGemm library) const {
+  for (const auto &[name, traits] : chosen)
+    if (name == role)
+      return traits;
+  return libraryGemm(library);
+}
+
 //===----------------------------------------------------------------------===//
 // HostFunctionBuilder
 //===----------------------------------------------------------------------===//
@@ -444,10 +459,11 @@ Value mlir::moe::host::round8(HostFunctionBuilder &h, Value v) {
 // The forward host functions
 //===----------------------------------------------------------------------===//
 
-void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module) {
+void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module,
+                                      const HostGemms &gemms) {
   Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type(),
        i1 = b.getI1Type(), index = b.getIndexType();
-  HostFunctionBuilder h(b, module, "router",
+  HostFunctionBuilder h(b, module, ("router" + gemms.suffix()).str(),
                         {{"x", buffer(bf16, 2)},
                          {"wr", buffer(bf16, 2)},
                          {"bias", buffer(f32)},
@@ -477,7 +493,7 @@ void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module) {
   Value lp = h.alloc(h.grid(logitsSize), f32);
 
   // The logits, [T, E8] in f32: x W_r over one problem of T rows.
-  const GemmTraits &gemm = libraryGemm(LibraryGemm::RowsMnF32);
+  const GemmTraits &gemm = gemms.get("logits", LibraryGemm::RowsMnF32);
   Value mt = h.ceil(t, gemm.config.tileM);
   Value mtiles = h.add(mt, one);
   Value ntiles = h.ceil(e8, gemm.config.tileN);
@@ -556,7 +572,7 @@ namespace {
 /// kernel's variant that writes no A. A lives only between the two.
 void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
                 Value wguf, Value wdf, Value yf, Value hf, Value m, Value d,
-                Value n, bool gathered) {
+                Value n, bool gathered, const HostGemms &gemms) {
   Value one = h.c(1);
   Value two = h.c(2);
   GemmValues v;
@@ -579,8 +595,8 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
     return std::make_pair(mtiles, ntiles);
   };
   if (!yf) {
-    const GemmTraits &up =
-        libraryGemm(gathered ? LibraryGemm::UpGatherH : LibraryGemm::UpRowsH);
+    const GemmTraits &up = gemms.get("up", gathered ? LibraryGemm::UpGatherH
+                                                    : LibraryGemm::UpRowsH);
     auto [mtiles, ntiles] = upTiles(up);
     SmallVector<Value> args = gemmArgs(h, up, v);
     h.launchGemm(up, mtiles, ntiles, one, args);
@@ -590,14 +606,14 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   Value a = h.alloc(h.grid(size), h.bf16());
   v.aout = a;
   const GemmTraits &up =
-      libraryGemm(gathered ? LibraryGemm::UpGather : LibraryGemm::UpRows);
+      gemms.get("up", gathered ? LibraryGemm::UpGather : LibraryGemm::UpRows);
   {
     auto [mtiles, ntiles] = upTiles(up);
     SmallVector<Value> args = gemmArgs(h, up, v);
     h.launchGemm(up, mtiles, ntiles, one, args);
   }
 
-  const GemmTraits &down = libraryGemm(LibraryGemm::RowsMnBf16);
+  const GemmTraits &down = gemms.get("down", LibraryGemm::RowsMnBf16);
   Value mt = h.ceil(m, down.config.tileM);
   Value mtiles = h.add(mt, e);
   Value ntiles = h.ceil(d, down.config.tileN);
@@ -621,7 +637,7 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
 } // namespace
 
 void mlir::moe::host::buildExpertFfnHost(OpBuilder &b, ModuleOp module,
-                                         bool withY) {
+                                         bool withY, const HostGemms &gemms) {
   Type bf16 = b.getBF16Type(), i32 = b.getI32Type();
   SmallVector<std::pair<StringRef, Type>> args = {
       {"x", buffer(bf16, 2)},   {"token_ids", buffer(i32)},
@@ -630,7 +646,9 @@ void mlir::moe::host::buildExpertFfnHost(OpBuilder &b, ModuleOp module,
   if (withY)
     args.push_back({"y", buffer(bf16, 2)});
   args.push_back({"h", buffer(bf16, 2)});
-  HostFunctionBuilder h(b, module, withY ? "expert_ffn" : "expert_ffn_h", args);
+  HostFunctionBuilder h(
+      b, module,
+      ((withY ? "expert_ffn" : "expert_ffn_h") + gemms.suffix()).str(), args);
   Value d = h.dim(h.arg("x"), 1);
   Value r = h.dim(h.arg("token_ids"), 0);
   Value e = h.dim(h.arg("wd"), 0);
@@ -641,12 +659,13 @@ void mlir::moe::host::buildExpertFfnHost(OpBuilder &b, ModuleOp module,
   Value yf = withY ? h.flat(h.arg("y")) : Value();
   Value hf = h.flat(h.arg("h"));
   ffnForward(h, xf, h.arg("token_ids"), h.arg("offsets"), e, wguf, wdf, yf, hf,
-             r, d, n, /*gathered=*/true);
+             r, d, n, /*gathered=*/true, gemms);
   h.finish();
 }
 
 void mlir::moe::host::buildSharedExpertHost(OpBuilder &b, ModuleOp module,
-                                            bool withY) {
+                                            bool withY,
+                                            const HostGemms &gemms) {
   Type bf16 = b.getBF16Type();
   SmallVector<std::pair<StringRef, Type>> args = {{"x", buffer(bf16, 2)},
                                                   {"wgu", buffer(bf16, 2)},
@@ -655,8 +674,10 @@ void mlir::moe::host::buildSharedExpertHost(OpBuilder &b, ModuleOp module,
   if (withY)
     args.push_back({"y", buffer(bf16, 2)});
   args.push_back({"h", buffer(bf16, 2)});
-  HostFunctionBuilder h(b, module, withY ? "shared_expert" : "shared_expert_h",
-                        args);
+  HostFunctionBuilder h(
+      b, module,
+      ((withY ? "shared_expert" : "shared_expert_h") + gemms.suffix()).str(),
+      args);
   Value t = h.dim(h.arg("x"), 0);
   Value d = h.dim(h.arg("x"), 1);
   Value m = h.dim(h.arg("wd"), 0);
@@ -668,7 +689,7 @@ void mlir::moe::host::buildSharedExpertHost(OpBuilder &b, ModuleOp module,
   Value yf = withY ? h.flat(h.arg("y")) : Value();
   Value hf = h.flat(h.arg("h"));
   ffnForward(h, xf, /*ids=*/Value(), offs, one, wguf, wdf, yf, hf, t, d, m,
-             /*gathered=*/false);
+             /*gathered=*/false, gemms);
   h.dealloc(offs);
   h.finish();
 }
@@ -726,7 +747,8 @@ struct HostEntry {
 /// then the accumulating ones (into which convert-moe-to-gpu folds the
 /// layer's adds).
 const HostEntry kHostFunctions[] = {
-    {"__moe_gpu_router", host::buildRouterHost},
+    {"__moe_gpu_router",
+     [](OpBuilder &b, ModuleOp m) { host::buildRouterHost(b, m); }},
     {"__moe_gpu_dispatch", host::buildDispatchHost},
     {"__moe_gpu_expert_ffn",
      [](OpBuilder &b, ModuleOp m) { host::buildExpertFfnHost(b, m, true); }},
@@ -806,4 +828,201 @@ SmallVector<StringRef> mlir::moe::libraryHostFunctionNames() {
     if (isBuilt(entry))
       names.push_back(entry.name);
   return names;
+}
+
+//===----------------------------------------------------------------------===//
+// Variants
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+using VariantBuildFn = void (*)(OpBuilder &, ModuleOp, const HostGemms &);
+
+/// A GEMM role of a host function and the library's GEMM in it.
+struct VariantRole {
+  StringLiteral role;
+  LibraryGemm gemm;
+};
+
+/// A host function that has variants: its GEMM roles, in the order it runs
+/// them.
+struct VariantEntry {
+  StringLiteral name;
+  VariantBuildFn build;
+  SmallVector<VariantRole, 2> roles;
+};
+
+/// The host functions with variants: the forward ones with GEMMs. The
+/// backward ones and the accumulating ones have none yet.
+const std::vector<VariantEntry> &variantEntries() {
+  static const std::vector<VariantEntry> entries = {
+      {"__moe_gpu_router",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildRouterHost(b, m, g);
+       },
+       {{"logits", LibraryGemm::RowsMnF32}}},
+      {"__moe_gpu_expert_ffn",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertFfnHost(b, m, true, g);
+       },
+       {{"up", LibraryGemm::UpGather}, {"down", LibraryGemm::RowsMnBf16}}},
+      {"__moe_gpu_expert_ffn_h",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertFfnHost(b, m, false, g);
+       },
+       {{"up", LibraryGemm::UpGatherH}}},
+      {"__moe_gpu_shared_expert",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildSharedExpertHost(b, m, true, g);
+       },
+       {{"up", LibraryGemm::UpRows}, {"down", LibraryGemm::RowsMnBf16}}},
+      {"__moe_gpu_shared_expert_h",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildSharedExpertHost(b, m, false, g);
+       },
+       {{"up", LibraryGemm::UpRowsH}}},
+  };
+  return entries;
+}
+
+const VariantEntry *findVariantEntry(StringRef name) {
+  for (const VariantEntry &entry : variantEntries())
+    if (entry.name == name)
+      return &entry;
+  return nullptr;
+}
+
+/// `config` as a variant compares it: resolved, not accumulating.
+moe_gpu::GemmConfig normalized(const moe_gpu::GemmConfig &config) {
+  moe_gpu::GemmConfig out = config.resolved();
+  out.accumulate = false;
+  return out;
+}
+
+/// The configs of `entry`'s roles that differ from the library's, in the
+/// entry's order; failure (with an error at `module`) for a role the
+/// function does not have.
+FailureOr<SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>>>
+chosenConfigs(const VariantEntry &entry, ArrayRef<HostGemmConfig> configs,
+              ModuleOp module) {
+  for (const HostGemmConfig &config : configs)
+    if (llvm::none_of(entry.roles, [&](const VariantRole &role) {
+          return role.role == config.role;
+        }))
+      return module.emitError("the host function @")
+             << entry.name << " has no GEMM role '" << config.role << "'";
+  SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>> chosen;
+  for (const VariantRole &role : entry.roles) {
+    moe_gpu::GemmConfig library = libraryGemm(role.gemm).config;
+    for (const HostGemmConfig &config : configs) {
+      if (config.role != role.role)
+        continue;
+      moe_gpu::GemmConfig wanted = normalized(config.config);
+      if (wanted != normalized(library))
+        chosen.emplace_back(role.role, wanted);
+    }
+  }
+  return chosen;
+}
+
+std::string
+variantSuffix(ArrayRef<std::pair<StringRef, moe_gpu::GemmConfig>> chosen) {
+  std::string suffix;
+  for (const auto &[role, config] : chosen)
+    suffix += "__" + moe_gpu::gemmKernelName(config);
+  return suffix;
+}
+
+} // namespace
+
+SmallVector<HostGemmConfig> mlir::moe::libraryHostGemmConfigs(StringRef name) {
+  SmallVector<HostGemmConfig> out;
+  if (const VariantEntry *entry = findVariantEntry(name))
+    for (const VariantRole &role : entry->roles)
+      out.push_back({role.role.str(), libraryGemm(role.gemm).config});
+  return out;
+}
+
+std::string
+mlir::moe::libraryHostFunctionVariantName(StringRef name,
+                                          ArrayRef<HostGemmConfig> configs) {
+  const VariantEntry *entry = findVariantEntry(name);
+  if (!entry)
+    return name.str();
+  std::string suffix;
+  for (const VariantRole &role : entry->roles) {
+    moe_gpu::GemmConfig library = normalized(libraryGemm(role.gemm).config);
+    for (const HostGemmConfig &config : configs)
+      if (config.role == role.role && normalized(config.config) != library)
+        suffix += "__" + moe_gpu::gemmKernelName(normalized(config.config));
+  }
+  return name.str() + suffix;
+}
+
+FailureOr<func::FuncOp>
+mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
+                                    ArrayRef<HostGemmConfig> configs) {
+  const VariantEntry *entry = findVariantEntry(name);
+  if (!entry) {
+    if (configs.empty())
+      return buildLibraryHostFunction(module, name);
+    return module.emitError("the host function builder has no variants of @")
+           << name;
+  }
+  FailureOr<SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>>> chosen =
+      chosenConfigs(*entry, configs, module);
+  if (failed(chosen))
+    return failure();
+  if (chosen->empty())
+    return buildLibraryHostFunction(module, name);
+  for (const auto &[role, config] : *chosen)
+    if (failed(moe_gpu::verifyGemmConfig(config,
+                                         [&] { return module.emitError(); })))
+      return failure();
+  std::string variant = name.str() + variantSuffix(*chosen);
+  if (module.lookupSymbol(variant))
+    return module.emitError("the module already has a symbol @") << variant;
+  if (Operation *existing = module.lookupSymbol(kTensorMapFunctionName)) {
+    auto declaration = dyn_cast<func::FuncOp>(existing);
+    if (!declaration || declaration.getFunctionType() !=
+                            tensorMapFunctionType(module.getContext()))
+      return module.emitError("the module's @")
+             << kTensorMapFunctionName
+             << " is not the host functions' declaration of it";
+  }
+
+  OpBuilder b(module.getContext());
+  Location loc = module.getLoc();
+  // The chosen kernels, into @moe_kernels (made where missing).
+  auto kernels = module.lookupSymbol<gpu::GPUModuleOp>(kKernelModuleName);
+  if (!kernels) {
+    if (module.lookupSymbol(kKernelModuleName))
+      return module.emitError("the module's @")
+             << kKernelModuleName << " is not a gpu.module";
+    b.setInsertionPointToEnd(module.getBody());
+    kernels = gpu::GPUModuleOp::create(b, loc, kKernelModuleName);
+  }
+  for (const auto &[role, config] : *chosen) {
+    std::string kernel = moe_gpu::gemmKernelName(config);
+    if (Operation *existing = kernels.lookupSymbol(kernel)) {
+      if (!isa<gpu::GPUFuncOp>(existing))
+        return module.emitError("the module's @")
+               << kKernelModuleName << "::@" << kernel << " is not a kernel";
+      continue;
+    }
+    b.setInsertionPoint(kernels.getBody(), kernels.getBody()->end());
+    kernels::buildGemmKernel(b, loc, config);
+    if (!kernels.lookupSymbol<gpu::GPUFuncOp>(kernel))
+      return module.emitError("the kernel builder made no kernel @") << kernel;
+  }
+
+  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                  UnitAttr::get(module.getContext()));
+  b.setInsertionPointToEnd(module.getBody());
+  entry->build(b, module, HostGemms(*chosen, variantSuffix(*chosen)));
+  auto function = module.lookupSymbol<func::FuncOp>(variant);
+  if (!function)
+    return module.emitError("the host function builder of @")
+           << variant << " made no function of that name";
+  return function;
 }

@@ -22,6 +22,7 @@ parser.add_argument("--out", required=True, type=pathlib.Path, help="the corpus 
 out = parser.parse_args().out.resolve()
 sources = sorted(
     list((root / "test" / "Dialect" / "MoE").glob("*.mlir"))
+    + list((root / "test" / "Dialect" / "MoEGPU").glob("*.mlir"))
     + list((root / "test" / "Transforms").glob("*.mlir"))
     + list((root / "test" / "Conversion" / "MoEToLinalg").glob("*.mlir"))
     + list((root / "test" / "Pipelines").glob("*.mlir"))

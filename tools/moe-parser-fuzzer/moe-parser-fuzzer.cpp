@@ -29,6 +29,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoEGPU/IR/MoEGPUDialect.h"
 #include "moe/InitAll.h"
 
 #include "moe/Pipelines/Pipelines.h"
@@ -61,8 +62,8 @@ namespace {
 const DialectRegistry &parserRegistry() {
   static const DialectRegistry *registry = [] {
     auto *r = new DialectRegistry();
-    r->insert<moe::MoEDialect, func::FuncDialect, arith::ArithDialect,
-              tensor::TensorDialect>();
+    r->insert<moe::MoEDialect, moe_gpu::MoEGPUDialect, func::FuncDialect,
+              arith::ArithDialect, tensor::TensorDialect>();
     return r;
   }();
   return *registry;

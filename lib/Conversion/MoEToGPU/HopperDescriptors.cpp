@@ -89,7 +89,11 @@ uint64_t mlir::moe::hopper::wgmmaTileDescriptorConstant(OperandMajor major) {
 
 Value ConstantCache::get(int64_t value, Type type) {
   OpBuilder builder(type.getContext());
-  auto attr = cast<TypedAttr>(builder.getIntegerAttr(type, value));
+  return get(cast<TypedAttr>(builder.getIntegerAttr(type, value)));
+}
+
+Value ConstantCache::get(TypedAttr attr) {
+  OpBuilder builder(attr.getContext());
   auto it = constants.find(attr);
   if (it != constants.end())
     return it->second;

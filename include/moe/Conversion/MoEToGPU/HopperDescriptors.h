@@ -130,6 +130,8 @@ public:
 
   /// The constant `value` of integer or index type `type`.
   Value get(int64_t value, Type type);
+  /// The constant `attr` (any type: the GEMMs also hoist f32 and i1).
+  Value get(TypedAttr attr);
   Value operator()(int64_t value, Type type) { return get(value, type); }
 
 private:

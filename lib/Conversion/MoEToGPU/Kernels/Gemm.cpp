@@ -111,7 +111,7 @@ GemmTraits::GemmTraits(const GemmConfig &unresolved)
 
 GemmKernelBuilder::GemmKernelBuilder(OpBuilder &b, Location loc,
                                      const GemmConfig &config)
-    : b(b), loc(loc), g(config), ctx(b.getContext()) {
+    : Emitter(b, loc), g(config), ctx(b.getContext()) {
   indexTy = b.getIndexType();
   i1 = b.getI1Type();
   i8 = b.getI8Type();
@@ -137,52 +137,13 @@ GemmKernelBuilder::GemmKernelBuilder(OpBuilder &b, Location loc,
   sf32Ty = shared(f32);
 }
 
-Value GemmKernelBuilder::constant(TypedAttr attr) {
-  auto it = constants.find(attr);
-  if (it != constants.end())
-    return it->second;
-  OpBuilder::InsertionGuard guard(b);
-  if (lastConstant)
-    b.setInsertionPointAfter(lastConstant);
-  else
-    b.setInsertionPointToStart(entry);
-  auto op = arith::ConstantOp::create(b, loc, attr);
-  lastConstant = op;
-  constants.try_emplace(attr, op.getResult());
-  return op.getResult();
-}
-
-Value GemmKernelBuilder::cIndex(int64_t value) {
-  return constant(b.getIndexAttr(value));
-}
-Value GemmKernelBuilder::cI32(int64_t value) {
-  return constant(b.getI32IntegerAttr(static_cast<int32_t>(value)));
-}
-Value GemmKernelBuilder::cI64(int64_t value) {
-  return constant(b.getI64IntegerAttr(value));
-}
-Value GemmKernelBuilder::cI1(bool value) {
-  return constant(b.getIntegerAttr(i1, value));
-}
 Value GemmKernelBuilder::cF32(double value) {
   return constant(b.getF32FloatAttr(static_cast<float>(value)));
 }
 Value GemmKernelBuilder::getConstant(int64_t value, Type type) {
-  return constant(cast<TypedAttr>(b.getIntegerAttr(type, value)));
+  return constant(value, type);
 }
 
-Value GemmKernelBuilder::add(Value x, Value y) {
-  return arith::AddIOp::create(b, loc, x, y);
-}
-Value GemmKernelBuilder::sub(Value x, Value y) {
-  return arith::SubIOp::create(b, loc, x, y);
-}
-Value GemmKernelBuilder::mul(Value x, Value y) {
-  return arith::MulIOp::create(b, loc, x, y);
-}
-Value GemmKernelBuilder::div(Value x, Value y) {
-  return arith::DivUIOp::create(b, loc, x, y);
-}
 Value GemmKernelBuilder::rem(Value x, Value y) {
   return arith::RemUIOp::create(b, loc, x, y);
 }
@@ -192,20 +153,8 @@ Value GemmKernelBuilder::xori(Value x, Value y) {
 Value GemmKernelBuilder::andi(Value x, Value y) {
   return arith::AndIOp::create(b, loc, x, y);
 }
-Value GemmKernelBuilder::cmp(Pred pred, Value x, Value y) {
-  return arith::CmpIOp::create(b, loc, pred, x, y);
-}
 Value GemmKernelBuilder::select(Value cond, Value x, Value y) {
   return arith::SelectOp::create(b, loc, cond, x, y);
-}
-Value GemmKernelBuilder::minu(Value x, Value y) {
-  return arith::MinUIOp::create(b, loc, x, y);
-}
-Value GemmKernelBuilder::maxu(Value x, Value y) {
-  return arith::MaxUIOp::create(b, loc, x, y);
-}
-Value GemmKernelBuilder::maxs(Value x, Value y) {
-  return arith::MaxSIOp::create(b, loc, x, y);
 }
 Value GemmKernelBuilder::fadd(Value x, Value y) {
   return arith::AddFOp::create(b, loc, x, y);
@@ -478,7 +427,7 @@ void GemmKernelBuilder::build() {
   for (auto &[value, type] : args)
     argTypes.push_back(type);
   gpu::GPUFuncOp kernel = createKernel(b, loc, g.name, argTypes, g.threads);
-  entry = &kernel.getBody().front();
+  setConstantEntry(kernel.getBody().front());
   for (auto [i, arg] : llvm::enumerate(args))
     *arg.first = kernel.getArgument(i);
 

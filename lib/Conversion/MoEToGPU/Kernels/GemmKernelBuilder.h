@@ -17,6 +17,8 @@
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_KERNELS_GEMMKERNELBUILDER_H
 #define MOE_LIB_CONVERSION_MOETOGPU_KERNELS_GEMMKERNELBUILDER_H
 
+#include "Emitter.h"
+
 #include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -52,7 +54,7 @@ struct GemmTraits {
 };
 
 /// One gen_gemm run. Values keep the generator's names where they have one.
-class GemmKernelBuilder {
+class GemmKernelBuilder : public Emitter {
 public:
   GemmKernelBuilder(OpBuilder &b, Location loc,
                     const moe_gpu::GemmConfig &config);
@@ -90,30 +92,15 @@ private:
   // The Emitter
   //===--------------------------------------------------------------------===//
 
-  /// The function's constant of `attr`, hoisted to its entry in order of
-  /// first request (Emitter.const).
-  Value constant(TypedAttr attr);
-  Value c(int64_t value) { return cIndex(value); }
-  Value cIndex(int64_t value);
-  Value cI32(int64_t value);
-  Value cI64(int64_t value);
-  Value cI1(bool value);
+  Value cIndex(int64_t value) { return c(value); }
   Value cF32(double value);
   /// For the HopperDescriptors builders.
   Value getConstant(int64_t value, Type type);
 
-  Value add(Value x, Value y);
-  Value sub(Value x, Value y);
-  Value mul(Value x, Value y);
-  Value div(Value x, Value y);
   Value rem(Value x, Value y);
   Value xori(Value x, Value y);
   Value andi(Value x, Value y);
-  Value cmp(arith::CmpIPredicate pred, Value x, Value y);
   Value select(Value cond, Value x, Value y);
-  Value minu(Value x, Value y);
-  Value maxu(Value x, Value y);
-  Value maxs(Value x, Value y);
   Value fadd(Value x, Value y);
   Value fmul(Value x, Value y);
   Value fsub(Value x, Value y);
@@ -235,19 +222,12 @@ private:
   // State
   //===--------------------------------------------------------------------===//
 
-  OpBuilder &b;
-  Location loc;
   GemmTraits g;
   MLIRContext *ctx;
 
   // Types.
   Type indexTy, i1, i8, i32Ty, i64Ty, f32, bf16, ptr, ptr1, ptr3, ptr7, accTy;
   MemRefType smemTy, sbf16Ty, si32Ty, sf32Ty;
-
-  // Constants hoisted to the function's entry (Emitter.const).
-  Block *entry = nullptr;
-  Operation *lastConstant = nullptr;
-  llvm::DenseMap<Attribute, Value> constants;
 
   /// Where ifEnd returns to.
   SmallVector<OpBuilder::InsertPoint> ifStack;

@@ -17,6 +17,7 @@
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_KERNELS_HOSTBUILDER_H
 #define MOE_LIB_CONVERSION_MOETOGPU_KERNELS_HOSTBUILDER_H
 
+#include "Emitter.h"
 #include "GemmKernelBuilder.h"
 #include "Kernels.h"
 
@@ -115,7 +116,7 @@ struct GemmValues {
 };
 
 /// One host function (the generator's Host and its Emitter).
-class HostFunctionBuilder {
+class HostFunctionBuilder : public kernels::Emitter {
 public:
   /// Starts func.func private @__moe_gpu_<name>(%token, args...) ->
   /// !gpu.async.token at `b`'s insertion point, an op of `module`; `b`'s
@@ -133,27 +134,6 @@ public:
   Type index() const { return b.getIndexType(); }
   Type i32() const { return b.getI32Type(); }
   Type bf16() const { return b.getBF16Type(); }
-
-  //===--------------------------------------------------------------------===//
-  // The Emitter
-  //===--------------------------------------------------------------------===//
-
-  /// The function's constant, hoisted to its entry in order of first
-  /// request (Host.c).
-  Value constant(int64_t value, Type type) { return (*constants)(value, type); }
-  Value c(int64_t value) { return constant(value, index()); }
-  Value cI1(bool value) { return constant(value, b.getI1Type()); }
-  Value cI32(int64_t value) { return constant(value, i32()); }
-  Value cI64(int64_t value) { return constant(value, b.getI64Type()); }
-
-  Value add(Value x, Value y);
-  Value sub(Value x, Value y);
-  Value mul(Value x, Value y);
-  Value div(Value x, Value y);
-  Value minu(Value x, Value y);
-  Value maxu(Value x, Value y);
-  Value maxs(Value x, Value y);
-  Value cmp(arith::CmpIPredicate pred, Value x, Value y);
 
   //===--------------------------------------------------------------------===//
   // Host
@@ -202,11 +182,8 @@ private:
   /// the module has none.
   void declareTensorMap();
 
-  OpBuilder &b;
   ModuleOp module;
-  Location loc;
   func::FuncOp function;
-  std::optional<hopper::ConstantCache> constants;
   llvm::StringMap<Value> args;
   /// The async token the next op waits for.
   Value token;

@@ -94,7 +94,7 @@ const GemmTraits &HostGemms::get(StringRef role, LibraryGemm library) const {
 HostFunctionBuilder::HostFunctionBuilder(
     OpBuilder &b, ModuleOp module, StringRef name,
     ArrayRef<std::pair<StringRef, Type>> argList)
-    : b(b), module(module), loc(module.getLoc()) {
+    : Emitter(b, module.getLoc()), module(module) {
   Type tokenType = b.getType<gpu::AsyncTokenType>();
   SmallVector<Type> types = {tokenType};
   for (const auto &[argName, type] : argList)
@@ -104,7 +104,7 @@ HostFunctionBuilder::HostFunctionBuilder(
   function.setPrivate();
   Block *entry = function.addEntryBlock();
   b.setInsertionPointToStart(entry);
-  constants.emplace(*entry, loc);
+  setConstantEntry(*entry);
   token = entry->getArgument(0);
   for (auto [i, arg] : llvm::enumerate(argList))
     args[arg.first] = entry->getArgument(i + 1);
@@ -122,38 +122,6 @@ func::FuncOp HostFunctionBuilder::finish() {
   counters.clear();
   func::ReturnOp::create(b, loc, token);
   return function;
-}
-
-Value HostFunctionBuilder::add(Value x, Value y) {
-  return arith::AddIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::sub(Value x, Value y) {
-  return arith::SubIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::mul(Value x, Value y) {
-  return arith::MulIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::div(Value x, Value y) {
-  return arith::DivUIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::minu(Value x, Value y) {
-  return arith::MinUIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::maxu(Value x, Value y) {
-  return arith::MaxUIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::maxs(Value x, Value y) {
-  return arith::MaxSIOp::create(b, loc, x, y);
-}
-
-Value HostFunctionBuilder::cmp(Pred pred, Value x, Value y) {
-  return arith::CmpIOp::create(b, loc, pred, x, y);
 }
 
 Value HostFunctionBuilder::dim(Value mem, int64_t i) {

@@ -741,19 +741,34 @@ std::string getHostCallee(Operation *op, StringRef base) {
   return libraryHostFunctionVariantName(base, getChosenConfigs(op, base));
 }
 
-/// The library host functions with variants that `op` may call.
+/// The library host functions with variants that `op` may call: those of
+/// its host functions that the builder varies (libraryHostGemmConfigs).
 SmallVector<StringRef> getVariantBases(Operation *op) {
-  return TypeSwitch<Operation *, SmallVector<StringRef>>(op)
-      .Case([](RouterOp) -> SmallVector<StringRef> {
-        return {"__moe_gpu_router"};
-      })
-      .Case([](ExpertFFNOp) -> SmallVector<StringRef> {
-        return {"__moe_gpu_expert_ffn", "__moe_gpu_expert_ffn_h"};
-      })
-      .Case([](SharedExpertOp) -> SmallVector<StringRef> {
-        return {"__moe_gpu_shared_expert", "__moe_gpu_shared_expert_h"};
-      })
-      .Default([](Operation *) { return SmallVector<StringRef>(); });
+  SmallVector<StringRef> callees =
+      TypeSwitch<Operation *, SmallVector<StringRef>>(op)
+          .Case([](RouterOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_router"};
+          })
+          .Case([](RouterGradOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_router_grad"};
+          })
+          .Case([](ExpertFFNOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_expert_ffn", "__moe_gpu_expert_ffn_h"};
+          })
+          .Case([](SharedExpertOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_shared_expert", "__moe_gpu_shared_expert_h"};
+          })
+          .Case([](ExpertCombineGradOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_expert_combine_grad"};
+          })
+          .Case([](SharedExpertGradOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_shared_expert_grad"};
+          })
+          .Default([](Operation *) { return SmallVector<StringRef>(); });
+  llvm::erase_if(callees, [](StringRef callee) {
+    return libraryHostGemmConfigs(callee).empty();
+  });
+  return callees;
 }
 
 /// Emits the library call of `op`: its tensor operands, then scalar config,

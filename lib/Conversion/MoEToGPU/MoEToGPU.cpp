@@ -750,7 +750,7 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
             return {"__moe_gpu_router"};
           })
           .Case([](RouterGradOp) -> SmallVector<StringRef> {
-            return {"__moe_gpu_router_grad"};
+            return {"__moe_gpu_router_grad", "__moe_gpu_router_grad_acc"};
           })
           .Case([](ExpertFFNOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_expert_ffn", "__moe_gpu_expert_ffn_h"};
@@ -759,7 +759,8 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
             return {"__moe_gpu_shared_expert", "__moe_gpu_shared_expert_h"};
           })
           .Case([](ExpertCombineGradOp) -> SmallVector<StringRef> {
-            return {"__moe_gpu_expert_combine_grad"};
+            return {"__moe_gpu_expert_combine_grad",
+                    "__moe_gpu_expert_combine_grad_acc"};
           })
           .Case([](SharedExpertGradOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_shared_expert_grad"};
@@ -779,8 +780,9 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
               llvm::function_ref<Value(Value)> bufferOf,
               bool accumulate = false) {
   auto call = [&](StringRef callee, ValueRange args) {
-    h.call(accumulate ? (callee + kAccumulateSuffix).str() : callee.str(),
-           args);
+    std::string base =
+        accumulate ? (callee + kAccumulateSuffix).str() : callee.str();
+    h.call(getHostCallee(op, base), args);
   };
   SmallVector<Value> args;
   auto operands = [&]() {
@@ -855,10 +857,7 @@ void emitCall(Operation *op, HostFunctionBuilder &h,
     operands();
     activation();
     results();
-    if (isa<ExpertFFNOp, SharedExpertOp>(op))
-      h.call(getHostCallee(op, callee), args);
-    else
-      call(callee, args);
+    call(callee, args);
   }
 }
 
@@ -999,7 +998,11 @@ foldAdds(Block &body, DenseMap<Value, Value> &buffers,
       Operation *accumulator = part.getDefiningOp();
       Operation *producer = other.getDefiningOp();
       // A prefetch's buffer is the runtime's, not one X could be placed in.
-      if (callee.empty() || !libraryHas((callee + kAccumulateSuffix).str()) ||
+      std::string accumulating = (callee + kAccumulateSuffix).str();
+      if (callee.empty() || !libraryHas(accumulating) ||
+          !canBuildLibraryHostFunction(
+              accumulating,
+              getChosenConfigs(part.getDefiningOp(), accumulating)) ||
           !part.hasOneUse() || !other.hasOneUse() || !producer ||
           isa<PrefetchOp>(producer) || buffers.count(other) ||
           accumulator->getBlock() != &body || producer->getBlock() != &body)
@@ -1284,10 +1287,9 @@ bool computesSame(const moe_gpu::GemmConfig &a, const moe_gpu::GemmConfig &b) {
 
 /// Each op's `moe_gpu.kernels` (moe-gpu-select-kernels) against the library:
 /// a library config must name a kernel of the library (a symbol lookup by
-/// its kernel name). Another config must compute the role's GEMM and belong
-/// to an op whose host function has variants (router, expert and shared
-/// expert FFN): the variants it may call go to `variants`, built with their
-/// kernels when called. The backward ops' other configs are refused.
+/// its kernel name). Another config must compute the role's GEMM: the
+/// variants of the op's host functions it may call go to `variants`, built
+/// with their kernels when called.
 LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
                                  LibraryModule &library, ModuleOp module,
                                  HostVariants &variants) {
@@ -1325,13 +1327,6 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
                  << " for '" << role.name << "', which computes another GEMM"
                  << " than the one " << op->getName() << " runs there (@"
                  << built << ")";
-        if (getVariantBases(op).empty())
-          return op->emitError()
-                 << "'" << moe_gpu::kKernelsAttrName << "' chooses @" << name
-                 << " for '" << role.name << "', but the GPU library's "
-                 << op->getName() << " runs @" << built
-                 << " there (other configs of the backward ops are not built "
-                    "yet)";
         anyOther = true;
         continue;
       }

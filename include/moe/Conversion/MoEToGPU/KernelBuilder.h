@@ -64,10 +64,8 @@ struct HostGemmConfig {
 };
 
 /// The GEMM roles of the host function `name` that can take other configs,
-/// with the library's configs, in the order it runs them: those of
-/// __moe_gpu_router, __moe_gpu_expert_ffn(_h) and __moe_gpu_shared_expert(_h);
-/// empty for any other function (the backward and accumulating ones have no
-/// variants yet).
+/// with the library's configs, in the order it runs them: those of every host
+/// function that launches GEMMs; empty for any other function.
 SmallVector<HostGemmConfig> libraryHostGemmConfigs(StringRef name);
 
 /// The name of the variant of the host function `name` that runs `configs`
@@ -93,6 +91,14 @@ std::string libraryHostFunctionVariantName(StringRef name,
 FailureOr<func::FuncOp>
 buildLibraryHostFunction(ModuleOp module, StringRef name,
                          ArrayRef<HostGemmConfig> configs);
+
+/// Whether buildLibraryHostFunction can build the variant of `name` that
+/// runs `configs` (valid configs, as a #moe_gpu.gemm holds): every config of
+/// a role of `name`, and where the
+/// function adds a GEMM's tile to what C holds (the dx of
+/// __moe_gpu_router_grad_acc), one that can accumulate.
+bool canBuildLibraryHostFunction(StringRef name,
+                                 ArrayRef<HostGemmConfig> configs);
 
 /// The host functions buildLibraryHostFunction makes, in the library's
 /// order.

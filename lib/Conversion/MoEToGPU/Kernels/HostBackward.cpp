@@ -14,12 +14,11 @@ using mlir::moe::kernels::GemmTraits;
 
 namespace {
 
-/// A weight gradient (launch_wgrad): the kernel `gathered` with the dispatch
-/// queue as its `queueArg` (the operand whose rows are tokens), or, without a
-/// queue, the rows in order.
-void launchWgrad(HostFunctionBuilder &h, std::optional<LibraryGemm> gathered,
+/// A weight gradient (launch_wgrad) by `g`, with the dispatch queue as its
+/// `queueArg` (the operand whose rows are tokens) where `g` gathers, else
+/// the rows in order.
+void launchWgrad(HostFunctionBuilder &h, const GemmTraits &g,
                  Value GemmValues::*queueArg, Value queue, GemmValues values) {
-  const GemmTraits &g = libraryGemm(queue ? *gathered : LibraryGemm::WgradRows);
   if (queue)
     values.*queueArg = queue;
   Value mtiles = h.ceil(values.dimM, g.config.tileM);
@@ -39,7 +38,7 @@ struct ExpertValues {
 void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
                  Value e, Value wguf, Value wdf, Value hf, Value m, Value d,
                  Value n, Value dxe, Value dwguf, Value dwdf,
-                 std::optional<ExpertValues> experts) {
+                 std::optional<ExpertValues> experts, const HostGemms &gemms) {
   Value one = h.c(1);
   Value two = h.c(2);
   Value twoN = h.mul(n, two);
@@ -48,8 +47,8 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
   Value waSize = h.mul(m, n);
   Value wa = h.alloc(h.grid(waSize), h.bf16());
 
-  const GemmTraits &dact =
-      libraryGemm(experts ? LibraryGemm::DactGather : LibraryGemm::DactRows);
+  const GemmTraits &dact = gemms.get("dact", experts ? LibraryGemm::DactGather
+                                                     : LibraryGemm::DactRows);
   GemmValues v;
   v.offsets = offs;
   v.numExperts = e;
@@ -77,7 +76,7 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
     h.launchGemm(dact, mtiles, ntiles, one, args);
   }
 
-  const GemmTraits &dxGemm = libraryGemm(LibraryGemm::RowsKBf16);
+  const GemmTraits &dxGemm = gemms.get("dx", LibraryGemm::RowsKBf16);
   {
     Value mt = h.ceil(m, dxGemm.config.tileM);
     Value mtiles = h.add(mt, e);
@@ -114,7 +113,10 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
   down.cout = dwdf;
   down.ldc = d;
   down.rows = m;
-  launchWgrad(h, LibraryGemm::WgradGather, &GemmValues::bids, queue, down);
+  launchWgrad(h,
+              gemms.get("dw_down", queue ? LibraryGemm::WgradGather
+                                         : LibraryGemm::WgradRows),
+              &GemmValues::bids, queue, down);
   GemmValues gateUp;
   gateUp.offsets = offs;
   gateUp.numExperts = e;
@@ -128,7 +130,10 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
   gateUp.cout = dwguf;
   gateUp.ldc = twoN;
   gateUp.rows = m;
-  launchWgrad(h, LibraryGemm::WgradGatherA, &GemmValues::ids, queue, gateUp);
+  launchWgrad(h,
+              gemms.get("dw_gate_up", queue ? LibraryGemm::WgradGatherA
+                                            : LibraryGemm::WgradRows),
+              &GemmValues::ids, queue, gateUp);
   h.dealloc(dh);
   h.dealloc(wa);
 }
@@ -136,10 +141,14 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
 } // namespace
 
 void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
-                                                 bool accumulate) {
+                                                 bool accumulate,
+                                                 const HostGemms &gemms) {
   Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
   HostFunctionBuilder h(
-      b, module, accumulate ? "expert_combine_grad_acc" : "expert_combine_grad",
+      b, module,
+      ((accumulate ? "expert_combine_grad_acc" : "expert_combine_grad") +
+       gemms.suffix())
+          .str(),
       {{"x", buffer(bf16, 2)},
        {"token_ids", buffer(i32)},
        {"offsets", buffer(i32)},
@@ -169,7 +178,7 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
   Value slotBlocks = h.ceil(tk, kThreads);
   h.launch("moe_scatter_weights", slotBlocks, one, one, {wf, rowsf, tk, wrow});
   // dS of each row, a partial sum per N-tile of the dSwiGLU GEMM.
-  Value nt = h.ceil(n, libraryGemm(LibraryGemm::DactGather).config.tileN);
+  Value nt = h.ceil(n, gemms.get("dact", LibraryGemm::DactGather).config.tileN);
   Value dspartSize = h.mul(r, nt);
   Value dspart = h.alloc(h.grid(dspartSize), f32);
   Value dxeSize = h.mul(r, d);
@@ -182,7 +191,8 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
   Value dwguf = h.flat(h.arg("d_wgu"));
   Value dwdf = h.flat(h.arg("d_wd"));
   ffnBackward(h, xf, doutf, h.arg("offsets"), e, wguf, wdf, hf, r, d, n, dxe,
-              dwguf, dwdf, ExpertValues{h.arg("token_ids"), wrow, dspart, nt});
+              dwguf, dwdf, ExpertValues{h.arg("token_ids"), wrow, dspart, nt},
+              gemms);
   Value dweightBlocks = h.ceil(tk, kThreads);
   Value dweightsf = h.flat(h.arg("d_weights"));
   h.launch("moe_dweights", dweightBlocks, one, one,
@@ -197,9 +207,11 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
   h.finish();
 }
 
-void mlir::moe::host::buildSharedExpertGradHost(OpBuilder &b, ModuleOp module) {
+void mlir::moe::host::buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
+                                                const HostGemms &gemms) {
   MemRefType bf16 = buffer(b.getBF16Type(), 2);
-  HostFunctionBuilder h(b, module, "shared_expert_grad",
+  HostFunctionBuilder h(b, module,
+                        ("shared_expert_grad" + gemms.suffix()).str(),
                         {{"x", bf16},
                          {"wgu", bf16},
                          {"wd", bf16},
@@ -223,27 +235,29 @@ void mlir::moe::host::buildSharedExpertGradHost(OpBuilder &b, ModuleOp module) {
   Value dwguf = h.flat(h.arg("d_wgu"));
   Value dwdf = h.flat(h.arg("d_wd"));
   ffnBackward(h, xf, dyf, offs, one, wguf, wdf, hf, t, d, m, dxf, dwguf, dwdf,
-              std::nullopt);
+              std::nullopt, gemms);
   h.dealloc(offs);
   h.finish();
 }
 
 void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
-                                          bool accumulate) {
+                                          bool accumulate,
+                                          const HostGemms &gemms) {
   Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
-  HostFunctionBuilder h(b, module,
-                        accumulate ? "router_grad_acc" : "router_grad",
-                        {{"x", buffer(bf16, 2)},
-                         {"wr", buffer(bf16, 2)},
-                         {"logits", buffer(f32, 2)},
-                         {"experts", buffer(i32, 2)},
-                         {"d_weights", buffer(f32, 2)},
-                         {"d_logits", buffer(f32, 2)},
-                         {"scoring", i32},
-                         {"renormalize", b.getI1Type()},
-                         {"scaling", f32},
-                         {"dx", buffer(bf16, 2)},
-                         {"d_wr", buffer(bf16, 2)}});
+  HostFunctionBuilder h(
+      b, module,
+      ((accumulate ? "router_grad_acc" : "router_grad") + gemms.suffix()).str(),
+      {{"x", buffer(bf16, 2)},
+       {"wr", buffer(bf16, 2)},
+       {"logits", buffer(f32, 2)},
+       {"experts", buffer(i32, 2)},
+       {"d_weights", buffer(f32, 2)},
+       {"d_logits", buffer(f32, 2)},
+       {"scoring", i32},
+       {"renormalize", b.getI1Type()},
+       {"scaling", f32},
+       {"dx", buffer(bf16, 2)},
+       {"d_wr", buffer(bf16, 2)}});
   Value one = h.c(1);
   Value t = h.dim(h.arg("x"), 0);
   Value d = h.dim(h.arg("x"), 1);
@@ -270,8 +284,9 @@ void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
   Value wrp = paddedCopy(h, wrf, d, e, e8, bf16);
 
   // dx (+)= dlogits W_r^T, one problem of T rows.
-  const GemmTraits &dxGemm = libraryGemm(accumulate ? LibraryGemm::RowsKBf16Acc
-                                                    : LibraryGemm::RowsKBf16);
+  const GemmTraits &dxGemm =
+      accumulate ? gemms.getAccumulating("dx", LibraryGemm::RowsKBf16Acc)
+                 : gemms.get("dx", LibraryGemm::RowsKBf16);
   {
     Value mt = h.ceil(t, dxGemm.config.tileM);
     Value mtiles = h.add(mt, one);
@@ -298,7 +313,7 @@ void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
   // each slice's [d, E8] written in bf16 and the S summed in f32. A slice's
   // columns past E come from the padding of dlogits, which nothing writes;
   // the sum reads columns < E only.
-  const GemmTraits &wgrad = libraryGemm(LibraryGemm::WgradRows);
+  const GemmTraits &wgrad = gemms.get("dw", LibraryGemm::WgradRows);
   Value ctas = h.c(kNumCtas);
   Value dTiles = h.ceil(d, wgrad.config.tileM);
   Value slicesPerTile = h.div(ctas, dTiles);
@@ -333,7 +348,7 @@ void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
   v.dimK = h.c(0);
   v.cout = dwrp;
   v.ldc = e8;
-  launchWgrad(h, std::nullopt, nullptr, Value(), v);
+  launchWgrad(h, wgrad, nullptr, Value(), v);
   Value sumSize = h.mul(d, e);
   Value sumBlocks = h.ceil(sumSize, kThreads);
   Value dwrf = h.flat(h.arg("d_wr"));

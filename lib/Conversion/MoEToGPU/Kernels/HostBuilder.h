@@ -84,6 +84,10 @@ enum class LibraryGemm : unsigned {
 /// What the generator's Gemm object tells a launch of `gemm`.
 const kernels::GemmTraits &libraryGemm(LibraryGemm gemm);
 
+/// Whether `config` can add its tile to what C holds (accumulate: a store_bf16
+/// epilogue stored by TMA boxes).
+bool canAccumulate(const moe_gpu::GemmConfig &config);
+
 /// The GEMMs one host function launches, by role: the library's, except
 /// where a variant of the function chooses another config for a role.
 class HostGemms {
@@ -96,12 +100,22 @@ public:
 
   /// The GEMM of `role`: its chosen config's, else the library's `library`.
   const kernels::GemmTraits &get(StringRef role, LibraryGemm library) const;
+  /// The accumulating form of the GEMM of `role` (its chosen config's, which
+  /// must be able to accumulate, else the library's `library`).
+  const kernels::GemmTraits &getAccumulating(StringRef role,
+                                             LibraryGemm library) const;
   /// What the variant's name adds to the function's: empty for the
   /// library's configs.
   StringRef suffix() const { return nameSuffix; }
 
 private:
-  std::vector<std::pair<std::string, kernels::GemmTraits>> chosen;
+  struct Chosen {
+    std::string role;
+    kernels::GemmTraits traits;
+    /// The config with accumulate set, where it can accumulate.
+    std::optional<kernels::GemmTraits> accumulating;
+  };
+  std::vector<Chosen> chosen;
   std::string nameSuffix;
 };
 
@@ -219,7 +233,7 @@ Value round8(HostFunctionBuilder &h, Value v);
 
 // One builder a host function (HostFunctions.cpp, HostBackward.cpp); each
 // builds at `b`'s insertion point in `module`.
-// The forward ones with GEMMs take `gemms` (a variant's configs).
+// Those with GEMMs take `gemms` (a variant's configs).
 void buildRouterHost(OpBuilder &b, ModuleOp module,
                      const HostGemms &gemms = {});
 void buildDispatchHost(OpBuilder &b, ModuleOp module);
@@ -229,9 +243,12 @@ void buildSharedExpertHost(OpBuilder &b, ModuleOp module, bool withY,
                            const HostGemms &gemms = {});
 void buildCombineHost(OpBuilder &b, ModuleOp module, bool accumulate);
 void buildAddHost(OpBuilder &b, ModuleOp module);
-void buildExpertCombineGradHost(OpBuilder &b, ModuleOp module, bool accumulate);
-void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module);
-void buildRouterGradHost(OpBuilder &b, ModuleOp module, bool accumulate);
+void buildExpertCombineGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
+                                const HostGemms &gemms = {});
+void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
+                               const HostGemms &gemms = {});
+void buildRouterGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
+                         const HostGemms &gemms = {});
 
 } // namespace mlir::moe::host
 

@@ -76,15 +76,38 @@ HostGemms::HostGemms(
     ArrayRef<std::pair<StringRef, moe_gpu::GemmConfig>> chosenConfigs,
     std::string suffix)
     : nameSuffix(std::move(suffix)) {
-  for (const auto &[role, config] : chosenConfigs)
-    chosen.emplace_back(role.str(), GemmTraits(config));
+  for (const auto &[role, config] : chosenConfigs) {
+    std::optional<GemmTraits> accumulating;
+    if (canAccumulate(config)) {
+      moe_gpu::GemmConfig acc = config;
+      acc.accumulate = true;
+      accumulating.emplace(acc);
+    }
+    chosen.push_back({role.str(), GemmTraits(config), std::move(accumulating)});
+  }
 }
 
 const GemmTraits &HostGemms::get(StringRef role, LibraryGemm library) const {
-  for (const auto &[name, traits] : chosen)
-    if (name == role)
-      return traits;
+  for (const Chosen &gemm : chosen)
+    if (gemm.role == role)
+      return gemm.traits;
   return libraryGemm(library);
+}
+
+const GemmTraits &HostGemms::getAccumulating(StringRef role,
+                                             LibraryGemm library) const {
+  for (const Chosen &gemm : chosen)
+    if (gemm.role == role) {
+      assert(gemm.accumulating && "the chosen config cannot accumulate");
+      return *gemm.accumulating;
+    }
+  return libraryGemm(library);
+}
+
+bool mlir::moe::host::canAccumulate(const moe_gpu::GemmConfig &config) {
+  moe_gpu::GemmConfig resolved = config.resolved();
+  return resolved.epilogue == GemmEpilogue::StoreBf16 &&
+         resolved.store == moe_gpu::StorePath::TmaBoxes;
 }
 
 //===----------------------------------------------------------------------===//
@@ -734,7 +757,8 @@ const HostEntry kHostFunctions[] = {
      [](OpBuilder &b, ModuleOp m) {
        host::buildExpertCombineGradHost(b, m, false);
      }},
-    {"__moe_gpu_shared_expert_grad", host::buildSharedExpertGradHost},
+    {"__moe_gpu_shared_expert_grad",
+     [](OpBuilder &b, ModuleOp m) { host::buildSharedExpertGradHost(b, m); }},
     {"__moe_gpu_router_grad",
      [](OpBuilder &b, ModuleOp m) { host::buildRouterGradHost(b, m, false); }},
     {"__moe_gpu_add", host::buildAddHost},
@@ -806,10 +830,12 @@ namespace {
 
 using VariantBuildFn = void (*)(OpBuilder &, ModuleOp, const HostGemms &);
 
-/// A GEMM role of a host function and the library's GEMM in it.
+/// A GEMM role of a host function and the library's GEMM in it; an
+/// accumulating role adds its tile to what C holds, in every variant.
 struct VariantRole {
   StringLiteral role;
   LibraryGemm gemm;
+  bool accumulating = false;
 };
 
 /// A host function that has variants: its GEMM roles, in the order it runs
@@ -820,9 +846,13 @@ struct VariantEntry {
   SmallVector<VariantRole, 2> roles;
 };
 
-/// The host functions with variants: the forward ones with GEMMs. The
-/// backward ones and the accumulating ones have none yet.
+/// The host functions with variants: those with GEMMs.
 const std::vector<VariantEntry> &variantEntries() {
+  static const SmallVector<VariantRole, 2> kExpertGradRoles = {
+      {"dact", LibraryGemm::DactGather},
+      {"dx", LibraryGemm::RowsKBf16},
+      {"dw_down", LibraryGemm::WgradGather},
+      {"dw_gate_up", LibraryGemm::WgradGatherA}};
   static const std::vector<VariantEntry> entries = {
       {"__moe_gpu_router",
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
@@ -849,6 +879,35 @@ const std::vector<VariantEntry> &variantEntries() {
          host::buildSharedExpertHost(b, m, false, g);
        },
        {{"up", LibraryGemm::UpRowsH}}},
+      {"__moe_gpu_expert_combine_grad",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertCombineGradHost(b, m, false, g);
+       },
+       kExpertGradRoles},
+      {"__moe_gpu_expert_combine_grad_acc",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertCombineGradHost(b, m, true, g);
+       },
+       kExpertGradRoles},
+      {"__moe_gpu_shared_expert_grad",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildSharedExpertGradHost(b, m, g);
+       },
+       {{"dact", LibraryGemm::DactRows},
+        {"dx", LibraryGemm::RowsKBf16},
+        {"dw_down", LibraryGemm::WgradRows},
+        {"dw_gate_up", LibraryGemm::WgradRows}}},
+      {"__moe_gpu_router_grad",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildRouterGradHost(b, m, false, g);
+       },
+       {{"dx", LibraryGemm::RowsKBf16}, {"dw", LibraryGemm::WgradRows}}},
+      {"__moe_gpu_router_grad_acc",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildRouterGradHost(b, m, true, g);
+       },
+       {{"dx", LibraryGemm::RowsKBf16, /*accumulating=*/true},
+        {"dw", LibraryGemm::WgradRows}}},
   };
   return entries;
 }
@@ -903,6 +962,28 @@ variantSuffix(ArrayRef<std::pair<StringRef, moe_gpu::GemmConfig>> chosen) {
 
 } // namespace
 
+bool mlir::moe::canBuildLibraryHostFunction(StringRef name,
+                                            ArrayRef<HostGemmConfig> configs) {
+  const VariantEntry *entry = findVariantEntry(name);
+  if (!entry)
+    return configs.empty() &&
+           llvm::is_contained(libraryHostFunctionNames(), name);
+  for (const HostGemmConfig &config : configs) {
+    const VariantRole *role =
+        llvm::find_if(entry->roles, [&](const VariantRole &r) {
+          return r.role == config.role;
+        });
+    if (role == entry->roles.end())
+      return false;
+    if (role->accumulating &&
+        normalized(config.config) !=
+            normalized(libraryGemm(role->gemm).config) &&
+        !canAccumulate(config.config))
+      return false;
+  }
+  return true;
+}
+
 SmallVector<HostGemmConfig> mlir::moe::libraryHostGemmConfigs(StringRef name) {
   SmallVector<HostGemmConfig> out;
   if (const VariantEntry *entry = findVariantEntry(name))
@@ -943,10 +1024,28 @@ mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
     return failure();
   if (chosen->empty())
     return buildLibraryHostFunction(module, name);
-  for (const auto &[role, config] : *chosen)
+  // The kernels to build: an accumulating role's config accumulates.
+  SmallVector<moe_gpu::GemmConfig> kernelConfigs;
+  for (const auto &[role, config] : *chosen) {
     if (failed(moe_gpu::verifyGemmConfig(config,
                                          [&] { return module.emitError(); })))
       return failure();
+    moe_gpu::GemmConfig kernel = config;
+    StringRef roleName = role;
+    if (llvm::any_of(entry->roles, [&](const VariantRole &r) {
+          return r.role == roleName && r.accumulating;
+        })) {
+      if (!canAccumulate(config))
+        return module.emitError("the host function @")
+               << name << " adds its '" << role
+               << "' GEMM to what C holds, which @"
+               << moe_gpu::gemmKernelName(config)
+               << " cannot (accumulate needs epilogue = store_bf16 and store "
+                  "= tma_boxes)";
+      kernel.accumulate = true;
+    }
+    kernelConfigs.push_back(kernel);
+  }
   std::string variant = name.str() + variantSuffix(*chosen);
   if (module.lookupSymbol(variant))
     return module.emitError("the module already has a symbol @") << variant;
@@ -970,7 +1069,7 @@ mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
     b.setInsertionPointToEnd(module.getBody());
     kernels = gpu::GPUModuleOp::create(b, loc, kKernelModuleName);
   }
-  for (const auto &[role, config] : *chosen) {
+  for (const moe_gpu::GemmConfig &config : kernelConfigs) {
     std::string kernel = moe_gpu::gemmKernelName(config);
     if (Operation *existing = kernels.lookupSymbol(kernel)) {
       if (!isa<gpu::GPUFuncOp>(existing))

@@ -157,6 +157,8 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   }
   moe_gpu::MoEGPUSelectKernelsOptions selection;
   selection.chip = options.chip;
+  selection.configs.assign(options.kernelConfigs.begin(),
+                           options.kernelConfigs.end());
   pm.addPass(moe_gpu::createMoEGPUSelectKernels(selection));
   ConvertMoEToGPUOptions conversion;
   conversion.libraryPath = options.gpuLibrary;

@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
 # Builds gpu-inputs/ops/ops.o (needs LLVM/MLIR 22 and ptxas): the GPU library with a
 # C-interface wrapper per host function, for scripts/gpu/ops-check.sh on a GPU machine.
-#   bash scripts/inputs/build-ops-harness.sh [DIR [GENERATOR]]
+#   bash scripts/inputs/build-ops-harness.sh [DIR [CONFIG... | GENERATOR]]
 # DIR (default gpu-inputs/ops). The library is the compiler's (moe-opt
-# --moe-gpu-emit-library, from MOE_BUILD_DIR, default build/); with a GENERATOR (a
-# gen_gpu_library.py, e.g. an older one) or MOE_GEMM_* settings in the environment it is
-# that generator's output (default lib/.../gen_gpu_library.py), so that a variant is timed
-# beside the current library in one GPU run (gpu/ops-check.sh --ops=DIR).
+# --moe-gpu-emit-library, from MOE_BUILD_DIR, default build/); CONFIGs
+# ([OP.]ROLE:KEY=VALUE[:...], e.g. expert_ffn.down:stages=2, docs/dialect.md) build its
+# host functions with those GEMM configs under the library's names, so that a variant is
+# timed beside the default library in one GPU run (gpu/ops-check.sh --ops=DIR). A
+# GENERATOR (a gen_gpu_library.py, e.g. an older one's from git) or MOE_GEMM_* settings in
+# the environment give that generator's output instead.
 set -euo pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 case "${1:-}" in -h | --help) usage ;; -*) die "unknown option $1 (see --help)" ;; esac
 bin=/usr/lib/llvm-22/bin
 dir=$(realpath -m "${1:-$root/gpu-inputs/ops}")
-gen=${2:-}
+shift || true
+gen=
+configs=()
+for arg in "$@"; do
+  case "$arg" in
+    *.py) gen=$arg ;;
+    *) configs+=("$arg") ;;
+  esac
+done
 settings=$(env | grep -E '^MOE_(GEMM|GPU)_' | tr '\n' ' ' || true)
 mkdir -p "$dir"
 export PATH="$PATH:/usr/local/cuda/bin"
 if [ -z "$gen" ] && [ -z "$settings" ]; then
   moe_opt=${MOE_BUILD_DIR:-$root/build}/bin/moe-opt
   [ -x "$moe_opt" ] || die "$moe_opt not found: build it first (ninja -C build moe-opt)"
-  echo "library: moe-opt --moe-gpu-emit-library" >"$dir/VARIANT"
-  echo 'module {}' | "$moe_opt" --moe-gpu-emit-library -o "$dir/library.mlir"
+  option=--moe-gpu-emit-library
+  if [ ${#configs[@]} -gt 0 ]; then
+    option="--moe-gpu-emit-library=configs=$(
+      IFS=,
+      echo "${configs[*]}"
+    )"
+  fi
+  echo "library: moe-opt $option" >"$dir/VARIANT"
+  echo 'module {}' | "$moe_opt" "$option" -o "$dir/library.mlir"
 else
+  [ ${#configs[@]} -eq 0 ] || die "configs (${configs[*]}) go with the compiler's library, not a generator's"
   gen=${gen:-$root/lib/Conversion/MoEToGPU/gen_gpu_library.py}
   echo "generator: $gen $settings" >"$dir/VARIANT"
   python3 "$gen" -o "$dir/library.mlir"

@@ -18,6 +18,8 @@
 // RUN: not moe-compile %S/compile.mlir -o %t/out/.x --format=isa 2>&1 | FileCheck %s --check-prefix=HIDDEN
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --gpu-library=%t/nolibrary.mlir 2>&1 | FileCheck %s --check-prefix=NOLIB
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --gpu-library=%t/invalid.mlir 2>&1 | FileCheck %s --check-prefix=BADLIB
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --kernel-config=gate:stages=2 2>&1 | FileCheck %s --check-prefix=ROLECONFIG
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --kernel-config=up:unroll=8 2>&1 | FileCheck %s --check-prefix=KEYCONFIG
 // RUN: not test -e %t/report
 // RUN: not test -e %t/out
 
@@ -36,6 +38,9 @@
 // A value that would carry another pipeline option along is refused.
 // INJECT-POLICY: moe-compile: error: unknown --policy 'keep memory-report={{.*}}report'
 // INJECT-BUDGET: moe-compile: error: bad --memory-budget '1GiB policy=keep': {{.*}}
+// ROLECONFIG: error: kernel config 'gate:stages=2': 'gate' is no GEMM role
+// ROLECONFIG: moe-compile: error: compiling '{{.*}}compile.mlir' failed
+// KEYCONFIG: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: kernel config 'up' gives #moe_gpu.gemm<{{.*}}unroll = 8>: unknown #moe_gpu.gemm parameter 'unroll'
 // PREFIX: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/'
 // HIDDEN: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/.x'
 // NOLIB: moe-compile: error: cannot read the GPU library '{{.*}}nolibrary.mlir': not a file

@@ -114,6 +114,14 @@ cl::opt<std::string> gpuLibrary(
              "the layer against instead of the embedded one, e.g. another "
              "build's, to time two libraries in one run"),
     cl::value_desc("file"), cl::init(""));
+cl::list<std::string> kernelConfig(
+    "kernel-config",
+    cl::desc("Parameters of the GEMM kernels the compiler chooses, "
+             "[OP.]ROLE:KEY=VALUE[:KEY=VALUE...] with the keys and values of "
+             "#moe_gpu.gemm, e.g. expert_ffn.down:stages=2 or "
+             "dact:dact_unroll=8 (docs/dialect.md); repeatable, a later one "
+             "wins"),
+    cl::value_desc("config"));
 cl::list<std::string>
     emit("emit",
          cl::desc("What to write: obj (NAME.o), header (NAME.h), manifest "
@@ -830,6 +838,7 @@ int compile() {
   options.kernelCache = kernelCacheDir();
   options.kernelLibrary = kernelLibraryDir();
   options.gpuLibrary = gpuLibrary;
+  options.kernelConfigs = kernelConfig;
   // The plan options go through the pipeline's own parsers (units, policies).
   std::string planOptions = "policy=" + policy;
   if (!memoryBudget.empty())

@@ -5,6 +5,7 @@
 
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
 #include "moe/Conversion/MoEToLinalg/MoEToLinalg.h"
+#include "moe/Dialect/MoEGPU/IR/MoEGPUDialect.h"
 
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"

@@ -221,12 +221,22 @@ def MoEGPUEmitLibrary : Pass<"moe-gpu-emit-library", "::mlir::ModuleOp"> {
     ```
 
     A module that already has one of the library's symbols is an error.
+    `configs` (as `moe-gpu-select-kernels`' option: `[OP.]ROLE:KEY=VALUE...`)
+    builds the host functions of those ops with the roles' kernels so
+    configured, under the library's names: a library whose `expert_ffn`
+    runs another down projection, timed beside the default by the op checks.
   }];
+  let options = [
+    ListOption<"configs", "configs", "std::string",
+               "Parameters of the host functions' GEMMs: "
+               "[OP.]ROLE:KEY=VALUE[:...], e.g. expert_ffn.down:stages=2">,
+  ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",
     "::mlir::func::FuncDialect",
     "::mlir::gpu::GPUDialect",
     "::mlir::LLVM::LLVMDialect",
+    "::mlir::moe_gpu::MoEGPUDialect",
     "::mlir::memref::MemRefDialect",
     "::mlir::NVVM::NVVMDialect",
     "::mlir::scf::SCFDialect",

@@ -98,6 +98,11 @@ struct MoETrainingPipelineOptions
                      "another build's, to time two libraries side by side; "
                      "empty: the embedded library"),
       llvm::cl::init("")};
+  PassOptions::ListOption<std::string> kernelConfigs{
+      *this, "kernel-configs",
+      llvm::cl::desc("With chip set, parameters of the GEMM kernels "
+                     "moe-gpu-select-kernels chooses: [OP.]ROLE:KEY=VALUE"
+                     "[:KEY=VALUE...], e.g. expert_ffn.down:stages=2")};
   PassOptions::Option<std::string> kernelLibrary{
       *this, "kernel-library",
       llvm::cl::desc("With chip set, a read-only directory of prebuilt "

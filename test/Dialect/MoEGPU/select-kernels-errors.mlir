@@ -1,6 +1,14 @@
 // moe-gpu-select-kernels refuses configs it cannot use, with an error at the op.
 // RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels --verify-diagnostics
 // RUN: not moe-opt %s --split-input-file --moe-gpu-select-kernels=chip=sm_80 2>&1 | FileCheck %s --check-prefix=CHIP
+// RUN: not moe-opt %s --moe-gpu-select-kernels="configs=down" 2>&1 | FileCheck %s --check-prefix=NOPARAMS
+// RUN: not moe-opt %s --moe-gpu-select-kernels="configs=gate:stages=2" 2>&1 | FileCheck %s --check-prefix=BADROLE
+// RUN: not moe-opt %s --moe-gpu-select-kernels="configs=ffn.down:stages=2" 2>&1 | FileCheck %s --check-prefix=BADOP
+// RUN: not moe-opt %s --moe-gpu-select-kernels="configs=down:stages" 2>&1 | FileCheck %s --check-prefix=KEYVALUE
+// NOPARAMS: error: kernel config 'down': no parameters (expected [OP.]ROLE:KEY=VALUE[:KEY=VALUE...], e.g. expert_ffn.down:stages=2)
+// BADROLE: error: kernel config 'gate:stages=2': 'gate' is no GEMM role (logits, dx, dw, up, down, dact, dw_down, dw_gate_up)
+// BADOP: error: kernel config 'ffn.down:stages=2': 'ffn' is no moe op with GEMMs (router, router_grad, expert_ffn, shared_expert, expert_combine_grad, shared_expert_grad)
+// KEYVALUE: error: kernel config 'down:stages': 'stages' is not KEY=VALUE
 
 // CHIP: error: moe-gpu-select-kernels: no GEMM kernels for chip 'sm_80' (the GPU path builds sm_90a kernels)
 

@@ -2,8 +2,16 @@
 // config per GEMM role, keeps the roles an op already has, and leaves other
 // ops alone.
 // RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels | FileCheck %s
+// `configs` sets parameters of the chosen configs, for one op's role or for
+// every op with the role; a later entry wins, an op's own config over all.
+// RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels="configs=down:stages=2,expert_ffn.down:schedule=dynamic:group_m=4,up:group_m=8" | FileCheck %s --check-prefix=CONFIGS
+// RUN: not moe-opt %s --split-input-file --moe-gpu-select-kernels="configs=expert_ffn.down:stages=9" 2>&1 | FileCheck %s --check-prefix=INVALID
+// INVALID: select-kernels.mlir:[[# @LINE + 22]]:12: error: kernel config 'down' gives #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, stages = 9>: needs {{[0-9]+}} bytes of shared memory
 // A training step (forward and backward) through the pipeline's passes.
 // RUN: moe-opt %S/../../../examples/small.mlir --moe-decompose --moe-generate-backward --moe-gpu-select-kernels | FileCheck %s --check-prefix=STEP
+
+// CONFIGS-LABEL: func.func @routed
+// CONFIGS: moe.expert_ffn {{.*}}moe_gpu.kernels = {down = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, stages = 2, schedule = dynamic, group_m = 4>, up = #moe_gpu.gemm<a = gather, b = w_mn_swiglu, epilogue = swiglu, store_a = true, problem = varlen_m, group_m = 8>}
 
 // CHECK-LABEL: func.func @routed
 // CHECK: moe.router {{.*}}moe_gpu.kernels = {logits = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_f32, problem = varlen_m>}

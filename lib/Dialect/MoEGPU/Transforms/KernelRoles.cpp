@@ -4,7 +4,10 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 
+#include "mlir/AsmParser/AsmParser.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -137,4 +140,106 @@ mlir::moe_gpu::selectGemmConfig(const GemmRole &role, const GemmShape &shape,
   // library's config meanwhile.
   (void)shape;
   return role.libraryConfig;
+}
+
+bool GemmOverride::matches(Operation *op, StringRef roleName) const {
+  StringRef name = op->getName().getStringRef();
+  return name.consume_front("moe.") && matches(name, roleName);
+}
+
+bool GemmOverride::matches(StringRef opName, StringRef roleName) const {
+  return role == roleName && (op.empty() || op == opName);
+}
+
+FailureOr<GemmOverride>
+mlir::moe_gpu::parseGemmOverride(StringRef text,
+                                 function_ref<InFlightDiagnostic()> emitError) {
+  auto fail = [&](const Twine &why) {
+    emitError() << "kernel config '" << text << "': " << why
+                << " (expected [OP.]ROLE:KEY=VALUE[:KEY=VALUE...], e.g. "
+                   "expert_ffn.down:stages=2)";
+    return failure();
+  };
+  GemmOverride override;
+  auto [target, rest] = text.trim().split(':');
+  if (rest.empty())
+    return fail("no parameters");
+  auto [op, role] = target.rsplit('.');
+  if (role.empty())
+    std::swap(op, role);
+  if (role.empty())
+    return fail("no GEMM role");
+  // The ops with GEMMs and their roles (gemmRolesOf).
+  static constexpr StringLiteral kOps[] = {
+      "router",        "router_grad",         "expert_ffn",
+      "shared_expert", "expert_combine_grad", "shared_expert_grad"};
+  static constexpr StringLiteral kRoles[] = {
+      "logits", "dx", "dw", "up", "down", "dact", "dw_down", "dw_gate_up"};
+  if (!op.empty() && !llvm::is_contained(kOps, op))
+    return fail("'" + op + "' is no moe op with GEMMs (" +
+                llvm::join(ArrayRef(kOps), ", ") + ")");
+  if (!llvm::is_contained(kRoles, role))
+    return fail("'" + role + "' is no GEMM role (" +
+                llvm::join(ArrayRef(kRoles), ", ") + ")");
+  override.op = op.str();
+  override.role = role.str();
+  SmallVector<StringRef> params;
+  rest.split(params, ':');
+  for (StringRef param : params) {
+    auto [key, value] = param.split('=');
+    key = key.trim();
+    value = value.trim();
+    if (key.empty() || value.empty())
+      return fail("'" + param + "' is not KEY=VALUE");
+    override.params.emplace_back(key.str(), value.str());
+  }
+  return override;
+}
+
+FailureOr<GemmConfigAttr>
+mlir::moe_gpu::applyGemmOverride(GemmConfigAttr base,
+                                 const GemmOverride &override,
+                                 function_ref<InFlightDiagnostic()> emitError) {
+  // The base's parameters as its syntax prints them, those the override sets
+  // replaced; values hold no ", " (they are words, numbers and NxM sizes).
+  std::string printed;
+  llvm::raw_string_ostream os(printed);
+  Attribute(base).print(os);
+  StringRef body = StringRef(printed).split('<').second.rsplit('>').first;
+  SmallVector<StringRef> entries;
+  body.split(entries, ", ", -1, /*KeepEmpty=*/false);
+  std::string text = "#moe_gpu.gemm<";
+  llvm::ListSeparator separator(", ");
+  for (StringRef entry : entries) {
+    StringRef key = entry.split('=').first.trim();
+    if (llvm::any_of(override.params,
+                     [&](const auto &param) { return param.first == key; }))
+      continue;
+    text += separator;
+    text += entry;
+  }
+  for (const auto &[key, value] : override.params) {
+    text += separator;
+    text += key + " = " + value;
+  }
+  text += ">";
+  MLIRContext *context = base.getContext();
+  // The parser reports into the context; the caller's location is better.
+  std::string problem;
+  Attribute parsed;
+  {
+    ScopedDiagnosticHandler handler(context, [&](Diagnostic &diagnostic) {
+      if (problem.empty())
+        problem = diagnostic.str();
+      return success();
+    });
+    parsed = parseAttribute(text, context);
+  }
+  auto config = dyn_cast_or_null<GemmConfigAttr>(parsed);
+  if (!config) {
+    emitError() << "kernel config '" << override.role << "' gives " << text
+                << ": " << problem;
+    return failure();
+  }
+  return config;
 }

@@ -26,7 +26,8 @@ namespace {
 /// lacks; failure (reported) for a role the op does not have or a value that is
 /// not a #moe_gpu.gemm.
 FailureOr<DictionaryAttr> selectKernels(Operation *op, ArrayRef<GemmRole> roles,
-                                        StringRef chip) {
+                                        StringRef chip,
+                                        ArrayRef<GemmOverride> overrides) {
   MLIRContext *context = op->getContext();
   Attribute held = op->getAttr(kKernelsAttrName);
   auto given = dyn_cast_or_null<DictionaryAttr>(held);
@@ -73,6 +74,15 @@ FailureOr<DictionaryAttr> selectKernels(Operation *op, ArrayRef<GemmRole> roles,
         [&]() { return op->emitError(); }, context, *config);
     if (!attr)
       return failure();
+    for (const GemmOverride &override : overrides) {
+      if (!override.matches(op, role.name))
+        continue;
+      FailureOr<GemmConfigAttr> overridden =
+          applyGemmOverride(attr, override, [&]() { return op->emitError(); });
+      if (failed(overridden))
+        return failure();
+      attr = *overridden;
+    }
     chosen.emplace_back(StringAttr::get(context, role.name), attr);
   }
   return DictionaryAttr::get(context, chosen);
@@ -90,6 +100,14 @@ struct MoEGPUSelectKernelsPass
           << "' (the GPU path builds sm_90a kernels)";
       return signalPassFailure();
     }
+    SmallVector<GemmOverride> overrides;
+    for (const std::string &text : configs) {
+      FailureOr<GemmOverride> override =
+          parseGemmOverride(text, [&]() { return getOperation().emitError(); });
+      if (failed(override))
+        return signalPassFailure();
+      overrides.push_back(std::move(*override));
+    }
     WalkResult result = getOperation().walk([&](Operation *op) {
       SmallVector<GemmRole> roles = gemmRolesOf(op);
       if (roles.empty()) {
@@ -100,7 +118,8 @@ struct MoEGPUSelectKernelsPass
         }
         return WalkResult::advance();
       }
-      FailureOr<DictionaryAttr> kernels = selectKernels(op, roles, chip);
+      FailureOr<DictionaryAttr> kernels =
+          selectKernels(op, roles, chip, overrides);
       if (failed(kernels))
         return WalkResult::interrupt();
       op->setAttr(kKernelsAttrName, *kernels);

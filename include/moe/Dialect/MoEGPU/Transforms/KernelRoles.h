@@ -47,6 +47,37 @@ std::optional<GemmConfig> selectGemmConfig(const GemmRole &role,
                                            const GemmShape &shape,
                                            llvm::StringRef chip);
 
+/// Parameters of the kernels of one GEMM role, given by a pass option
+/// (moe-gpu-select-kernels' `configs`, moe-compile's --kernel-config) as
+/// "[OP.]ROLE:KEY=VALUE[:KEY=VALUE...]", e.g. "expert_ffn.down:stages=2" or
+/// "dx:schedule=dynamic": the keys and values of #moe_gpu.gemm's syntax,
+/// set on the config the role would get. OP is the moe op's name without
+/// "moe." (every op with the role where absent).
+struct GemmOverride {
+  std::string op;
+  std::string role;
+  llvm::SmallVector<std::pair<std::string, std::string>> params;
+
+  /// Whether this override applies to `role` of `op`.
+  bool matches(Operation *op, llvm::StringRef role) const;
+  /// Whether it applies to `role` of the ops named `opName` (without
+  /// "moe.").
+  bool matches(llvm::StringRef opName, llvm::StringRef role) const;
+};
+
+/// Parses one override; failure (reported through `emitError`) for a text
+/// without a role or parameters, or a parameter without "KEY=VALUE".
+FailureOr<GemmOverride>
+parseGemmOverride(llvm::StringRef text,
+                  function_ref<InFlightDiagnostic()> emitError);
+
+/// `base` with the override's parameters set (a parameter of `base` that the
+/// override sets is replaced); failure (reported through `emitError`) where
+/// the result is no valid #moe_gpu.gemm.
+FailureOr<GemmConfigAttr>
+applyGemmOverride(GemmConfigAttr base, const GemmOverride &override,
+                  function_ref<InFlightDiagnostic()> emitError);
+
 } // namespace mlir::moe_gpu
 
 #endif // MOE_DIALECT_MOEGPU_TRANSFORMS_KERNELROLES_H

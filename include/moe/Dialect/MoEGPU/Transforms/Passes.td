@@ -23,7 +23,12 @@ def MoEGPUSelectKernels
 
     A role already in an op's `moe_gpu.kernels` is kept (a user's or an
     earlier pass's choice overrides the selection); an unknown role name is an
-    error at the op. The choice is each role's default config (the kernels
+    error at the op. `configs` sets parameters of the configs the pass
+    chooses, each entry `[OP.]ROLE:KEY=VALUE[:KEY=VALUE...]` with the keys
+    and values of `#moe_gpu.gemm` (for example `expert_ffn.down:stages=2`,
+    or `dact:dact_unroll=8` for the dSwiGLU GEMM of every op that has one);
+    a later entry wins over an earlier one for the same key, and an op's own
+    entry over all of them. The choice is each role's default config (the kernels
     the GPU library builds today): the table of per-shape choices is empty
     until they are measured. `convert-moe-to-gpu` checks every op's configs
     against the library by symbol lookup of their kernel names and refuses a
@@ -34,6 +39,9 @@ def MoEGPUSelectKernels
   let options = [
     Option<"chip", "chip", "std::string", /*default=*/"\"sm_90a\"",
            "The GPU the kernels are chosen for (sm_90a)">,
+    ListOption<"configs", "configs", "std::string",
+               "Parameters of the chosen configs: [OP.]ROLE:KEY=VALUE[:...], "
+               "e.g. expert_ffn.down:stages=2">,
   ];
   let dependentDialects = ["::mlir::moe_gpu::MoEGPUDialect"];
 }

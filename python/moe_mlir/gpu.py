@@ -233,6 +233,9 @@ class Manifest:
     forward: EntryPoint
     backward: Optional[EntryPoint]
     path: Optional[str] = None
+    # The limits of the compiler's GPU contract (moe_mlir/gpu_contract.json's "limits"), as
+    # moe-compile writes them; empty for a manifest without them.
+    gpu_limits: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any, path: Optional[str] = None) -> "Manifest":
@@ -277,6 +280,9 @@ class Manifest:
                         f"manifest: gradient {p.name!r} is of {p.of!r}, which "
                         f"is not a forward input"
                     )
+        gpu_limits = data.get("gpu_limits", {})
+        if not isinstance(gpu_limits, Mapping):
+            raise ValueError(f"manifest: gpu_limits must be an object, got {gpu_limits!r}")
         return cls(
             name=name,
             chip=str(data.get("chip", "")),
@@ -285,6 +291,7 @@ class Manifest:
             forward=forward,
             backward=backward,
             path=path,
+            gpu_limits=dict(gpu_limits),
         )
 
     @classmethod

@@ -28,7 +28,9 @@ TypeError/ValueError/NotImplementedError before any kernel or compiler runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.resources
 import json
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -39,9 +41,25 @@ from torch import nn
 from . import compile_cache as cc
 from .config import LayerConfig
 
-__all__ = ["MoELayer", "LayerSpec", "GPU_DTYPE", "check_gpu_config", "kernel_for"]
+__all__ = [
+    "MoELayer",
+    "LayerSpec",
+    "GPU_DTYPE",
+    "check_gpu_config",
+    "gpu_contract",
+    "kernel_for",
+]
 
-GPU_DTYPE = torch.bfloat16
+
+@functools.lru_cache(maxsize=None)
+def gpu_contract() -> Dict[str, object]:
+    """gpu_contract.json, beside this module: the one declaration of what the sm_90a path runs
+    (its limits, each with a reason, and the host functions of the GPU library). The compiler
+    is built from the same file (docs/gpu-path.md section 1)."""
+    text = importlib.resources.files(__package__).joinpath("gpu_contract.json").read_text()
+    return json.loads(text)
+
+
 CPU_DTYPE = torch.float32
 _ELEMENT = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _NP_TO_TORCH = {
@@ -56,30 +74,56 @@ _GPU_TO_TORCH = {
     "i32": torch.int32,
     "f16": torch.float16,
 }
+GPU_DTYPE = _GPU_TO_TORCH[gpu_contract()["limits"]["data_dtype"]["value"]]
 # Layer arguments in LayerConfig.arg_specs order; the custom op takes all seven (None if absent).
 ARG_NAMES = ("x", "w_router", "router_bias", "w_gate_up", "w_down", "shared_gate_up", "shared_down")
 
 
+# The LayerConfig field of each size the contract's limits apply to (d, n and the shared
+# expert's m; 0 = no shared expert).
+_CONTRACT_SIZES = {"d": "hidden", "n": "ffn", "m": "shared_ffn"}
+
+
 def check_gpu_config(config: LayerConfig) -> None:
-    """Raises NotImplementedError naming what the sm_90a path does not run (docs/gpu-path.md)."""
+    """Raises NotImplementedError naming each limit of the sm_90a path (gpu_contract.json) that
+    `config` breaks, with the limit's reason. The data type is the tensors' (GPU_DTYPE)."""
+    limits = gpu_contract()["limits"]
     problems = []
-    if config.activation != "swiglu":
-        problems.append(f"activation {config.activation!r} (supported: 'swiglu')")
-    if config.capacity_factor is not None:
-        problems.append(f"capacity_factor {config.capacity_factor} (supported: None, dropless)")
-    for name, value in (
-        ("hidden", config.hidden),
-        ("ffn", config.ffn),
-        ("shared_ffn", config.shared_ffn),
+
+    def broken(what: str, limit: str) -> None:
+        problems.append(f"{what} ({limit}: {limits[limit]['reason']})")
+
+    activations = limits["activations"]["value"]
+    if config.activation not in activations:
+        broken(f"activation {config.activation!r} is not one of {activations}", "activations")
+    if config.capacity_factor is not None and not limits["capacity_factor_supported"]["value"]:
+        broken(
+            f"capacity_factor {config.capacity_factor} is not supported (only None, dropless)",
+            "capacity_factor_supported",
+        )
+    tile = limits["tile_multiple"]["value"]
+    width = limits["max_width"]["value"]
+    for limit, bad, text in (
+        ("tile_multiple", lambda v: v % tile, f"is not a multiple of {tile}"),
+        ("max_width", lambda v: v > width, f"is over {width}"),
     ):
-        if value % 64:
-            problems.append(f"{name} = {value} (supported: a multiple of 64)")
+        for size in limits[limit]["applies_to"]:
+            field = _CONTRACT_SIZES[size]
+            value = getattr(config, field)
+            if bad(value):  # a shared_ffn of 0 (no shared expert) passes both
+                broken(f"{field} ({size}) = {value} {text}", limit)
+    max_experts = limits["max_experts"]["value"]
+    if config.experts > max_experts:
+        broken(f"experts = {config.experts} is over {max_experts}", "max_experts")
+    max_groups = limits["max_expert_groups"]["value"]
+    if config.num_groups > max_groups:
+        broken(f"num_groups = {config.num_groups} is over {max_groups}", "max_expert_groups")
     if problems:
         raise NotImplementedError(
             "the CUDA path of moe_mlir does not run this layer: "
             + "; ".join(problems)
-            + ". It runs bf16 SwiGLU layers without capacity dropping, hidden/ffn/shared_ffn "
-            "multiples of 64 (the CPU path runs the rest, in f32)"
+            + f". It runs {limits['data_dtype']['value']} layers within the limits of "
+            "moe_mlir/gpu_contract.json (the CPU path runs the rest, in f32)"
         )
 
 

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "moe/Conversion/MoEToGPU/GPUContract.h"
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
 #include "moe/InitAll.h"
 #include "moe/Pipelines/Pipelines.h"
@@ -129,7 +130,8 @@ cl::list<std::string>
                   "dialect); default obj,header,manifest"),
          cl::CommaSeparated);
 
-constexpr llvm::StringLiteral kChip = "sm_90a";
+/// The chip of the GPU path's contract (python/moe_mlir/gpu_contract.json).
+constexpr llvm::StringLiteral kChip = moe::gpu_contract::kChip;
 constexpr llvm::StringLiteral kHostTriple = "x86_64-unknown-linux-gnu";
 /// Device pointers must be 16-byte aligned (vector loads, TMA).
 constexpr int64_t kPointerAlignment = 16;
@@ -541,6 +543,45 @@ void writeLayer(llvm::json::OStream &j, DictionaryAttr layer) {
   j.objectEnd();
 }
 
+/// The limits of the GPU path's contract (GPUContract.h), as
+/// python/moe_mlir/gpu_contract.json gives them: an object a limit, with its
+/// value, the sizes it applies to (where given) and its reason.
+void writeGPULimits(llvm::json::OStream &j) {
+  auto strings = [&](ArrayRef<llvm::StringLiteral> values) {
+    j.array([&] {
+      for (StringRef value : values)
+        j.value(value);
+    });
+  };
+  j.objectBegin();
+  for (const moe::GPULimit &limit : moe::gpuLimits())
+    j.attributeObject(limit.name, [&] {
+      j.attributeBegin("value");
+      switch (limit.kind) {
+      case moe::GPULimit::Kind::Integer:
+        j.value(limit.integer);
+        break;
+      case moe::GPULimit::Kind::String:
+        j.value(limit.string);
+        break;
+      case moe::GPULimit::Kind::Boolean:
+        j.value(limit.boolean);
+        break;
+      case moe::GPULimit::Kind::StringList:
+        strings(limit.strings);
+        break;
+      }
+      j.attributeEnd();
+      if (!limit.appliesTo.empty()) {
+        j.attributeBegin("applies_to");
+        strings(limit.appliesTo);
+        j.attributeEnd();
+      }
+      j.attribute("reason", limit.reason);
+    });
+  j.objectEnd();
+}
+
 std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
                          DictionaryAttr layer) {
   std::string text;
@@ -581,6 +622,9 @@ std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
         });
       });
   });
+  j.attributeBegin("gpu_limits");
+  writeGPULimits(j);
+  j.attributeEnd();
   j.objectEnd();
   os << "\n";
   return text;

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
+#include "moe/Conversion/MoEToGPU/GPUContract.h"
 #include "moe/Conversion/MoEToGPU/KernelBuilder.h"
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
@@ -35,6 +36,7 @@
 #include "mlir/Parser/Parser.h"
 
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -61,17 +63,6 @@ constexpr llvm::StringLiteral kGPULibrary =
     ;
 
 constexpr llvm::StringLiteral kHostPrefix = "__moe_gpu_";
-/// The kernels tile d, n and m by 64.
-constexpr int64_t kTile = 64;
-/// Experts a layer may have on the GPU path (gen_gpu_library.py: DISPATCH_CHUNK
-/// and TABLE_EXPERTS).
-constexpr int64_t kMaxExperts = 1024;
-/// Expert groups of a group-limited router (gen_gpu_library.py: select_kernel).
-constexpr int64_t kMaxGroups = 64;
-/// The widest d, n and m: the kernels hold a row's byte stride in 32 bits, and
-/// with these bounds (and moe.dispatch's T * k < 2^31) no buffer size of a
-/// layer can wrap 64 bits.
-constexpr int64_t kMaxWidth = 65536;
 /// The alignment of the temporaries in a host function's arena (as
 /// moe-plan-memory's default): more than the kernels' 16 bytes.
 constexpr uint64_t kArenaAlignment = 256;
@@ -151,7 +142,17 @@ std::optional<Activation> getActivation(Operation *op) {
   return std::nullopt;
 }
 
-/// Emits an error at `op` if this version cannot run it on the GPU.
+/// Whether `type` is the contract's data type (gpu_contract::kDataDtype).
+bool isDataType(Type type) {
+  std::string name;
+  llvm::raw_string_ostream os(name);
+  type.print(os);
+  return name == gpu_contract::kDataDtype;
+}
+
+/// Emits an error at `op` if this version cannot run it on the GPU. The
+/// limits, and the reason for each, are the contract's (GPUContract.h,
+/// python/moe_mlir/gpu_contract.json).
 LogicalResult checkSupported(Operation *op) {
   if (isa<func::ReturnOp>(op) || !hasTensors(op))
     return success();
@@ -205,47 +206,48 @@ LogicalResult checkSupported(Operation *op) {
              << type;
   }
   for (Value value : getDataValues(op))
-    if (!cast<ShapedType>(value.getType()).getElementType().isBF16())
-      return op->emitError("the GPU path runs bf16 data only, got ")
-             << value.getType();
+    if (!isDataType(cast<ShapedType>(value.getType()).getElementType()))
+      return op->emitError() << "the GPU path runs " << gpu_contract::kDataDtype
+                             << " data only, got " << value.getType();
   if (isAdd && cast<ShapedType>(op->getResult(0).getType()).getRank() == 0)
     return op->emitError("the GPU path adds tensors of rank 1 or more");
   if (std::optional<Activation> activation = getActivation(op);
-      activation && *activation != Activation::swiglu)
-    return op->emitError("the GPU path runs the swiglu activation only, got ")
-           << stringifyActivation(*activation);
+      activation && !llvm::is_contained(gpu_contract::kActivations,
+                                        stringifyActivation(*activation)))
+    return op->emitError() << "the GPU path runs the "
+                           << llvm::join(ArrayRef(gpu_contract::kActivations),
+                                         ", ")
+                           << " activation only, got "
+                           << stringifyActivation(*activation);
   if (auto dispatch = dyn_cast<DispatchOp>(op);
-      dispatch && dispatch.getCapacityFactor())
+      dispatch && dispatch.getCapacityFactor() &&
+      !gpu_contract::kCapacityFactorSupported)
     return op->emitError("the GPU path is dropless: a capacity factor is not "
                          "supported");
-  // The router's selection runs a warp a token, 32 experts a lane at most (a
-  // 32-bit mask of its picks); the dispatch kernels count a chunk's rows per
-  // expert in shared memory and the GEMMs search a shared-memory table of the
-  // experts' tiles: 1024 each.
   int64_t experts = 0;
   if (auto router = dyn_cast<RouterOp>(op))
     experts = cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);
   if (auto dispatch = dyn_cast<DispatchOp>(op))
     experts =
         cast<ShapedType>(dispatch->getResult(1).getType()).getDimSize(0) - 1;
-  if (experts > kMaxExperts)
+  if (experts > gpu_contract::kMaxExperts)
     return op->emitError("the GPU path runs at most ")
-           << kMaxExperts << " experts, got " << experts;
-  // The selection keeps the chosen groups in a 64-bit mask.
+           << gpu_contract::kMaxExperts << " experts, got " << experts;
   if (auto router = dyn_cast<RouterOp>(op)) {
     int64_t groups = router.getRouting().getNumGroups();
-    if (groups > kMaxGroups)
+    if (groups > gpu_contract::kMaxExpertGroups)
       return op->emitError("the GPU path routes among at most ")
-             << kMaxGroups << " expert groups, got " << groups;
+             << gpu_contract::kMaxExpertGroups << " expert groups, got "
+             << groups;
   }
   for (auto [name, size] : getTiledSizes(op)) {
-    if (size % kTile != 0)
+    if (size % gpu_contract::kTileMultiple != 0)
       return op->emitError()
              << "the GPU kernels need " << name << " to be a multiple of "
-             << kTile << ", got " << size;
-    if (size > kMaxWidth)
+             << gpu_contract::kTileMultiple << ", got " << size;
+    if (size > gpu_contract::kMaxWidth)
       return op->emitError() << "the GPU kernels take " << name << " up to "
-                             << kMaxWidth << ", got " << size;
+                             << gpu_contract::kMaxWidth << ", got " << size;
   }
   return success();
 }

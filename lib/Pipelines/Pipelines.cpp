@@ -177,6 +177,9 @@ void mlir::moe::addMoEGPULowering(OpPassManager &pm, StringRef chip,
   pm.addPass(createSymbolDCEPass());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
+  // A gpu.module a launched kernel: the layer carries only its kernels, and
+  // the kernel cache finds each by its text whatever else the layer runs.
+  pm.addPass(createMoEGPUSplitKernelModules());
 
   // The library's kernels take dynamically sized memrefs, which bare
   // pointers cannot carry: kernels get the default memref-descriptor
@@ -245,7 +248,7 @@ void mlir::moe::buildMoELowerToCPUPipeline(OpPassManager &pm) {
 void mlir::moe::buildMoELowerToNVVMPipeline(
     OpPassManager &pm, const MoELowerToNVVMPipelineOptions &options) {
   addKernelLowering(pm, options.chip, options.features, options.optLevel,
-                    /*barePointers=*/true);
+                    options.barePointers);
   GpuModuleToBinaryPassOptions binary;
   binary.compilationTarget = options.format;
   pm.addPass(createGpuModuleToBinaryPass(binary));

@@ -35,10 +35,10 @@
 // DEEPSEEK-GPU: llvm.func @deepseek_v3_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 256 : i64, T = 8192 : i64, activation = "swiglu", d = 7168 : i64, has_bias = true
 // DEEPSEEK-GPU-SAME: shared_n = 2048 : i64
 // DEEPSEEK-GPU: llvm.func @deepseek_v3_backward(
-// DEEPSEEK-GPU: gpu.binary @moe_kernels
+// DEEPSEEK-GPU: gpu.binary @moe_gemm_up_rows
 // MIXTRAL-GPU: llvm.func @mixtral_8x7b_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 8 : i64, T = 16384 : i64, activation = "swiglu", d = 4096 : i64
 // MIXTRAL-GPU: llvm.func @mixtral_8x7b_backward(
-// MIXTRAL-GPU: gpu.binary @moe_kernels
+// MIXTRAL-GPU: gpu.binary @moe_gemm_up_gather
 
 // The saved set of the Mixtral layer: x and the weights, the router's
 // weights, experts and logits, the queues and H [32768, 28672]; never y.
@@ -71,4 +71,4 @@
 // SMALL-BWD: moe.router_grad
 // SMALL-GPU: llvm.func @small_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 128 : i64
 // SMALL-GPU: llvm.func @small_backward(
-// SMALL-GPU: gpu.binary @moe_kernels
+// SMALL-GPU: gpu.binary @moe_gemm_up_gather

@@ -1,8 +1,14 @@
 // moe-training-pipeline with chip=sm_90a: forward and backward host code in
-// the LLVM dialect calling the mgpu* runtime, with the kernels embedded as a
-// gpu.binary (docs/gpu-path.md). Checks structure only: nothing runs here.
+// the LLVM dialect calling the mgpu* runtime, with each kernel the layer
+// launches embedded as a gpu.binary of its own and no other (docs/gpu-path.md).
+// Checks structure only: nothing runs here.
 // RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" --dump-pass-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=DUMP
-// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" | FileCheck %s
+// RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" -o %t.isa.mlir
+// RUN: FileCheck %s < %t.isa.mlir
+// The shared expert's and the H-only kernels are not launched, so not there.
+// RUN: grep -c "^  gpu.binary @moe_gemm_up_gather " %t.isa.mlir | FileCheck %s --check-prefix=ONCE
+// RUN: not grep -q "gpu.binary @moe_gemm_up_rows\|gpu.binary @moe_gemm_up_gather_h\|gpu.binary @moe_kernels" %t.isa.mlir
+// ONCE: {{^}}1{{$}}
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe-training-pipeline{chip=sm_90a format=isa opt-level=2})' | FileCheck %s
 // RUN: moe-opt %s --moe-training-pipeline="chip=sm_90a format=isa" | mlir-translate --mlir-to-llvmir | FileCheck %s --check-prefix=LLVM
 // RUN: %if ptxas %{ moe-opt %s --moe-training-pipeline="chip=sm_90a" | mlir-translate --mlir-to-llvmir | FileCheck %s --check-prefix=CUBIN %}
@@ -24,24 +30,24 @@
 // backward launches the up-projection again instead of reading a saved H.
 // PLAN: remark: activation plan 'recompute' (policy recompute): keep saves 44420 B
 // PLAN: llvm.func @layer_forward(
-// PLAN: @moe_kernels::@moe_gemm_up_gather
+// PLAN: @moe_gemm_up_gather{{(_h)?}}::@moe_gemm_up_gather
 // PLAN: llvm.func @layer_backward(
-// PLAN: @moe_kernels::@moe_gemm_up_gather
+// PLAN: @moe_gemm_up_gather{{(_h)?}}::@moe_gemm_up_gather
 // POLICY: error: moe-training-pipeline: unknown policy 'fast' (expected keep, recompute, offload or auto)
 
 // Offload plans (asked for, or chosen by auto when offload=auto and the link
 // is fast): forward copies h to the host after the expert FFN's launches, and
 // backward brings it back before the gradient's.
 // OFFLOAD: llvm.func @layer_forward(
-// OFFLOAD: @moe_kernels::@moe_gemm_up_gather
+// OFFLOAD: @moe_gemm_up_gather::@moe_gemm_up_gather
 // OFFLOAD: llvm.call @mgpuMoeOffload(
 // OFFLOAD: llvm.call @mgpuMoeOffloadsFinish()
 // OFFLOAD: llvm.func @layer_backward(
 // OFFLOAD: llvm.call @mgpuMoePrefetch(
 // OFFLOAD: llvm.call @mgpuMoeAwaitPrefetch(
-// OFFLOAD: @moe_kernels::@moe_gemm_
+// OFFLOAD: @moe_gemm_{{[a-z0-9_]+}}::@moe_gemm_
 // CONTRADICT: error: moe-training-pipeline: offload=always contradicts policy=keep
-// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 82]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
+// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 84]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
 
 // REPORT: moe-plan-memory: forward @layer_forward ops [0, 4], backward @layer_backward ops [5, 8], alignment 256 B
 // REPORT: peak: 241324 B
@@ -52,7 +58,7 @@
 // DUMP-OPTIONS-NEXT: moe-generate-backward,
 // DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
 // DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
-// DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a},
+// DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a{{ *}}},
 // DUMP-OPTIONS-NEXT: convert-moe-to-gpu{library=},
 
 // DUMP: builtin.module(
@@ -63,12 +69,13 @@
 // DUMP-NEXT: ),
 // DUMP-NEXT: moe-generate-backward,
 // DUMP-NEXT: moe-offload{prefetch=early},
-// DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a},
+// DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a{{ *}}},
 // DUMP-NEXT: convert-moe-to-gpu{library=},
 // DUMP-NEXT: inline{
 // DUMP-NEXT: symbol-dce,
 // DUMP-NEXT: canonicalize{
 // DUMP-NEXT: cse,
+// DUMP-NEXT: moe-gpu-split-kernel-modules,
 // DUMP-NEXT: nvvm-attach-target{O=3 chip=sm_90a {{.*}}features=+ptx80
 // DUMP-NEXT: convert-nvgpu-to-nvvm,
 // DUMP-NEXT: gpu.module(
@@ -107,20 +114,21 @@
 // CHECK-LABEL: llvm.func @layer_backward(
 // CHECK-SAME: moe.gpu.entry = "backward"
 // CHECK-NOT: __moe_gpu_
-// CHECK: gpu.binary @moe_kernels {{ *}}[#gpu.object<#nvvm.target<{{.*}}chip = "sm_90a", features = "+ptx80">, {{.*}}assembly = "
+// CHECK: gpu.binary @
+// CHECK: gpu.binary @moe_gemm_up_gather {{ *}}[#gpu.object<#nvvm.target<{{.*}}chip = "sm_90a", features = "+ptx80">, {{.*}}assembly = "
 // The dynamic shared memory is one external 1024-aligned array (docs/gpu-kernels.md, pitfall P6).
 // CHECK-SAME: .extern .shared .align 1024 .b8 __dynamic_shmem__0[]
 
 // PTX is JIT-compiled when the module loads, in a global constructor.
 // LLVM-DAG: define void @layer_forward(ptr
 // LLVM-DAG: define void @layer_backward(ptr
-// LLVM-DAG: @llvm.global_ctors = appending global {{.*}} @moe_kernels_load
-// LLVM-DAG: call ptr @mgpuModuleLoadJIT(ptr @moe_kernels_binary, i32 3)
+// LLVM-DAG: @llvm.global_ctors = appending global {{.*}} @moe_gemm_up_gather_load
+// LLVM-DAG: call ptr @mgpuModuleLoadJIT(ptr @moe_gemm_up_gather_binary, i32 3)
 // LLVM-DAG: call void @mgpuLaunchKernel(ptr
 // LLVM-DAG: declare void @mgpuLaunchKernel(ptr, i64, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i64)
 
 // format=bin (the default): a cubin from ptxas, loaded with its size.
-// CUBIN-DAG: call ptr @mgpuModuleLoad(ptr @moe_kernels_binary, i64 {{[0-9]+}})
+// CUBIN-DAG: call ptr @mgpuModuleLoad(ptr @moe_gemm_up_gather_binary, i64 {{[0-9]+}})
 // CUBIN-DAG: call void @mgpuLaunchKernel(ptr
 
 func.func @layer(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,

@@ -140,7 +140,7 @@
 // LLVM-DAG: c"tiny_layer_forward: parameter 7 'moe.router.weights' (saved, f32 [37, 2]) is not 16-byte aligned\00"
 // LLVM-DAG: c"tiny_layer_backward: parameter 12 'd_result0' (cotangent of result0, bf16 [37, 64]) is a null pointer\00"
 // LLVM-DAG: call void @mgpuLaunchKernel(
-// LLVM-DAG: call ptr @mgpuModuleLoadJIT(ptr @moe_kernels_binary
+// LLVM-DAG: call ptr @mgpuModuleLoadJIT(ptr @moe_gemm_up_gather_binary
 // LLVM-DAG: @llvm.global_ctors
 // LLVM-DAG: call i32 @moeSetErrorMessage(i32 %{{.*}}, ptr %{{.*}})
 

@@ -244,6 +244,34 @@ def MoEGPUEmitLibrary : Pass<"moe-gpu-emit-library", "::mlir::ModuleOp"> {
   ];
 }
 
+def MoEGPUSplitKernelModules
+    : Pass<"moe-gpu-split-kernel-modules", "::mlir::ModuleOp"> {
+  let summary = "give each launched kernel a gpu.module of its own, drop the others";
+  let description = [{
+    Moves every kernel that a `gpu.launch_func` of the module launches into
+    a `gpu.module` named after it, with the device functions it calls (in
+    their module's order) and its module's attributes, and points the
+    launches there; the modules it took kernels from are erased, with the
+    kernels nothing launches. A layer's module then holds only the kernels
+    it runs, each once, and a kernel's module is the same text in every
+    layer that runs it, so the compiled-kernel cache and the prebuilt kernel
+    library (`moe-serialize-kernels-cached`) find it by its config whatever
+    else the layer runs.
+
+    ```mlir
+    gpu.module @moe_kernels { gpu.func @a() kernel {...}  gpu.func @b() kernel {...} }
+    gpu.launch_func @moe_kernels::@a ...
+    // becomes
+    gpu.module @a { gpu.func @a() kernel {...} }
+    gpu.launch_func @a::@a ...
+    ```
+
+    A launched kernel that is missing, or a symbol already named after a
+    kernel, is an error.
+  }];
+  let dependentDialects = ["::mlir::gpu::GPUDialect"];
+}
+
 def MoEAlignDynamicSharedMemory
     : Pass<"moe-align-dynamic-shared-memory", "::mlir::gpu::GPUModuleOp"> {
   let summary = "make the dynamic shared memory of lowered kernels one external, aligned array";

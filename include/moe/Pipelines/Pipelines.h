@@ -170,11 +170,18 @@ struct MoELowerToNVVMPipelineOptions
       llvm::cl::desc("gpu-module-to-binary format: isa (PTX text), bin "
                      "(cubin, needs ptxas) or fatbin"),
       llvm::cl::init("isa")};
+  PassOptions::Option<bool> barePointers{
+      *this, "bare-pointers",
+      llvm::cl::desc("Kernels take memrefs as bare pointers (static shapes "
+                     "only); false: as memref descriptors, as the GPU "
+                     "library's kernels do"),
+      llvm::cl::init(true)};
 };
 
 /// gpu.modules of nvgpu/nvvm/gpu ops to PTX or cubin (docs/gpu-kernels.md
-/// §6.1): attach the sm_90a target, nvgpu and gpu to NVVM with bare pointers,
-/// NVVM to LLVM, then gpu-module-to-binary. Kernels must have static shapes.
+/// §6.1): attach the sm_90a target, nvgpu and gpu to NVVM (memrefs as bare
+/// pointers, or descriptors with bare-pointers=false), NVVM to LLVM, then
+/// gpu-module-to-binary. With bare pointers kernels must have static shapes.
 void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMPipelineOptions &options);
 

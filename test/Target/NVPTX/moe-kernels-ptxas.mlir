@@ -2,7 +2,8 @@
 // stack and none of the warnings that serialise wgmma (C7515, C7520, C7508) or say
 // that ptxas fenced them (C7519, C7517); check_ptxas.py fails the test on any of them.
 // REQUIRES: ptxas
-// RUN: moe-opt %S/Inputs/small-layer.mlir --moe-training-pipeline="chip=sm_90a format=isa" > %t.mlir
+// RUN: rm -f %t.*.ptx
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library --moe-lower-to-nvvm-pipeline="format=isa bare-pointers=false" > %t.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.mlir %t
 // RUN: %ptxas -arch=sm_90a -v %t.moe_kernels.ptx -o %t.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.txt
 // RUN: FileCheck %s < %t.txt

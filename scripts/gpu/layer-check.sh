@@ -48,7 +48,7 @@ gpu_check_start gpu-layer-check.log
   echo "inputs: $gpu_inputs"
   cat "$gpu_inputs/INPUTS.txt" 2>/dev/null || ls -l "$gpu_inputs/layers" 2>&1
 } >>"$log" 2>&1
-# layers compiled from a tree with uncommitted generator or compiler changes are not the
+# layers compiled from a tree with uncommitted kernel builder or compiler changes are not the
 # commit's, and a timing of them must not pass for the commit's: say so in the summary
 uncommitted=$(sed -n 's/^uncommitted in lib\/ include\/ tools\/: //p' "$gpu_inputs/INPUTS.txt" 2>/dev/null)
 if [ -n "$uncommitted" ] && [ "$uncommitted" != "none" ]; then

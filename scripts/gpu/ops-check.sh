@@ -4,7 +4,7 @@
 #   GPU machine:             bash scripts/gpu/ops-check.sh [--quick] [--sanitize] [--bench=CONFIGS]
 #                              [--ops=DIR]
 # Builds runtime/ standalone, links DIR/ops.o (default gpu-inputs/ops; another DIR holds a
-# variant of the library, built by inputs/build-ops-harness.sh DIR GENERATOR) into a shared library,
+# variant of the library, built by inputs/build-ops-harness.sh DIR CONFIG...) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
 # --sanitize the quick checks under compute-sanitizer memcheck, racecheck and synccheck
 # (MOE_SANITIZE_TOOLS: a subset; MOE_SANITIZE_TOOL_LIMIT: seconds a tool, default 200);

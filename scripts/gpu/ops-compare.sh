@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times variants of the GPU library against each other in one GPU run, so their ratios
 # come from the same machine state:
-#   here:        bash scripts/inputs/build-ops-harness.sh gpu-inputs/ops-base /tmp/old_generator.py
+#   here:        bash scripts/inputs/build-ops-harness.sh gpu-inputs/ops-s2 down:stages=2
 #                bash scripts/inputs/build-ops-harness.sh                 # gpu-inputs/ops
 #   GPU machine: bash scripts/gpu/ops-compare.sh CONFIGS DIR...
 # Runs every op check on each DIR (a variant that is timed must be right), then times the
@@ -50,7 +50,7 @@ done
 {
   for f in "$out"/compare/bench-*/ops.log; do
     echo "== $f"
-    grep -E "^BENCH|^generator" "$f"
+    grep -E "^BENCH|^library" "$f"
   done
   for dir in "${dirs[@]}"; do
     name=$(basename "$dir")

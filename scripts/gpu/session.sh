@@ -14,10 +14,10 @@
 #             MOE_SANITIZE_LIMIT: the step's seconds, default 200; MOE_SANITIZE_TOOL_LIMIT:
 #             each tool's, default 200);
 #   layer     gpu/layer-check.sh --only build,example,check,bench,recompute;
-#   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled against
-#             another library: inputs/build-layers.sh --out gpu-inputs-NAME --
-#             --gpu-library=FILE, FILE e.g. the generator's output with other settings; carry
-#             the tree too), built and timed as
+#   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled with
+#             other kernel configs: inputs/build-layers.sh --out gpu-inputs-NAME --
+#             --kernel-config=ROLE:KEY=VALUE, or against another library file with
+#             --gpu-library=FILE; carry the tree too), built and timed as
 #             the layer step's (gpu/layer-check.sh --only build,bench,recompute), NAME's
 #             lines in session.txt as layer-NAME;
 #   torch     gpu/torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against

@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # Builds gpu-inputs/ops/ops.o (needs LLVM/MLIR 22 and ptxas): the GPU library with a
 # C-interface wrapper per host function, for scripts/gpu/ops-check.sh on a GPU machine.
-#   bash scripts/inputs/build-ops-harness.sh [DIR [CONFIG... | GENERATOR]]
+#   bash scripts/inputs/build-ops-harness.sh [DIR [CONFIG...]]
 # DIR (default gpu-inputs/ops). The library is the compiler's (moe-opt
 # --moe-gpu-emit-library, from MOE_BUILD_DIR, default build/); CONFIGs
 # ([OP.]ROLE:KEY=VALUE[:...], e.g. expert_ffn.down:stages=2, docs/dialect.md) build its
 # host functions with those GEMM configs under the library's names, so that a variant is
-# timed beside the default library in one GPU run (gpu/ops-check.sh --ops=DIR). A
-# GENERATOR (a gen_gpu_library.py, e.g. an older one's from git) or MOE_GEMM_* settings in
-# the environment give that generator's output instead.
+# timed beside the default library in one GPU run (gpu/ops-check.sh --ops=DIR).
 set -euo pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -16,35 +14,20 @@ case "${1:-}" in -h | --help) usage ;; -*) die "unknown option $1 (see --help)" 
 bin=/usr/lib/llvm-22/bin
 dir=$(realpath -m "${1:-$root/gpu-inputs/ops}")
 shift || true
-gen=
-configs=()
-for arg in "$@"; do
-  case "$arg" in
-    *.py) gen=$arg ;;
-    *) configs+=("$arg") ;;
-  esac
-done
-settings=$(env | grep -E '^MOE_(GEMM|GPU)_' | tr '\n' ' ' || true)
+configs=("$@")
 mkdir -p "$dir"
 export PATH="$PATH:/usr/local/cuda/bin"
-if [ -z "$gen" ] && [ -z "$settings" ]; then
-  moe_opt=${MOE_BUILD_DIR:-$root/build}/bin/moe-opt
-  [ -x "$moe_opt" ] || die "$moe_opt not found: build it first (ninja -C build moe-opt)"
-  option=--moe-gpu-emit-library
-  if [ ${#configs[@]} -gt 0 ]; then
-    option="--moe-gpu-emit-library=configs=$(
-      IFS=,
-      echo "${configs[*]}"
-    )"
-  fi
-  echo "library: moe-opt $option" >"$dir/VARIANT"
-  echo 'module {}' | "$moe_opt" "$option" -o "$dir/library.mlir"
-else
-  [ ${#configs[@]} -eq 0 ] || die "configs (${configs[*]}) go with the compiler's library, not a generator's"
-  gen=${gen:-$root/lib/Conversion/MoEToGPU/gen_gpu_library.py}
-  echo "generator: $gen $settings" >"$dir/VARIANT"
-  python3 "$gen" -o "$dir/library.mlir"
+moe_opt=${MOE_BUILD_DIR:-$root/build}/bin/moe-opt
+[ -x "$moe_opt" ] || die "$moe_opt not found: build it first (ninja -C build moe-opt)"
+option=--moe-gpu-emit-library
+if [ ${#configs[@]} -gt 0 ]; then
+  option="--moe-gpu-emit-library=configs=$(
+    IFS=,
+    echo "${configs[*]}"
+  )"
 fi
+echo "library: moe-opt $option" >"$dir/VARIANT"
+echo 'module {}' | "$moe_opt" "$option" -o "$dir/library.mlir"
 python3 "$root/test/GPU/gen_ops_harness.py" "$dir/library.mlir" >"$dir/ops.mlir"
 "$bin/mlir-opt" "$dir/ops.mlir" --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=bin opt-level=3" -o "$dir/ops.llvm.mlir"
 "$bin/mlir-translate" --mlir-to-llvmir "$dir/ops.llvm.mlir" -o "$dir/ops.ll"

@@ -7,7 +7,7 @@
 #   { inputs_stamp "$root" "$build"; ...more lines...; } >"$out/INPUTS.txt"
 
 # Prints: the commit, the files of lib/ include/ tools/ not committed (the kernels come from
-# the build's generator, which may be ahead of the commit, and layers built from an
+# the build's kernel builder, which may be ahead of the commit, and layers built from an
 # uncommitted experiment must say so), the kernel library the build holds and the date.
 inputs_stamp() {
   local root=$1 build=$2 changed

@@ -2,7 +2,7 @@
 """Writes ops_harness.mlir: the GPU library plus one C-interface wrapper per host function,
 so bench-free op checks (ops_check.py) can call each host function from PyTorch.
 
-    python3 lib/Conversion/MoEToGPU/gen_gpu_library.py -o library.mlir
+    echo 'module {}' | build/bin/moe-opt --moe-gpu-emit-library -o library.mlir
     python3 test/GPU/gen_ops_harness.py library.mlir > ops.mlir
 
 Scalars cross the C interface as i64 (flags, enums) or f32, and are converted inside.
@@ -98,10 +98,9 @@ OPS = {
 # The accumulating host functions: the result added to what its buffer holds.
 OPS["combine_acc"] = OPS["combine"]
 OPS["expert_combine_grad_acc"] = OPS["expert_combine_grad"]
-# Host functions of a library built with some settings only: wrapped where it has them.
+# Host functions of a library built with some configs only: wrapped where it has them.
 OPTIONAL_OPS = {
-    # not where the row-wise GEMMs store without TMA boxes (MOE_GEMM_WS, MOE_GEMM_BULK_STORE
-    # or MOE_GEMM_TMA_STORE off their defaults)
+    # not where the router's dX config cannot add to C (a store other than tma_boxes)
     "router_grad_acc": OPS["router_grad"],
 }
 

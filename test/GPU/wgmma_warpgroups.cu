@@ -27,7 +27,8 @@ namespace {
 
 // A: 2 x 8 KiB (64 rows each), B: 32 KiB (256 rows)
 constexpr int kSmemBytes = 48 * 1024;
-// 128B swizzle, SBO 1024 B (gen_gpu_library.py's DESC_KMAJOR)
+// 128B swizzle, SBO 1024 B (the library's K-major descriptor,
+// HopperDescriptors.h kDescriptorKMajor)
 constexpr uint64_t kDescKMajor = 0x4000004004000000ull;
 
 __device__ uint64_t descriptor(const void *smem) {

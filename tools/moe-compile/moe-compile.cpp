@@ -112,8 +112,9 @@ cl::opt<std::string> kernelLibrary(
 cl::opt<std::string> gpuLibrary(
     "gpu-library",
     cl::desc("A GPU library file (kernels and host functions) to compile "
-             "the layer against instead of the embedded one, e.g. another "
-             "build's, to time two libraries in one run"),
+             "the layer against instead of the one the kernel builder makes, "
+             "e.g. moe-opt --moe-gpu-emit-library's output of another build, "
+             "to time two libraries in one run"),
     cl::value_desc("file"), cl::init(""));
 cl::list<std::string> kernelConfig(
     "kernel-config",

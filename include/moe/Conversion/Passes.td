@@ -68,9 +68,10 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     becomes a host function on device memrefs (identity layout, the same
     static shapes): tensor arguments become memref arguments and results
     become trailing out-parameters. Every moe op becomes a `func.call` of a
-    `__moe_gpu_*` host function of the embedded library
-    `lib/Conversion/MoEToGPU/MoEGPULibrary.mlir` (memrefs cast to dynamic
-    sizes; routing and activation config as i32/i1/index/f32 scalars), and
+    `__moe_gpu_*` host function of the GPU library the kernel builder makes
+    (`moe-gpu-emit-library` prints it), or of the file `library` names
+    (memrefs cast to dynamic sizes; routing and activation config as
+    i32/i1/index/f32 scalars), and
     `arith.addf` on bf16 tensors becomes `__moe_gpu_add` on flattened
     memrefs. One `!gpu.async.token` is threaded through the calls, from a
     `gpu.wait async` at entry to a `gpu.wait` before the return.
@@ -123,7 +124,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     return
     ```
 
-    Where the library (embedded or given by `library`) has the accumulating
+    Where the library (the builder's or given by `library`) has the accumulating
     host functions, as the default one does, an `arith.addf` `sum = X + P`
     is folded where P is the `dx` of a `moe.router_grad` or a
     `moe.expert_combine_grad`, or the output of a `moe.combine`: X is written
@@ -145,9 +146,9 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"libraryPath", "library", "std::string", /*default=*/"\"\"",
-           "A GPU library file (gen_gpu_library.py's output) to use instead of the "
-           "embedded one, e.g. one built with other generator settings; empty: the "
-           "embedded library">,
+           "A GPU library file to use instead of the one the kernel builder makes, "
+           "e.g. moe-gpu-emit-library's output, edited, or another build's; empty: "
+           "the builder's library">,
   ];
   let dependentDialects = [
     "::mlir::affine::AffineDialect",
@@ -225,6 +226,8 @@ def MoEGPUEmitLibrary : Pass<"moe-gpu-emit-library", "::mlir::ModuleOp"> {
     builds the host functions of those ops with the roles' kernels so
     configured, under the library's names: a library whose `expert_ffn`
     runs another down projection, timed beside the default by the op checks.
+    An accumulating host function whose configured GEMM cannot add to what C
+    holds (a `dx` not stored by `tma_boxes`) is left out of the library.
   }];
   let options = [
     ListOption<"configs", "configs", "std::string",

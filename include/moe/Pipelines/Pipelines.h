@@ -94,9 +94,9 @@ struct MoETrainingPipelineOptions
   PassOptions::Option<std::string> gpuLibrary{
       *this, "gpu-library",
       llvm::cl::desc("With chip set, a GPU library file (kernels and host "
-                     "functions) to use instead of the embedded one, e.g. "
-                     "another build's, to time two libraries side by side; "
-                     "empty: the embedded library"),
+                     "functions) to use instead of the kernel builder's, e.g. "
+                     "another build's moe-gpu-emit-library output, to time "
+                     "two libraries side by side; empty: the builder's"),
       llvm::cl::init("")};
   PassOptions::ListOption<std::string> kernelConfigs{
       *this, "kernel-configs",

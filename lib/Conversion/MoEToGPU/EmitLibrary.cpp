@@ -66,6 +66,12 @@ struct MoEGPUEmitLibraryPass
       if (variant == name)
         continue;
       auto base = library.lookupSymbol<func::FuncOp>(name);
+      // An accumulating function whose config cannot add to C is left out,
+      // as the conversion then leaves the add unfolded.
+      if (!moe::canBuildLibraryHostFunction(name, chosen)) {
+        base.erase();
+        continue;
+      }
       FailureOr<func::FuncOp> built =
           moe::buildLibraryHostFunction(library, name, chosen);
       if (failed(built))

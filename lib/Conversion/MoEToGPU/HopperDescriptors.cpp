@@ -1,7 +1,8 @@
 //===- HopperDescriptors.cpp - wgmma descriptors, 128B swizzle -*- C++ -*-===//
 //
 // The field layout follows the PTX ISA's shared memory matrix descriptor
-// (wgmma); the IR builders follow gen_gpu_library.py's gen_gemm op for op.
+// (wgmma); the IR builders emit the GEMM kernels' ops in their pinned order
+// (HopperDescriptors.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -78,7 +79,7 @@ uint64_t mlir::moe::hopper::wgmmaTileDescriptorConstant(OperandMajor major) {
   constexpr uint64_t rowBytes = kSwizzleRowElements * 2;
   constexpr uint64_t atomBytes = kSwizzleRows * rowBytes;
   // K-major: LBO is ignored under a 128B swizzle; 16 KiB is what nvgpu emits
-  // and what the generator's kernels were checked with.
+  // and what the kernels were checked with.
   constexpr uint64_t kMajorLeadingBytes = 16 * 1024;
   constexpr uint64_t boxBytes = kBoxElements * 2;
   uint64_t leadingBytes =
@@ -108,8 +109,8 @@ Value ConstantCache::get(TypedAttr attr) {
 }
 
 // The order of the constant requests matters (ConstantCache places constants
-// in request order): each mirrors the f-string argument the generator
-// evaluates just before it emits the op.
+// in request order): each is requested just before the op that uses it,
+// which fixes the kernels' text.
 
 Value mlir::moe::hopper::buildWgmmaDescriptor(OpBuilder &builder, Location loc,
                                               Value sharedAddressI64,

@@ -56,12 +56,6 @@ namespace {
 /// holds; a library file may lack one (foldAdds looks each up).
 constexpr llvm::StringLiteral kAccumulateSuffix = "_acc";
 
-/// gen_gpu_library.py's output, embedded at build time: the reference the
-/// kernel builder is tested against (KernelPortTest).
-constexpr llvm::StringLiteral kGPULibrary =
-#include "MoEGPULibrary.inc"
-    ;
-
 constexpr llvm::StringLiteral kHostPrefix = "__moe_gpu_";
 /// The alignment of the temporaries in a host function's arena (as
 /// moe-plan-memory's default): more than the kernels' 16 bytes.
@@ -1520,5 +1514,3 @@ struct ConvertMoEToGPUPass
 };
 
 } // namespace
-
-StringRef mlir::moe::getEmbeddedGPULibrary() { return kGPULibrary; }

@@ -5,11 +5,12 @@
 // to it; no add runs and neither part is a temporary. P's op moves to right
 // before the add where X comes after it and nothing reads P's op's results
 // before the add. Where an add cannot be folded, or the library lacks the
-// function, it stays: the NOROUTER checks run with a library generated with
-// MOE_GEMM_TMA_STORE=0 (given by the pass's `library` option), which has no
-// __moe_gpu_router_grad_acc.
+// function, it stays: the NOROUTER checks run with the library file
+// moe-gpu-emit-library writes, less __moe_gpu_router_grad_acc (given by the
+// pass's `library` option).
 // RUN: moe-opt %s --split-input-file --convert-moe-to-gpu | FileCheck %s
-// RUN: env MOE_GEMM_TMA_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.norouter.mlir
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library | sed '/func.func private @__moe_gpu_router_grad_acc(/,/^  }$/d' > %t.norouter.mlir
+// RUN: not grep -q __moe_gpu_router_grad_acc %t.norouter.mlir
 // RUN: moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.norouter.mlir" | FileCheck %s --check-prefix=NOROUTER
 // RUN: not moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.missing.mlir" 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: echo "module {" > %t.bad.mlir

@@ -1,7 +1,7 @@
 // RUN: moe-opt %s -split-input-file -verify-diagnostics
 
 // The errors of #moe_gpu.gemm: one invalid config per split, each breaking
-// one rule of the kernel code (gen_gpu_library.py) and keeping the others.
+// one rule of the kernel code and keeping the others.
 
 //===----------------------------------------------------------------------===//
 // GemmConfigAttr::verify: numbers

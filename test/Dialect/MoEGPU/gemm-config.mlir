@@ -1,6 +1,6 @@
 // #moe_gpu.gemm printed and parsed back in custom, generic and bytecode form:
-// first the generator's default library (gen_gpu_library.py's GEMMS; the
-// names are what kernelName() gives), then configs that differ from it.
+// first the library's default configs (the names are what kernelName() gives),
+// then configs that differ from them.
 // RUN: moe-opt %s | moe-opt | FileCheck %s
 // RUN: moe-opt %s --mlir-print-op-generic | moe-opt | FileCheck %s
 // RUN: moe-opt %s --emit-bytecode | moe-opt | FileCheck %s
@@ -83,23 +83,23 @@ func.func private @one_tile_defaults() attributes {moe_gpu.config = #moe_gpu.gem
 func.func private @wgrad_defaults() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = b, epilogue = store_bf16_w, problem = varlen_k, rows_tma = true, store = tma_boxes>}
 func.func private @wgrad_rows_defaults() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, epilogue = store_bf16_w, problem = varlen_k, rows_tma = false, store = bulk_rows>}
 
-// MOE_GEMM_WS=none: the store and rows_tma defaults follow warp_specialized.
+// warp_specialized = false: the store and rows_tma defaults follow it.
 // CHECK-LABEL: func.func private @moe_gemm_wgrad_gather_nows()
 // CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = b, epilogue = store_bf16_w, problem = varlen_k, warp_specialized = false>}
 func.func private @moe_gemm_wgrad_gather_nows() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = b, epilogue = store_bf16_w, problem = varlen_k, warp_specialized = false, store = threads>}
 
-// MOE_GEMM_PSTAGES=2, MOE_GEMM_WS_REGS=80,208, MOE_GEMM_GROUP_M=8,
-// MOE_GEMM_DYNAMIC=rows (idle_skip follows the schedule).
+// Stages, registers, group_m and the dynamic schedule (idle_skip follows the
+// schedule).
 // CHECK-LABEL: func.func private @moe_gemm_rows_k_bf16_s2_regs80x208_dyn_g8()
 // CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m, stages = 2, registers = [80, 208], schedule = dynamic, group_m = 8>}
 func.func private @moe_gemm_rows_k_bf16_s2_regs80x208_dyn_g8() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_k, epilogue = store_bf16, problem = varlen_m, stages = 2, registers = [80, 208], schedule = dynamic, idle_skip = true, group_m = 8>}
 
-// MOE_GEMM_DYNAMIC=all with MOE_GEMM_IDLE_SKIP=0.
+// The dynamic schedule without the idle skip.
 // CHECK-LABEL: func.func private @moe_gemm_up_gather_dyn_noskip()
 // CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_mn_swiglu, epilogue = swiglu, store_a = true, problem = varlen_m, schedule = dynamic, idle_skip = false>}
 func.func private @moe_gemm_up_gather_dyn_noskip() attributes {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_mn_swiglu, epilogue = swiglu, store_a = true, problem = varlen_m, schedule = dynamic, idle_skip = false>}
 
-// MOE_GEMM_ROWS_TMA=0, MOE_GEMM_TMA_STORE=0, MOE_GEMM_BULK_STORE=0.
+// Rows by cp.async, C by bulk row copies, C by thread stores.
 // CHECK-LABEL: func.func private @moe_gemm_wgrad_gather_a_norowstma_storebulk()
 // CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = a, epilogue = store_bf16_w, problem = varlen_k, rows_tma = false, store = bulk_rows>}
 // CHECK-LABEL: func.func private @moe_gemm_rows_mn_bf16_storethreads()
@@ -107,8 +107,8 @@ func.func private @moe_gemm_up_gather_dyn_noskip() attributes {moe_gpu.config = 
 func.func private @moe_gemm_wgrad_gather_a_norowstma_storebulk() attributes {moe_gpu.config = #moe_gpu.gemm<a = mn, b = rows_mn, gathered = a, epilogue = store_bf16_w, problem = varlen_k, rows_tma = false, store = bulk_rows>}
 func.func private @moe_gemm_rows_mn_bf16_storethreads() attributes {moe_gpu.config = #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, store = threads>}
 
-// MOE_GEMM_DACT_UNROLL=8, and kernels the generator does not list: a gathered
-// down projection, a dSwiGLU without dS.
+// dact_unroll = 8, and kernels the library does not use: a gathered down
+// projection, a dSwiGLU without dS.
 // CHECK-LABEL: func.func private @moe_gemm_dact_gather_nods_s3_u8()
 // CHECK-SAME: {moe_gpu.config = #moe_gpu.gemm<a = gather, b = w_k, epilogue = dswiglu, with_router_weight = true, problem = varlen_m, stages = 3, dact_unroll = 8>}
 // CHECK-LABEL: func.func private @moe_gemm_gather_mn_bf16()

@@ -1,59 +1,47 @@
-// The generator's GEMM variants that docs/gpu-kernels.md times beside the default
-// (MOE_GEMM_WS=gather: only the kernels with a gathered operand warp-specialised, here
-// with MOE_GEMM_BULK_STORE=0, C out by 16-byte stores from every consumer thread;
-// MOE_GEMM_WS=none: none of them; MOE_GEMM_ROWS_TMA=1, the default: the weight gradients'
-// row-wise operand by TMA, and =0, by cp.async; MOE_GEMM_BULK_STORE=1, the default: C
-// out by bulk copies, one a row where MOE_GEMM_TMA_STORE=0, the experts' weight gradients
-// by four TMA box stores where it is 1, the default; the last two in one library, which
-// also has the router's dX GEMM that adds into dx and the gather-sum that starts from what
-// out holds; MOE_GEMM_DACT_UNROLL=8 and 1 with the first two: the dSwiGLU epilogue's rows
-// loaded 8 and 1 at a time; MOE_GEMM_DYNAMIC=all) still compile for sm_90a with no spill,
-// no local stack and no wgmma serialisation warning (check_ptxas.py fails on any).
+// GEMM configs off the library's defaults, built into the library by
+// moe-gpu-emit-library's `configs` (the host functions of those roles launch them),
+// compile for sm_90a with no spill, no local stack and no wgmma serialisation warning
+// (check_ptxas.py fails on any): without warp specialisation, with the dSwiGLU
+// epilogue's rows loaded 1 at a time (nows); C out by 16-byte stores from every
+// consumer thread, dSwiGLU rows 8 at a time (threads); the library's defaults (rows:
+// the weight gradients' row-wise operand by TMA, C by TMA boxes, the router's dX that
+// adds into dx); C out by one bulk copy a row and the weight gradients' rows by cp.async
+// (bulk); the varlen-M GEMMs on the dynamic tile schedule (dyn).
 // REQUIRES: ptxas
-// RUN: env MOE_GEMM_WS=gather MOE_GEMM_BULK_STORE=0 MOE_GEMM_DACT_UNROLL=8 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.gather.mlir
-// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.gather.mlir > %t.gather.ops.mlir
-// RUN: mlir-opt %t.gather.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.gather.isa.mlir
-// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.gather.isa.mlir %t.gather
-// RUN: %ptxas -arch=sm_90a -v %t.gather.moe_kernels.ptx -o %t.gather.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.gather.txt
-// RUN: FileCheck %s --check-prefix=GATHER < %t.gather.txt
-// RUN: env MOE_GEMM_WS=none MOE_GEMM_DACT_UNROLL=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.none.mlir
-// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.none.mlir > %t.none.ops.mlir
-// RUN: mlir-opt %t.none.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.none.isa.mlir
-// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.none.isa.mlir %t.none
-// RUN: %ptxas -arch=sm_90a -v %t.none.moe_kernels.ptx -o %t.none.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.none.txt
-// RUN: FileCheck %s --check-prefix=NONE < %t.none.txt
-// RUN: not grep "Used 168 registers" %t.none.txt
-// RUN: env MOE_GEMM_ROWS_TMA=1 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.rows.mlir
-// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.rows.mlir > %t.rows.ops.mlir
-// RUN: mlir-opt %t.rows.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.rows.isa.mlir
+// RUN: rm -f %t.*.ptx
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library="configs=up:warp_specialized=false,down:warp_specialized=false,dx:warp_specialized=false,dw:warp_specialized=false,dw_down:warp_specialized=false,dw_gate_up:warp_specialized=false,dact:dact_unroll=1" --moe-lower-to-nvvm-pipeline="format=isa bare-pointers=false" -o %t.nows.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.nows.isa.mlir %t.nows
+// RUN: %ptxas -arch=sm_90a -v %t.nows.moe_kernels.ptx -o %t.nows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.nows.txt
+// RUN: FileCheck %s --check-prefix=NONE < %t.nows.txt
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library="configs=down:store=threads,dx:store=threads,dw_down:store=threads,dw_gate_up:store=threads,dact:dact_unroll=8" --moe-lower-to-nvvm-pipeline="format=isa bare-pointers=false" -o %t.threads.isa.mlir
+// RUN: %PYTHON %S/Inputs/extract_ptx.py %t.threads.isa.mlir %t.threads
+// RUN: %ptxas -arch=sm_90a -v %t.threads.moe_kernels.ptx -o %t.threads.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.threads.txt
+// RUN: FileCheck %s --check-prefix=THREADS < %t.threads.txt
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library --moe-lower-to-nvvm-pipeline="format=isa bare-pointers=false" -o %t.rows.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.rows.isa.mlir %t.rows
 // RUN: %ptxas -arch=sm_90a -v %t.rows.moe_kernels.ptx -o %t.rows.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.rows.txt
 // RUN: FileCheck %s --check-prefix=ROWS --input-file=%t.rows.moe_kernels.ptx
 // RUN: FileCheck %s --check-prefix=TSTORE --input-file=%t.rows.moe_kernels.ptx
 // RUN: FileCheck %s --check-prefix=ACC --input-file=%t.rows.moe_kernels.ptx
-// RUN: env MOE_GEMM_ROWS_TMA=0 MOE_GEMM_BULK_STORE=1 MOE_GEMM_TMA_STORE=0 %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.bulk.mlir
-// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.bulk.mlir > %t.bulk.ops.mlir
-// RUN: mlir-opt %t.bulk.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.bulk.isa.mlir
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library="configs=down:store=bulk_rows,dx:store=bulk_rows,dw_down:rows_tma=false:store=bulk_rows,dw_gate_up:rows_tma=false:store=bulk_rows" --moe-lower-to-nvvm-pipeline="format=isa bare-pointers=false" -o %t.bulk.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.bulk.isa.mlir %t.bulk
 // RUN: %ptxas -arch=sm_90a -v %t.bulk.moe_kernels.ptx -o %t.bulk.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.bulk.txt
 // RUN: FileCheck %s --check-prefix=BULK --input-file=%t.bulk.moe_kernels.ptx
-// RUN: env MOE_GEMM_DYNAMIC=all %PYTHON %moe_src_root/lib/Conversion/MoEToGPU/gen_gpu_library.py -o %t.dyn.mlir
-// RUN: %PYTHON %moe_src_root/test/GPU/gen_ops_harness.py %t.dyn.mlir > %t.dyn.ops.mlir
-// RUN: mlir-opt %t.dyn.ops.mlir --inline --gpu-lower-to-nvvm-pipeline="cubin-chip=sm_90a cubin-features=+ptx80 cubin-format=isa opt-level=3" -o %t.dyn.isa.mlir
+// RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library="configs=up:schedule=dynamic,down:schedule=dynamic,dx:schedule=dynamic" --moe-lower-to-nvvm-pipeline="format=isa bare-pointers=false" -o %t.dyn.isa.mlir
 // RUN: %PYTHON %S/Inputs/extract_ptx.py %t.dyn.isa.mlir %t.dyn
 // RUN: %ptxas -arch=sm_90a -v %t.dyn.moe_kernels.ptx -o %t.dyn.cubin 2>&1 | %PYTHON %S/Inputs/check_ptxas.py > %t.dyn.txt
 // RUN: FileCheck %s --check-prefix=DYN --input-file=%t.dyn.moe_kernels.ptx
+// RUN: FileCheck %s --check-prefix=STATIC --input-file=%t.dyn.moe_kernels.ptx
 
-// The gathered kernels launch with 168 registers a thread (384 threads) and move them
-// with setmaxnreg; the row-wise ones keep the 256-thread kernel.
-// GATHER-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
-// GATHER-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
-// GATHER-DAG: Compiling entry function 'moe_gemm_rows_k_bf16' for 'sm_90a'
-// GATHER-DAG: Used 168 registers
-// GATHER-DAG: Compiling entry function 'moe_gemm_dact_gather' for 'sm_90a'
-// NONE-DAG: Compiling entry function 'moe_gemm_dact_gather' for 'sm_90a'
-// NONE-DAG: Compiling entry function 'moe_gemm_up_gather' for 'sm_90a'
-// NONE-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a' for 'sm_90a'
+// Without warp specialisation a GEMM is the 256-thread kernel: no setmaxnreg.
+// NONE-DAG: Compiling entry function 'moe_gemm_up_gather_nows' for 'sm_90a'
+// NONE-DAG: Compiling entry function 'moe_gemm_rows_mn_bf16_nows' for 'sm_90a'
+// NONE-DAG: Compiling entry function 'moe_gemm_wgrad_gather_a_nows' for 'sm_90a'
+// NONE-DAG: Compiling entry function 'moe_gemm_dact_gather_u1' for 'sm_90a'
+// THREADS-DAG: Compiling entry function 'moe_gemm_rows_mn_bf16_storethreads' for 'sm_90a'
+// THREADS-DAG: Compiling entry function 'moe_gemm_wgrad_gather_storethreads' for 'sm_90a'
+// THREADS-DAG: Compiling entry function 'moe_gemm_dact_gather_u8' for 'sm_90a'
+// THREADS-DAG: Used 168 registers
 
 // The row-wise operand of the two gathered weight gradients comes as 2D boxes (w*A: two
 // of 64 columns, dH: four), armed by the TMA thread's expect_tx. Their maps are not
@@ -114,43 +102,45 @@
 
 // Without rows by TMA the weight gradients take both operands by cp.async; with bulk
 // stores C leaves by stmatrix and one bulk copy a row, after the generic-proxy fence.
-// BULK-LABEL: .entry moe_gemm_wgrad_gather(
+// BULK-LABEL: .entry moe_gemm_wgrad_gather_norowstma_storebulk(
 // BULK-NOT: cp.async.bulk.tensor
 // BULK: stmatrix.sync.aligned.m8n8.x4.shared.b16
 // BULK: fence.proxy.async.shared::cta
 // BULK: cp.async.bulk.global.shared::cta.bulk_group
 // BULK: cp.async.bulk.commit_group
 // BULK: cp.async.bulk.wait_group 0
-// BULK-LABEL: .entry moe_gemm_wgrad_gather_a(
+// BULK-LABEL: .entry moe_gemm_wgrad_gather_a_norowstma_storebulk(
 // BULK-NOT: cp.async.bulk.tensor
 // BULK: cp.async.bulk.global.shared::cta.bulk_group
 
-// MOE_GEMM_DYNAMIC=all (with the idle-warpgroup skip): the varlen-M GEMMs claim tiles from
-// the counter, pass them on through barrier 2 of the producer warpgroup and read them
-// through redux.sync; the weight gradients keep the static schedule.
-// DYN-LABEL: .entry moe_gemm_up_gather(
+// The static schedule (the defaults in the same library): the dSwiGLU GEMM loads its
+// first rows of H, stages dA by 16 stmatrix.x4 a thread and reads it back 16 bytes a
+// row, loads the next rows, and sums dS and forms d silu / dg with fused multiply-adds;
+// no tile counter there or in the weight gradients.
+// STATIC-LABEL: .entry moe_gemm_dact_gather(
+// STATIC-NOT: atom.global.add
+// STATIC-COUNT-8: ld.global.v4.b32
+// STATIC: bar.sync
+// STATIC-COUNT-16: stmatrix.sync.aligned.m8n8.x4.shared.b16
+// STATIC: bar.sync
+// STATIC-COUNT-8: ld.global.v4.b32
+// STATIC: ld.shared.v4.b32
+// STATIC: fma.rn.f32
+// STATIC-LABEL: .entry moe_gemm_wgrad_gather(
+// STATIC-NOT: atom.global.add
+// STATIC: .entry
+
+// schedule = dynamic (with the idle-warpgroup skip, its default there): the varlen-M
+// GEMMs claim tiles from the counter, pass them on through barrier 2 of the producer
+// warpgroup and read them through redux.sync.
+// DYN-LABEL: .entry moe_gemm_up_gather_dyn(
 // DYN-DAG: atom.global.add.u32
 // DYN-DAG: bar.sync 2, 128;
 // DYN-DAG: redux.sync.min.u32
 // DYN-DAG: vote.sync.all.pred
-// DYN-LABEL: .entry moe_gemm_rows_mn_bf16(
+// DYN-LABEL: .entry moe_gemm_rows_mn_bf16_dyn(
 // DYN-DAG: atom.global.add.u32
 // DYN-DAG: redux.sync.min.u32
-// DYN-LABEL: .entry moe_gemm_rows_k_bf16(
+// DYN-LABEL: .entry moe_gemm_rows_k_bf16_dyn(
 // DYN-DAG: atom.global.add.u32
 // DYN-DAG: redux.sync.min.u32
-// The dSwiGLU GEMM (static tiles) loads its first rows of H, stages dA by 16 stmatrix.x4 a
-// thread and reads it back 16 bytes a row, loads the next rows, and sums dS and forms
-// d silu / dg with fused multiply-adds.
-// DYN-LABEL: .entry moe_gemm_dact_gather(
-// DYN-NOT: atom.global.add
-// DYN-COUNT-8: ld.global.v4.b32
-// DYN: bar.sync
-// DYN-COUNT-16: stmatrix.sync.aligned.m8n8.x4.shared.b16
-// DYN: bar.sync
-// DYN-COUNT-8: ld.global.v4.b32
-// DYN: ld.shared.v4.b32
-// DYN: fma.rn.f32
-// DYN-LABEL: .entry moe_gemm_wgrad_gather(
-// DYN-NOT: atom.global.add
-// DYN: .entry

@@ -29,7 +29,7 @@ namespace {
 //===----------------------------------------------------------------------===//
 
 TEST(WgmmaDescriptor, GoldenConstantsFromFields) {
-  // gen_gpu_library.py: 128B swizzle, SBO 1024 B, LBO 16 KiB / 8 KiB.
+  // The kernels' two: 128B swizzle, SBO 1024 B, LBO 16 KiB / 8 KiB.
   EXPECT_EQ(wgmmaDescriptorConstant(Swizzle::Bytes128, 16 * 1024, 1024),
             std::optional<uint64_t>(0x4000004004000000));
   EXPECT_EQ(wgmmaDescriptorConstant(Swizzle::Bytes128, 8 * 1024, 1024),
@@ -202,7 +202,7 @@ protected:
   OwningOpRef<ModuleOp> module;
 };
 
-TEST_F(HopperIRTest, DescriptorEmitsGeneratorOps) {
+TEST_F(HopperIRTest, DescriptorEmitsTheKernelsOps) {
   func::FuncOp func =
       beginFunc("desc", {builder.getI64Type()}, builder.getI64Type());
   ConstantCache constants(func.getBody().front(), loc);
@@ -210,7 +210,7 @@ TEST_F(HopperIRTest, DescriptorEmitsGeneratorOps) {
                                     kDescriptorKMajor, constants);
   func::ReturnOp::create(builder, loc, desc);
   ASSERT_TRUE(succeeded(verify(func)));
-  // The generator's desc(): constants at the top in request order, then
+  // The kernels' descriptor: constants at the top in request order, then
   // andi, shrui, ori.
   EXPECT_EQ(print(func),
             "func.func @desc(%arg0: i64) -> i64 {\n"
@@ -229,8 +229,8 @@ TEST_F(HopperIRTest, DescriptorConstantsAreCachedPerFunction) {
   Type i64 = builder.getI64Type();
   func::FuncOp func = beginFunc("descs", {i64, i64}, i64);
   ConstantCache constants(func.getBody().front(), loc);
-  // A constant requested before (as the generator's c(4, "i64") may be) is
-  // reused, and keeps its place.
+  // A constant requested before (by the kernel's own code) is reused, and
+  // keeps its place.
   Value four = constants(4, i64);
   Value a = buildWgmmaDescriptor(builder, loc, func.getArgument(0),
                                  kDescriptorKMajor, constants);
@@ -273,7 +273,7 @@ TEST_F(HopperIRTest, DescriptorFoldsToValue) {
   }
 }
 
-TEST_F(HopperIRTest, KMajorOffsetEmitsGeneratorOps) {
+TEST_F(HopperIRTest, KMajorOffsetEmitsTheKernelsOps) {
   Type index = builder.getIndexType();
   func::FuncOp func = beginFunc("k_soff", {index, index}, index);
   ConstantCache constants(func.getBody().front(), loc);

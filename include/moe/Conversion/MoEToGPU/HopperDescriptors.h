@@ -3,9 +3,10 @@
 // The arithmetic of the GEMM kernels' shared-memory operands
 // (docs/gpu-kernels.md §6.2): wgmma matrix descriptors and the 128B swizzle
 // that cp.async copies and TMA boxes write. The pure functions state the
-// values; the build* functions emit the same computation as arith ops in
-// exactly the order gen_gpu_library.py does, so that a C++ kernel builder
-// reproduces its IR.
+// values; the build* functions emit the same computation as arith ops. Their
+// order of ops and of constant requests is fixed: the library's text is pinned
+// (the digest in test/Conversion/MoEToGPU/emit-library.mlir) and the kernel
+// cache keys on it, so changing the order changes the kernels.
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,7 +37,8 @@ enum class OperandMajor { KMajor, MNMajor };
 // wgmma matrix descriptors
 //===----------------------------------------------------------------------===//
 
-/// The generator's constants (gen_gpu_library.py DESC_KMAJOR, DESC_MNMAJOR).
+/// The constant parts of the descriptors of the GEMMs' K-major and MN-major
+/// tiles (wgmmaTileDescriptorConstant).
 constexpr uint64_t kDescriptorKMajor = 0x4000004004000000;
 constexpr uint64_t kDescriptorMNMajor = 0x4000004002000000;
 
@@ -90,7 +92,7 @@ constexpr uint64_t swizzle128BChunk(uint64_t row, uint64_t chunk) {
 }
 
 /// The bf16 element offset of chunk `chunk` of row `row` in a K-major tile
-/// (gen_gpu_library.py k_soff): a row is one 64-element K slice, 128 bytes,
+/// (k_soff in the kernels): a row is one 64-element K slice, 128 bytes,
 /// so each row is its own swizzle span.
 constexpr uint64_t kMajorElementOffset(uint64_t row, uint64_t chunk) {
   return row * kSwizzleRowElements +
@@ -112,14 +114,14 @@ constexpr uint64_t mnMajorElementOffset(uint64_t box, uint64_t row,
 //===----------------------------------------------------------------------===//
 
 /// Returns the arith.constant of `value` (two's complement in `type`'s width)
-/// for the function being built. gen_gpu_library.py's Emitter.const caches
-/// one constant per (value, type) and function, emitted at the top of the
-/// function in the order of first request; the build* functions request each
-/// constant exactly where the generator does, and leave caching to this
-/// callback (ConstantCache mirrors the generator).
+/// for the function being built. The kernels hold one constant per
+/// (value, type) and function, at the top of the function in the order of
+/// first request; the build* functions request each constant just before the
+/// op that uses it, which fixes that order, and leave caching to this callback
+/// (ConstantCache).
 using GetConstantFn = llvm::function_ref<Value(int64_t value, Type type)>;
 
-/// The generator's constant cache: one arith.constant per (value, type) in a
+/// The kernels' constant cache: one arith.constant per (value, type) in a
 /// function, created on first request after the constants created before it
 /// at the start of `entry` (so that every region of the function can use it).
 /// Integer and index constants only; they must not be erased while the cache
@@ -142,7 +144,7 @@ private:
   llvm::DenseMap<Attribute, Value> constants;
 };
 
-/// Emits wgmmaDescriptor(sharedAddressI64, constant) as gen_gemm's desc():
+/// Emits wgmmaDescriptor(sharedAddressI64, constant), the GEMMs' desc():
 /// arith.andi with 0x3FFFF, arith.shrui by 4, arith.ori with `constant`, all
 /// i64, requesting each constant just before the op that uses it.
 Value buildWgmmaDescriptor(OpBuilder &builder, Location loc,
@@ -158,7 +160,7 @@ Value buildSwizzle128BChunk(OpBuilder &builder, Location loc, Value row,
 Value buildKMajorElementOffset(OpBuilder &builder, Location loc, Value row,
                                Value chunk, GetConstantFn getConstant);
 
-/// Where the generator computes the swizzle of an MN-major offset, which
+/// Where a kernel computes the swizzle of an MN-major offset, which
 /// decides the op order: before the box and row terms (m_soff, the B tile) or
 /// after their sum (a_soff_mn, the A tile).
 enum class SwizzleOrder { First, Last };

@@ -2,9 +2,10 @@
 //-*-===//
 //
 // The sm_90a kernels of the GPU path built with OpBuilder, one function a
-// kernel, as a port of gen_gpu_library.py: each builds the same ops in the
-// same order as the generator's text, which a unit test checks kernel by
-// kernel (KernelPortTest), so the PTX and SASS are the generator's.
+// kernel, from #moe_gpu.gemm configs for the GEMMs. Each builds its ops in a
+// fixed order: the library's text is pinned (the digest in
+// test/Conversion/MoEToGPU/emit-library.mlir), because the kernel cache keys
+// on it and its kernels' outputs and speed were checked on the GPU.
 //
 //===----------------------------------------------------------------------===//
 
@@ -110,10 +111,6 @@ SmallVector<StringRef> libraryHostFunctionNames();
 /// unknown location) if a part cannot be built. The context must have the
 /// dialects buildLibraryHostFunction names, and nvvm and vector loaded.
 OwningOpRef<ModuleOp> buildGPULibrary(MLIRContext *context);
-
-/// The text of the GPU library the compiler embeds (gen_gpu_library.py's
-/// output): what the builder's kernels are checked against.
-StringRef getEmbeddedGPULibrary();
 
 } // namespace mlir::moe
 

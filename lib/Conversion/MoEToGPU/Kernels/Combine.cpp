@@ -25,8 +25,8 @@ constexpr int64_t kGatherColumns = 8;
 /// out[t, :] = sum over j < k of w[t, j] * src[rows[t, j], :] in f32 (w = 1
 /// without weights, rows < 0 skipped), j ascending. With `accumulate`
 /// (moe_gather_sum_acc) the sum starts from out's values instead of zero:
-/// out's 8 values are loaded before the sum over j, where the generator's
-/// edit of the body puts the out index, and stored back after it.
+/// out's 8 values are loaded before the sum over j, just after the out index
+/// is computed, and stored back after it.
 void buildGatherSum(OpBuilder &b, Location loc, StringRef name,
                     bool accumulate) {
   Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type(),

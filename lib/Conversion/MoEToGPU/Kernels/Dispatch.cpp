@@ -222,8 +222,8 @@ void mlir::moe::kernels::buildSingleOffsetsKernel(OpBuilder &b, Location loc) {
                                        {flatBuffer(i32), b.getIndexType()});
   Value offsets = kernel.getArgument(0), numRows = kernel.getArgument(1);
 
-  // The generator's FIRST_THREAD prelude; its 7 and -8 (for rounding counts
-  // to a multiple of 8) go unused here but are part of the kernel's text.
+  // The first-thread prelude; its 7 and -8 (for rounding counts to a
+  // multiple of 8) go unused here but are part of the kernel's pinned text.
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value c0 = indexConstant(b, loc, 0);

@@ -1,9 +1,9 @@
 //===- Emitter.h - what the kernel and host builders share ---*- C++ -*-===//
 //
-// Internal to the kernel builder: the generator's Emitter, which both its GEMM
-// kernels and its host functions write through. Constants are hoisted to the
-// function's entry in the order of their first request, and each arithmetic
-// helper is the one op the generator's helper of that name emits.
+// Internal to the kernel builder: the emitter that both its GEMM kernels and
+// its host functions write through. Constants are hoisted to the function's
+// entry in the order of their first request, and each arithmetic helper emits
+// one op.
 //
 //===----------------------------------------------------------------------===//
 

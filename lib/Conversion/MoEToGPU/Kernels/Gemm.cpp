@@ -34,7 +34,7 @@ using moe_gpu::GemmEpilogue;
 using Pred = arith::CmpIPredicate;
 
 namespace {
-// The tile and its ring (gen_gpu_library.py BM, BN, BK, ...).
+// The tile and its ring.
 constexpr int64_t kBM = moe_gpu::kTileM, kBN = moe_gpu::kTileN,
                   kBK = moe_gpu::kTileK;
 constexpr int64_t kGemmThreads = moe_gpu::kConsumerThreads;
@@ -259,7 +259,7 @@ Operation *GemmKernelBuilder::forLoop(
 }
 
 //===----------------------------------------------------------------------===//
-// gen_gemm's small helpers
+// The kernel's small helpers
 //===----------------------------------------------------------------------===//
 
 void GemmKernelBuilder::consumerBarrier() {

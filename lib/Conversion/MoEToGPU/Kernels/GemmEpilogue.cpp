@@ -27,7 +27,7 @@ using Pred = arith::CmpIPredicate;
 namespace {
 constexpr int64_t kBM = moe_gpu::kTileM, kBN = moe_gpu::kTileN;
 constexpr int64_t kGemmThreads = moe_gpu::kConsumerThreads;
-/// bf16 values a 16-byte group (V in the generator).
+/// bf16 values a 16-byte group.
 constexpr int64_t kV = 8;
 constexpr int64_t kBulkRow = kBN + 8;
 /// A TMA store box: 128 rows of 64 bf16.

@@ -1,16 +1,15 @@
 //===- GemmKernelBuilder.h - the grouped GEMM kernels ---------*- C++ -*-===//
 //
 // Internal to the kernel builder: GemmKernelBuilder builds the gpu.func of one
-// #moe_gpu.gemm config as gen_gpu_library.py's gen_gemm writes it, op for op.
-// Its members mirror gen_gemm's closures (setup, issue_stage, mainloop, ...)
-// and take their names; Gemm.cpp holds the prelude, the copies and the
+// #moe_gpu.gemm config. Its members build the kernel's parts (setup,
+// issueStage, mainloop, ...); Gemm.cpp holds the prelude, the copies and the
 // k-loop without warp specialisation, GemmWarpSpecialized.cpp the producer
 // and consumer warpgroups, GemmEpilogue.cpp the epilogues.
 //
-// The order of ops and of constant requests is the generator's, and C++ does
-// not order the evaluation of a call's arguments: every value that emits an
-// op or requests a constant is computed in a statement of its own before the
-// call that uses it.
+// The order of ops and of constant requests is fixed, since the library's
+// text is pinned (HopperDescriptors.h), and C++ does not order the evaluation
+// of a call's arguments: every value that emits an op or requests a constant
+// is computed in a statement of its own before the call that uses it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,7 +35,8 @@
 
 namespace mlir::moe::kernels {
 
-/// The gen_gemm properties a config implies (the generator's class Gemm).
+/// What a config implies for the kernel and its launch: the resolved config,
+/// the kernel's name, its flags and its shared-memory layout.
 struct GemmTraits {
   explicit GemmTraits(const moe_gpu::GemmConfig &unresolved);
 
@@ -53,7 +53,7 @@ struct GemmTraits {
   int64_t groupM, dactUnroll, producerRegisters, consumerRegisters;
 };
 
-/// One gen_gemm run. Values keep the generator's names where they have one.
+/// Builds the kernel of one config.
 class GemmKernelBuilder : public Emitter {
 public:
   GemmKernelBuilder(OpBuilder &b, Location loc,
@@ -129,7 +129,7 @@ private:
                      function_ref<SmallVector<Value>(Value, ValueRange)> body);
 
   //===--------------------------------------------------------------------===//
-  // gen_gemm's helpers
+  // The kernel's helpers
   //===--------------------------------------------------------------------===//
 
   void consumerBarrier();
@@ -237,7 +237,7 @@ private:
       browmap, dimM, dimN, dimK, hout, aout, cout, ldc, cmap, hsaved, wrow, dh,
       wa, dspart, numNtiles, tileCounter, counterSlot;
 
-  // gen_gemm's values.
+  // Values the kernel's parts share.
   int64_t bnEff = 0, ncopy = 0, rsK = 0, rsA = 0, rsB = 0;
   Value tid, bid, gridx, warp, lane, wg, ntiles, mtiles, total;
   Value smem, pad, sbase;

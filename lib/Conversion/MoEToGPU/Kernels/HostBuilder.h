@@ -2,15 +2,12 @@
 //
 // Internal to the kernel builder. HostFunctionBuilder builds one host
 // function of the GPU library (func.func @__moe_gpu_*: the launches of one
-// MoE op on one async token, docs/gpu-path.md §1) op for op as
-// gen_gpu_library.py's class Host writes it; its members take the names of
-// Host's methods.
+// MoE op on one async token, docs/gpu-path.md §1).
 //
-// The order of ops and of constant requests is the generator's, and C++ does
-// not order the evaluation of a call's arguments: every value that emits an
-// op or requests a constant is computed in a statement of its own before the
-// call that uses it, in the order Python evaluates the generator's
-// expression.
+// The order of ops and of constant requests is fixed, since the library's
+// text is pinned (HopperDescriptors.h), and C++ does not order the evaluation
+// of a call's arguments: every value that emits an op or requests a constant
+// is computed in a statement of its own before the call that uses it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -81,7 +78,7 @@ enum class LibraryGemm : unsigned {
   RowsKBf16Acc,
 };
 
-/// What the generator's Gemm object tells a launch of `gemm`.
+/// What a launch of the library's GEMM `gemm` needs to know of it.
 const kernels::GemmTraits &libraryGemm(LibraryGemm gemm);
 
 /// Whether `config` can add its tile to what C holds (accumulate: a store_bf16
@@ -129,7 +126,7 @@ struct GemmValues {
   Value rows;
 };
 
-/// One host function (the generator's Host and its Emitter).
+/// Builds one host function.
 class HostFunctionBuilder : public kernels::Emitter {
 public:
   /// Starts func.func private @__moe_gpu_<name>(%token, args...) ->
@@ -208,7 +205,7 @@ private:
 };
 
 //===----------------------------------------------------------------------===//
-// The generator's helpers of several host functions
+// Helpers of several host functions
 //===----------------------------------------------------------------------===//
 
 /// The arguments of a launch of `g` in the kernel's order, with the tensor

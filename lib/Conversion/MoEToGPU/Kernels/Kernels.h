@@ -1,8 +1,8 @@
 //===- Kernels.h - the kernel builders, one a kernel ---------*- C++ -*-===//
 //
 // Internal to the kernel builder (KernelBuilder.h). Each builder makes one
-// gpu.func at the builder's insertion point, op for op as gen_gpu_library.py
-// writes it: value names aside, the printed IR must be the generator's.
+// gpu.func at the builder's insertion point, its ops in a fixed order: the
+// library's text is pinned (HopperDescriptors.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,7 +19,7 @@ struct GemmConfig;
 
 namespace mlir::moe::kernels {
 
-/// Threads a block of the non-GEMM kernels (THREADS in the generator).
+/// Threads a block of the non-GEMM kernels.
 constexpr int64_t kSimpleThreads = 128;
 
 /// A kernel `name` with `argTypes` and known_block_size = [threads, 1, 1];
@@ -31,8 +31,9 @@ gpu::GPUFuncOp createKernel(OpBuilder &b, Location loc, StringRef name,
 /// memref<?xT>: the kernels' flat buffers.
 MemRefType flatBuffer(Type element);
 
-/// `%gid = block_id x * 128 + thread_id x` as the generator's GID prelude
-/// writes it (thread id, block id, the constant 128, multiply, add).
+/// `%gid = block_id x * 128 + thread_id x`, the prelude of the non-GEMM
+/// kernels, in the order thread id, block id, the constant 128, multiply,
+/// add.
 Value buildGlobalThreadId(OpBuilder &b, Location loc);
 
 /// arith.constant of an index / i32 / f32 at the insertion point.
@@ -63,7 +64,7 @@ void buildRepackF32Kernel(OpBuilder &b, Location loc);
 /// The grouped GEMM of `config`, named gemmKernelName(config).
 void buildGemmKernel(OpBuilder &b, Location loc,
                      const moe_gpu::GemmConfig &config);
-/// The generator's default GEMM `index` (defaultGemmConfigs' order).
+/// The library's default GEMM `index` (defaultGemmConfigs' order).
 void buildDefaultGemmKernel(OpBuilder &b, Location loc, unsigned index);
 template <unsigned Index>
 void buildDefaultGemm(OpBuilder &b, Location loc) {

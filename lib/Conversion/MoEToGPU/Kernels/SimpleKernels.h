@@ -1,8 +1,8 @@
 //===- SimpleKernels.h - helpers of the non-GEMM kernels -----*- C++ -*-===//
 //
 // Internal to the kernel builder. Structured control flow with the bodies
-// given as callbacks, so that a builder reads in the order of the
-// generator's text: each callback builds its block's ops at the builder's
+// given as callbacks, so that a builder reads in the order of the kernel's
+// text: each callback builds its block's ops at the builder's
 // insertion point, and the helper adds the scf.yield after them.
 //
 //===----------------------------------------------------------------------===//

@@ -1,8 +1,8 @@
 //===- MoEGPUAttributes.cpp - moe_gpu dialect attributes ----*- C++ -*-===//
 //
-// The defaults, rules and shared-memory layout below are those of
-// lib/Conversion/MoEToGPU/gen_gpu_library.py (class Gemm, ws_register_split
-// and the MOE_GEMM_* settings); the two must change together.
+// The defaults, rules and shared-memory layout below are those of the kernel
+// builder (lib/Conversion/MoEToGPU/Kernels/, GemmTraits in Gemm.cpp); the two
+// must change together.
 //
 //===----------------------------------------------------------------------===//
 
@@ -41,7 +41,7 @@ constexpr int64_t kAlignBytes = 1024;
 constexpr int64_t kRowSumBytes = 1024;
 /// A row of C staged for bulk copies is padded by 16 bytes (BULK_ROW).
 constexpr int64_t kBulkRowPad = 8;
-/// MOE_GEMM_PSTAGES for the persistent kernels, STAGES for the others.
+/// The default `stages` of the persistent kernels and of the others.
 constexpr int64_t kPersistentStages = 3, kOneTileStages = 4;
 } // namespace
 
@@ -61,15 +61,17 @@ static int64_t defaultStages(GemmEpilogue epilogue) {
   return isPersistentEpilogue(epilogue) ? kPersistentStages : kOneTileStages;
 }
 
-// MOE_GEMM_ROWS_TMA=1: the warp-specialized gathered weight gradients.
+// `rows_tma` is on by default for the warp-specialized gathered weight
+// gradients.
 static bool defaultRowsTma(bool warpSpecialized, GemmProblem problem,
                            GatheredOperand gathered) {
   return warpSpecialized && problem == GemmProblem::VarlenK &&
          gathered != GatheredOperand::None;
 }
 
-// MOE_GEMM_BULK_STORE=1 and MOE_GEMM_TMA_STORE=1 (Gemm.bulk_store,
-// tma_store, tma_store_rows).
+// The default `store`: the ring for the one-tile kernels, TMA boxes or bulk
+// rows for the warp-specialized store_bf16 and store_bf16_w kernels, the
+// threads' stores for the other persistent ones.
 static StorePath defaultStorePath(GemmEpilogue epilogue, bool warpSpecialized,
                                   GatheredOperand gathered) {
   if (!isPersistentEpilogue(epilogue))
@@ -383,7 +385,7 @@ mlir::moe_gpu::verifyGemmConfig(const GemmConfig &config,
                           "varlen_k GEMM does not gather: it needs gathered = "
                           "a or b";
 
-  // Store path (Gemm.bulk_store, tma_store, tma_store_rows, reduce_store).
+  // Store path.
   if (store == StorePath::Ring && persistent)
     return emitError() << "store = ring stages C in the ring after the "
                           "k-loop, which only the one-tile epilogues "
@@ -752,7 +754,7 @@ mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context) {
   constexpr GemmProblem varlenM = GemmProblem::VarlenM;
   constexpr GemmProblem varlenK = GemmProblem::VarlenK;
 
-  // The generator's GEMMS, in its order.
+  // The library's GEMMs, in its order.
   GemmConfig upGather = kind(A::Gather, B::WMnSwiglu, E::Swiglu, varlenM);
   upGather.storeA = true;
   GemmConfig upRows = upGather;

@@ -23,7 +23,7 @@
 
 namespace mlir::moe_gpu {
 
-/// Constants of the kernels (gen_gpu_library.py).
+/// Constants of the kernels.
 /// The two consumer warpgroups that run the wgmma.
 constexpr int64_t kConsumerThreads = 256;
 /// The producer warpgroup of a warp-specialized kernel.
@@ -35,8 +35,8 @@ constexpr int64_t kRegistersPerSM = 65536;
 /// The only tile the kernel code builds today.
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 
-/// The parameters of a #moe_gpu.gemm. A parameter left unset takes the
-/// generator's default given the others (resolved()); GemmConfigAttr stores
+/// The parameters of a #moe_gpu.gemm. A parameter left unset takes its
+/// default given the others (resolved()); GemmConfigAttr stores
 /// every one set.
 struct GemmConfig {
   // What the kernel computes.
@@ -84,9 +84,10 @@ LogicalResult verifyGemmConfig(const GemmConfig &config,
 int64_t gemmThreads(const GemmConfig &config);
 /// Registers a thread gets at launch: 65536 / threads in steps of 8.
 int64_t gemmLaunchRegisters(const GemmConfig &config);
-/// The generator's Gemm.launch_smem.
+/// The dynamic shared memory a CTA is launched with: the ring, C's staging,
+/// the experts' tile counts, the mbarriers and 1 KiB for alignment.
 int64_t gemmLaunchSharedMemoryBytes(const GemmConfig &config);
-/// The kernel's name: the generator's name of its kind (moe_gemm_up_gather,
+/// The kernel's name: the name of its kind (moe_gemm_up_gather,
 /// ...), then a suffix for each parameter that differs from its default
 /// (_s4, _nows, _dyn, _u8, ...), so that different configs of valid kernels
 /// get different names.
@@ -98,7 +99,7 @@ std::string gemmKernelName(const GemmConfig &config);
 #include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h.inc"
 
 namespace mlir::moe_gpu {
-/// The GEMMs of the generator's default library, in its order (GEMMS); the
+/// The GEMMs of the default library, in the library's order; the
 /// last is moe_gemm_rows_k_bf16_acc (getAccumulate()), the accumulating dX.
 SmallVector<GemmConfigAttr> defaultGemmConfigs(MLIRContext *context);
 } // namespace mlir::moe_gpu

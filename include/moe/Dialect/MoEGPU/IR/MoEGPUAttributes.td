@@ -17,9 +17,9 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
   let summary = "configuration of one grouped GEMM kernel";
   let description = [{
     Everything that tells one grouped GEMM kernel of the GPU path from
-    another: what the generator's `Gemm` arguments and its `MOE_GEMM_*`
-    settings decide (docs/gpu-kernels.md). Two kernels differ exactly when
-    their configurations do, and `kernelName()` names them apart.
+    another: the kernel builder builds the kernel from it alone
+    (docs/gpu-kernels.md). Two kernels differ exactly when their
+    configurations do, and `kernelName()` names them apart.
 
     What the kernel computes:
     - `a`: `gather` (row r is row `ids[r]`, a dispatch queue), `rows` (an
@@ -36,8 +36,8 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
       dS partials; `accumulate` (false): C += the tile by TMA reduce-add.
     - `problem`: `varlen_m` (experts' rows along M) or `varlen_k` (along K).
 
-    How it is built; left out, a parameter takes the generator's default
-    for the kernel above, and it is printed only when it differs:
+    How it is built; left out, a parameter takes its default for the kernel
+    above, and it is printed only when it differs:
     - `tile` ([128, 256, 64]): M, N, K of a CTA's tile.
     - `stages` (3 for the persistent epilogues, else 4): ring stages.
     - `warp_specialized` (true for the persistent epilogues) and
@@ -113,8 +113,8 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
     /// Whether CTAs walk the tiles (the bf16 epilogues) rather than compute
     /// one each.
     bool persistent() const;
-    /// The dynamic shared memory a CTA is launched with, as the generator's
-    /// Gemm.launch_smem computes it.
+    /// The dynamic shared memory a CTA is launched with (see
+    /// gemmLaunchSharedMemoryBytes).
     int64_t launchSharedMemoryBytes() const;
     /// The kernel's symbol name (see gemmKernelName).
     std::string kernelName() const;

@@ -6,7 +6,7 @@
 include "mlir/IR/EnumAttr.td"
 
 // The symbols are CamelCase (`static` is a C++ keyword); the keywords in the
-// IR are the generator's names.
+// IR are snake_case.
 class MoEGPU_I32Enum<string name, string summary,
                      list<I32EnumAttrCase> cases>
     : I32EnumAttr<name, summary, cases> {

@@ -1,0 +1,182 @@
+//===- KernelBuilderTest.cpp - the GPU library's kernel builder -----------===//
+//
+// The builder makes every kernel, device function and host function of the
+// GPU library, each once, in the library's order, into a module that
+// verifies; the same text every time (the kernel cache keys on it); and a
+// clear error for what it does not make.
+//
+//===----------------------------------------------------------------------===//
+
+#include "moe/Conversion/MoEToGPU/KernelBuilder.h"
+#include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h"
+#include "moe/Dialect/MoEGPU/IR/MoEGPUDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/OperationSupport.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include "gtest/gtest.h"
+
+#include <string>
+
+using namespace mlir;
+
+namespace {
+
+std::string printed(Operation *op) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  op->print(os, OpPrintingFlags().useLocalScope());
+  return text;
+}
+
+class KernelBuilderTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    context.loadDialect<arith::ArithDialect, func::FuncDialect, gpu::GPUDialect,
+                        LLVM::LLVMDialect, NVVM::NVVMDialect,
+                        memref::MemRefDialect, moe_gpu::MoEGPUDialect,
+                        scf::SCFDialect, vector::VectorDialect>();
+  }
+
+  MLIRContext context;
+};
+
+TEST_F(KernelBuilderTest, EachKernelBuildsOnceAndVerifies) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  built.get()->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                       b.getUnitAttr());
+  b.setInsertionPointToEnd(built->getBody());
+  auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
+  SmallVector<StringRef> names = moe::builtLibraryKernelNames();
+  ASSERT_EQ(names.size(), 29u);
+  llvm::StringSet<> unique;
+  ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
+  for (StringRef name : names) {
+    SCOPED_TRACE(name.str());
+    EXPECT_TRUE(unique.insert(name).second);
+    FailureOr<gpu::GPUFuncOp> kernel = moe::buildLibraryKernel(module, name);
+    ASSERT_TRUE(succeeded(kernel));
+    EXPECT_EQ(kernel->getName(), name);
+    EXPECT_TRUE(kernel->isKernel());
+  }
+  EXPECT_TRUE(succeeded(verify(*built)));
+  // Every GEMM of the library is one of its default configs, named from it.
+  for (moe_gpu::GemmConfigAttr config : moe_gpu::defaultGemmConfigs(&context))
+    EXPECT_TRUE(unique.contains(config.kernelName())) << config.kernelName();
+}
+
+// The library: its kernels, then the device functions, in one gpu.module;
+// the host functions after it, each once, in the builder's order, after the
+// runtime's tensor map declaration.
+TEST_F(KernelBuilderTest, TheWholeLibrary) {
+  OwningOpRef<ModuleOp> library = moe::buildGPULibrary(&context);
+  ASSERT_TRUE(library);
+  EXPECT_TRUE(succeeded(verify(*library)));
+  auto modules = llvm::to_vector(library->getOps<gpu::GPUModuleOp>());
+  ASSERT_EQ(modules.size(), 1u);
+  SmallVector<StringRef> kernels, deviceFunctions;
+  for (auto kernel : modules[0].getOps<gpu::GPUFuncOp>())
+    kernels.push_back(kernel.getName());
+  for (auto function : modules[0].getOps<func::FuncOp>())
+    deviceFunctions.push_back(function.getSymName());
+  EXPECT_EQ(kernels, moe::builtLibraryKernelNames());
+  EXPECT_EQ(deviceFunctions, moe::libraryDeviceFunctionNames());
+  SmallVector<StringRef> functions;
+  for (auto function : library->getOps<func::FuncOp>())
+    functions.push_back(function.getSymName());
+  // The router's logits GEMM takes tensor maps: the declaration comes first.
+  SmallVector<StringRef> expected = {"moeTensorMapDeviceBf16"};
+  SmallVector<StringRef> hostFunctions = moe::libraryHostFunctionNames();
+  expected.append(hostFunctions.begin(), hostFunctions.end());
+  EXPECT_EQ(functions, expected);
+  EXPECT_EQ(hostFunctions.size(), 14u);
+}
+
+// The same text every time: the kernel cache and the kernel library key a
+// kernel by its text.
+TEST_F(KernelBuilderTest, TheSameTextEveryTime) {
+  OwningOpRef<ModuleOp> first = moe::buildGPULibrary(&context);
+  OwningOpRef<ModuleOp> second = moe::buildGPULibrary(&context);
+  ASSERT_TRUE(first && second);
+  EXPECT_EQ(printed(*first), printed(*second));
+}
+
+TEST_F(KernelBuilderTest, UnknownKernelIsAnError) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  b.setInsertionPointToEnd(built->getBody());
+  auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
+  std::string message;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diagnostic) {
+    message = diagnostic.str();
+    return success();
+  });
+  EXPECT_TRUE(failed(moe::buildLibraryKernel(module, "moe_frobnicate")));
+  EXPECT_EQ(message, "the kernel builder has no kernel @moe_frobnicate");
+}
+
+TEST_F(KernelBuilderTest, DeviceFunctionsTwiceIsAnError) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  b.setInsertionPointToEnd(built->getBody());
+  auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
+  ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
+  std::string message;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diagnostic) {
+    message = diagnostic.str();
+    return success();
+  });
+  EXPECT_TRUE(failed(moe::buildLibraryDeviceFunctions(module)));
+  EXPECT_EQ(message, "the gpu.module already has a symbol @__moe_gpu_exp of "
+                     "the library's device functions");
+  EXPECT_EQ(llvm::range_size(module.getOps<func::FuncOp>()),
+            moe::libraryDeviceFunctionNames().size());
+}
+
+TEST_F(KernelBuilderTest, HostFunctionErrors) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  std::string message;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diagnostic) {
+    message = diagnostic.str();
+    return success();
+  });
+  EXPECT_TRUE(failed(moe::buildLibraryHostFunction(*built, "__moe_gpu_fft")));
+  EXPECT_EQ(message,
+            "the host function builder has no function @__moe_gpu_fft");
+
+  ASSERT_TRUE(
+      succeeded(moe::buildLibraryHostFunction(*built, "__moe_gpu_router")));
+  EXPECT_TRUE(
+      failed(moe::buildLibraryHostFunction(*built, "__moe_gpu_router")));
+  EXPECT_EQ(message, "the module already has a symbol @__moe_gpu_router");
+
+  // A symbol of the tensor map function's name that is not its declaration.
+  OwningOpRef<ModuleOp> other = ModuleOp::create(b.getUnknownLoc());
+  b.setInsertionPointToEnd(other->getBody());
+  func::FuncOp::create(b, b.getUnknownLoc(), "moeTensorMapDeviceBf16",
+                       b.getFunctionType({}, {}))
+      .setPrivate();
+  EXPECT_TRUE(
+      failed(moe::buildLibraryHostFunction(*other, "__moe_gpu_expert_ffn")));
+  EXPECT_EQ(message, "the module's @moeTensorMapDeviceBf16 is not the host "
+                     "functions' declaration of it");
+  EXPECT_EQ(llvm::range_size(other->getOps<func::FuncOp>()), 1u);
+}
+
+} // namespace

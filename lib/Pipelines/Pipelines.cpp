@@ -157,6 +157,7 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   }
   moe_gpu::MoEGPUSelectKernelsOptions selection;
   selection.chip = options.chip;
+  selection.numSMs = options.numSMs;
   selection.configs.assign(options.kernelConfigs.begin(),
                            options.kernelConfigs.end());
   pm.addPass(moe_gpu::createMoEGPUSelectKernels(selection));

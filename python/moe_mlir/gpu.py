@@ -25,6 +25,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
@@ -236,6 +237,9 @@ class Manifest:
     # The limits of the compiler's GPU contract (moe_mlir/gpu_contract.json's "limits"), as
     # moe-compile writes them; empty for a manifest without them.
     gpu_limits: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The SMs the persistent GEMMs were compiled to launch on (moe-compile --num-sms; 0:
+    # not said). Another count is correct, only slower.
+    num_sms: int = 0
 
     @classmethod
     def from_dict(cls, data: Any, path: Optional[str] = None) -> "Manifest":
@@ -283,6 +287,9 @@ class Manifest:
         gpu_limits = data.get("gpu_limits", {})
         if not isinstance(gpu_limits, Mapping):
             raise ValueError(f"manifest: gpu_limits must be an object, got {gpu_limits!r}")
+        num_sms = data.get("num_sms", 0)
+        if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 0:
+            raise ValueError(f"manifest: num_sms must be a non-negative integer, got {num_sms!r}")
         return cls(
             name=name,
             chip=str(data.get("chip", "")),
@@ -292,6 +299,7 @@ class Manifest:
             backward=backward,
             path=path,
             gpu_limits=dict(gpu_limits),
+            num_sms=num_sms,
         )
 
     @classmethod
@@ -460,6 +468,7 @@ class CompiledLayer:
         # event, none of them is in use.
         self._offloads_in_flight: List[Any] = []
         self._offloads_until: List[Tuple[Any, List[Any]]] = []
+        self._sm_counts_checked: set = set()
         if so_path is not None:
             self._load(so_path)
 
@@ -536,7 +545,18 @@ class CompiledLayer:
         torch = _torch()
         if not torch.cuda.is_available():
             raise RuntimeError("CUDA is not available to torch; a compiled layer runs on the GPU")
-        return torch.cuda.current_device()
+        device = torch.cuda.current_device()
+        if self.manifest.num_sms and device not in self._sm_counts_checked:
+            self._sm_counts_checked.add(device)
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            if sms != self.manifest.num_sms:
+                warnings.warn(
+                    f"{self.manifest.name}: compiled for {self.manifest.num_sms} SMs, GPU "
+                    f"{device} has {sms}: correct but slower; recompile with "
+                    f"moe-compile --num-sms={sms}",
+                    stacklevel=3,
+                )
+        return device
 
     def _check_all(
         self, ep: EntryPoint, given: Dict[str, Any], roles: Sequence[str], where: str

@@ -58,7 +58,7 @@
 // DUMP-OPTIONS-NEXT: moe-generate-backward,
 // DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
 // DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
-// DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a{{ *}}},
+// DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
 // DUMP-OPTIONS-NEXT: convert-moe-to-gpu{library=},
 
 // DUMP: builtin.module(
@@ -69,7 +69,7 @@
 // DUMP-NEXT: ),
 // DUMP-NEXT: moe-generate-backward,
 // DUMP-NEXT: moe-offload{prefetch=early},
-// DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a{{ *}}},
+// DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
 // DUMP-NEXT: convert-moe-to-gpu{library=},
 // DUMP-NEXT: inline{
 // DUMP-NEXT: symbol-dce,

@@ -134,6 +134,12 @@ def test_manifest_keeps_gpu_limits():
     assert Manifest.from_dict(base).gpu_limits == {}
     with pytest.raises(ValueError, match="gpu_limits must be an object"):
         Manifest.from_dict({**base, "gpu_limits": [1]})
+    # The SM count the layer was compiled for.
+    assert Manifest.from_dict({**base, "num_sms": 114}).num_sms == 114
+    assert Manifest.from_dict(base).num_sms == 0
+    for bad in (-1, "132", True):
+        with pytest.raises(ValueError, match="num_sms must be a non-negative integer"):
+            Manifest.from_dict({**base, "num_sms": bad})
 
 
 def generate(tmp_path, data):

@@ -60,6 +60,7 @@
 
 // MANIFEST: "name": "tiny_layer",
 // MANIFEST-NEXT: "chip": "sm_90a",
+// MANIFEST-NEXT: "num_sms": 132,
 // MANIFEST-NEXT: "compiler": "moe-mlir {{.+}}",
 // MANIFEST-NEXT: "layer": {
 // MANIFEST-NEXT: "T": 37,

@@ -20,6 +20,7 @@
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --gpu-library=%t/invalid.mlir 2>&1 | FileCheck %s --check-prefix=BADLIB
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --kernel-config=gate:stages=2 2>&1 | FileCheck %s --check-prefix=ROLECONFIG
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --kernel-config=up:unroll=8 2>&1 | FileCheck %s --check-prefix=KEYCONFIG
+// RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --num-sms=2000 2>&1 | FileCheck %s --check-prefix=SMS
 // RUN: not test -e %t/report
 // RUN: not test -e %t/out
 
@@ -41,6 +42,7 @@
 // ROLECONFIG: error: kernel config 'gate:stages=2': 'gate' is no GEMM role
 // ROLECONFIG: moe-compile: error: compiling '{{.*}}compile.mlir' failed
 // KEYCONFIG: compile.mlir:{{[0-9]+}}:{{[0-9]+}}: error: kernel config 'up' gives #moe_gpu.gemm<{{.*}}unroll = 8>: unknown #moe_gpu.gemm parameter 'unroll'
+// SMS: moe-compile: error: --num-sms must be 1 to 1024 (0: the chip's), got 2000
 // PREFIX: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/'
 // HIDDEN: moe-compile: error: -o needs DIR/NAME, a name that does not start with '.', got '{{.*}}out/.x'
 // NOLIB: moe-compile: error: cannot read the GPU library '{{.*}}nolibrary.mlir': not a file

@@ -11,6 +11,7 @@
 // The existing keys stay, gpu_limits comes last.
 // MANIFEST: "name": "small",
 // MANIFEST-NEXT: "chip": "sm_90a",
+// MANIFEST-NEXT: "num_sms": 132,
 // MANIFEST: "entry_points": {
 // MANIFEST: "gpu_limits": {
 // MANIFEST-NEXT: "tile_multiple": {

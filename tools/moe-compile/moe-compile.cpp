@@ -10,6 +10,7 @@
 
 #include "moe/Conversion/MoEToGPU/GPUContract.h"
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
+#include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
 #include "moe/InitAll.h"
 #include "moe/Pipelines/Pipelines.h"
 #include "moe/Support/InputNesting.h"
@@ -116,6 +117,12 @@ cl::opt<std::string> gpuLibrary(
              "e.g. moe-opt --moe-gpu-emit-library's output of another build, "
              "to time two libraries in one run"),
     cl::value_desc("file"), cl::init(""));
+cl::opt<int64_t> numSMs(
+    "num-sms",
+    cl::desc("SMs of the GPU the layer runs on: the persistent GEMMs launch a "
+             "CTA an SM (default 0: the chip's, 132 for sm_90a, H100 SXM and "
+             "H200; an H100 PCIe has 114)"),
+    cl::init(0));
 cl::list<std::string> kernelConfig(
     "kernel-config",
     cl::desc("Parameters of the GEMM kernels the compiler chooses, "
@@ -584,13 +591,14 @@ void writeGPULimits(llvm::json::OStream &j) {
 }
 
 std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
-                         DictionaryAttr layer) {
+                         DictionaryAttr layer, int64_t numSMs) {
   std::string text;
   llvm::raw_string_ostream os(text);
   llvm::json::OStream j(os, 2);
   j.objectBegin();
   j.attribute("name", cName);
   j.attribute("chip", kChip);
+  j.attribute("num_sms", numSMs);
   j.attribute("compiler", "moe-mlir " MOE_MLIR_VERSION);
   j.attributeBegin("layer");
   writeLayer(j, layer);
@@ -839,6 +847,9 @@ int compile() {
                                      : budgetError));
   if (!gpuLibrary.empty() && !llvm::sys::fs::is_regular_file(gpuLibrary))
     return fail("cannot read the GPU library '" + gpuLibrary + "': not a file");
+  if (numSMs < 0 || numSMs > 1024)
+    return fail("--num-sms must be 1 to 1024 (0: the chip's), got " +
+                std::to_string(numSMs));
 
   DialectRegistry registry;
   moe::registerAllMoEToolDialects(registry);
@@ -884,6 +895,7 @@ int compile() {
   options.kernelLibrary = kernelLibraryDir();
   options.gpuLibrary = gpuLibrary;
   options.kernelConfigs = kernelConfig;
+  options.numSMs = numSMs;
   // The plan options go through the pipeline's own parsers (units, policies).
   std::string planOptions = "policy=" + policy;
   if (!memoryBudget.empty())
@@ -955,9 +967,13 @@ int compile() {
                            makeHeader(cName, entries, layer, inputFilename,
                                       llvm::sys::path::filename(base + ".h")))))
     return 1;
+  int64_t launchedSMs = 0;
+  if (auto sms =
+          (*module)->getAttrOfType<IntegerAttr>(moe_gpu::kNumSMsAttrName))
+    launchedSMs = sms.getInt();
   if (kinds.contains("manifest") &&
-      failed(
-          outputs.write(base + ".json", makeManifest(cName, entries, layer))))
+      failed(outputs.write(base + ".json",
+                           makeManifest(cName, entries, layer, launchedSMs))))
     return 1;
   if (kinds.contains("mlir")) {
     std::string text;

@@ -98,6 +98,11 @@ struct MoETrainingPipelineOptions
                      "another build's moe-gpu-emit-library output, to time "
                      "two libraries side by side; empty: the builder's"),
       llvm::cl::init("")};
+  PassOptions::Option<int64_t> numSMs{
+      *this, "num-sms",
+      llvm::cl::desc("With chip set, the SMs of the GPU the kernels run on "
+                     "(0: the chip's, 132 for sm_90a)"),
+      llvm::cl::init(0)};
   PassOptions::ListOption<std::string> kernelConfigs{
       *this, "kernel-configs",
       llvm::cl::desc("With chip set, parameters of the GEMM kernels "

@@ -1242,7 +1242,11 @@ public:
     if (library)
       return *library;
     if (path.empty()) {
-      library = buildGPULibrary(context);
+      int64_t numSMs = 0;
+      if (auto sms =
+              module->getAttrOfType<IntegerAttr>(moe_gpu::kNumSMsAttrName))
+        numSMs = sms.getInt();
+      library = buildGPULibrary(context, numSMs);
       if (!library)
         return module.emitError("the kernel builder could not build the GPU "
                                 "library");

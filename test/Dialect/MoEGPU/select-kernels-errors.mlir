@@ -1,6 +1,8 @@
 // moe-gpu-select-kernels refuses configs it cannot use, with an error at the op.
 // RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels --verify-diagnostics
 // RUN: not moe-opt %s --split-input-file --moe-gpu-select-kernels=chip=sm_80 2>&1 | FileCheck %s --check-prefix=CHIP
+// RUN: not moe-opt %s --moe-gpu-select-kernels=num-sms=-1 2>&1 | FileCheck %s --check-prefix=SMS
+// SMS: error: moe-gpu-select-kernels: num-sms must be 1 to 1024 (0: the chip's), got -1
 // RUN: not moe-opt %s --moe-gpu-select-kernels="configs=down" 2>&1 | FileCheck %s --check-prefix=NOPARAMS
 // RUN: not moe-opt %s --moe-gpu-select-kernels="configs=gate:stages=2" 2>&1 | FileCheck %s --check-prefix=BADROLE
 // RUN: not moe-opt %s --moe-gpu-select-kernels="configs=ffn.down:stages=2" 2>&1 | FileCheck %s --check-prefix=BADOP

@@ -6,7 +6,12 @@
 // every op with the role; a later entry wins, an op's own config over all.
 // RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels="configs=down:stages=2,expert_ffn.down:schedule=dynamic:group_m=4,up:group_m=8" | FileCheck %s --check-prefix=CONFIGS
 // RUN: not moe-opt %s --split-input-file --moe-gpu-select-kernels="configs=expert_ffn.down:stages=9" 2>&1 | FileCheck %s --check-prefix=INVALID
-// INVALID: select-kernels.mlir:[[# @LINE + 22]]:12: error: kernel config 'down' gives #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, stages = 9>: needs {{[0-9]+}} bytes of shared memory
+// INVALID: select-kernels.mlir:[[# @LINE + 27]]:12: error: kernel config 'down' gives #moe_gpu.gemm<a = rows, b = w_mn, epilogue = store_bf16, problem = varlen_m, stages = 9>: needs {{[0-9]+}} bytes of shared memory
+// The module says how many SMs the kernels run on: the chip's, or num-sms.
+// RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels | FileCheck %s --check-prefix=SMS
+// RUN: moe-opt %s --split-input-file --moe-gpu-select-kernels=num-sms=114 | FileCheck %s --check-prefix=SMS114
+// SMS: module attributes {moe_gpu.num_sms = 132 : i64}
+// SMS114: module attributes {moe_gpu.num_sms = 114 : i64}
 // A training step (forward and backward) through the pipeline's passes.
 // RUN: moe-opt %S/../../../examples/small.mlir --moe-decompose --moe-generate-backward --moe-gpu-select-kernels | FileCheck %s --check-prefix=STEP
 

@@ -110,7 +110,10 @@ SmallVector<StringRef> libraryHostFunctionNames();
 /// the host functions, in the library's order. Null (with an error at an
 /// unknown location) if a part cannot be built. The context must have the
 /// dialects buildLibraryHostFunction names, and nvvm and vector loaded.
-OwningOpRef<ModuleOp> buildGPULibrary(MLIRContext *context);
+/// The host functions launch the persistent GEMMs on at most `numSMs` CTAs
+/// (0: the default, 132), as they do in a module whose moe_gpu.num_sms says
+/// so.
+OwningOpRef<ModuleOp> buildGPULibrary(MLIRContext *context, int64_t numSMs = 0);
 
 } // namespace mlir::moe
 

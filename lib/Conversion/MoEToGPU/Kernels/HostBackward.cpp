@@ -309,12 +309,12 @@ void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
 
   // dW_r = x^T dlogits, [d, E8]: K = T tokens, but only ceil(d / 128) output
   // tiles, so the tokens are split into S slices (S tiles a 128 rows of d, at
-  // most kNumCtas tiles in all, at least kRouterSplitTokens tokens a slice),
+  // most numCtas() tiles in all, at least kRouterSplitTokens tokens a slice),
   // each slice's [d, E8] written in bf16 and the S summed in f32. A slice's
   // columns past E come from the padding of dlogits, which nothing writes;
   // the sum reads columns < E only.
   const GemmTraits &wgrad = gemms.get("dw", LibraryGemm::WgradRows);
-  Value ctas = h.c(kNumCtas);
+  Value ctas = h.c(h.numCtas());
   Value dTiles = h.ceil(d, wgrad.config.tileM);
   Value slicesPerTile = h.div(ctas, dTiles);
   Value minTokens = h.c(kRouterSplitTokens);

@@ -19,6 +19,7 @@
 #include "Kernels.h"
 
 #include "moe/Conversion/MoEToGPU/HopperDescriptors.h"
+#include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -48,10 +49,10 @@ constexpr int64_t kDispatchChunk = 1024;
 /// The router's weight gradient splits its tokens into slices of at least
 /// this many.
 constexpr int64_t kRouterSplitTokens = 1024;
-/// The persistent GEMMs' grid, one CTA an SM: the SMs of an H100 or H200.
-/// Any count is correct; the SM count should come from the device (the
-/// kernel-config issue asks for it).
-constexpr int64_t kNumCtas = 132;
+/// The persistent GEMMs' grid where the module does not say
+/// (moe_gpu.num_sms): one CTA an SM of an H100 SXM or H200. Any count is
+/// correct; the GPU's own is the fastest.
+constexpr int64_t kDefaultNumCtas = 132;
 /// Words of a buffer of tile counters of the dynamically scheduled GEMMs: one
 /// a launch.
 constexpr int64_t kCounterWords = 8;
@@ -138,6 +139,10 @@ public:
   /// The argument `name`.
   Value arg(StringRef name) const;
 
+  /// CTAs of a persistent GEMM's grid at most: the module's moe_gpu.num_sms,
+  /// else kDefaultNumCtas.
+  int64_t numCtas() const { return ctas; }
+
   /// Frees the tile counters and returns the token (Host.text).
   func::FuncOp finish();
 
@@ -194,6 +199,7 @@ private:
   void declareTensorMap();
 
   ModuleOp module;
+  int64_t ctas;
   func::FuncOp function;
   llvm::StringMap<Value> args;
   /// The async token the next op waits for.

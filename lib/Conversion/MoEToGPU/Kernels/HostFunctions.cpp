@@ -117,7 +117,10 @@ bool mlir::moe::host::canAccumulate(const moe_gpu::GemmConfig &config) {
 HostFunctionBuilder::HostFunctionBuilder(
     OpBuilder &b, ModuleOp module, StringRef name,
     ArrayRef<std::pair<StringRef, Type>> argList)
-    : Emitter(b, module.getLoc()), module(module) {
+    : Emitter(b, module.getLoc()), module(module), ctas(kDefaultNumCtas) {
+  if (auto sms = module->getAttrOfType<IntegerAttr>(moe_gpu::kNumSMsAttrName);
+      sms && sms.getInt() > 0)
+    ctas = sms.getInt();
   Type tokenType = b.getType<gpu::AsyncTokenType>();
   SmallVector<Type> types = {tokenType};
   for (const auto &[argName, type] : argList)
@@ -318,8 +321,8 @@ void HostFunctionBuilder::launchGemm(const GemmTraits &g, Value mtiles,
   Value tiles = mul(m, ntiles);
   if (g.persistent) {
     Value all = mul(tiles, gz);
-    Value ctas = c(kNumCtas);
-    tiles = minu(all, ctas);
+    Value gridCap = c(ctas);
+    tiles = minu(all, gridCap);
     gz = c(1);
   }
   Value one = c(1);

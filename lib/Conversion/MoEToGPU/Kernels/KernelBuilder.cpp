@@ -3,6 +3,8 @@
 #include "moe/Conversion/MoEToGPU/KernelBuilder.h"
 #include "Kernels.h"
 
+#include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
+
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/Builders.h"
@@ -115,12 +117,15 @@ SmallVector<StringRef> mlir::moe::builtLibraryKernelNames() {
   return names;
 }
 
-OwningOpRef<ModuleOp> mlir::moe::buildGPULibrary(MLIRContext *context) {
+OwningOpRef<ModuleOp> mlir::moe::buildGPULibrary(MLIRContext *context,
+                                                 int64_t numSMs) {
   OpBuilder b(context);
   Location loc = UnknownLoc::get(context);
   OwningOpRef<ModuleOp> library = ModuleOp::create(loc);
   (*library)->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                       b.getUnitAttr());
+  if (numSMs > 0)
+    (*library)->setAttr(moe_gpu::kNumSMsAttrName, b.getI64IntegerAttr(numSMs));
   b.setInsertionPointToEnd(library->getBody());
   auto kernels = gpu::GPUModuleOp::create(b, loc, "moe_kernels");
   for (StringRef name : builtLibraryKernelNames())

@@ -130,11 +130,20 @@ GemmShape mlir::moe_gpu::gemmShapeOf(Operation *op) {
   return shape;
 }
 
+const ChipInfo *mlir::moe_gpu::lookupChip(StringRef name) {
+  static constexpr ChipInfo kChips[] = {{"sm_90a", 132}};
+  for (const ChipInfo &chip : kChips)
+    if (chip.name == name)
+      return &chip;
+  return nullptr;
+}
+
 std::optional<GemmConfig>
 mlir::moe_gpu::selectGemmConfig(const GemmRole &role, const GemmShape &shape,
-                                StringRef chip) {
-  if (chip != "sm_90a")
+                                StringRef chip, int64_t numSMs) {
+  if (!lookupChip(chip))
     return std::nullopt;
+  (void)numSMs;
   // The per-shape table: empty until its entries are measured against the
   // library's configs on the GPU (docs/gpu-kernels.md); every shape gets the
   // library's config meanwhile.

@@ -26,7 +26,7 @@ namespace {
 /// lacks; failure (reported) for a role the op does not have or a value that is
 /// not a #moe_gpu.gemm.
 FailureOr<DictionaryAttr> selectKernels(Operation *op, ArrayRef<GemmRole> roles,
-                                        StringRef chip,
+                                        StringRef chip, int64_t numSMs,
                                         ArrayRef<GemmOverride> overrides) {
   MLIRContext *context = op->getContext();
   Attribute held = op->getAttr(kKernelsAttrName);
@@ -66,7 +66,8 @@ FailureOr<DictionaryAttr> selectKernels(Operation *op, ArrayRef<GemmRole> roles,
       chosen.emplace_back(StringAttr::get(context, role.name), kept);
       continue;
     }
-    std::optional<GemmConfig> config = selectGemmConfig(role, shape, chip);
+    std::optional<GemmConfig> config =
+        selectGemmConfig(role, shape, chip, numSMs);
     if (!config)
       return op->emitError() << "no GEMM kernels for chip '" << chip
                              << "' (the GPU path builds sm_90a kernels)";
@@ -94,12 +95,25 @@ struct MoEGPUSelectKernelsPass
   using MoEGPUSelectKernelsBase::MoEGPUSelectKernelsBase;
 
   void runOnOperation() override {
-    if (chip != "sm_90a") {
+    const ChipInfo *target = lookupChip(chip);
+    if (!target) {
       getOperation().emitError()
           << "moe-gpu-select-kernels: no GEMM kernels for chip '" << chip
           << "' (the GPU path builds sm_90a kernels)";
       return signalPassFailure();
     }
+    int64_t requested = numSMs;
+    if (requested < 0 || requested > 1024) {
+      getOperation().emitError()
+          << "moe-gpu-select-kernels: num-sms must be 1 to 1024 (0: the "
+             "chip's), got "
+          << requested;
+      return signalPassFailure();
+    }
+    int64_t sms = requested ? requested : target->numSMs;
+    getOperation()->setAttr(
+        kNumSMsAttrName,
+        IntegerAttr::get(IntegerType::get(&getContext(), 64), sms));
     SmallVector<GemmOverride> overrides;
     for (const std::string &text : configs) {
       FailureOr<GemmOverride> override =
@@ -119,7 +133,7 @@ struct MoEGPUSelectKernelsPass
         return WalkResult::advance();
       }
       FailureOr<DictionaryAttr> kernels =
-          selectKernels(op, roles, chip, overrides);
+          selectKernels(op, roles, chip, sms, overrides);
       if (failed(kernels))
         return WalkResult::interrupt();
       op->setAttr(kKernelsAttrName, *kernels);

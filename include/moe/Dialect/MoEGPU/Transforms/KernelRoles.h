@@ -22,6 +22,21 @@ namespace mlir::moe_gpu {
 
 /// The attribute that holds an op's configs: {role = #moe_gpu.gemm<...>}.
 constexpr llvm::StringLiteral kKernelsAttrName = "moe_gpu.kernels";
+/// The module attribute that holds the SM count the kernels are launched for
+/// (an i64): the persistent GEMMs' grid, and the router's weight-gradient
+/// split. moe-gpu-select-kernels sets it from the chip.
+constexpr llvm::StringLiteral kNumSMsAttrName = "moe_gpu.num_sms";
+
+/// What the selection knows of a chip.
+struct ChipInfo {
+  llvm::StringRef name;
+  /// Streaming multiprocessors: one persistent CTA each.
+  int64_t numSMs;
+};
+
+/// The chips with kernels: sm_90a (H100 SXM and H200: 132 SMs); null for
+/// another name.
+const ChipInfo *lookupChip(llvm::StringRef name);
 
 /// One GEMM of an op: its role name and the config the library builds.
 struct GemmRole {
@@ -41,11 +56,13 @@ struct GemmShape {
 };
 GemmShape gemmShapeOf(Operation *op);
 
-/// The config of `role` for `shape` on `chip`: the tuned table's entry, else
-/// the library's config. std::nullopt for a chip without kernels.
+/// The config of `role` for `shape` on `chip` with `numSMs` SMs: the tuned
+/// table's entry, else the library's config. std::nullopt for a chip without
+/// kernels.
 std::optional<GemmConfig> selectGemmConfig(const GemmRole &role,
                                            const GemmShape &shape,
-                                           llvm::StringRef chip);
+                                           llvm::StringRef chip,
+                                           int64_t numSMs);
 
 /// Parameters of the kernels of one GEMM role, given by a pass option
 /// (moe-gpu-select-kernels' `configs`, moe-compile's --kernel-config) as

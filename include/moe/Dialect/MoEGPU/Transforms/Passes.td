@@ -34,11 +34,17 @@ def MoEGPUSelectKernels
     against the library by symbol lookup of their kernel names and refuses a
     config the library does not build, with a diagnostic at the op.
 
-    `chip` names the target; only `sm_90a` has kernels.
+    `chip` names the target; only `sm_90a` has kernels. The module gets
+    `moe_gpu.num_sms`, the SM count the kernels are launched for (the
+    persistent GEMMs run a CTA an SM): the chip's (132 for `sm_90a`, H100
+    SXM and H200), or `num-sms` (an H100 PCIe has 114).
   }];
   let options = [
     Option<"chip", "chip", "std::string", /*default=*/"\"sm_90a\"",
            "The GPU the kernels are chosen for (sm_90a)">,
+    Option<"numSMs", "num-sms", "int64_t", /*default=*/"0",
+           "SMs of the GPU the kernels run on (0: the chip's, 132 for "
+           "sm_90a: H100 SXM and H200)">,
     ListOption<"configs", "configs", "std::string",
                "Parameters of the chosen configs: [OP.]ROLE:KEY=VALUE[:...], "
                "e.g. expert_ffn.down:stages=2">,

@@ -29,8 +29,11 @@
 // INVALID: moe-compile: error: cannot parse '{{.*}}invalid.mlir'
 // GELU: gelu.mlir:{{[0-9]+}}:{{[0-9]+}}: error: the GPU path runs the swiglu activation only, got gelu
 // GELU: moe-compile: error: compiling '{{.*}}gelu.mlir' failed
-// NOLAYER: moe-compile: error: '{{.*}}nolayer.mlir' has no moe layer function to compile
-// TWO: moe-compile: error: '{{.*}}two.mlir' has more than one layer (@a, @b); moe-compile compiles one per file
+// NOLAYER: nolayer.mlir:0:0: error: moe-gpu-build-entry-points: no moe layer function to compile (a func.func of moe ops on tensors)
+// NOLAYER-NOT: note
+// NOLAYER: moe-compile: error: compiling '{{.*}}nolayer.mlir' failed
+// TWO: two.mlir:0:0: error: moe-gpu-build-entry-points: more than one layer (@a, @b); a module compiles one
+// TWO: moe-compile: error: compiling '{{.*}}two.mlir' failed
 // EMIT: moe-compile: error: unknown --emit kind 'pdf' (expected obj, header, manifest, llvm or mlir)
 // FORMAT: moe-compile: error: unknown --format 'offload' (expected bin, isa or fatbin)
 // OPT: moe-compile: error: --opt-level must be 0 to 3, got 7

@@ -8,8 +8,10 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "moe/Conversion/MoEToGPU/EntryPoints.h"
 #include "moe/Conversion/MoEToGPU/GPUContract.h"
 #include "moe/Conversion/MoEToGPU/MoEToGPU.h"
+#include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
 #include "moe/InitAll.h"
 #include "moe/Pipelines/Pipelines.h"
@@ -62,6 +64,10 @@ void LLVMInitializeX86AsmPrinter();
 }
 
 using namespace mlir;
+using mlir::moe::cIdentifier;
+using mlir::moe::describeEntryParam;
+using mlir::moe::EntryParam;
+using mlir::moe::EntryPointInfo;
 namespace cl = llvm::cl;
 
 #ifndef MOE_MLIR_VERSION
@@ -141,11 +147,6 @@ cl::list<std::string>
 /// The chip of the GPU path's contract (python/moe_mlir/gpu_contract.json).
 constexpr llvm::StringLiteral kChip = moe::gpu_contract::kChip;
 constexpr llvm::StringLiteral kHostTriple = "x86_64-unknown-linux-gnu";
-/// Device pointers must be 16-byte aligned (vector loads, TMA).
-constexpr int64_t kPointerAlignment = 16;
-/// moeStatus codes (runtime/include/moe/Runtime/Runtime.h).
-constexpr int32_t kInvalidArgument = 3;
-constexpr int32_t kMisaligned = 4;
 
 int fail(const llvm::Twine &message) {
   llvm::errs() << "moe-compile: error: " << message << "\n";
@@ -160,261 +161,11 @@ void onFatalError(void *, const char *reason, bool) {
   std::_Exit(1);
 }
 
-//===----------------------------------------------------------------------===//
-// What the conversion recorded
-//===----------------------------------------------------------------------===//
-
-struct Param {
-  std::string name;
-  std::string role;
-  std::string dtype;
-  SmallVector<int64_t> shape;
-  std::string forwardParam;
-  std::string of;
-  /// "host" for a tensor in pinned host memory (an offloaded saved tensor);
-  /// empty for device memory.
-  std::string memory;
-};
-
-struct Entry {
-  LLVM::LLVMFuncOp impl;
-  std::string kind;
-  std::string layerName;
-  SmallVector<Param> params;
-  int64_t workspaceBytes = 0;
-  DictionaryAttr layer;
-};
-
 std::string getString(DictionaryAttr dict, StringRef key) {
   if (auto value = dict.getAs<StringAttr>(key))
     return value.str();
   return "";
 }
-
-FailureOr<Entry> readEntry(LLVM::LLVMFuncOp func) {
-  Entry entry;
-  entry.impl = func;
-  entry.kind = func->getAttrOfType<StringAttr>(moe::kGPUEntryAttr).str();
-  auto layerName = func->getAttrOfType<StringAttr>(moe::kGPULayerNameAttr);
-  auto params = func->getAttrOfType<ArrayAttr>(moe::kGPUParamsAttr);
-  auto workspace =
-      func->getAttrOfType<IntegerAttr>(moe::kGPUWorkspaceBytesAttr);
-  if (!layerName || !params || !workspace)
-    return func.emitError("the host function lacks the moe.gpu.* attributes "
-                          "of convert-moe-to-gpu");
-  entry.layerName = layerName.str();
-  entry.workspaceBytes = workspace.getInt();
-  entry.layer = func->getAttrOfType<DictionaryAttr>(moe::kGPULayerAttr);
-  for (Attribute attr : params) {
-    auto dict = dyn_cast<DictionaryAttr>(attr);
-    auto shape = dict ? dict.getAs<DenseI64ArrayAttr>("shape") : nullptr;
-    if (!shape)
-      return func.emitError("malformed moe.gpu.params entry ") << attr;
-    entry.params.push_back({getString(dict, "name"), getString(dict, "role"),
-                            getString(dict, "dtype"),
-                            llvm::to_vector(shape.asArrayRef()),
-                            getString(dict, "forward_param"),
-                            getString(dict, "of"), getString(dict, "memory")});
-  }
-  return entry;
-}
-
-/// `name` as a C identifier: other characters become '_'.
-std::string sanitize(StringRef name) {
-  std::string result;
-  for (char c : name)
-    result += llvm::isAlnum(c) || c == '_' ? c : '_';
-  if (result.empty() || llvm::isDigit(result.front()))
-    result.insert(result.begin(), '_');
-  return result;
-}
-
-std::string describe(const Param &param) {
-  std::string text = param.role;
-  if (!param.forwardParam.empty() && param.forwardParam != param.name)
-    text += " (forward " + param.forwardParam + ")";
-  if (!param.of.empty())
-    text += " of " + param.of;
-  text += ", " + param.dtype + " [";
-  text += llvm::join(
-      llvm::map_range(param.shape, [](int64_t d) { return std::to_string(d); }),
-      ", ");
-  text += "]";
-  if (param.memory == "host")
-    text += " in pinned host memory";
-  return text;
-}
-
-//===----------------------------------------------------------------------===//
-// The C entry points, as LLVM dialect functions
-//===----------------------------------------------------------------------===//
-
-class EntryPointBuilder {
-public:
-  explicit EntryPointBuilder(ModuleOp module)
-      : module(module), b(module.getContext()), loc(module.getLoc()) {
-    b.setInsertionPointToEnd(module.getBody());
-    ptrType = LLVM::LLVMPointerType::get(module.getContext());
-    i32 = b.getI32Type();
-    i64 = b.getI64Type();
-    voidType = LLVM::LLVMVoidType::get(module.getContext());
-  }
-
-  /// `int <cName>_<kind>(void *stream, void *params...)` calling the host
-  /// function `entry.impl` on memref descriptors of the static shapes.
-  LogicalResult build(const Entry &entry, StringRef symbol) {
-    LLVM::LLVMFuncOp impl = entry.impl;
-    int64_t expected = 0;
-    for (const Param &param : entry.params)
-      expected += 3 + 2 * static_cast<int64_t>(param.shape.size());
-    if (impl.getNumArguments() != expected)
-      return impl.emitError("expected a host function with ")
-             << expected << " arguments (expanded memref descriptors)";
-
-    SmallVector<Type> argTypes(entry.params.size() + 1, ptrType);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToEnd(module.getBody());
-    auto func = LLVM::LLVMFuncOp::create(
-        b, loc, symbol, LLVM::LLVMFunctionType::get(i32, argTypes));
-    Block *entryBlock = func.addEntryBlock(b);
-    Region &body = func.getBody();
-    Block *run = new Block();
-    body.push_back(run);
-    Block *refuse = new Block();
-    body.push_back(refuse);
-    refuse->addArgument(i32, loc);
-    refuse->addArgument(ptrType, loc);
-
-    // Null and alignment checks, each a branch to `refuse` with its message.
-    b.setInsertionPointToStart(entryBlock);
-    call("moeClearLastError", voidType, {});
-    Block *current = entryBlock;
-    for (auto [i, param] : llvm::enumerate(entry.params)) {
-      Value pointer = entryBlock->getArgument(i + 1);
-      std::string what = (symbol + ": parameter " + Twine(i + 1) + " '" +
-                          param.name + "' (" + describe(param) + ")")
-                             .str();
-      b.setInsertionPointToEnd(current);
-      Value null = LLVM::ZeroOp::create(b, loc, ptrType);
-      Value isNull =
-          LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::eq, pointer, null);
-      current = check(current, isNull, kInvalidArgument,
-                      what + " is a null pointer", run);
-      Value address = LLVM::PtrToIntOp::create(b, loc, i64, pointer);
-      Value mask = constant(i64, kPointerAlignment - 1);
-      Value low = LLVM::AndOp::create(b, loc, address, mask);
-      Value misaligned = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::ne,
-                                              low, constant(i64, 0));
-      current = check(current, misaligned, kMisaligned,
-                      what + " is not " + std::to_string(kPointerAlignment) +
-                          "-byte aligned",
-                      run);
-    }
-    b.setInsertionPointToEnd(current);
-    LLVM::BrOp::create(b, loc, ValueRange{}, run);
-
-    // Borrow the caller's stream, call the host function on descriptors of
-    // the static shapes (allocated = aligned pointer, offset 0, row-major
-    // strides), give the stream back and report the runtime's status.
-    b.setInsertionPointToStart(run);
-    Value stream = entryBlock->getArgument(0);
-    call("moeSetLaunchStream", i32, {stream});
-    SmallVector<Value> args;
-    for (auto [i, param] : llvm::enumerate(entry.params)) {
-      Value pointer = entryBlock->getArgument(i + 1);
-      args.append({pointer, pointer, constant(i64, 0)});
-      for (int64_t size : param.shape)
-        args.push_back(constant(i64, size));
-      int64_t stride = 1;
-      SmallVector<Value> strides;
-      for (int64_t size : llvm::reverse(param.shape)) {
-        strides.push_back(constant(i64, stride));
-        stride *= size;
-      }
-      llvm::append_range(args, llvm::reverse(strides));
-    }
-    LLVM::CallOp::create(b, loc, impl, args);
-    call("moeSetLaunchStream", i32, {LLVM::ZeroOp::create(b, loc, ptrType)});
-    Value status = call("moeGetLastStatus", i32, {});
-    LLVM::ReturnOp::create(b, loc, status);
-
-    b.setInsertionPointToStart(refuse);
-    Value code = call("moeSetErrorMessage", i32,
-                      {refuse->getArgument(0), refuse->getArgument(1)});
-    LLVM::ReturnOp::create(b, loc, code);
-    return success();
-  }
-
-  /// `size_t <symbol>(void)` returning `bytes`.
-  void buildConstant(StringRef symbol, int64_t bytes) {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToEnd(module.getBody());
-    auto func = LLVM::LLVMFuncOp::create(b, loc, symbol,
-                                         LLVM::LLVMFunctionType::get(i64, {}));
-    b.setInsertionPointToStart(func.addEntryBlock(b));
-    LLVM::ReturnOp::create(b, loc, constant(i64, bytes));
-  }
-
-private:
-  Value constant(Type type, int64_t value) {
-    return LLVM::ConstantOp::create(b, loc, type,
-                                    b.getIntegerAttr(type, value));
-  }
-
-  /// Calls the runtime function `name`, declaring it on first use.
-  Value call(StringRef name, Type result, ValueRange args) {
-    auto callee = module.lookupSymbol<LLVM::LLVMFuncOp>(name);
-    if (!callee) {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(module.getBody());
-      callee = LLVM::LLVMFuncOp::create(
-          b, loc, name,
-          LLVM::LLVMFunctionType::get(result,
-                                      llvm::to_vector(args.getTypes())));
-    }
-    auto op = LLVM::CallOp::create(b, loc, callee, args);
-    return op.getNumResults() ? op.getResult() : Value();
-  }
-
-  /// A private constant C string; returns its address.
-  Value string(StringRef text) {
-    std::string name = "__moe_message_" + std::to_string(messages++);
-    {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(module.getBody());
-      std::string data = text.str();
-      data.push_back('\0');
-      auto type = LLVM::LLVMArrayType::get(b.getI8Type(), data.size());
-      LLVM::GlobalOp::create(b, loc, type, /*isConstant=*/true,
-                             LLVM::Linkage::Private, name,
-                             b.getStringAttr(data));
-    }
-    return LLVM::AddressOfOp::create(b, loc, ptrType, name);
-  }
-
-  /// Ends `current` with a branch to `refuse(code, message)` if `condition`
-  /// holds; returns the block that continues otherwise.
-  Block *check(Block *current, Value condition, int32_t code,
-               const std::string &message, Block *before) {
-    b.setInsertionPointToEnd(current);
-    Value codeValue = constant(i32, code);
-    Value messageValue = string(message);
-    Block *next = b.createBlock(before);
-    Block *refuse = &current->getParent()->back();
-    b.setInsertionPointToEnd(current);
-    LLVM::CondBrOp::create(b, loc, condition, refuse,
-                           ValueRange{codeValue, messageValue}, next,
-                           ValueRange{});
-    b.setInsertionPointToStart(next);
-    return next;
-  }
-
-  ModuleOp module;
-  OpBuilder b;
-  Location loc;
-  Type ptrType, i32, i64, voidType;
-  unsigned messages = 0;
-};
 
 //===----------------------------------------------------------------------===//
 // Header and manifest
@@ -459,12 +210,12 @@ std::string layerSummary(DictionaryAttr layer) {
   return text;
 }
 
-std::string makeHeader(StringRef cName, ArrayRef<Entry> entries,
+std::string makeHeader(StringRef cName, ArrayRef<EntryPointInfo> entries,
                        DictionaryAttr layer, StringRef input,
                        StringRef fileName) {
   std::string text;
   llvm::raw_string_ostream os(text);
-  std::string guard = StringRef(sanitize(fileName)).upper();
+  std::string guard = StringRef(cIdentifier(fileName)).upper();
   os << "/* " << fileName << ": generated by moe-compile (moe-mlir "
      << MOE_MLIR_VERSION << ") from " << llvm::sys::path::filename(input)
      << "; do not edit.\n"
@@ -485,7 +236,7 @@ std::string makeHeader(StringRef cName, ArrayRef<Entry> entries,
      << "#ifndef " << guard << "\n#define " << guard << "\n\n"
      << "#include <stddef.h>\n\n"
      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
-  for (const Entry &entry : entries) {
+  for (const EntryPointInfo &entry : entries) {
     os << "\n/* " << entry.kind << ": ";
     if (entry.kind == "forward")
       os << "inputs, results, then the tensors backward needs that are not "
@@ -494,16 +245,17 @@ std::string makeHeader(StringRef cName, ArrayRef<Entry> entries,
       os << "the saved tensors (a saved input is the forward's input "
             "again), the gradients of the results, then the gradients of "
             "the inputs. */\n";
-    if (llvm::any_of(entry.params,
-                     [](const Param &param) { return param.memory == "host"; }))
+    if (llvm::any_of(entry.params, [](const EntryParam &param) {
+          return param.memory == "host";
+        }))
       os << "/* Saved tensors in pinned host memory (moeHostAlloc): forward "
             "copies them there\n   on a copy stream, overlapping the work "
             "after it, and backward brings them\n   back; "
             "moeOffloadSynchronize() waits for the copies in flight. */\n";
     os << "int " << cName << "_" << entry.kind << "(void *stream";
-    for (const Param &param : entry.params)
-      os << ",\n    void *" << sanitize(param.name) << " /* " << describe(param)
-         << " */";
+    for (const EntryParam &param : entry.params)
+      os << ",\n    void *" << cIdentifier(param.name) << " /* "
+         << describeEntryParam(param) << " */";
     os << ");\n"
        << "/* Device memory the " << entry.kind
        << " call holds at once in temporaries, in bytes. */\n"
@@ -590,7 +342,7 @@ void writeGPULimits(llvm::json::OStream &j) {
   j.objectEnd();
 }
 
-std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
+std::string makeManifest(StringRef cName, ArrayRef<EntryPointInfo> entries,
                          DictionaryAttr layer, int64_t numSMs) {
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -604,17 +356,17 @@ std::string makeManifest(StringRef cName, ArrayRef<Entry> entries,
   writeLayer(j, layer);
   j.attributeEnd();
   j.attributeObject("entry_points", [&] {
-    for (const Entry &entry : entries)
+    for (const EntryPointInfo &entry : entries)
       j.attributeObject(entry.kind, [&] {
         j.attribute("symbol", (cName + "_" + entry.kind).str());
         j.attribute("workspace_symbol",
                     (cName + "_" + entry.kind + "_workspace_bytes").str());
         j.attribute("workspace_bytes", entry.workspaceBytes);
         j.attributeArray("params", [&] {
-          for (const Param &param : entry.params)
+          for (const EntryParam &param : entry.params)
             j.object([&] {
               j.attribute("name", param.name);
-              j.attribute("c_name", sanitize(param.name));
+              j.attribute("c_name", cIdentifier(param.name));
               j.attribute("role", param.role);
               if (!param.forwardParam.empty())
                 j.attribute("forward_param", param.forwardParam);
@@ -858,6 +610,9 @@ int compile() {
   // translation crashes without it.
   gpu::registerOffloadingLLVMTranslationInterfaceExternalModels(registry);
   MLIRContext context(registry);
+  // A user's error names its place in the layer; the IR of the module
+  // around it is the compiler's business.
+  context.printOpOnDiagnostic(false);
   context.loadAllAvailableDialects();
 
   std::string error;
@@ -908,55 +663,23 @@ int compile() {
   PassManager pm(&context);
   if (failed(moe::buildMoETrainingPipeline(pm, options, &error)))
     return fail(error);
+  pm.addPass(moe::createMoEGPUBuildEntryPoints());
   if (failed(pm.run(*module)) || errors)
     return fail("compiling '" + inputFilename + "' failed");
 
-  // The forward and backward host functions, as the conversion left them,
-  // forward first.
-  std::vector<Entry> entries;
-  for (StringRef wanted : {"forward", "backward"})
-    for (auto func : module->getOps<LLVM::LLVMFuncOp>()) {
-      auto kind = func->getAttrOfType<StringAttr>(moe::kGPUEntryAttr);
-      if (!kind || kind.getValue() != wanted)
-        continue;
-      FailureOr<Entry> entry = readEntry(func);
-      if (failed(entry))
-        return fail("unexpected compiler output");
-      entries.push_back(std::move(*entry));
-    }
-  if (entries.empty() || entries.front().kind != "forward")
-    return fail("'" + inputFilename +
-                "' has no moe layer function to compile (a func.func of moe "
-                "ops on tensors)");
-  const Entry *forward = &entries.front();
-  for (const Entry &entry : entries)
-    if (entry.layerName != forward->layerName)
-      return fail("'" + inputFilename + "' has more than one layer (@" +
-                  forward->layerName + ", @" + entry.layerName +
-                  "); moe-compile compiles one per file");
-  std::string cName = sanitize(forward->layerName);
-  DictionaryAttr layer = forward->layer;
-
-  // The host functions become internal; the C entry points take their names.
-  EntryPointBuilder builder(*module);
-  for (Entry &entry : entries) {
-    std::string symbol = cName + "_" + entry.kind;
-    std::string implName = "__moe_host_" + symbol;
-    if (failed(SymbolTable::replaceAllSymbolUses(
-            entry.impl, StringAttr::get(&context, implName), *module)))
-      return fail("cannot rename @" + entry.impl.getSymName());
-    entry.impl.setSymName(implName);
-    entry.impl.setLinkage(LLVM::Linkage::Internal);
+  // The entry points moe-gpu-build-entry-points made (the pipeline's last
+  // pass), forward first; the header and manifest come from their
+  // attributes, which the object does not need.
+  SmallVector<EntryPointInfo, 2> entries = moe::getEntryPoints(*module);
+  if (entries.empty())
+    return fail("unexpected compiler output: no entry points");
+  std::string cName = cIdentifier(entries.front().layerName);
+  DictionaryAttr layer = entries.front().layer;
+  for (EntryPointInfo &entry : entries)
     for (StringRef attr :
          {moe::kGPUEntryAttr, moe::kGPULayerNameAttr, moe::kGPUParamsAttr,
           moe::kGPUWorkspaceBytesAttr, moe::kGPULayerAttr})
-      entry.impl->removeAttr(attr);
-    if (module->lookupSymbol(symbol))
-      return fail("the symbol " + symbol + " exists already");
-    if (failed(builder.build(entry, symbol)))
-      return fail("unexpected compiler output");
-    builder.buildConstant(symbol + "_workspace_bytes", entry.workspaceBytes);
-  }
+      entry.func->removeAttr(attr);
   if (failed(verify(*module)) || errors)
     return fail("the generated entry points do not verify");
 

@@ -247,6 +247,29 @@ def MoEGPUEmitLibrary : Pass<"moe-gpu-emit-library", "::mlir::ModuleOp"> {
   ];
 }
 
+def MoEGPUBuildEntryPoints
+    : Pass<"moe-gpu-build-entry-points", "::mlir::ModuleOp"> {
+  let summary = "give a compiled layer's host functions C entry points";
+  let description = [{
+    Runs on the LLVM dialect a GPU layer lowers to (`moe-training-pipeline`
+    with a chip). For the forward and backward host functions
+    (`moe.gpu.entry`) of the module's one layer `@L`, builds
+    `i32 @<L>_forward(!llvm.ptr stream, !llvm.ptr...)` and `@<L>_backward`:
+    each checks its pointers (null: `MOE_ERROR_INVALID_ARGUMENT`, not
+    16-byte aligned: `MOE_ERROR_MISALIGNED`, with a message naming the
+    parameter), makes the stream the runtime's launch stream, calls the host
+    function on memref descriptors of the static shapes and returns the
+    runtime's status; and `i64 @<L>_<kind>_workspace_bytes()`. `<L>` is the
+    layer's name as a C identifier. The host functions become internal
+    `@__moe_host_<L>_<kind>`, and their `moe.gpu.*` attributes move to the
+    entry points, from which `moe-compile` writes the header and manifest.
+
+    A module without a layer, with two layers, or with a symbol of an entry
+    point's name is an error.
+  }];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect"];
+}
+
 def MoEGPUSplitKernelModules
     : Pass<"moe-gpu-split-kernel-modules", "::mlir::ModuleOp"> {
   let summary = "give each launched kernel a gpu.module of its own, drop the others";

@@ -3,6 +3,22 @@
 // RUN: moe-opt %s --moe-generate-backward --moe-offload=prefetch=late | FileCheck %s --check-prefix=LATE
 // RUN: moe-opt %s --moe-plan-activations="policy=offload report=false" --moe-generate-backward --moe-offload | FileCheck %s --check-prefix=BOTH
 // RUN: not moe-opt %s --moe-offload=prefetch=soon 2>&1 | FileCheck %s --check-prefix=PREFETCH
+// The shared expert's h offloaded instead: the routed experts' and the router's
+// gradients need no prefetched tensor, so they move ahead of the shared
+// expert's, which waits for its h (the prefetch stays first, or, late, goes
+// right before its reader).
+// RUN: sed -e 's/, moe.plan = "offload"}/}/' -e 's/%%sd {activation = #moe.activation<swiglu>}/%%sd {activation = #moe.activation<swiglu>, moe.plan = "offload"}/' %s | moe-opt --moe-generate-backward --moe-offload | FileCheck %s --check-prefix=SHARED
+// RUN: sed -e 's/, moe.plan = "offload"}/}/' -e 's/%%sd {activation = #moe.activation<swiglu>}/%%sd {activation = #moe.activation<swiglu>, moe.plan = "offload"}/' %s | moe-opt --moe-generate-backward --moe-offload=prefetch=late | FileCheck %s --check-prefix=SHARED-LATE
+// SHARED-LABEL: func.func @layer_backward(
+// SHARED-NEXT: %[[BACK:.*]] = moe.prefetch
+// SHARED-NEXT: moe.expert_combine_grad
+// SHARED-NEXT: moe.router_grad
+// SHARED-NEXT: moe.shared_expert_grad {{.*}}, %[[BACK]], %{{.*}} {activation
+// SHARED-LATE-LABEL: func.func @layer_backward(
+// SHARED-LATE-NEXT: moe.expert_combine_grad
+// SHARED-LATE-NEXT: moe.router_grad
+// SHARED-LATE-NEXT: %[[BACK:.*]] = moe.prefetch
+// SHARED-LATE-NEXT: moe.shared_expert_grad {{.*}}, %[[BACK]], %{{.*}} {activation
 
 // The layer of moe-plan-activations.mlir with the routed experts' h marked
 // for offload (as moe-plan-activations marks it). h has one forward use

@@ -19,6 +19,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_MOEOFFLOAD
@@ -29,6 +31,42 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
+
+/// The ops of `body` that read the result of one of its moe.prefetch ops,
+/// directly or through the ops before them (and the prefetches themselves).
+DenseSet<Operation *> getPrefetchDependents(Block &body) {
+  DenseSet<Operation *> dependent;
+  for (Operation &op : body.without_terminator()) {
+    bool reads = isa<PrefetchOp>(op);
+    for (Value operand : op.getOperands())
+      if (Operation *def = operand.getDefiningOp())
+        reads |= dependent.contains(def);
+    if (reads)
+      dependent.insert(&op);
+  }
+  return dependent;
+}
+
+/// Moves the work of `body` that does not need a prefetched tensor ahead of
+/// the work that does (a stable partition, so every operand is still defined
+/// before its use): the copies then overlap it. The prefetches stay where
+/// they are (early: first), or go with the work that reads them
+/// (`withPrefetches`, late: right before their first use). A body with an op
+/// that has side effects keeps its order.
+void scheduleAroundPrefetches(Block &body, bool withPrefetches) {
+  if (body.getOps<PrefetchOp>().empty())
+    return;
+  for (Operation &op : body.without_terminator())
+    if (!isa<PrefetchOp>(op) && !isPure(&op))
+      return;
+  DenseSet<Operation *> dependent = getPrefetchDependents(body);
+  SmallVector<Operation *> later;
+  for (Operation &op : body.without_terminator())
+    if (dependent.contains(&op) && (withPrefetches || !isa<PrefetchOp>(op)))
+      later.push_back(&op);
+  for (Operation *op : later)
+    op->moveBefore(body.getTerminator());
+}
 
 bool isMarkedForOffload(Operation *op) {
   auto plan = op->getAttrOfType<StringAttr>(kPlanAttr);
@@ -189,6 +227,7 @@ LogicalResult MoEOffloadPass::offloadPair(func::FuncOp forward,
   }
   backward.setFunctionType(builder.getFunctionType(
       backwardBody.getArgumentTypes(), backward.getResultTypes()));
+  scheduleAroundPrefetches(backwardBody, /*withPrefetches=*/prefetch == "late");
   return success();
 }
 

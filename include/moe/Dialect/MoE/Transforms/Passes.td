@@ -174,7 +174,10 @@ def MoEOffload : Pass<"moe-offload", "::mlir::ModuleOp"> {
       the copies overlap the backward compute before each first use, as the
       cost model of `moe-plan-activations` assumes; with `prefetch=late`
       each comes right before its first use (the least device memory,
-      nothing overlapped).
+      nothing overlapped). Either way backward's work that needs no
+      prefetched tensor then moves ahead of the work that does (a stable
+      partition; nothing moves where an op has side effects), so that the
+      copies overlap it.
 
     ```mlir
     %y, %h = moe.expert_ffn ... {moe.plan = "offload"} ...

@@ -2,11 +2,13 @@
 //
 // Functions on tensors become host functions on device memrefs whose moe ops
 // are calls of the host functions of the GPU library, which the kernel builder
-// makes (KernelBuilder.h; docs/gpu-path.md section 1). Buffers are planned
-// here: results go straight into out-parameters, the other values share one
-// arena at static offsets from their lifetimes, and one async token orders
-// every call. Offloaded saved tensors go to pinned host memory through the
-// runtime's copy stream.
+// makes (KernelBuilder.h; docs/gpu-path.md section 1). Each function is
+// planned first (planHostFunction): results go straight into out-parameters,
+// the other values share one arena at static offsets from their lifetimes,
+// adds fold into the accumulating calls where they can. Then dialect
+// conversion patterns, one per op (populateMoEToGPUPatterns), replace the ops
+// in order with their calls, which one async token orders. Offloaded saved
+// tensors go to pinned host memory through the runtime's copy stream.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +36,7 @@
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Transforms/DialectConversion.h"
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringExtras.h"
@@ -560,7 +563,7 @@ DictionaryAttr getLayerAttr(func::FuncOp func) {
 
 class HostFunctionBuilder {
 public:
-  HostFunctionBuilder(OpBuilder &b, Location loc) : b(b), loc(loc) {}
+  explicit HostFunctionBuilder(Location loc) : loc(loc) {}
 
   Value token;
   int64_t liveBytes = 0;
@@ -571,7 +574,7 @@ public:
     auto type = cast<MemRefType>(buffer.getType());
     SmallVector<int64_t> shape(type.getRank(), ShapedType::kDynamic);
     return memref::CastOp::create(
-        b, loc, MemRefType::get(shape, type.getElementType()), buffer);
+        *b, loc, MemRefType::get(shape, type.getElementType()), buffer);
   }
 
   /// A 1-D dynamic view of all of `buffer`.
@@ -581,7 +584,7 @@ public:
       ReassociationIndices all =
           llvm::to_vector(llvm::seq<int64_t>(0, type.getRank()));
       buffer = memref::CollapseShapeOp::create(
-          b, loc, buffer, ArrayRef<ReassociationIndices>{all});
+          *b, loc, buffer, ArrayRef<ReassociationIndices>{all});
     }
     return dynamic(buffer);
   }
@@ -595,7 +598,7 @@ public:
     auto type = MemRefType::get(
         sizes, cast<MemRefType>(buffer.getType()).getElementType());
     Value view =
-        memref::ReinterpretCastOp::create(b, loc, type, buffer,
+        memref::ReinterpretCastOp::create(*b, loc, type, buffer,
                                           /*offset=*/0, sizes, strides);
     return dynamic(view);
   }
@@ -607,7 +610,7 @@ public:
 
   Value alloc(MemRefType type) {
     auto op =
-        gpu::AllocOp::create(b, loc, type, token.getType(), ValueRange{token},
+        gpu::AllocOp::create(*b, loc, type, token.getType(), ValueRange{token},
                              ValueRange{}, ValueRange{}, /*hostShared=*/false);
     token = op.getAsyncToken();
     liveBytes += getBytes(type);
@@ -616,14 +619,14 @@ public:
   }
 
   void dealloc(Value buffer) {
-    token = gpu::DeallocOp::create(b, loc, token.getType(), ValueRange{token},
+    token = gpu::DeallocOp::create(*b, loc, token.getType(), ValueRange{token},
                                    buffer)
                 .getAsyncToken();
     liveBytes -= getBytes(cast<MemRefType>(buffer.getType()));
   }
 
   void copy(Value dst, Value src) {
-    token = gpu::MemcpyOp::create(b, loc, token.getType(), ValueRange{token},
+    token = gpu::MemcpyOp::create(*b, loc, token.getType(), ValueRange{token},
                                   dst, src)
                 .getAsyncToken();
   }
@@ -632,7 +635,7 @@ public:
     SmallVector<Value> args = {token};
     llvm::append_range(args, operands);
     auto op =
-        func::CallOp::create(b, loc, callee, TypeRange{token.getType()}, args);
+        func::CallOp::create(*b, loc, callee, TypeRange{token.getType()}, args);
     token = op.getResult(0);
   }
 
@@ -641,8 +644,8 @@ public:
   /// i64 for the runtime.
   Value address(Value buffer) {
     Value index =
-        memref::ExtractAlignedPointerAsIndexOp::create(b, loc, buffer);
-    return arith::IndexCastOp::create(b, loc, b.getI64Type(), index);
+        memref::ExtractAlignedPointerAsIndexOp::create(*b, loc, buffer);
+    return arith::IndexCastOp::create(*b, loc, b->getI64Type(), index);
   }
 
   /// A call of the runtime function `callee` (declared in `module` on first
@@ -654,14 +657,14 @@ public:
     if (result)
       results.push_back(result);
     if (!module.lookupSymbol(callee)) {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(module.getBody());
+      OpBuilder::InsertionGuard guard(*b);
+      b->setInsertionPointToStart(module.getBody());
       auto decl = func::FuncOp::create(
-          b, loc, callee,
-          b.getFunctionType(TypeRange(ValueRange(operands)), results));
+          *b, loc, callee,
+          b->getFunctionType(TypeRange(ValueRange(operands)), results));
       decl.setPrivate();
     }
-    auto call = func::CallOp::create(b, loc, callee, results, operands);
+    auto call = func::CallOp::create(*b, loc, callee, results, operands);
     return result ? call.getResult(0) : Value();
   }
 
@@ -669,20 +672,21 @@ public:
   /// (an i64 from the runtime): its descriptor in the LLVM dialect, which the
   /// lowering to LLVM takes as the memref's.
   Value memrefAt(Value address, MemRefType type) {
-    MLIRContext *context = b.getContext();
+    MLIRContext *context = b->getContext();
     auto ptrType = LLVM::LLVMPointerType::get(context);
-    Type i64 = b.getI64Type();
+    Type i64 = b->getI64Type();
     auto array = LLVM::LLVMArrayType::get(i64, type.getRank());
     auto descriptorType = LLVM::LLVMStructType::getLiteral(
         context, {ptrType, ptrType, i64, array, array});
-    Value pointer = LLVM::IntToPtrOp::create(b, loc, ptrType, address);
-    Value descriptor = LLVM::PoisonOp::create(b, loc, descriptorType);
+    Value pointer = LLVM::IntToPtrOp::create(*b, loc, ptrType, address);
+    Value descriptor = LLVM::PoisonOp::create(*b, loc, descriptorType);
     auto insert = [&](Value value, ArrayRef<int64_t> position) {
       descriptor =
-          LLVM::InsertValueOp::create(b, loc, descriptor, value, position);
+          LLVM::InsertValueOp::create(*b, loc, descriptor, value, position);
     };
     auto constant = [&](int64_t value) {
-      return LLVM::ConstantOp::create(b, loc, i64, b.getI64IntegerAttr(value));
+      return LLVM::ConstantOp::create(*b, loc, i64,
+                                      b->getI64IntegerAttr(value));
     };
     insert(pointer, {0});
     insert(pointer, {1});
@@ -693,28 +697,29 @@ public:
       insert(constant(stride), {4, i});
       stride *= type.getDimSize(i);
     }
-    return UnrealizedConversionCastOp::create(b, loc, type, descriptor)
+    return UnrealizedConversionCastOp::create(*b, loc, type, descriptor)
         .getResult(0);
   }
 
   Value i1(bool value) {
-    return arith::ConstantIntOp::create(b, loc, b.getI1Type(), value);
+    return arith::ConstantIntOp::create(*b, loc, b->getI1Type(), value);
   }
   Value i64(int64_t value) {
-    return arith::ConstantIntOp::create(b, loc, b.getI64Type(), value);
+    return arith::ConstantIntOp::create(*b, loc, b->getI64Type(), value);
   }
   Value i32(int64_t value) {
-    return arith::ConstantIntOp::create(b, loc, b.getI32Type(), value);
+    return arith::ConstantIntOp::create(*b, loc, b->getI32Type(), value);
   }
   Value index(int64_t value) {
-    return arith::ConstantIndexOp::create(b, loc, value);
+    return arith::ConstantIndexOp::create(*b, loc, value);
   }
   Value f32(double value) {
-    return arith::ConstantFloatOp::create(b, loc, b.getF32Type(),
+    return arith::ConstantFloatOp::create(*b, loc, b->getF32Type(),
                                           APFloat(static_cast<float>(value)));
   }
 
-  OpBuilder &b;
+  /// Where the ops go: the rewriter of the pattern at work, at its op.
+  OpBuilder *b = nullptr;
   Location loc;
 };
 
@@ -768,95 +773,6 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
   return callees;
 }
 
-/// Emits the library call of `op`: its tensor operands, then scalar config,
-/// then its results, as the contract of docs/gpu-path.md lists them. With
-/// `accumulate`, the call of the host function that adds the result
-/// getAccumulatingCallee names to what its buffer holds.
-void emitCall(Operation *op, HostFunctionBuilder &h,
-              llvm::function_ref<Value(Value)> bufferOf,
-              bool accumulate = false) {
-  auto call = [&](StringRef callee, ValueRange args) {
-    std::string base =
-        accumulate ? (callee + kAccumulateSuffix).str() : callee.str();
-    h.call(getHostCallee(op, base), args);
-  };
-  SmallVector<Value> args;
-  auto operands = [&]() {
-    for (Value operand : op->getOperands())
-      args.push_back(h.dynamic(bufferOf(operand)));
-  };
-  auto results = [&]() {
-    for (Value result : op->getResults())
-      args.push_back(h.dynamic(bufferOf(result)));
-  };
-  auto activation = [&]() {
-    args.push_back(h.i32(static_cast<int32_t>(*getActivation(op))));
-  };
-  auto scoring = [&](RoutingAttr routing) {
-    return h.i32(static_cast<int32_t>(routing.getScoring()));
-  };
-
-  if (auto router = dyn_cast<RouterOp>(op)) {
-    RoutingAttr routing = router.getRouting();
-    operands();
-    if (!router.getBias())
-      args.push_back(h.empty(bufferOf(router.getWeights()), 1));
-    args.append({scoring(routing), h.i1(routing.getRenormalize()),
-                 h.index(routing.getNumGroups()),
-                 h.index(routing.getTopkGroups()),
-                 h.f32(routing.getScalingFactorValue()),
-                 h.i1(routing.getRoundLogits())});
-    results();
-    h.call(getHostCallee(op, "__moe_gpu_router"), args);
-  } else if (auto grad = dyn_cast<RouterGradOp>(op)) {
-    RoutingAttr routing = grad.getRouting();
-    operands();
-    if (!grad.getDLogits())
-      args.push_back(h.empty(bufferOf(grad.getLogits()), 2));
-    args.append({scoring(routing), h.i1(routing.getRenormalize()),
-                 h.f32(routing.getScalingFactorValue())});
-    results();
-    call("__moe_gpu_router_grad", args);
-  } else if (isa<DispatchOp>(op)) {
-    operands();
-    results();
-    h.call("__moe_gpu_dispatch", args);
-  } else if (isa<CombineOp>(op)) {
-    operands();
-    results();
-    call("__moe_gpu_combine", args);
-  } else if (isa<arith::AddFOp>(op)) {
-    for (Value value : llvm::concat<Value>(op->getOperands(), op->getResults()))
-      args.push_back(h.flat(bufferOf(value)));
-    h.call("__moe_gpu_add", args);
-  } else if (isa<ExpertFFNOp, SharedExpertOp>(op) &&
-             !bufferOf(op->getResult(0))) {
-    // Nobody reads y (a recomputation of H in backward): only the up GEMM runs.
-    operands();
-    activation();
-    args.push_back(h.dynamic(bufferOf(op->getResult(1))));
-    h.call(getHostCallee(op, isa<ExpertFFNOp>(op)
-                                 ? "__moe_gpu_expert_ffn_h"
-                                 : "__moe_gpu_shared_expert_h"),
-           args);
-  } else {
-    StringRef callee =
-        TypeSwitch<Operation *, StringRef>(op)
-            .Case([](ExpertFFNOp) { return "__moe_gpu_expert_ffn"; })
-            .Case([](SharedExpertOp) { return "__moe_gpu_shared_expert"; })
-            .Case([](ExpertCombineGradOp) {
-              return "__moe_gpu_expert_combine_grad";
-            })
-            .Case([](SharedExpertGradOp) {
-              return "__moe_gpu_shared_expert_grad";
-            });
-    operands();
-    activation();
-    results();
-    call(callee, args);
-  }
-}
-
 /// The ops of `body` that read the result of one of its moe.prefetch ops,
 /// directly or through the ops before them (and the prefetches themselves).
 DenseSet<Operation *> getPrefetchDependents(Block &body) {
@@ -870,25 +786,6 @@ DenseSet<Operation *> getPrefetchDependents(Block &body) {
       dependent.insert(&op);
   }
   return dependent;
-}
-
-/// Moves the work that does not need a prefetched tensor ahead of the work
-/// that does (a stable partition, so every operand is still defined before
-/// its use), for the copies to overlap it. Ops with side effects keep the
-/// order.
-void scheduleAroundPrefetches(Block &body) {
-  if (body.getOps<PrefetchOp>().empty())
-    return;
-  for (Operation &op : body.without_terminator())
-    if (!isa<PrefetchOp>(op) && !isPure(&op))
-      return;
-  DenseSet<Operation *> dependent = getPrefetchDependents(body);
-  SmallVector<Operation *> later;
-  for (Operation &op : body.without_terminator())
-    if (dependent.contains(&op))
-      later.push_back(&op);
-  for (Operation *op : later)
-    op->moveBefore(body.getTerminator());
 }
 
 /// The results of `op` that become temporaries of the host function (in its
@@ -967,7 +864,7 @@ StringRef getAccumulatingCallee(Value value) {
 /// later fold: the adds are visited last first), P and X are used by the add
 /// alone, and X is computed before A, or A can move to right before the add
 /// (nothing reads its results before, and it would not move past work that
-/// waits for a prefetch, which scheduleAroundPrefetches put after it). Returns
+/// waits for a prefetch, which moe-offload put after it). Returns
 /// each folded add with its A; `buffers` gets P's and X's buffers, and A may
 /// have moved.
 DenseMap<Operation *, Operation *>
@@ -1021,110 +918,76 @@ foldAdds(Block &body, DenseMap<Value, Value> &buffers,
   return folds;
 }
 
-/// Replaces `plan.func` with a host function on device memrefs; `libraryHas`
-/// says which host functions the GPU library has.
-void convertFunction(FunctionPlan &plan,
-                     function_ref<bool(StringRef)> libraryHas) {
-  func::FuncOp func = plan.func;
-  MLIRContext *context = func.getContext();
-  auto module = func->getParentOfType<ModuleOp>();
-  Block &body = func.front();
-  scheduleAroundPrefetches(body);
-  auto returnOp = cast<func::ReturnOp>(body.getTerminator());
+//===----------------------------------------------------------------------===//
+// The plan of a host function
+//===----------------------------------------------------------------------===//
 
-  SmallVector<Param> params(plan.inputs);
-  SmallVector<int> outParamOf; // result -> parameter index, or -1
-  for (const std::optional<Param> &output : plan.outputs) {
-    outParamOf.push_back(output ? static_cast<int>(params.size()) : -1);
-    if (output)
-      params.push_back(*output);
-  }
-  SmallVector<Type> paramTypes = llvm::map_to_vector(
-      params, [](const Param &param) -> Type { return param.type; });
+/// What the patterns of one function share: the host function, the builder
+/// of its calls, and the plan made before they run (planHostFunction: where
+/// each tensor lives, the folded adds, the temporaries, their offsets in the
+/// arena and the op after which each is freed), which they complete as they
+/// go (the temporaries' buffers, the prefetches still to await). The patterns
+/// convert the ops in order, each emitting its work right before its op, so
+/// the host function runs that work in the ops' order, threaded by one token
+/// (`h.token`).
+struct HostCallContext {
+  explicit HostCallContext(Location loc) : h(loc) {}
 
-  OpBuilder b(func);
-  auto host = func::FuncOp::create(b, func.getLoc(), func.getSymName(),
-                                   FunctionType::get(context, paramTypes, {}));
-  host.setVisibility(func.getVisibility());
-  Block *entry = host.addEntryBlock();
-  b.setInsertionPointToStart(entry);
-  HostFunctionBuilder h(b, func.getLoc());
-  auto tokenType = gpu::AsyncTokenType::get(context);
-  h.token = gpu::WaitOp::create(b, func.getLoc(), tokenType, ValueRange{})
-                .getAsyncToken();
+  /// The function on tensors, its module and its terminator.
+  func::FuncOp func;
+  ModuleOp module;
+  func::ReturnOp returnOp;
+  /// The host function (its parameters the plan's inputs, then its outputs)
+  /// and its entry block, empty until the function's pattern fills it.
+  func::FuncOp host;
+  Block *entry = nullptr;
+  SmallVector<Param> params;
+  HostFunctionBuilder h;
 
-  // Where each tensor lives: arguments in their parameters, returned values
-  // in (the first of) their out-parameters.
+  /// Where each tensor lives: arguments in their parameters, returned values
+  /// in (the first of) their out-parameters, both parts of a folded add in
+  /// its sum's buffer; a temporary from when its op is converted, a
+  /// prefetched tensor from the function's start.
   DenseMap<Value, Value> buffers;
-  for (BlockArgument arg : body.getArguments())
-    buffers[arg] = entry->getArgument(arg.getArgNumber());
-  SmallVector<std::pair<Value, Value>> copies; // (out-parameter, value)
-  for (auto [i, value] : llvm::enumerate(returnOp.getOperands())) {
-    if (outParamOf[i] < 0)
-      continue;
-    Value param = entry->getArgument(outParamOf[i]);
-    if (isa<BlockArgument>(value) || buffers.count(value))
-      copies.push_back({param, value});
-    else
-      buffers[value] = param;
-  }
-
-  // With a library that has accumulating host functions, adds become
-  // in-place accumulations (no add, and neither part is a temporary).
-  DenseMap<Operation *, Operation *> foldedAdds =
-      foldAdds(body, buffers, libraryHas);
+  /// (out-parameter, value) pairs copied at the end: a returned argument, or
+  /// a value returned twice.
+  SmallVector<std::pair<Value, Value>> copies;
+  /// The adds folded into an accumulating call, each with the op that makes
+  /// it (foldAdds), and those ops.
+  DenseMap<Operation *, Operation *> foldedAdds;
   DenseSet<Operation *> accumulators;
-  for (auto &fold : foldedAdds)
-    accumulators.insert(fold.second);
-
-  // Temporaries are freed after the last op that reads them.
+  /// The results of each op that become temporaries (getTemporaries).
+  DenseMap<Operation *, SmallVector<Value>> temporaries;
+  /// The temporaries freed after each op, their last reader.
   DenseMap<Operation *, SmallVector<Value>> freeAfter;
-  for (Operation &op : body.without_terminator())
-    for (Value result : op.getResults()) {
-      if (buffers.count(result) || !isTensor(result.getType()))
-        continue;
-      Operation *last = &op;
-      for (Operation *user : result.getUsers())
-        if (last->isBeforeInBlock(user))
-          last = user;
-      freeAfter[last].push_back(result);
-    }
-
-  // The temporaries in one arena at static offsets: one allocation a call.
+  /// The temporaries in the arena, at their offsets; its size; the arena.
+  DenseMap<Value, int64_t> arenaOffsets;
   int64_t arenaBytes = 0;
-  DenseMap<Value, int64_t> arenaOffsets =
-      getArenaOffsets(body, buffers, freeAfter, arenaBytes);
   Value arena;
-  if (arenaBytes > 0)
-    arena = h.alloc(MemRefType::get({arenaBytes}, b.getI8Type()));
-  auto deallocTemporaries = [&](ArrayRef<Value> values) {
-    for (Value value : values)
-      if (Value buffer = buffers.lookup(value);
-          buffer && !arenaOffsets.count(value))
-        h.dealloc(buffer);
-  };
-
-  // Prefetches start before everything else, into buffers of their own;
-  // the call's stream waits for one right before its first reader.
+  /// The prefetched tensors the call's stream has not waited for yet, and
+  /// the runtime's address of each.
   SmallVector<Value> prefetching;
   DenseMap<Value, Value> prefetchAddress;
-  for (auto prefetch : body.getOps<PrefetchOp>()) {
-    h.loc = prefetch.getLoc();
-    MemRefType type = getBufferType(prefetch.getType());
-    int64_t bytes = HostFunctionBuilder::getBytes(type);
-    // The runtime allocates the buffer on its copy stream: the copy then
-    // need not wait for the work enqueued before this call.
-    Value address = h.callRuntime(
-        module, "mgpuMoePrefetch",
-        {h.address(buffers.lookup(prefetch.getHost())), h.i64(bytes)},
-        b.getI64Type());
-    buffers[prefetch.getDevice()] = h.memrefAt(address, type);
-    h.liveBytes += bytes;
-    h.peakBytes = std::max(h.peakBytes, h.liveBytes);
-    prefetchAddress[prefetch.getDevice()] = address;
-    prefetching.push_back(prefetch.getDevice());
+  /// Whether a tensor was offloaded (the function then finishes the
+  /// offloads).
+  bool offloaded = false;
+  /// The layer configuration, on a forward or plain function.
+  DictionaryAttr layerAttr;
+
+  Value bufferOf(Value value) const { return buffers.lookup(value); }
+
+  /// Whether `op` adds its result to what its buffer holds (a folded add).
+  bool accumulates(Operation *op) const { return accumulators.contains(op); }
+
+  /// Points `h` at `op`: its work goes right before it.
+  void startOp(ConversionPatternRewriter &rewriter, Operation *op) {
+    h.b = &rewriter;
+    rewriter.setInsertionPoint(op);
+    h.loc = op->getLoc();
   }
-  auto awaitPrefetches = [&](ValueRange values) {
+
+  /// The call's stream waits for those of `values` still being prefetched.
+  void awaitPrefetches(ValueRange values) {
     for (Value value : values) {
       auto *it = llvm::find(prefetching, value);
       if (it == prefetching.end())
@@ -1133,88 +996,572 @@ void convertFunction(FunctionPlan &plan,
                     {prefetchAddress.lookup(value)});
       prefetching.erase(it);
     }
-  };
+  }
 
-  bool offloaded = false;
-  IRMapping scalars;
-  for (Operation &op : body.without_terminator()) {
-    h.loc = op.getLoc();
-    if (isa<PrefetchOp>(op)) {
-      // Started above; freed here only when nothing reads it.
-      for (Value value : freeAfter.lookup(&op)) {
-        awaitPrefetches(value);
-        h.dealloc(buffers.lookup(value));
-      }
-      continue;
-    }
-    if (auto offload = dyn_cast<OffloadOp>(op)) {
-      // The runtime frees h once it is copied, when nothing reads it after.
-      Value source = offload.getSource();
-      Value device = buffers.lookup(source);
-      SmallVector<Value> &freed = freeAfter[&op];
-      auto *last = llvm::find(freed, source);
-      bool handOver = last != freed.end();
-      if (handOver) {
-        freed.erase(last);
-        h.liveBytes -=
-            HostFunctionBuilder::getBytes(cast<MemRefType>(device.getType()));
-      }
-      awaitPrefetches(source);
-      h.callRuntime(module, "mgpuMoeOffload",
-                    {h.address(buffers.lookup(offload.getHost())),
-                     h.address(device),
-                     h.i64(HostFunctionBuilder::getBytes(
-                         cast<MemRefType>(device.getType()))),
-                     h.i32(handOver)});
-      offloaded = true;
-      deallocTemporaries(freed);
-      continue;
-    }
-    if (!hasTensors(&op)) {
-      b.clone(op, scalars);
-      continue;
-    }
-    awaitPrefetches(op.getOperands());
-    // An expert FFN whose y nobody reads (H recomputed in backward) gets no
-    // buffer for y (getTemporaries), and emitCall runs only its up projection.
-    for (Value result : getTemporaries(op, buffers)) {
+  /// Gives the temporaries of `op` their buffers: a view of the arena at
+  /// their offset, or an allocation of their own.
+  void allocateTemporaries(Operation *op) {
+    for (Value result : temporaries.lookup(op)) {
       MemRefType type = getBufferType(result.getType());
       auto planned = arenaOffsets.find(result);
       buffers[result] =
           planned == arenaOffsets.end()
               ? h.alloc(type)
-              : memref::ViewOp::create(b, h.loc, type, arena,
+              : memref::ViewOp::create(*h.b, h.loc, type, arena,
                                        h.index(planned->second), ValueRange{})
                     .getResult();
     }
-    auto bufferOf = [&](Value value) { return buffers.lookup(value); };
-    if (!foldedAdds.count(&op))
-      emitCall(&op, h, bufferOf, accumulators.contains(&op));
-    deallocTemporaries(freeAfter.lookup(&op));
   }
-  h.loc = returnOp.getLoc();
-  awaitPrefetches(SmallVector<Value>(prefetching));
-  for (auto [param, value] : copies)
-    h.copy(param, buffers.lookup(value));
-  if (arena)
-    h.dealloc(arena);
-  if (offloaded)
-    h.callRuntime(module, "mgpuMoeOffloadsFinish", {});
-  gpu::WaitOp::create(b, h.loc, Type(), ValueRange{h.token});
-  func::ReturnOp::create(b, h.loc);
 
+  /// Frees those of `values` that have an allocation of their own.
+  void deallocTemporaries(ArrayRef<Value> values) {
+    for (Value value : values)
+      if (Value buffer = buffers.lookup(value);
+          buffer && !arenaOffsets.count(value))
+        h.dealloc(buffer);
+  }
+
+  /// Replaces `op` with the buffers of its results; a y nobody reads has
+  /// none.
+  void replaceWithBuffers(ConversionPatternRewriter &rewriter, Operation *op) {
+    SmallVector<SmallVector<Value>> replacements;
+    for (Value result : op->getResults()) {
+      SmallVector<Value> &replacement = replacements.emplace_back();
+      if (Value buffer = buffers.lookup(result))
+        replacement.push_back(buffer);
+    }
+    rewriter.replaceOpWithMultiple(op, std::move(replacements));
+  }
+};
+
+/// Creates the host function of `plan` (its parameters; before `plan.func`)
+/// and plans its buffers into `ctx`; `libraryHas` says which host functions
+/// the GPU library has. Ops of the body may move: an op that accumulates to
+/// its add (foldAdds). The work that waits for a prefetch comes after the
+/// rest already (moe-offload schedules it so).
+void planHostFunction(FunctionPlan &plan,
+                      function_ref<bool(StringRef)> libraryHas,
+                      HostCallContext &ctx) {
+  func::FuncOp func = plan.func;
+  MLIRContext *context = func.getContext();
+  Block &body = func.front();
+  ctx.func = func;
+  ctx.module = func->getParentOfType<ModuleOp>();
+  ctx.returnOp = cast<func::ReturnOp>(body.getTerminator());
+
+  ctx.params.assign(plan.inputs.begin(), plan.inputs.end());
+  SmallVector<int> outParamOf; // result -> parameter index, or -1
+  for (const std::optional<Param> &output : plan.outputs) {
+    outParamOf.push_back(output ? static_cast<int>(ctx.params.size()) : -1);
+    if (output)
+      ctx.params.push_back(*output);
+  }
+  SmallVector<Type> paramTypes = llvm::map_to_vector(
+      ctx.params, [](const Param &param) -> Type { return param.type; });
+
+  OpBuilder b(func);
+  ctx.host = func::FuncOp::create(b, func.getLoc(), func.getSymName(),
+                                  FunctionType::get(context, paramTypes, {}));
+  ctx.host.setVisibility(func.getVisibility());
+  ctx.entry = ctx.host.addEntryBlock();
+
+  // Where each tensor lives: arguments in their parameters, returned values
+  // in (the first of) their out-parameters.
+  DenseMap<Value, Value> &buffers = ctx.buffers;
+  for (BlockArgument arg : body.getArguments())
+    buffers[arg] = ctx.entry->getArgument(arg.getArgNumber());
+  for (auto [i, value] : llvm::enumerate(ctx.returnOp.getOperands())) {
+    if (outParamOf[i] < 0)
+      continue;
+    Value param = ctx.entry->getArgument(outParamOf[i]);
+    if (isa<BlockArgument>(value) || buffers.count(value))
+      ctx.copies.push_back({param, value});
+    else
+      buffers[value] = param;
+  }
+
+  // With a library that has accumulating host functions, adds become
+  // in-place accumulations (no add, and neither part is a temporary).
+  ctx.foldedAdds = foldAdds(body, buffers, libraryHas);
+  for (auto &fold : ctx.foldedAdds)
+    ctx.accumulators.insert(fold.second);
+
+  // Temporaries are freed after the last op that reads them.
+  for (Operation &op : body.without_terminator())
+    for (Value result : op.getResults()) {
+      if (buffers.count(result) || !isTensor(result.getType()))
+        continue;
+      Operation *last = &op;
+      for (Operation *user : result.getUsers())
+        if (last->isBeforeInBlock(user))
+          last = user;
+      ctx.freeAfter[last].push_back(result);
+    }
+
+  // The temporaries in one arena at static offsets: one allocation a call.
+  ctx.arenaOffsets =
+      getArenaOffsets(body, buffers, ctx.freeAfter, ctx.arenaBytes);
+  // An expert FFN whose y nobody reads (H recomputed in backward) gets no
+  // buffer for y, and runs only its up projection.
+  for (Operation &op : body.without_terminator())
+    if (SmallVector<Value> temporaries = getTemporaries(op, buffers);
+        !temporaries.empty())
+      ctx.temporaries[&op] = std::move(temporaries);
+
+  if (plan.kind != EntryKind::Backward)
+    ctx.layerAttr = getLayerAttr(func);
+}
+
+//===----------------------------------------------------------------------===//
+// One pattern per op
+//===----------------------------------------------------------------------===//
+
+/// The function on tensors: the host function's entry gets the call's first
+/// token, the arena and the start of every prefetch (their copies overlap the
+/// work before their first reader), then the body, whose arguments become
+/// the host function's parameters.
+class LowerFunction : public OpConversionPattern<func::FuncOp> {
+public:
+  LowerFunction(const TypeConverter &typeConverter, HostCallContext &ctx)
+      : OpConversionPattern(typeConverter, ctx.host.getContext()), ctx(ctx) {}
+
+  LogicalResult
+  matchAndRewrite(func::FuncOp func, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    HostFunctionBuilder &h = ctx.h;
+    h.b = &rewriter;
+    rewriter.setInsertionPointToEnd(ctx.entry);
+    auto tokenType = gpu::AsyncTokenType::get(rewriter.getContext());
+    h.token =
+        gpu::WaitOp::create(rewriter, func.getLoc(), tokenType, ValueRange{})
+            .getAsyncToken();
+    if (ctx.arenaBytes > 0)
+      ctx.arena =
+          h.alloc(MemRefType::get({ctx.arenaBytes}, rewriter.getI8Type()));
+
+    // Prefetches start before everything else, into buffers of their own;
+    // the call's stream waits for one right before its first reader.
+    Block &body = func.front();
+    for (auto prefetch : body.getOps<PrefetchOp>()) {
+      h.loc = prefetch.getLoc();
+      MemRefType type = getBufferType(prefetch.getType());
+      int64_t bytes = HostFunctionBuilder::getBytes(type);
+      // The runtime allocates the buffer on its copy stream: the copy then
+      // need not wait for the work enqueued before this call.
+      Value address = h.callRuntime(
+          ctx.module, "mgpuMoePrefetch",
+          {h.address(ctx.bufferOf(prefetch.getHost())), h.i64(bytes)},
+          rewriter.getI64Type());
+      ctx.buffers[prefetch.getDevice()] = h.memrefAt(address, type);
+      h.liveBytes += bytes;
+      h.peakBytes = std::max(h.peakBytes, h.liveBytes);
+      ctx.prefetchAddress[prefetch.getDevice()] = address;
+      ctx.prefetching.push_back(prefetch.getDevice());
+    }
+
+    rewriter.inlineBlockBefore(
+        &body, ctx.entry, ctx.entry->end(),
+        ctx.entry->getArguments().take_front(body.getNumArguments()));
+    rewriter.eraseOp(func);
+    return success();
+  }
+
+private:
+  HostCallContext &ctx;
+};
+
+/// The function's return: the call's stream waits for the prefetches nobody
+/// read, the values returned as they are copy into their out-parameters,
+/// the arena is freed, the offloads finish, and the host waits for the
+/// stream.
+class LowerReturn : public OpConversionPattern<func::ReturnOp> {
+public:
+  LowerReturn(const TypeConverter &typeConverter, HostCallContext &ctx)
+      : OpConversionPattern(typeConverter, ctx.host.getContext()), ctx(ctx) {}
+
+  LogicalResult
+  matchAndRewrite(func::ReturnOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    HostFunctionBuilder &h = ctx.h;
+    ctx.startOp(rewriter, op);
+    ctx.awaitPrefetches(SmallVector<Value>(ctx.prefetching));
+    for (auto [param, value] : ctx.copies)
+      h.copy(param, ctx.bufferOf(value));
+    if (ctx.arena)
+      h.dealloc(ctx.arena);
+    if (ctx.offloaded)
+      h.callRuntime(ctx.module, "mgpuMoeOffloadsFinish", {});
+    gpu::WaitOp::create(rewriter, h.loc, Type(), ValueRange{h.token});
+    rewriter.replaceOpWithNewOp<func::ReturnOp>(op);
+    return success();
+  }
+
+private:
+  HostCallContext &ctx;
+};
+
+/// moe.prefetch: started with the function (LowerFunction); freed here when
+/// nothing reads it.
+class LowerPrefetch : public OpConversionPattern<PrefetchOp> {
+public:
+  LowerPrefetch(const TypeConverter &typeConverter, HostCallContext &ctx)
+      : OpConversionPattern(typeConverter, ctx.host.getContext()), ctx(ctx) {}
+
+  LogicalResult
+  matchAndRewrite(PrefetchOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    ctx.startOp(rewriter, op);
+    for (Value value : ctx.freeAfter.lookup(op)) {
+      ctx.awaitPrefetches(value);
+      ctx.h.dealloc(ctx.bufferOf(value));
+    }
+    ctx.replaceWithBuffers(rewriter, op);
+    return success();
+  }
+
+private:
+  HostCallContext &ctx;
+};
+
+/// moe.offload: the runtime copies the tensor into the out-parameter in
+/// pinned host memory on its copy stream, and frees the device buffer once
+/// it is copied when nothing reads it after.
+class LowerOffload : public OpConversionPattern<OffloadOp> {
+public:
+  LowerOffload(const TypeConverter &typeConverter, HostCallContext &ctx)
+      : OpConversionPattern(typeConverter, ctx.host.getContext()), ctx(ctx) {}
+
+  LogicalResult
+  matchAndRewrite(OffloadOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    HostFunctionBuilder &h = ctx.h;
+    ctx.startOp(rewriter, op);
+    Value source = op.getSource();
+    Value device = adaptor.getSource();
+    SmallVector<Value> &freed = ctx.freeAfter[op];
+    auto *last = llvm::find(freed, source);
+    bool handOver = last != freed.end();
+    if (handOver) {
+      freed.erase(last);
+      h.liveBytes -=
+          HostFunctionBuilder::getBytes(cast<MemRefType>(device.getType()));
+    }
+    ctx.awaitPrefetches(source);
+    h.callRuntime(ctx.module, "mgpuMoeOffload",
+                  {h.address(ctx.bufferOf(op.getHost())), h.address(device),
+                   h.i64(HostFunctionBuilder::getBytes(
+                       cast<MemRefType>(device.getType()))),
+                   h.i32(handOver)});
+    ctx.offloaded = true;
+    ctx.deallocTemporaries(freed);
+    ctx.replaceWithBuffers(rewriter, op);
+    return success();
+  }
+
+private:
+  HostCallContext &ctx;
+};
+
+/// The arguments of an op's host function call, in the order of the contract
+/// (docs/gpu-path.md): its tensor operands, its scalar config, then its
+/// results, each buffer with every size dynamic.
+class HostCall {
+public:
+  HostCall(HostCallContext &ctx, Operation *op, ValueRange operands)
+      : ctx(ctx), op(op), operands(operands) {}
+
+  /// The buffers of the op's operands (its adaptor's).
+  void addOperands() {
+    for (Value operand : operands)
+      args.push_back(ctx.h.dynamic(operand));
+  }
+  void addResults() {
+    for (Value result : op->getResults())
+      args.push_back(ctx.h.dynamic(ctx.bufferOf(result)));
+  }
+  void addActivation() {
+    args.push_back(ctx.h.i32(static_cast<int32_t>(*getActivation(op))));
+  }
+
+  /// Calls the host function `base`, or its variant for the op's configs
+  /// (getHostCallee); with `accumulate`, its `_acc` form, which adds the
+  /// result getAccumulatingCallee names to what its buffer holds.
+  void call(StringRef base, bool accumulate = false) {
+    std::string callee =
+        accumulate ? (base + kAccumulateSuffix).str() : base.str();
+    ctx.h.call(getHostCallee(op, callee), args);
+  }
+  /// Calls `callee`, a host function without variants.
+  void callExactly(StringRef callee) { ctx.h.call(callee, args); }
+
+  SmallVector<Value> args;
+
+private:
+  HostCallContext &ctx;
+  Operation *op;
+  ValueRange operands;
+};
+
+/// The lowering of an op that calls a host function of the library: the
+/// call's stream waits for the prefetched tensors the op reads, its
+/// temporaries get their buffers, emitCall calls the host function (but for
+/// an add folded into an accumulating call), the temporaries it read last
+/// are freed, and its results become their buffers.
+template <typename OpTy>
+class HostCallPattern : public OpConversionPattern<OpTy> {
+public:
+  using OpAdaptor = typename OpConversionPattern<OpTy>::OpAdaptor;
+
+  HostCallPattern(const TypeConverter &typeConverter, HostCallContext &ctx)
+      : OpConversionPattern<OpTy>(typeConverter, ctx.host.getContext()),
+        ctx(ctx) {}
+
+  LogicalResult
+  matchAndRewrite(OpTy op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const final {
+    Operation *operation = op.getOperation();
+    ctx.startOp(rewriter, operation);
+    ctx.awaitPrefetches(operation->getOperands());
+    ctx.allocateTemporaries(operation);
+    if (!ctx.foldedAdds.count(operation)) {
+      HostCall call(ctx, operation, adaptor.getOperands());
+      emitCall(op, adaptor, call);
+    }
+    ctx.deallocTemporaries(ctx.freeAfter.lookup(operation));
+    ctx.replaceWithBuffers(rewriter, operation);
+    return success();
+  }
+
+protected:
+  /// Adds the arguments of `op`'s call to `call` and makes the call.
+  virtual void emitCall(OpTy op, OpAdaptor adaptor, HostCall &call) const = 0;
+
+  Value scoring(RoutingAttr routing) const {
+    return ctx.h.i32(static_cast<int32_t>(routing.getScoring()));
+  }
+
+  HostCallContext &ctx;
+};
+
+/// moe.router: `__moe_gpu_router`, with an empty bias where it has none.
+class LowerRouter : public HostCallPattern<RouterOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(RouterOp op, OpAdaptor adaptor, HostCall &call) const override {
+    HostFunctionBuilder &h = ctx.h;
+    RoutingAttr routing = op.getRouting();
+    call.addOperands();
+    if (!op.getBias())
+      call.args.push_back(h.empty(ctx.bufferOf(op.getWeights()), 1));
+    call.args.append({scoring(routing), h.i1(routing.getRenormalize()),
+                      h.index(routing.getNumGroups()),
+                      h.index(routing.getTopkGroups()),
+                      h.f32(routing.getScalingFactorValue()),
+                      h.i1(routing.getRoundLogits())});
+    call.addResults();
+    call.call("__moe_gpu_router");
+  }
+};
+
+/// moe.router_grad: `__moe_gpu_router_grad`, with empty logits gradients
+/// where it has none; `_acc` into a folded add.
+class LowerRouterGrad : public HostCallPattern<RouterGradOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(RouterGradOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    HostFunctionBuilder &h = ctx.h;
+    RoutingAttr routing = op.getRouting();
+    call.addOperands();
+    if (!op.getDLogits())
+      call.args.push_back(h.empty(adaptor.getLogits(), 2));
+    call.args.append({scoring(routing), h.i1(routing.getRenormalize()),
+                      h.f32(routing.getScalingFactorValue())});
+    call.addResults();
+    call.call("__moe_gpu_router_grad", ctx.accumulates(op));
+  }
+};
+
+/// moe.dispatch: `__moe_gpu_dispatch`.
+class LowerDispatch : public HostCallPattern<DispatchOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(DispatchOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addResults();
+    call.callExactly("__moe_gpu_dispatch");
+  }
+};
+
+/// moe.combine: `__moe_gpu_combine`; `_acc` into a folded add.
+class LowerCombine : public HostCallPattern<CombineOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(CombineOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addResults();
+    call.call("__moe_gpu_combine", ctx.accumulates(op));
+  }
+};
+
+/// arith.addf on tensors: `__moe_gpu_add` on their flattened buffers, or
+/// nothing where an accumulating call makes the sum (foldAdds).
+class LowerAdd : public HostCallPattern<arith::AddFOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(arith::AddFOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    for (Value buffer :
+         {adaptor.getLhs(), adaptor.getRhs(), ctx.bufferOf(op.getResult())})
+      call.args.push_back(ctx.h.flat(buffer));
+    call.callExactly("__moe_gpu_add");
+  }
+};
+
+/// moe.expert_ffn: `__moe_gpu_expert_ffn`, or `__moe_gpu_expert_ffn_h` (the
+/// up projection alone) where nobody reads y (a recomputation of H in
+/// backward).
+class LowerExpertFFN : public HostCallPattern<ExpertFFNOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(ExpertFFNOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addActivation();
+    if (!ctx.bufferOf(op.getY())) {
+      call.args.push_back(ctx.h.dynamic(ctx.bufferOf(op.getH())));
+      call.call("__moe_gpu_expert_ffn_h");
+      return;
+    }
+    call.addResults();
+    call.call("__moe_gpu_expert_ffn", ctx.accumulates(op));
+  }
+};
+
+/// moe.shared_expert: `__moe_gpu_shared_expert`, or
+/// `__moe_gpu_shared_expert_h` where nobody reads y.
+class LowerSharedExpert : public HostCallPattern<SharedExpertOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(SharedExpertOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addActivation();
+    if (!ctx.bufferOf(op.getY())) {
+      call.args.push_back(ctx.h.dynamic(ctx.bufferOf(op.getH())));
+      call.call("__moe_gpu_shared_expert_h");
+      return;
+    }
+    call.addResults();
+    call.call("__moe_gpu_shared_expert", ctx.accumulates(op));
+  }
+};
+
+/// moe.expert_combine_grad: `__moe_gpu_expert_combine_grad`; `_acc` into a
+/// folded add.
+class LowerExpertCombineGrad : public HostCallPattern<ExpertCombineGradOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(ExpertCombineGradOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addActivation();
+    call.addResults();
+    call.call("__moe_gpu_expert_combine_grad", ctx.accumulates(op));
+  }
+};
+
+/// moe.shared_expert_grad: `__moe_gpu_shared_expert_grad`.
+class LowerSharedExpertGrad : public HostCallPattern<SharedExpertGradOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(SharedExpertGradOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addActivation();
+    call.addResults();
+    call.call("__moe_gpu_shared_expert_grad", ctx.accumulates(op));
+  }
+};
+
+/// Tensors become the memrefs that hold them (getBufferType): device memory,
+/// or pinned host memory for a host tensor.
+void populateMoEToGPUTypeConversions(TypeConverter &typeConverter) {
+  typeConverter.addConversion([](Type type) { return type; });
+  typeConverter.addConversion(
+      [](RankedTensorType type) -> Type { return getBufferType(type); });
+  typeConverter.addConversion(
+      [](HostTensorType type) -> Type { return getBufferType(type); });
+}
+
+/// The patterns of convert-moe-to-gpu for the function `ctx` plans: one per
+/// op, and the function's own (its entry and its return).
+void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
+                              HostCallContext &ctx,
+                              RewritePatternSet &patterns) {
+  patterns.add<LowerFunction, LowerReturn, LowerRouter, LowerRouterGrad,
+               LowerDispatch, LowerCombine, LowerAdd, LowerExpertFFN,
+               LowerSharedExpert, LowerExpertCombineGrad, LowerSharedExpertGrad,
+               LowerOffload, LowerPrefetch>(typeConverter, ctx);
+}
+
+/// Replaces `plan.func` with a host function on device memrefs: plans it
+/// (planHostFunction), converts its body with the patterns, in order, and
+/// gives the host function its attributes. `libraryHas` says which host
+/// functions the GPU library has.
+LogicalResult convertFunction(FunctionPlan &plan,
+                              function_ref<bool(StringRef)> libraryHas) {
+  HostCallContext ctx(plan.func.getLoc());
+  planHostFunction(plan, libraryHas, ctx);
+
+  MLIRContext *context = ctx.host.getContext();
+  TypeConverter typeConverter;
+  populateMoEToGPUTypeConversions(typeConverter);
+  RewritePatternSet patterns(context);
+  populateMoEToGPUPatterns(typeConverter, ctx, patterns);
+  // The ops on tensors, the function and its return. An op without tensors
+  // stays as it is, in the host function once the body moves there.
+  ConversionTarget target(*context);
+  target.markUnknownOpDynamicallyLegal(
+      [](Operation *op) { return !hasTensors(op); });
+  target.addDynamicallyLegalOp<func::FuncOp>(
+      [&](func::FuncOp op) { return op != ctx.func; });
+  target.addDynamicallyLegalOp<func::ReturnOp>(
+      [&](func::ReturnOp op) { return op != ctx.returnOp; });
+  // The patterns never fail and emit legal ops only, so nothing they do (nor
+  // the plan they update) is rolled back. An op is never folded: its
+  // pattern gives its results their buffers.
+  ConversionConfig config;
+  config.foldingMode = DialectConversionFoldingMode::Never;
+  if (failed(applyPartialConversion(ctx.func.getOperation(), target,
+                                    std::move(patterns), config)))
+    return failure();
+
+  func::FuncOp host = ctx.host;
   Builder attrs(context);
   host->setAttr(kGPUEntryAttr, attrs.getStringAttr(entryName(plan.kind)));
   host->setAttr(kGPULayerNameAttr, attrs.getStringAttr(plan.layerName));
   host->setAttr(kGPUParamsAttr,
                 attrs.getArrayAttr(llvm::map_to_vector(
-                    params, [&](const Param &param) -> Attribute {
+                    ctx.params, [&](const Param &param) -> Attribute {
                       return param.getAttr(context);
                     })));
-  host->setAttr(kGPUWorkspaceBytesAttr, attrs.getI64IntegerAttr(h.peakBytes));
+  host->setAttr(kGPUWorkspaceBytesAttr,
+                attrs.getI64IntegerAttr(ctx.h.peakBytes));
   if (plan.kind != EntryKind::Backward)
-    host->setAttr(kGPULayerAttr, getLayerAttr(func));
-  func.erase();
+    host->setAttr(kGPULayerAttr, ctx.layerAttr);
+  return success();
 }
 
 //===----------------------------------------------------------------------===//
@@ -1507,7 +1854,8 @@ struct ConvertMoEToGPUPass
         return isa_and_nonnull<func::FuncOp>(librarySymbols.lookup(name));
       };
       for (FunctionPlan &plan : plans)
-        convertFunction(plan, hasFunction);
+        if (failed(convertFunction(plan, hasFunction)))
+          return signalPassFailure();
     }
 
     if (failed(addLibrary(module, library, variants)))

@@ -77,6 +77,8 @@ class NoCompilerError(RuntimeError):
 POLICIES = ("auto", "keep", "recompute", "offload")
 # What moe-plan-activations' memory-budget takes (lib/Support/MemorySize.cpp), without spaces.
 _MEMORY_SIZE = re.compile(r"(\d+(\.\d*)?|\.\d+)(B|kB|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?")
+# One moe-compile --kernel-config: moe-compile checks the names and values.
+_KERNEL_CONFIG = re.compile(r"([a-z_]+\.)?[a-z_]+(:[a-z_]+=[A-Za-z0-9_\[\], ]+)+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +87,10 @@ class BuildOptions:
 
     memory_budget: Optional[str] = None  # moe-plan-activations memory-budget ("1GiB", ...)
     policy: str = "auto"  # moe-plan-activations policy: auto, keep, recompute, offload
+    # The GPU's SMs (moe-compile --num-sms; 0: the chip's, 132 for sm_90a).
+    num_sms: int = 0
+    # GEMM kernel parameters (moe-compile --kernel-config), "[OP.]ROLE:KEY=VALUE[:...]".
+    kernel_configs: Tuple[str, ...] = ()
 
     def __post_init__(self):
         # Both go into a pass option string: a value with a space or an '=' would carry
@@ -98,9 +104,32 @@ class BuildOptions:
                 f"memory_budget must be a byte count such as '2GiB', '512MiB' or "
                 f"'1000000', not {self.memory_budget!r}"
             )
+        if (
+            isinstance(self.num_sms, bool)
+            or not isinstance(self.num_sms, int)
+            or not 0 <= self.num_sms <= 1024
+        ):
+            raise ValueError(f"num_sms must be 0 (the chip's) or 1 to 1024, not {self.num_sms!r}")
+        if isinstance(self.kernel_configs, str) or not all(
+            isinstance(c, str) and _KERNEL_CONFIG.fullmatch(c) for c in self.kernel_configs
+        ):
+            raise ValueError(
+                "kernel_configs must be a sequence of '[OP.]ROLE:KEY=VALUE[:KEY=VALUE...]' "
+                f"strings such as 'expert_ffn.down:stages=2', not {self.kernel_configs!r}"
+            )
+        object.__setattr__(self, "kernel_configs", tuple(self.kernel_configs))
 
     def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Options at their defaults are left out, so that adding one keeps the keys of the
+        # layers compiled before.
+        data = dataclasses.asdict(self)
+        if not self.num_sms:
+            del data["num_sms"]
+        if not self.kernel_configs:
+            del data["kernel_configs"]
+        else:
+            data["kernel_configs"] = list(self.kernel_configs)
+        return data
 
 
 # --------------------------------------------------------------------------- roots and keys
@@ -412,6 +441,9 @@ def build_gpu_entry(
             cmd.append(f"--policy={options.policy}")
         if options.memory_budget is not None:
             cmd.append(f"--memory-budget={options.memory_budget}")
+        if options.num_sms:
+            cmd.append(f"--num-sms={options.num_sms}")
+        cmd += [f"--kernel-config={c}" for c in options.kernel_configs]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             from .cpu import CompileError  # noqa: PLC0415

@@ -463,7 +463,10 @@ class MoELayer(nn.Module):
     moe-compile --policy / --memory-budget). `policy="offload"` on CUDA keeps H in pinned host
     memory from forward to backward, copied on a stream of its own and prefetched one layer
     ahead in backward (moe_mlir.offload; eager mode; no memory_budget); on the CPU, where the
-    host is the device, it is the offload plan of moe-plan-activations, which keeps H."""
+    host is the device, it is the offload plan of moe-plan-activations, which keeps H.
+    `num_sms` / `kernel_configs` (CUDA): the GPU's SM count (0: the chip's, 132) and GEMM
+    kernel parameters ("[OP.]ROLE:KEY=VALUE", docs/dialect.md), moe-compile's --num-sms and
+    --kernel-config."""
 
     def __init__(
         self,
@@ -471,6 +474,8 @@ class MoELayer(nn.Module):
         *,
         memory_budget: Optional[str] = None,
         policy: str = "auto",
+        num_sms: int = 0,
+        kernel_configs: Sequence[str] = (),
         init_std: float = 0.02,
         device=None,
         dtype: Optional[torch.dtype] = None,
@@ -488,7 +493,12 @@ class MoELayer(nn.Module):
         if memory_budget is not None and not isinstance(memory_budget, str):
             memory_budget = f"{int(memory_budget)}B"
         self.config = config
-        self.options = cc.BuildOptions(memory_budget=memory_budget, policy=policy)
+        self.options = cc.BuildOptions(
+            memory_budget=memory_budget,
+            policy=policy,
+            num_sms=num_sms,
+            kernel_configs=tuple(kernel_configs),
+        )
         self.spec_key = register_spec(LayerSpec(config, self.options))
         if not _params:
             return

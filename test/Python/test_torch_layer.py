@@ -243,6 +243,26 @@ def test_build_options_are_single_values():
         assert cc.BuildOptions(memory_budget=good).memory_budget == good
 
 
+def test_build_options_gpu_kernels():
+    """num_sms and kernel_configs go to moe-compile and into the key only when set: the
+    layers compiled without them keep their keys."""
+    assert cc.BuildOptions().as_dict() == {"memory_budget": None, "policy": "auto"}
+    opts = cc.BuildOptions(num_sms=114, kernel_configs=["expert_ffn.down:stages=2"])
+    assert opts.kernel_configs == ("expert_ffn.down:stages=2",)
+    assert opts.as_dict()["num_sms"] == 114
+    assert opts.as_dict()["kernel_configs"] == ["expert_ffn.down:stages=2"]
+    for bad in (-1, 2000, True, "132"):
+        with pytest.raises(ValueError, match="num_sms"):
+            cc.BuildOptions(num_sms=bad)
+    for bad in ("down:stages=2", ["down"], ["down:stages=2 --policy=keep"], [3]):
+        with pytest.raises(ValueError, match="kernel_configs"):
+            cc.BuildOptions(kernel_configs=bad)
+    layer = MoELayer(CONFIGS["softmax"], num_sms=114, kernel_configs=["dact:dact_unroll=8"])
+    assert (layer.options.num_sms, layer.options.kernel_configs) == (114, ("dact:dact_unroll=8",))
+    base = cc.config_key(CONFIGS["softmax"], "sm_90a", cc.BuildOptions())
+    assert cc.config_key(CONFIGS["softmax"], "sm_90a", layer.options) != base
+
+
 def test_bad_configs():
     with pytest.raises(ValueError, match="top_k"):
         MoELayer(LayerConfig(0, 32, 32, 4, 5))

@@ -161,6 +161,7 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   selection.configs.assign(options.kernelConfigs.begin(),
                            options.kernelConfigs.end());
   pm.addPass(moe_gpu::createMoEGPUSelectKernels(selection));
+  pm.addPass(createMoEFoldAdds());
   ConvertMoEToGPUOptions conversion;
   conversion.libraryPath = options.gpuLibrary;
   pm.addPass(createConvertMoEToGPU(conversion));

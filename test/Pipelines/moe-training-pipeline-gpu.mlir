@@ -47,7 +47,7 @@
 // OFFLOAD: llvm.call @mgpuMoeAwaitPrefetch(
 // OFFLOAD: @moe_gemm_{{[a-z0-9_]+}}::@moe_gemm_
 // CONTRADICT: error: moe-training-pipeline: offload=always contradicts policy=keep
-// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 84]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
+// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 86]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
 
 // REPORT: moe-plan-memory: forward @layer_forward ops [0, 4], backward @layer_backward ops [5, 8], alignment 256 B
 // REPORT: peak: 241324 B
@@ -59,6 +59,7 @@
 // DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
 // DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
 // DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
+// DUMP-OPTIONS-NEXT: moe-fold-adds,
 // DUMP-OPTIONS-NEXT: convert-moe-to-gpu{library=},
 
 // DUMP: builtin.module(
@@ -70,6 +71,7 @@
 // DUMP-NEXT: moe-generate-backward,
 // DUMP-NEXT: moe-offload{prefetch=early},
 // DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
+// DUMP-NEXT: moe-fold-adds,
 // DUMP-NEXT: convert-moe-to-gpu{library=},
 // DUMP-NEXT: inline{
 // DUMP-NEXT: symbol-dce,

@@ -56,7 +56,7 @@ using namespace mlir::moe;
 namespace {
 
 /// The suffix of the host functions that add their result to what its buffer
-/// holds; a library file may lack one (foldAdds looks each up).
+/// holds; a library file may lack one (an op that accumulates then fails).
 constexpr llvm::StringLiteral kAccumulateSuffix = "_acc";
 
 constexpr llvm::StringLiteral kHostPrefix = "__moe_gpu_";
@@ -773,21 +773,6 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
   return callees;
 }
 
-/// The ops of `body` that read the result of one of its moe.prefetch ops,
-/// directly or through the ops before them (and the prefetches themselves).
-DenseSet<Operation *> getPrefetchDependents(Block &body) {
-  DenseSet<Operation *> dependent;
-  for (Operation &op : body.without_terminator()) {
-    bool reads = isa<PrefetchOp>(op);
-    for (Value operand : op.getOperands())
-      if (Operation *def = operand.getDefiningOp())
-        reads |= dependent.contains(def);
-    if (reads)
-      dependent.insert(&op);
-  }
-  return dependent;
-}
-
 /// The results of `op` that become temporaries of the host function (in its
 /// arena, or an allocation of their own): neither parameters nor a y nobody
 /// reads.
@@ -841,81 +826,70 @@ getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
   return result;
 }
 
-/// The host function whose `_acc` form can add `value` to what its buffer
-/// holds: the router's and the experts' dx, the combine's output; empty for
-/// any other value.
-StringRef getAccumulatingCallee(Value value) {
-  Operation *op = value.getDefiningOp();
-  if (auto grad = dyn_cast_or_null<RouterGradOp>(op);
-      grad && value == grad.getDx())
-    return "__moe_gpu_router_grad";
-  if (auto grad = dyn_cast_or_null<ExpertCombineGradOp>(op);
-      grad && value == grad.getDx())
-    return "__moe_gpu_expert_combine_grad";
-  if (isa_and_nonnull<CombineOp>(op))
-    return "__moe_gpu_combine";
-  return {};
+/// The `accumulate` operand of `op` (moe-fold-adds folds an add into it),
+/// and the host function whose `_acc` form adds the op's result to what its
+/// buffer holds; null for any other op, or one without `accumulate`.
+std::pair<Value, StringRef> getAccumulate(Operation *op) {
+  return TypeSwitch<Operation *, std::pair<Value, StringRef>>(op)
+      .Case([](RouterGradOp grad) -> std::pair<Value, StringRef> {
+        return {grad.getAccumulate(), "__moe_gpu_router_grad"};
+      })
+      .Case([](ExpertCombineGradOp grad) -> std::pair<Value, StringRef> {
+        return {grad.getAccumulate(), "__moe_gpu_expert_combine_grad"};
+      })
+      .Case([](CombineOp combine) -> std::pair<Value, StringRef> {
+        return {combine.getAccumulate(), "__moe_gpu_combine"};
+      })
+      .Default([](Operation *) { return std::pair<Value, StringRef>(); });
 }
 
-/// Folds the adds `sum = X + P` whose P an op A can add into X's buffer itself
-/// (its `_acc` host function, where the library has it): X is written straight
-/// into the sum's buffer, A adds P there, and the add runs no kernel. Only
-/// where the sum has a buffer of its own (an out-parameter, or the X of a
-/// later fold: the adds are visited last first), P and X are used by the add
-/// alone, and X is computed before A, or A can move to right before the add
-/// (nothing reads its results before, and it would not move past work that
-/// waits for a prefetch, which moe-offload put after it). Returns
-/// each folded add with its A; `buffers` gets P's and X's buffers, and A may
-/// have moved.
-DenseMap<Operation *, Operation *>
-foldAdds(Block &body, DenseMap<Value, Value> &buffers,
-         function_ref<bool(StringRef)> libraryHas) {
-  DenseMap<Operation *, Operation *> folds;
-  DenseSet<Operation *> waitsForPrefetch = getPrefetchDependents(body);
-  auto canMoveBefore = [&](Operation *op, Operation *add) {
-    for (Operation *next = op->getNextNode(); next != add;
-         next = next->getNextNode())
-      if (llvm::is_contained(op->getUsers(), next) ||
-          (waitsForPrefetch.contains(next) && !waitsForPrefetch.contains(op)))
-        return false;
-    return true;
-  };
-  auto adds = llvm::to_vector(body.getOps<arith::AddFOp>());
-  for (arith::AddFOp add : llvm::reverse(adds)) {
-    Value sum = buffers.lookup(add.getResult());
-    if (!sum)
+/// The result of `op` that its `accumulate` operand is added to.
+Value getAccumulatedResult(Operation *op) {
+  return TypeSwitch<Operation *, Value>(op)
+      .Case([](RouterGradOp grad) { return grad.getDx(); })
+      .Case([](ExpertCombineGradOp grad) { return grad.getDx(); })
+      .Case([](CombineOp combine) { return combine.getOut(); })
+      .Default([](Operation *) { return Value(); });
+}
+
+/// Checks the ops of `body` that accumulate (moe-fold-adds): the library
+/// has their `_acc` host function, and the dx config chosen can accumulate;
+/// their result has a buffer of its own (the function returns it, or it is
+/// the `accumulate` of another such op); their `accumulate` is made by an op
+/// of `body` (not a moe.prefetch, whose buffer is the runtime's) and read by
+/// them alone, so that it can be written straight into the result's buffer.
+LogicalResult checkAccumulating(Block &body,
+                                function_ref<bool(StringRef)> libraryHas,
+                                StringRef libraryName) {
+  for (Operation &op : body.without_terminator()) {
+    auto [accumulate, base] = getAccumulate(&op);
+    if (!accumulate)
       continue;
-    // Either operand as P; an order that needs no move first.
-    auto tryFold = [&](Value part, Value other, bool allowMove) {
-      StringRef callee = getAccumulatingCallee(part);
-      Operation *accumulator = part.getDefiningOp();
-      Operation *producer = other.getDefiningOp();
-      // A prefetch's buffer is the runtime's, not one X could be placed in.
-      std::string accumulating = (callee + kAccumulateSuffix).str();
-      if (callee.empty() || !libraryHas(accumulating) ||
-          !canBuildLibraryHostFunction(
-              accumulating,
-              getChosenConfigs(part.getDefiningOp(), accumulating)) ||
-          !part.hasOneUse() || !other.hasOneUse() || !producer ||
-          isa<PrefetchOp>(producer) || buffers.count(other) ||
-          accumulator->getBlock() != &body || producer->getBlock() != &body)
-        return false;
-      if (!producer->isBeforeInBlock(accumulator)) {
-        if (!allowMove || !canMoveBefore(accumulator, add))
-          return false;
-        accumulator->moveBefore(add);
-      }
-      buffers[part] = sum;
-      buffers[other] = sum;
-      folds[add] = accumulator;
-      return true;
-    };
-    Value lhs = add.getLhs(), rhs = add.getRhs();
-    for (bool allowMove : {false, true})
-      if (tryFold(rhs, lhs, allowMove) || tryFold(lhs, rhs, allowMove))
-        break;
+    std::string callee = (base + kAccumulateSuffix).str();
+    if (!libraryHas(callee))
+      return op.emitError() << "the GPU library " << libraryName << " has no @"
+                            << callee << " for an op that accumulates";
+    if (!canBuildLibraryHostFunction(callee, getChosenConfigs(&op, callee)))
+      return op.emitError()
+             << "'" << moe_gpu::kKernelsAttrName << "' chooses a config of @"
+             << callee << " that cannot accumulate";
+    Value result = getAccumulatedResult(&op);
+    bool ownBuffer = llvm::any_of(result.getUses(), [](OpOperand &use) {
+      Operation *user = use.getOwner();
+      return isa<func::ReturnOp>(user) ||
+             getAccumulate(user).first == use.get();
+    });
+    if (!ownBuffer)
+      return op.emitError("the GPU path needs the result of an op that "
+                          "accumulates returned or accumulated into");
+    Operation *producer = accumulate.getDefiningOp();
+    if (!producer || producer->getBlock() != &body ||
+        isa<PrefetchOp>(producer) || !accumulate.hasOneUse())
+      return op.emitError("the GPU path needs the accumulate operand made "
+                          "by an op of the function's body (not a "
+                          "moe.prefetch) and read by this op alone");
   }
-  return folds;
+  return success();
 }
 
 //===----------------------------------------------------------------------===//
@@ -924,7 +898,7 @@ foldAdds(Block &body, DenseMap<Value, Value> &buffers,
 
 /// What the patterns of one function share: the host function, the builder
 /// of its calls, and the plan made before they run (planHostFunction: where
-/// each tensor lives, the folded adds, the temporaries, their offsets in the
+/// each tensor lives, the temporaries, their offsets in the
 /// arena and the op after which each is freed), which they complete as they
 /// go (the temporaries' buffers, the prefetches still to await). The patterns
 /// convert the ops in order, each emitting its work right before its op, so
@@ -945,17 +919,13 @@ struct HostCallContext {
   HostFunctionBuilder h;
 
   /// Where each tensor lives: arguments in their parameters, returned values
-  /// in (the first of) their out-parameters, both parts of a folded add in
-  /// its sum's buffer; a temporary from when its op is converted, a
+  /// in (the first of) their out-parameters, the `accumulate` operand of an
+  /// op in its result's buffer; a temporary from when its op is converted, a
   /// prefetched tensor from the function's start.
   DenseMap<Value, Value> buffers;
   /// (out-parameter, value) pairs copied at the end: a returned argument, or
   /// a value returned twice.
   SmallVector<std::pair<Value, Value>> copies;
-  /// The adds folded into an accumulating call, each with the op that makes
-  /// it (foldAdds), and those ops.
-  DenseMap<Operation *, Operation *> foldedAdds;
-  DenseSet<Operation *> accumulators;
   /// The results of each op that become temporaries (getTemporaries).
   DenseMap<Operation *, SmallVector<Value>> temporaries;
   /// The temporaries freed after each op, their last reader.
@@ -976,8 +946,11 @@ struct HostCallContext {
 
   Value bufferOf(Value value) const { return buffers.lookup(value); }
 
-  /// Whether `op` adds its result to what its buffer holds (a folded add).
-  bool accumulates(Operation *op) const { return accumulators.contains(op); }
+  /// Whether `op` adds its result to what its buffer holds (its
+  /// `accumulate`, a folded add).
+  static bool accumulates(Operation *op) {
+    return getAccumulate(op).first != nullptr;
+  }
 
   /// Points `h` at `op`: its work goes right before it.
   void startOp(ConversionPatternRewriter &rewriter, Operation *op) {
@@ -1035,13 +1008,9 @@ struct HostCallContext {
 };
 
 /// Creates the host function of `plan` (its parameters; before `plan.func`)
-/// and plans its buffers into `ctx`; `libraryHas` says which host functions
-/// the GPU library has. Ops of the body may move: an op that accumulates to
-/// its add (foldAdds). The work that waits for a prefetch comes after the
-/// rest already (moe-offload schedules it so).
-void planHostFunction(FunctionPlan &plan,
-                      function_ref<bool(StringRef)> libraryHas,
-                      HostCallContext &ctx) {
+/// and plans its buffers into `ctx`. The work that waits for a prefetch
+/// comes after the rest already (moe-offload schedules it so).
+void planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
   func::FuncOp func = plan.func;
   MLIRContext *context = func.getContext();
   Block &body = func.front();
@@ -1080,11 +1049,13 @@ void planHostFunction(FunctionPlan &plan,
       buffers[value] = param;
   }
 
-  // With a library that has accumulating host functions, adds become
-  // in-place accumulations (no add, and neither part is a temporary).
-  ctx.foldedAdds = foldAdds(body, buffers, libraryHas);
-  for (auto &fold : ctx.foldedAdds)
-    ctx.accumulators.insert(fold.second);
+  // An op that accumulates (moe-fold-adds) adds its result to what its
+  // `accumulate` operand wrote into the result's buffer (checkAccumulating):
+  // neither is a temporary. The last first: the result may be the
+  // `accumulate` of a later op.
+  for (Operation &op : llvm::reverse(body.without_terminator()))
+    if (Value accumulate = getAccumulate(&op).first)
+      buffers[accumulate] = buffers.lookup(getAccumulatedResult(&op));
 
   // Temporaries are freed after the last op that reads them.
   for (Operation &op : body.without_terminator())
@@ -1285,7 +1256,7 @@ public:
 
   /// Calls the host function `base`, or its variant for the op's configs
   /// (getHostCallee); with `accumulate`, its `_acc` form, which adds the
-  /// result getAccumulatingCallee names to what its buffer holds.
+  /// op's result to what its buffer holds (the op's `accumulate` operand).
   void call(StringRef base, bool accumulate = false) {
     std::string callee =
         accumulate ? (base + kAccumulateSuffix).str() : base.str();
@@ -1304,9 +1275,9 @@ private:
 
 /// The lowering of an op that calls a host function of the library: the
 /// call's stream waits for the prefetched tensors the op reads, its
-/// temporaries get their buffers, emitCall calls the host function (but for
-/// an add folded into an accumulating call), the temporaries it read last
-/// are freed, and its results become their buffers.
+/// temporaries get their buffers, emitCall calls the host function (an op's
+/// `accumulate` operand is none of its arguments), the temporaries it read
+/// last are freed, and its results become their buffers.
 template <typename OpTy>
 class HostCallPattern : public OpConversionPattern<OpTy> {
 public:
@@ -1323,10 +1294,13 @@ public:
     ctx.startOp(rewriter, operation);
     ctx.awaitPrefetches(operation->getOperands());
     ctx.allocateTemporaries(operation);
-    if (!ctx.foldedAdds.count(operation)) {
-      HostCall call(ctx, operation, adaptor.getOperands());
-      emitCall(op, adaptor, call);
-    }
+    // The `accumulate` operand (the last) is no argument: its producer
+    // wrote it into the result's buffer.
+    ValueRange operands = adaptor.getOperands();
+    if (HostCallContext::accumulates(operation))
+      operands = operands.drop_back();
+    HostCall call(ctx, operation, operands);
+    emitCall(op, adaptor, call);
     ctx.deallocTemporaries(ctx.freeAfter.lookup(operation));
     ctx.replaceWithBuffers(rewriter, operation);
     return success();
@@ -1410,8 +1384,8 @@ public:
   }
 };
 
-/// arith.addf on tensors: `__moe_gpu_add` on their flattened buffers, or
-/// nothing where an accumulating call makes the sum (foldAdds).
+/// arith.addf on tensors: `__moe_gpu_add` on their flattened buffers (an add
+/// that moe-fold-adds folded is gone).
 class LowerAdd : public HostCallPattern<arith::AddFOp> {
 public:
   using HostCallPattern::HostCallPattern;
@@ -1519,11 +1493,14 @@ void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
 /// Replaces `plan.func` with a host function on device memrefs: plans it
 /// (planHostFunction), converts its body with the patterns, in order, and
 /// gives the host function its attributes. `libraryHas` says which host
-/// functions the GPU library has.
+/// functions the GPU library `libraryName` has.
 LogicalResult convertFunction(FunctionPlan &plan,
-                              function_ref<bool(StringRef)> libraryHas) {
+                              function_ref<bool(StringRef)> libraryHas,
+                              StringRef libraryName) {
+  if (failed(checkAccumulating(plan.func.front(), libraryHas, libraryName)))
+    return failure();
   HostCallContext ctx(plan.func.getLoc());
-  planHostFunction(plan, libraryHas, ctx);
+  planHostFunction(plan, ctx);
 
   MLIRContext *context = ctx.host.getContext();
   TypeConverter typeConverter;
@@ -1662,7 +1639,8 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
       if (!config)
         continue;
       std::string name = config.kernelName();
-      // The conversion decides whether a GEMM accumulates (a folded add).
+      // The op's `accumulate` decides whether a GEMM accumulates (a folded
+      // add).
       moe_gpu::GemmConfig requested = config.getConfig().resolved();
       requested.accumulate = false;
       moe_gpu::GemmConfig libraryConfig = role.libraryConfig.resolved();
@@ -1854,7 +1832,7 @@ struct ConvertMoEToGPUPass
         return isa_and_nonnull<func::FuncOp>(librarySymbols.lookup(name));
       };
       for (FunctionPlan &plan : plans)
-        if (failed(convertFunction(plan, hasFunction)))
+        if (failed(convertFunction(plan, hasFunction, library.getName())))
           return signalPassFailure();
     }
 

@@ -107,8 +107,12 @@ public:
   }
 
   /// Replaces `op` with a call of `kernel` on `operands` (in kernel form) and
-  /// converts the kernel's results back to the types of `op`'s results.
-  void replaceWithCall(Operation *op, StringRef kernel, ValueRange operands) {
+  /// converts the kernel's results back to the types of `op`'s results. With
+  /// `accumulate` (the op's operand of that name, converted), result 0 is
+  /// then added to it by a tensor arith.addf, as the add that moe-fold-adds
+  /// folded into the op: the op followed by the add.
+  void replaceWithCall(Operation *op, StringRef kernel, ValueRange operands,
+                       Value accumulate = nullptr) {
     SmallVector<Type> kernelTypes =
         llvm::map_to_vector(op->getResultTypes(), [](Type type) -> Type {
           return getKernelType(type);
@@ -129,6 +133,8 @@ public:
         result = arith::TruncFOp::create(rewriter, loc, resultType, result);
       results.push_back(result);
     }
+    if (accumulate)
+      results[0] = arith::AddFOp::create(rewriter, loc, results[0], accumulate);
     rewriter.replaceOp(op, results);
   }
 
@@ -180,7 +186,8 @@ LogicalResult lower(RouterGradOp op, RouterGradOp::Adaptor adaptor,
                     {x, wr, logits, experts, dWeights, dLogits,
                      b.i32(scoringCode(routing.getScoring())),
                      b.i1(routing.getRenormalize()),
-                     b.f32(routing.getScalingFactorValue())});
+                     b.f32(routing.getScalingFactorValue())},
+                    adaptor.getAccumulate());
   return success();
 }
 
@@ -270,8 +277,8 @@ LogicalResult lower(ExpertCombineGradOp op,
        b.operand(adaptor.getOffsets()), b.operand(adaptor.getRows()),
        b.operand(adaptor.getWeights()), b.operand(adaptor.getWGateUp()),
        b.operand(adaptor.getWDown()), b.operand(adaptor.getH()),
-       b.operand(adaptor.getDout()),
-       b.i32(activationCode(op.getActivation()))});
+       b.operand(adaptor.getDout()), b.i32(activationCode(op.getActivation()))},
+      adaptor.getAccumulate());
   return success();
 }
 
@@ -298,7 +305,8 @@ LogicalResult lower(CombineOp op, CombineOp::Adaptor adaptor,
                     KernelCallBuilder &b) {
   b.replaceWithCall(op, "__moe_cpu_combine",
                     {b.operand(adaptor.getY()), b.operand(adaptor.getWeights()),
-                     b.operand(adaptor.getRows())});
+                     b.operand(adaptor.getRows())},
+                    adaptor.getAccumulate());
   return success();
 }
 

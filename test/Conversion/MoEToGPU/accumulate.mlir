@@ -1,20 +1,22 @@
-// convert-moe-to-gpu with the accumulating host functions of the GPU library:
-// an add `sum = X + P` whose P the router's gradient, the experts' gradient
-// (their dx) or the combine can add into X's buffer is folded: X is written
-// straight into the sum's buffer and P's op, by its `_acc` host function, adds
-// to it; no add runs and neither part is a temporary. P's op moves to right
-// before the add where X comes after it and nothing reads P's op's results
-// before the add. Where an add cannot be folded, or the library lacks the
-// function, it stays: the NOROUTER checks run with the library file
+// moe-fold-adds then convert-moe-to-gpu with the accumulating host functions
+// of the GPU library: an add `sum = X + P` whose P the router's gradient, the
+// experts' gradient (their dx) or the combine can add into X's buffer is
+// folded by moe-fold-adds (P's op gets `accumulate(X)`); the conversion writes
+// X straight into the sum's buffer and P's op, by its `_acc` host function,
+// adds to it; no add runs and neither part is a temporary. P's op moves to
+// right before the add where X comes after it and nothing reads P's op's
+// results before the add. Where an add cannot be folded it stays. The
+// NOROUTER checks run the conversion alone (no fold) with the library file
 // moe-gpu-emit-library writes, less __moe_gpu_router_grad_acc (given by the
-// pass's `library` option).
-// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu | FileCheck %s
+// pass's `library` option): every add stays; accumulate-errors.mlir has the
+// error of an op that accumulates with that library.
+// RUN: moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
 // RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library | sed '/func.func private @__moe_gpu_router_grad_acc(/,/^  }$/d' > %t.norouter.mlir
 // RUN: not grep -q __moe_gpu_router_grad_acc %t.norouter.mlir
 // RUN: moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.norouter.mlir" | FileCheck %s --check-prefix=NOROUTER
-// RUN: not moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.missing.mlir" 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: not moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu="library=%t.missing.mlir" 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: echo "module {" > %t.bad.mlir
-// RUN: not moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.bad.mlir" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu="library=%t.bad.mlir" 2>&1 | FileCheck %s --check-prefix=BAD
 
 // MISSING: error: cannot read the GPU library '{{.*}}.missing.mlir': No such file or directory
 // BAD: error: cannot parse the GPU library {{.*}}.bad.mlir
@@ -33,9 +35,8 @@
 // CHECK-DAG: func.func private @__moe_gpu_router_grad_acc(
 // CHECK-DAG: func.func private @__moe_gpu_expert_combine_grad(
 // CHECK-NOT: func.func private @__moe_gpu_expert_combine_grad_acc(
-// Without __moe_gpu_router_grad_acc the add stays (the experts' gradient
-// cannot move past the router's, which reads its d_weights), and the experts'
-// and the router's dx are temporaries (4864 bytes each, aligned).
+// Without the fold the add stays, and the experts' and the router's dx are
+// temporaries (4864 bytes each, aligned).
 // NOROUTER-LABEL: func.func @fold(
 // NOROUTER-SAME: moe.gpu.workspace_bytes = 10024 : i64
 // NOROUTER: call @__moe_gpu_expert_combine_grad(
@@ -93,10 +94,9 @@ func.func @fold_after_add(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>, %wgu: 
 // CHECK-NOT: call @__moe_gpu_add(
 // CHECK: return
 // NOROUTER-LABEL: func.func @ds_like(
-// NOROUTER-SAME: moe.gpu.workspace_bytes = 29988 : i64
+// NOROUTER: call @__moe_gpu_combine(
 // NOROUTER: call @__moe_gpu_shared_expert(
-// NOROUTER: call @__moe_gpu_combine_acc(
-// NOROUTER-NOT: call @__moe_gpu_add(
+// NOROUTER: call @__moe_gpu_add(
 func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: tensor<8xf32>, %arg3: tensor<8x64x128xbf16>, %arg4: tensor<8x64x64xbf16>, %arg5: tensor<64x256xbf16>, %arg6: tensor<128x64xbf16>) -> tensor<37x64xbf16> {
   %weights, %experts, %logits = moe.router %arg0, %arg1 bias(%arg2 : tensor<8xf32>) {routing = #moe.routing<scoring = sigmoid, top_k = 2, renormalize = true, num_groups = 4, topk_groups = 2, scaling_factor = 2.500000e+00>} : tensor<37x64xbf16>, tensor<64x8xbf16> -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x8xf32>
   %token_ids, %offsets, %rows = moe.dispatch %experts {num_experts = 8 : i64} : tensor<37x2xi32> -> tensor<74xi32>, tensor<9xi32>, tensor<37x2xi32>
@@ -120,8 +120,7 @@ func.func @ds_like(%arg0: tensor<37x64xbf16>, %arg1: tensor<64x8xbf16>, %arg2: t
 // CHECK: call @__moe_gpu_router_grad_acc(
 // CHECK-NOT: call @__moe_gpu_add(
 // CHECK: return
-// Without the router's: both adds stay (the first sum has no buffer of its
-// own, being the X of no fold).
+// Without the fold: both adds stay.
 // NOROUTER-LABEL: func.func @ds_like_backward(
 // NOROUTER: call @__moe_gpu_expert_combine_grad(
 // NOROUTER-COUNT-2: call @__moe_gpu_add(

@@ -2,7 +2,7 @@
 // host functions on device memrefs, results as out-parameters, one async
 // token through every library call, temporaries in one arena at offsets from
 // their lifetimes (docs/gpu-path.md section 1).
-// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
 
 // A DeepSeek-like layer: selection bias, grouped sigmoid routing, a shared
 // expert whose output is added, no router-logits result. @ds is dropped: the

@@ -3,14 +3,15 @@
 // symbol lookup by the config's kernel name) is an error at the op. Another
 // config of a forward op (router, expert and shared-expert FFN) converts to a
 // call of a variant of the op's host function, built with its kernel (the
-// accumulating one where an add folds into the op, if the config can add its
-// tile to C); one that computes another GEMM than the role's is an error.
+// accumulating one where moe-fold-adds folded an add into the op, which it
+// does if the config can add its tile to C); one that computes another GEMM
+// than the role's is an error.
 // RUN: rm -rf %t && split-file %s %t
-// RUN: moe-opt %t/layer.mlir --moe-gpu-select-kernels --convert-moe-to-gpu | FileCheck %s
-// RUN: moe-opt %t/other.mlir --moe-gpu-select-kernels --convert-moe-to-gpu | FileCheck %s --check-prefix=OTHER
-// RUN: moe-opt %t/refused.mlir --moe-gpu-select-kernels --convert-moe-to-gpu --split-input-file --verify-diagnostics
-// RUN: moe-opt %t/backward.mlir --moe-gpu-select-kernels --convert-moe-to-gpu | FileCheck %s --check-prefix=BACKWARD
-// RUN: not moe-opt %t/layer.mlir --moe-gpu-select-kernels --convert-moe-to-gpu=library=%t/empty-library.mlir 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %t/other.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu | FileCheck %s --check-prefix=OTHER
+// RUN: moe-opt %t/refused.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu --split-input-file --verify-diagnostics
+// RUN: moe-opt %t/backward.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu | FileCheck %s --check-prefix=BACKWARD
+// RUN: not moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu=library=%t/empty-library.mlir 2>&1 | FileCheck %s --check-prefix=MISSING
 
 // The library's configs convert as before.
 // CHECK-LABEL: func.func @layer

@@ -402,3 +402,43 @@ func.func private @__moe_cpu_combine(%y: tensor<?x?xf32>, %w: tensor<?x?xf32>,
                                      %rows: tensor<?x?xi32>) -> tensor<?x?xf32> {
   return %w : tensor<?x?xf32>
 }
+
+// -----
+
+// An op with `accumulate` (moe-fold-adds) is the op followed by the add it
+// folded: the kernel's result, back in the result's type (bf16 here), then a
+// tensor arith.addf with the accumulate operand, as the CPU path runs the add.
+// CHECK-LABEL: func.func @accumulate
+// CHECK-SAME: %[[A:[a-z0-9]+]]: tensor<37x48xbf16>)
+// CHECK: %[[OUT:.*]] = call @__moe_cpu_combine(
+// CHECK: %[[OUTC:.*]] = tensor.cast %[[OUT]] : tensor<?x?xf32> to tensor<37x48xf32>
+// CHECK: %[[OUTB:.*]] = arith.truncf %[[OUTC]] : tensor<37x48xf32> to tensor<37x48xbf16>
+// CHECK: %[[SUM0:.*]] = arith.addf %[[OUTB]], %[[A]] : tensor<37x48xbf16>
+// CHECK: %[[R:.*]]:2 = call @__moe_cpu_router_grad(
+// CHECK: %[[RC:.*]] = tensor.cast %[[R]]#0 : tensor<?x?xf32> to tensor<37x48xf32>
+// CHECK: %[[RB:.*]] = arith.truncf %[[RC]] : tensor<37x48xf32> to tensor<37x48xbf16>
+// CHECK: %[[SUM1:.*]] = arith.addf %[[RB]], %[[SUM0]] : tensor<37x48xbf16>
+// CHECK: %[[E:.*]]:4 = call @__moe_cpu_expert_combine_grad(
+// CHECK: %[[EC:.*]] = tensor.cast %[[E]]#0 : tensor<?x?xf32> to tensor<37x48xf32>
+// CHECK: %[[EB:.*]] = arith.truncf %[[EC]] : tensor<37x48xf32> to tensor<37x48xbf16>
+// CHECK: %[[SUM2:.*]] = arith.addf %[[EB]], %[[SUM1]] : tensor<37x48xbf16>
+// CHECK: return %[[SUM2]]
+func.func @accumulate(%x: tensor<37x48xbf16>, %wr: tensor<48x5xbf16>, %logits: tensor<37x5xf32>,
+                      %e: tensor<37x2xi32>, %w: tensor<37x2xf32>, %dw: tensor<37x2xf32>,
+                      %ids: tensor<74xi32>, %offsets: tensor<6xi32>, %rows: tensor<37x2xi32>,
+                      %wgu: tensor<5x48x80xbf16>, %wd: tensor<5x40x48xbf16>,
+                      %h: tensor<74x80xbf16>, %y: tensor<74x48xbf16>, %dout: tensor<37x48xbf16>,
+                      %a: tensor<37x48xbf16>) -> tensor<37x48xbf16> {
+  %out = moe.combine %y, %w, %rows accumulate(%a : tensor<37x48xbf16>)
+      : tensor<74x48xbf16>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xbf16>
+  %dx0, %dwr0 = moe.router_grad %x, %wr, %logits, %e, %dw accumulate(%out : tensor<37x48xbf16>)
+      {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x48xbf16>, tensor<48x5xbf16>, tensor<37x5xf32>, tensor<37x2xi32>,
+        tensor<37x2xf32> -> tensor<37x48xbf16>, tensor<48x5xbf16>
+  %dx1, %dw1, %dwgu1, %dwd1 = moe.expert_combine_grad %x, %ids, %offsets, %rows, %w,
+      %wgu, %wd, %h, %dout accumulate(%dx0 : tensor<37x48xbf16>) {activation = #moe.activation<swiglu>}
+      : tensor<37x48xbf16>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>,
+        tensor<5x48x80xbf16>, tensor<5x40x48xbf16>, tensor<74x80xbf16>, tensor<37x48xbf16>
+      -> tensor<37x48xbf16>, tensor<37x2xf32>, tensor<5x48x80xbf16>, tensor<5x40x48xbf16>
+  return %dx1 : tensor<37x48xbf16>
+}

@@ -1629,3 +1629,31 @@ func.func @expert_combine_grad_h_width(%x: tensor<37x48xf32>, %ids: tensor<74xi3
   %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %off, %rows, %w, %wgu, %wd, %h, %dout {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x81xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
   return
 }
+
+// -----
+
+func.func @combine_accumulate_type(%y: tensor<74x48xf32>, %w: tensor<37x2xf32>, %rows: tensor<37x2xi32>, %a: tensor<?x48xf32>) {
+  // expected-error @+1 {{expected accumulate to have the type of out ('tensor<37x48xf32>'), got 'tensor<?x48xf32>'}}
+  %out = moe.combine %y, %w, %rows accumulate(%a : tensor<?x48xf32>)
+      : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
+  return
+}
+
+// -----
+
+func.func @router_grad_accumulate_type(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %l: tensor<37x5xf32>, %e: tensor<37x2xi32>, %dw: tensor<37x2xf32>, %a: tensor<37x48xbf16>) {
+  // expected-error @+1 {{expected accumulate to have the type of dx ('tensor<37x48xf32>'), got 'tensor<37x48xbf16>'}}
+  %dx, %dwr = moe.router_grad %x, %wr, %l, %e, %dw accumulate(%a : tensor<37x48xbf16>) {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>, tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+  return
+}
+
+// -----
+
+func.func @expert_combine_grad_accumulate_type(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %offsets: tensor<6xi32>, %rows: tensor<37x2xi32>, %w: tensor<37x2xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %h: tensor<74x80xf32>, %dout: tensor<37x48xf32>, %a: tensor<37x40xf32>) {
+  // expected-error @+1 {{expected accumulate to have the type of dx ('tensor<37x48xf32>'), got 'tensor<37x40xf32>'}}
+  %dx, %dw, %dwgu, %dwd = moe.expert_combine_grad %x, %ids, %offsets, %rows, %w, %wgu, %wd, %h, %dout accumulate(%a : tensor<37x40xf32>) {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32>
+      -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}

@@ -186,3 +186,39 @@ func.func @edge_shapes(%x: tensor<1x48xf32>, %wr: tensor<48x5xf32>, %e0: tensor<
       : tensor<0x2xi32> -> tensor<0xi32>, tensor<6xi32>, tensor<0x2xi32>
   return
 }
+
+// The optional `accumulate` operand (moe-fold-adds): after the other operands
+// and groups; router_grad's two optional operands have segment sizes.
+// CHECK-LABEL: func.func @accumulate
+// CHECK: moe.combine %{{.*}}, %{{.*}}, %{{.*}} accumulate(%{{.*}} : tensor<37x48xf32>) : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
+// CHECK: moe.router_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} accumulate(%{{.*}} : tensor<37x48xf32>) {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>, tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+// CHECK: moe.router_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} logits_grad(%{{.*}} : tensor<37x5xf32>) accumulate(%{{.*}} : tensor<37x48xf32>) {routing
+// CHECK: moe.expert_combine_grad %{{.*}} accumulate(%{{.*}} : tensor<37x48xf32>) {activation = #moe.activation<swiglu>} : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32> -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+// GENERIC-LABEL: sym_name = "accumulate"
+// GENERIC: "moe.combine"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x48xf32>) -> tensor<37x48xf32>
+// GENERIC: "moe.router_grad"({{.*}}) <{operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0, 1>, routing
+// GENERIC: "moe.router_grad"({{.*}}) <{operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 1, 1>, routing
+func.func @accumulate(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %logits: tensor<37x5xf32>,
+                      %e: tensor<37x2xi32>, %w: tensor<37x2xf32>, %dw: tensor<37x2xf32>,
+                      %ids: tensor<74xi32>, %offsets: tensor<6xi32>, %rows: tensor<37x2xi32>,
+                      %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>,
+                      %h: tensor<74x80xf32>, %y: tensor<74x48xf32>, %dout: tensor<37x48xf32>,
+                      %dlogits: tensor<37x5xf32>, %a: tensor<37x48xf32>) {
+  %out = moe.combine %y, %w, %rows accumulate(%a : tensor<37x48xf32>)
+      : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
+  %dx0, %dwr0 = moe.router_grad %x, %wr, %logits, %e, %dw accumulate(%a : tensor<37x48xf32>)
+      {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>,
+        tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+  %dx1, %dwr1 = moe.router_grad %x, %wr, %logits, %e, %dw
+      logits_grad(%dlogits : tensor<37x5xf32>) accumulate(%a : tensor<37x48xf32>)
+      {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x48xf32>, tensor<48x5xf32>, tensor<37x5xf32>, tensor<37x2xi32>,
+        tensor<37x2xf32> -> tensor<37x48xf32>, tensor<48x5xf32>
+  %dx2, %dw2, %dwgu2, %dwd2 = moe.expert_combine_grad %x, %ids, %offsets, %rows, %w,
+      %wgu, %wd, %h, %dout accumulate(%a : tensor<37x48xf32>) {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>, tensor<37x2xf32>,
+        tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<74x80xf32>, tensor<37x48xf32>
+      -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+  return
+}

@@ -82,10 +82,6 @@ enum class LibraryGemm : unsigned {
 /// What a launch of the library's GEMM `gemm` needs to know of it.
 const kernels::GemmTraits &libraryGemm(LibraryGemm gemm);
 
-/// Whether `config` can add its tile to what C holds (accumulate: a store_bf16
-/// epilogue stored by TMA boxes).
-bool canAccumulate(const moe_gpu::GemmConfig &config);
-
 /// The GEMMs one host function launches, by role: the library's, except
 /// where a variant of the function chooses another config for a role.
 class HostGemms {

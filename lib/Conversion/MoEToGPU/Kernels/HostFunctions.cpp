@@ -78,7 +78,7 @@ HostGemms::HostGemms(
     : nameSuffix(std::move(suffix)) {
   for (const auto &[role, config] : chosenConfigs) {
     std::optional<GemmTraits> accumulating;
-    if (canAccumulate(config)) {
+    if (moe_gpu::canAccumulate(config)) {
       moe_gpu::GemmConfig acc = config;
       acc.accumulate = true;
       accumulating.emplace(acc);
@@ -102,12 +102,6 @@ const GemmTraits &HostGemms::getAccumulating(StringRef role,
       return *gemm.accumulating;
     }
   return libraryGemm(library);
-}
-
-bool mlir::moe::host::canAccumulate(const moe_gpu::GemmConfig &config) {
-  moe_gpu::GemmConfig resolved = config.resolved();
-  return resolved.epilogue == GemmEpilogue::StoreBf16 &&
-         resolved.store == moe_gpu::StorePath::TmaBoxes;
 }
 
 //===----------------------------------------------------------------------===//
@@ -981,7 +975,7 @@ bool mlir::moe::canBuildLibraryHostFunction(StringRef name,
     if (role->accumulating &&
         normalized(config.config) !=
             normalized(libraryGemm(role->gemm).config) &&
-        !canAccumulate(config.config))
+        !moe_gpu::canAccumulate(config.config))
       return false;
   }
   return true;
@@ -1038,7 +1032,7 @@ mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
     if (llvm::any_of(entry->roles, [&](const VariantRole &r) {
           return r.role == roleName && r.accumulating;
         })) {
-      if (!canAccumulate(config))
+      if (!moe_gpu::canAccumulate(config))
         return module.emitError("the host function @")
                << name << " adds its '" << role
                << "' GEMM to what C holds, which @"

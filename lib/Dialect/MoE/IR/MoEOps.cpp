@@ -339,8 +339,12 @@ LogicalResult RouterGradOp::verify() {
       failed(verifySameType(*this, "d_router_weight", getDRouterWeight(),
                             "router_weight", getRouterWeight())))
     return failure();
-  if (Value dLogits = getDLogits())
-    return verifySameType(*this, "logits_grad", dLogits, "logits", getLogits());
+  if (Value dLogits = getDLogits();
+      dLogits && failed(verifySameType(*this, "logits_grad", dLogits, "logits",
+                                       getLogits())))
+    return failure();
+  if (Value accumulate = getAccumulate())
+    return verifySameType(*this, "accumulate", accumulate, "dx", getDx());
   return success();
 }
 
@@ -455,6 +459,10 @@ LogicalResult ExpertCombineGradOp::verify() {
   int64_t pairs = product(sizes.tokens, topK);
   if (failed(shapes.matchSize(pairs, "T * k", sizes.rows, "the row count R")))
     return failure();
+  if (Value accumulate = getAccumulate();
+      accumulate &&
+      failed(verifySameType(*this, "accumulate", accumulate, "dx", getDx())))
+    return failure();
   return verifyExpertSizes(*this, shapes, getActivation(), sizes);
 }
 
@@ -524,8 +532,12 @@ static LogicalResult verifyCombineShapes(Operation *op, Value y, Value weights,
 }
 
 LogicalResult CombineOp::verify() {
-  return verifyCombineShapes(*this, getY(), getWeights(), getRows(), getOut(),
-                             "out");
+  if (failed(verifyCombineShapes(*this, getY(), getWeights(), getRows(),
+                                 getOut(), "out")))
+    return failure();
+  if (Value accumulate = getAccumulate())
+    return verifySameType(*this, "accumulate", accumulate, "out", getOut());
+  return success();
 }
 
 LogicalResult CombineGradOp::verify() {

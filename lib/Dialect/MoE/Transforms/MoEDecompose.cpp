@@ -70,7 +70,8 @@ LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
       layer.getActivationAttr());
   Value out =
       CombineOp::create(rewriter, loc, layer.getOut().getType(), experts.getY(),
-                        router.getWeights(), dispatch.getRows());
+                        router.getWeights(), dispatch.getRows(),
+                        /*accumulate=*/Value());
   if (TypedValue<RankedTensorType> sharedGateUp = layer.getSharedGateUp()) {
     auto sharedH = RankedTensorType::get(
         {tokens, sharedGateUp.getType().getDimSize(1)}, elementType);

@@ -184,7 +184,8 @@ LogicalResult BackwardBuilder::differentiate(Operation *op) {
         builder, loc, router.getX().getType(),
         router.getRouterWeight().getType(), fwd(router.getX()),
         fwd(router.getRouterWeight()), fwd(router.getLogits()),
-        fwd(router.getExperts()), dWeights, dLogits, router.getRouting());
+        fwd(router.getExperts()), dWeights, dLogits, /*accumulate=*/Value(),
+        router.getRouting());
     accumulate(router.getX(), grad.getDx());
     accumulate(router.getRouterWeight(), grad.getDRouterWeight());
     return success();
@@ -204,7 +205,8 @@ LogicalResult BackwardBuilder::differentiate(Operation *op) {
           fwd(experts.getTokenIds()), fwd(experts.getOffsets()),
           fwd(combine.getRows()), fwd(combine.getWeights()),
           fwd(experts.getWGateUp()), fwd(experts.getWDown()),
-          fwd(experts.getH()), dOut, experts.getActivationAttr());
+          fwd(experts.getH()), dOut, /*accumulate=*/Value(),
+          experts.getActivationAttr());
       accumulate(experts.getX(), grad.getDx());
       accumulate(combine.getWeights(), grad.getDWeights());
       accumulate(experts.getWGateUp(), grad.getDWGateUp());

@@ -57,6 +57,12 @@ bool mlir::moe_gpu::isPersistentEpilogue(GemmEpilogue epilogue) {
 
 bool mlir::moe_gpu::isTmaOperand(BOperand b) { return b != BOperand::RowsMn; }
 
+bool mlir::moe_gpu::canAccumulate(const GemmConfig &config) {
+  GemmConfig resolved = config.resolved();
+  return resolved.epilogue == GemmEpilogue::StoreBf16 &&
+         resolved.store == StorePath::TmaBoxes;
+}
+
 static int64_t defaultStages(GemmEpilogue epilogue) {
   return isPersistentEpilogue(epilogue) ? kPersistentStages : kOneTileStages;
 }

@@ -239,13 +239,25 @@ def MoE_CombineOp : MoE_Op<"combine", [Pure]> {
         : tensor<32768x4096xbf16>, tensor<16384x2xf32>, tensor<16384x2xi32>
         -> tensor<16384x4096xbf16>
     ```
+
+    With `accumulate`, `out` is that sum plus `accumulate` (a tensor of the
+    type of `out`): `moe-fold-adds` folds an add of the combine's output into
+    it. Where the sum is computed in f32, the result may be rounded once.
+
+    ```mlir
+    %out = moe.combine %y, %weights, %rows accumulate(%x : tensor<16384x4096xbf16>)
+        : tensor<32768x4096xbf16>, tensor<16384x2xf32>, tensor<16384x2xi32>
+        -> tensor<16384x4096xbf16>
+    ```
   }];
   let arguments = (ins MoE_Activations:$y, MoE_F32Matrix:$weights,
-                       MoE_I32Matrix:$rows);
+                       MoE_I32Matrix:$rows,
+                       Optional<MoE_Activations>:$accumulate);
   let results = (outs MoE_Activations:$out);
   let assemblyFormat = [{
-    $y `,` $weights `,` $rows attr-dict `:` type($y) `,` type($weights) `,`
-    type($rows) `->` type($out)
+    $y `,` $weights `,` $rows
+    (`accumulate` `(` $accumulate^ `:` type($accumulate) `)`)? attr-dict `:`
+    type($y) `,` type($weights) `,` type($rows) `->` type($out)
   }];
   let hasVerifier = 1;
 }
@@ -362,7 +374,7 @@ def MoE_PrefetchOp : MoE_Op<"prefetch"> {
 // Gradient ops
 //===----------------------------------------------------------------------===//
 
-def MoE_RouterGradOp : MoE_Op<"router_grad", [Pure]> {
+def MoE_RouterGradOp : MoE_Op<"router_grad", [Pure, AttrSizedOperandSegments]> {
   let summary = "backward of moe.router";
   let description = [{
     Given the gradient of the routing weights `d_weights [T, k]` (and,
@@ -379,6 +391,19 @@ def MoE_RouterGradOp : MoE_Op<"router_grad", [Pure]> {
           tensor<16384x2xi32>, tensor<16384x2xf32>
         -> tensor<16384x4096xbf16>, tensor<4096x8xbf16>
     ```
+
+    With `accumulate` (a tensor of the type of `dx`), `dx` is the gradient
+    plus `accumulate`: `moe-fold-adds` folds an add of the router's dx into
+    it. Where the gradient is computed in f32, the sum may be rounded once.
+
+    ```mlir
+    %dx, %dwr = moe.router_grad %x, %w_router, %logits, %experts, %dw
+        accumulate(%dx_experts : tensor<16384x4096xbf16>)
+        {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+        : tensor<16384x4096xbf16>, tensor<4096x8xbf16>, tensor<16384x8xf32>,
+          tensor<16384x2xi32>, tensor<16384x2xf32>
+        -> tensor<16384x4096xbf16>, tensor<4096x8xbf16>
+    ```
   }];
   let arguments = (ins
     MoE_Activations:$x,
@@ -387,12 +412,14 @@ def MoE_RouterGradOp : MoE_Op<"router_grad", [Pure]> {
     MoE_I32Matrix:$experts,
     MoE_F32Matrix:$d_weights,
     Optional<MoE_F32Matrix>:$d_logits,
+    Optional<MoE_Activations>:$accumulate,
     MoE_RoutingAttr:$routing
   );
   let results = (outs MoE_Activations:$dx, MoE_Weights2D:$d_router_weight);
   let assemblyFormat = [{
     $x `,` $router_weight `,` $logits `,` $experts `,` $d_weights
-    (`logits_grad` `(` $d_logits^ `:` type($d_logits) `)`)? attr-dict `:`
+    (`logits_grad` `(` $d_logits^ `:` type($d_logits) `)`)?
+    (`accumulate` `(` $accumulate^ `:` type($accumulate) `)`)? attr-dict `:`
     type($x) `,` type($router_weight) `,` type($logits) `,` type($experts) `,`
     type($d_weights) `->` type($dx) `,` type($d_router_weight)
   }];
@@ -464,6 +491,12 @@ def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad", [Pure]> {
         -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>,
            tensor<5x40x48xf32>
     ```
+
+    With `accumulate` (a tensor of the type of `dx`), `dx` is the gradient
+    plus `accumulate`, written `moe.expert_combine_grad ... %dout
+    accumulate(%a : type)`: `moe-fold-adds` folds an add of the experts' dx
+    into it. Where the gradient is computed in f32, the sum may be rounded
+    once.
   }];
   let arguments = (ins
     MoE_Activations:$x,
@@ -475,13 +508,16 @@ def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad", [Pure]> {
     MoE_Weights3D:$w_down,
     MoE_Activations:$h,
     MoE_Activations:$dout,
+    Optional<MoE_Activations>:$accumulate,
     MoE_ActivationAttr:$activation
   );
   let results = (outs MoE_Activations:$dx, MoE_F32Matrix:$d_weights,
                       MoE_Weights3D:$d_w_gate_up, MoE_Weights3D:$d_w_down);
   let assemblyFormat = [{
     $x `,` $token_ids `,` $offsets `,` $rows `,` $weights `,` $w_gate_up `,`
-    $w_down `,` $h `,` $dout attr-dict `:` type($x) `,` type($token_ids) `,`
+    $w_down `,` $h `,` $dout
+    (`accumulate` `(` $accumulate^ `:` type($accumulate) `)`)? attr-dict `:`
+    type($x) `,` type($token_ids) `,`
     type($offsets) `,` type($rows) `,` type($weights) `,` type($w_gate_up) `,`
     type($w_down) `,` type($h) `,` type($dout) `->` type($dx) `,`
     type($d_weights) `,` type($d_w_gate_up) `,` type($d_w_down)

@@ -255,4 +255,46 @@ def MoEPlanMemory : Pass<"moe-plan-memory", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::moe::MoEDialect"];
 }
 
+def MoEFoldAdds : Pass<"moe-fold-adds", "::mlir::ModuleOp"> {
+  let summary = "folds a layer's adds into the op that makes one of their parts";
+  let description = [{
+    Replaces `sum = arith.addf X, P` on tensors, where P is the `dx` of
+    `moe.router_grad`, the `dx` of `moe.expert_combine_grad` or the `out` of
+    `moe.combine`, by P's op with `accumulate(X)`: on the GPU, X is written
+    straight into the sum's buffer and P's op adds into it (its `_acc` host
+    function), so the add runs no kernel. An add folds only where
+
+    - the sum has a buffer of its own: the function returns it, or it is the
+      X of a later fold (the adds are visited last first);
+    - P and X are used by the add alone, and X is made by an op (not a
+      `moe.prefetch`) in the same block;
+    - X is computed before P's op, or P's op can move to right before the
+      add: nothing reads its results before, and it would not move past work
+      that waits for a prefetch;
+    - the `dx` config that `moe_gpu.kernels` chooses for a `moe.router_grad`
+      can accumulate (a store_bf16 epilogue stored by TMA boxes).
+
+    Either order of the add's operands folds; an order that needs no move
+    is tried first. It runs in the GPU pipeline right after
+    `moe-gpu-select-kernels`. Before:
+
+    ```mlir
+    %dx_r, %dwr = moe.router_grad %x, %wr, %logits, %experts, %dw {...} : ...
+    %sum = arith.addf %dx_e, %dx_r : tensor<37x128xbf16>
+    return %sum, ...
+    ```
+
+    After:
+
+    ```mlir
+    %dx_r, %dwr = moe.router_grad %x, %wr, %logits, %experts, %dw
+        accumulate(%dx_e : tensor<37x128xbf16>) {...} : ...
+    return %dx_r, ...
+    ```
+  }];
+  let options = [];
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::moe::MoEDialect"];
+}
+
 #endif // MOE_DIALECT_MOE_TRANSFORMS_PASSES_TD

@@ -76,6 +76,9 @@ struct GemmConfig {
 bool isPersistentEpilogue(GemmEpilogue epilogue);
 /// The expert weights come by TMA boxes.
 bool isTmaOperand(BOperand b);
+/// Whether a kernel of `config` can add its tile to what C holds
+/// (accumulate): a store_bf16 epilogue stored by TMA boxes.
+bool canAccumulate(const GemmConfig &config);
 
 /// Checks the rules of the kernel code; reports the first broken one.
 LogicalResult verifyGemmConfig(const GemmConfig &config,

@@ -732,8 +732,8 @@ struct HostEntry {
 };
 
 /// The host functions in the library's order: the forward and backward ones,
-/// then the accumulating ones (into which convert-moe-to-gpu folds the
-/// layer's adds).
+/// then the accumulating ones (the calls of the ops that moe-fold-adds gave
+/// an accumulate operand).
 const HostEntry kHostFunctions[] = {
     {"__moe_gpu_router",
      [](OpBuilder &b, ModuleOp m) { host::buildRouterHost(b, m); }},

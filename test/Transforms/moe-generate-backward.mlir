@@ -228,3 +228,33 @@ func.func @taken(%x: tensor<4x16xf32>, %wr: tensor<16x4xf32>) -> tensor<4x4xf32>
       -> tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x4xf32>
   return %logits : tensor<4x4xf32>
 }
+
+// -----
+
+// A combine that adds a tensor to its output (accumulate, as moe-fold-adds
+// leaves it): the added tensor's gradient is the output's, added to the
+// gradient that reaches it otherwise (here the router's dx through x).
+// CHECK-LABEL: func.func @accumulate_backward(
+// CHECK-SAME: %[[DOUT:[a-z0-9]+]]: tensor<37x48xf32>) ->
+// CHECK: moe.expert_combine_grad
+// CHECK: arith.addf %[[DOUT]], %{{.*}} : tensor<37x48xf32>
+// CHECK: %[[DX:.*]], %{{.*}} = moe.router_grad
+// CHECK: %[[SUM:.*]] = arith.addf %{{.*}}, %[[DX]]
+// CHECK: return %[[SUM]],
+func.func @accumulate(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>,
+                      %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>)
+    -> tensor<37x48xf32> {
+  %w, %e, %logits = moe.router %x, %wr
+      {routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<37x48xf32>, tensor<48x5xf32>
+      -> tensor<37x2xf32>, tensor<37x2xi32>, tensor<37x5xf32>
+  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 5 : i64}
+      : tensor<37x2xi32> -> tensor<74xi32>, tensor<6xi32>, tensor<37x2xi32>
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd
+      {activation = #moe.activation<swiglu>}
+      : tensor<37x48xf32>, tensor<74xi32>, tensor<6xi32>, tensor<5x48x80xf32>,
+        tensor<5x40x48xf32> -> tensor<74x48xf32>, tensor<74x80xf32>
+  %out = moe.combine %y, %w, %rows accumulate(%x : tensor<37x48xf32>)
+      : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
+  return %out : tensor<37x48xf32>
+}

@@ -193,6 +193,9 @@ LogicalResult BackwardBuilder::differentiate(Operation *op) {
 
   if (auto combine = dyn_cast<CombineOp>(op)) {
     Value dOut = gradientOf(combine.getOut());
+    // out = the combine + accumulate: the added tensor gets dOut as it is.
+    if (Value added = combine.getAccumulate())
+      accumulate(added, dOut);
     auto experts = combine.getY().getDefiningOp<ExpertFFNOp>();
     // The fused backward needs no y: only when nothing else reads y and no
     // gradient reaches h.

@@ -9,6 +9,7 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoE/Transforms/Prefetch.h"
 #include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h"
 #include "moe/Dialect/MoEGPU/Transforms/KernelRoles.h"
 
@@ -26,21 +27,6 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
-
-/// The ops of `body` that read the result of one of its moe.prefetch ops,
-/// directly or through the ops before them (and the prefetches themselves).
-DenseSet<Operation *> getPrefetchDependents(Block &body) {
-  DenseSet<Operation *> dependent;
-  for (Operation &op : body.without_terminator()) {
-    bool reads = isa<PrefetchOp>(op);
-    for (Value operand : op.getOperands())
-      if (Operation *def = operand.getDefiningOp())
-        reads |= dependent.contains(def);
-    if (reads)
-      dependent.insert(&op);
-  }
-  return dependent;
-}
 
 /// The `accumulate` operand of `op`, where it is an op that can take one.
 OpOperand *getAccumulateOperand(Operation *op) {

@@ -14,6 +14,7 @@
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 #include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
+#include "moe/Dialect/MoE/Transforms/Prefetch.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -31,21 +32,6 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
-
-/// The ops of `body` that read the result of one of its moe.prefetch ops,
-/// directly or through the ops before them (and the prefetches themselves).
-DenseSet<Operation *> getPrefetchDependents(Block &body) {
-  DenseSet<Operation *> dependent;
-  for (Operation &op : body.without_terminator()) {
-    bool reads = isa<PrefetchOp>(op);
-    for (Value operand : op.getOperands())
-      if (Operation *def = operand.getDefiningOp())
-        reads |= dependent.contains(def);
-    if (reads)
-      dependent.insert(&op);
-  }
-  return dependent;
-}
 
 /// Moves the work of `body` that does not need a prefetched tensor ahead of
 /// the work that does (a stable partition, so every operand is still defined
@@ -290,3 +276,16 @@ void MoEOffloadPass::runOnOperation() {
 }
 
 } // namespace
+
+DenseSet<Operation *> mlir::moe::getPrefetchDependents(Block &body) {
+  DenseSet<Operation *> dependent;
+  for (Operation &op : body.without_terminator()) {
+    bool reads = isa<PrefetchOp>(op);
+    for (Value operand : op.getOperands())
+      if (Operation *def = operand.getDefiningOp())
+        reads |= dependent.contains(def);
+    if (reads)
+      dependent.insert(&op);
+  }
+  return dependent;
+}

@@ -1399,74 +1399,54 @@ public:
   }
 };
 
-/// moe.expert_ffn: `__moe_gpu_expert_ffn`, or `__moe_gpu_expert_ffn_h` (the
-/// up projection alone) where nobody reads y (a recomputation of H in
-/// backward).
-class LowerExpertFFN : public HostCallPattern<ExpertFFNOp> {
+/// moe.expert_ffn and moe.shared_expert: the host function `base`, or
+/// `<base>_h` (the up projection alone) where nobody reads y (a recomputation
+/// of H in backward).
+template <typename OpTy>
+class LowerFFN : public HostCallPattern<OpTy> {
 public:
-  using HostCallPattern::HostCallPattern;
+  LowerFFN(const TypeConverter &typeConverter, HostCallContext &ctx,
+           StringRef base)
+      : HostCallPattern<OpTy>(typeConverter, ctx), base(base) {}
 
-  void emitCall(ExpertFFNOp op, OpAdaptor adaptor,
+  void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
                 HostCall &call) const override {
     call.addOperands();
     call.addActivation();
-    if (!ctx.bufferOf(op.getY())) {
-      call.args.push_back(ctx.h.dynamic(ctx.bufferOf(op.getH())));
-      call.call("__moe_gpu_expert_ffn_h");
+    if (!this->ctx.bufferOf(op.getY())) {
+      call.args.push_back(this->ctx.h.dynamic(this->ctx.bufferOf(op.getH())));
+      call.call((base + "_h").str());
       return;
     }
     call.addResults();
-    call.call("__moe_gpu_expert_ffn", ctx.accumulates(op));
+    call.call(base);
   }
+
+private:
+  /// A string literal's.
+  StringRef base;
 };
 
-/// moe.shared_expert: `__moe_gpu_shared_expert`, or
-/// `__moe_gpu_shared_expert_h` where nobody reads y.
-class LowerSharedExpert : public HostCallPattern<SharedExpertOp> {
+/// moe.expert_combine_grad and moe.shared_expert_grad: the host function
+/// `base`; `<base>_acc` where the op accumulates (a folded add).
+template <typename OpTy>
+class LowerFFNGrad : public HostCallPattern<OpTy> {
 public:
-  using HostCallPattern::HostCallPattern;
+  LowerFFNGrad(const TypeConverter &typeConverter, HostCallContext &ctx,
+               StringRef base)
+      : HostCallPattern<OpTy>(typeConverter, ctx), base(base) {}
 
-  void emitCall(SharedExpertOp op, OpAdaptor adaptor,
-                HostCall &call) const override {
-    call.addOperands();
-    call.addActivation();
-    if (!ctx.bufferOf(op.getY())) {
-      call.args.push_back(ctx.h.dynamic(ctx.bufferOf(op.getH())));
-      call.call("__moe_gpu_shared_expert_h");
-      return;
-    }
-    call.addResults();
-    call.call("__moe_gpu_shared_expert", ctx.accumulates(op));
-  }
-};
-
-/// moe.expert_combine_grad: `__moe_gpu_expert_combine_grad`; `_acc` into a
-/// folded add.
-class LowerExpertCombineGrad : public HostCallPattern<ExpertCombineGradOp> {
-public:
-  using HostCallPattern::HostCallPattern;
-
-  void emitCall(ExpertCombineGradOp op, OpAdaptor adaptor,
+  void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
                 HostCall &call) const override {
     call.addOperands();
     call.addActivation();
     call.addResults();
-    call.call("__moe_gpu_expert_combine_grad", ctx.accumulates(op));
+    call.call(base, HostCallContext::accumulates(op));
   }
-};
 
-/// moe.shared_expert_grad: `__moe_gpu_shared_expert_grad`.
-class LowerSharedExpertGrad : public HostCallPattern<SharedExpertGradOp> {
-public:
-  using HostCallPattern::HostCallPattern;
-
-  void emitCall(SharedExpertGradOp op, OpAdaptor adaptor,
-                HostCall &call) const override {
-    call.addOperands();
-    call.addActivation();
-    call.addResults();
-    call.call("__moe_gpu_shared_expert_grad", ctx.accumulates(op));
-  }
+private:
+  /// A string literal's.
+  StringRef base;
 };
 
 /// Tensors become the memrefs that hold them (getBufferType): device memory,
@@ -1484,10 +1464,18 @@ void populateMoEToGPUTypeConversions(TypeConverter &typeConverter) {
 void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
                               HostCallContext &ctx,
                               RewritePatternSet &patterns) {
-  patterns.add<LowerFunction, LowerReturn, LowerRouter, LowerRouterGrad,
-               LowerDispatch, LowerCombine, LowerAdd, LowerExpertFFN,
-               LowerSharedExpert, LowerExpertCombineGrad, LowerSharedExpertGrad,
-               LowerOffload, LowerPrefetch>(typeConverter, ctx);
+  patterns
+      .add<LowerFunction, LowerReturn, LowerRouter, LowerRouterGrad,
+           LowerDispatch, LowerCombine, LowerAdd, LowerOffload, LowerPrefetch>(
+          typeConverter, ctx);
+  patterns.add<LowerFFN<ExpertFFNOp>>(typeConverter, ctx,
+                                      "__moe_gpu_expert_ffn");
+  patterns.add<LowerFFN<SharedExpertOp>>(typeConverter, ctx,
+                                         "__moe_gpu_shared_expert");
+  patterns.add<LowerFFNGrad<ExpertCombineGradOp>>(
+      typeConverter, ctx, "__moe_gpu_expert_combine_grad");
+  patterns.add<LowerFFNGrad<SharedExpertGradOp>>(
+      typeConverter, ctx, "__moe_gpu_shared_expert_grad");
 }
 
 /// Replaces `plan.func` with a host function on device memrefs: plans it

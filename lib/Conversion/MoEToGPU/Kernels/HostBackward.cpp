@@ -69,18 +69,16 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
     v.numNtiles = experts->numNtiles;
   }
   {
-    Value mt = h.ceil(m, dact.config.tileM);
-    Value mtiles = h.add(mt, e);
-    Value ntiles = h.ceil(n, dact.config.tileN);
+    auto [mtiles, ntiles] =
+        h.varlenTiles(m, dact.config.tileM, e, n, dact.config.tileN);
     SmallVector<Value> args = gemmArgs(h, dact, v);
     h.launchGemm(dact, mtiles, ntiles, one, args);
   }
 
   const GemmTraits &dxGemm = gemms.get("dx", LibraryGemm::RowsKBf16);
   {
-    Value mt = h.ceil(m, dxGemm.config.tileM);
-    Value mtiles = h.add(mt, e);
-    Value ntiles = h.ceil(d, dxGemm.config.tileN);
+    auto [mtiles, ntiles] =
+        h.varlenTiles(m, dxGemm.config.tileM, e, d, dxGemm.config.tileN);
     GemmValues dv;
     dv.offsets = offs;
     dv.numExperts = e;
@@ -288,9 +286,8 @@ void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
       accumulate ? gemms.getAccumulating("dx", LibraryGemm::RowsKBf16Acc)
                  : gemms.get("dx", LibraryGemm::RowsKBf16);
   {
-    Value mt = h.ceil(t, dxGemm.config.tileM);
-    Value mtiles = h.add(mt, one);
-    Value ntiles = h.ceil(d, dxGemm.config.tileN);
+    auto [mtiles, ntiles] =
+        h.varlenTiles(t, dxGemm.config.tileM, one, d, dxGemm.config.tileN);
     GemmValues v;
     v.offsets = offs;
     v.numExperts = one;

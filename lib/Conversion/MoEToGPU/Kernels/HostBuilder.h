@@ -159,6 +159,11 @@ public:
   Value ceil(Value a, int64_t b);
   /// max(v, 1): a launch needs at least one block; kernels bound-check.
   Value grid(Value v);
+  /// The (M-tiles, N-tiles) of a varlen-M GEMM over `rows` rows in
+  /// `problems` problems and `cols` columns: ceil(rows / tileM) + problems
+  /// (each problem's last M-tile may be partial), and ceil(cols / tileN).
+  std::pair<Value, Value> varlenTiles(Value rows, int64_t tileM, Value problems,
+                                      Value cols, int64_t tileN);
   /// A memref<?xelement> of `size` elements, on the token.
   Value alloc(Value size, Type element);
   /// (buffer, word) of a zeroed tile counter for one launch of a dynamically

@@ -172,6 +172,15 @@ Value HostFunctionBuilder::grid(Value v) {
   return maxu(v, one);
 }
 
+std::pair<Value, Value>
+HostFunctionBuilder::varlenTiles(Value rows, int64_t tileM, Value problems,
+                                 Value cols, int64_t tileN) {
+  Value mt = ceil(rows, tileM);
+  Value mtiles = add(mt, problems);
+  Value ntiles = ceil(cols, tileN);
+  return {mtiles, ntiles};
+}
+
 Value HostFunctionBuilder::alloc(Value size, Type element) {
   auto op = gpu::AllocOp::create(
       b, loc, buffer(element), b.getType<gpu::AsyncTokenType>(),
@@ -482,9 +491,8 @@ void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module,
 
   // The logits, [T, E8] in f32: x W_r over one problem of T rows.
   const GemmTraits &gemm = gemms.get("logits", LibraryGemm::RowsMnF32);
-  Value mt = h.ceil(t, gemm.config.tileM);
-  Value mtiles = h.add(mt, one);
-  Value ntiles = h.ceil(e8, gemm.config.tileN);
+  auto [mtiles, ntiles] =
+      h.varlenTiles(t, gemm.config.tileM, one, e8, gemm.config.tileN);
   GemmValues v;
   v.offsets = offs;
   v.numExperts = one;
@@ -577,10 +585,7 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   v.ids = ids;
   // An up tile covers half a tile of gate and up columns each.
   auto upTiles = [&](const GemmTraits &up) {
-    Value mt = h.ceil(m, up.config.tileM);
-    Value mtiles = h.add(mt, e);
-    Value ntiles = h.ceil(n, up.config.tileN / 2);
-    return std::make_pair(mtiles, ntiles);
+    return h.varlenTiles(m, up.config.tileM, e, n, up.config.tileN / 2);
   };
   if (!yf) {
     const GemmTraits &up = gemms.get("up", gathered ? LibraryGemm::UpGatherH
@@ -602,9 +607,8 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   }
 
   const GemmTraits &down = gemms.get("down", LibraryGemm::RowsMnBf16);
-  Value mt = h.ceil(m, down.config.tileM);
-  Value mtiles = h.add(mt, e);
-  Value ntiles = h.ceil(d, down.config.tileN);
+  auto [mtiles, ntiles] =
+      h.varlenTiles(m, down.config.tileM, e, d, down.config.tileN);
   GemmValues dv;
   dv.offsets = offs;
   dv.numExperts = e;
@@ -724,108 +728,7 @@ void mlir::moe::host::buildAddHost(OpBuilder &b, ModuleOp module) {
 
 namespace {
 
-using HostBuildFn = void (*)(OpBuilder &, ModuleOp);
-
-struct HostEntry {
-  StringLiteral name;
-  HostBuildFn build;
-};
-
-/// The host functions in the library's order: the forward and backward ones,
-/// then the accumulating ones (the calls of the ops that moe-fold-adds gave
-/// an accumulate operand).
-const HostEntry kHostFunctions[] = {
-    {"__moe_gpu_router",
-     [](OpBuilder &b, ModuleOp m) { host::buildRouterHost(b, m); }},
-    {"__moe_gpu_dispatch", host::buildDispatchHost},
-    {"__moe_gpu_expert_ffn",
-     [](OpBuilder &b, ModuleOp m) { host::buildExpertFfnHost(b, m, true); }},
-    {"__moe_gpu_expert_ffn_h",
-     [](OpBuilder &b, ModuleOp m) { host::buildExpertFfnHost(b, m, false); }},
-    {"__moe_gpu_combine",
-     [](OpBuilder &b, ModuleOp m) { host::buildCombineHost(b, m, false); }},
-    {"__moe_gpu_shared_expert",
-     [](OpBuilder &b, ModuleOp m) { host::buildSharedExpertHost(b, m, true); }},
-    {"__moe_gpu_shared_expert_h",
-     [](OpBuilder &b, ModuleOp m) {
-       host::buildSharedExpertHost(b, m, false);
-     }},
-    {"__moe_gpu_expert_combine_grad",
-     [](OpBuilder &b, ModuleOp m) {
-       host::buildExpertCombineGradHost(b, m, false);
-     }},
-    {"__moe_gpu_shared_expert_grad",
-     [](OpBuilder &b, ModuleOp m) { host::buildSharedExpertGradHost(b, m); }},
-    {"__moe_gpu_router_grad",
-     [](OpBuilder &b, ModuleOp m) { host::buildRouterGradHost(b, m, false); }},
-    {"__moe_gpu_add", host::buildAddHost},
-    {"__moe_gpu_combine_acc",
-     [](OpBuilder &b, ModuleOp m) { host::buildCombineHost(b, m, true); }},
-    {"__moe_gpu_expert_combine_grad_acc",
-     [](OpBuilder &b, ModuleOp m) {
-       host::buildExpertCombineGradHost(b, m, true);
-     }},
-    {"__moe_gpu_router_grad_acc",
-     [](OpBuilder &b, ModuleOp m) { host::buildRouterGradHost(b, m, true); }},
-};
-
-/// The accumulating router gradient reduces into dx by TMA boxes: the library
-/// has it where the row-wise GEMMs store C by TMA boxes.
-bool hasRouterGradAcc() {
-  return libraryGemm(LibraryGemm::RowsKBf16).tmaStoreRows;
-}
-
-bool isBuilt(const HostEntry &entry) {
-  return entry.name != "__moe_gpu_router_grad_acc" || hasRouterGradAcc();
-}
-
-} // namespace
-
-FailureOr<func::FuncOp> mlir::moe::buildLibraryHostFunction(ModuleOp module,
-                                                            StringRef name) {
-  const HostEntry *entry = llvm::find_if(
-      kHostFunctions, [&](const HostEntry &e) { return e.name == name; });
-  if (entry == std::end(kHostFunctions) || !isBuilt(*entry))
-    return module.emitError("the host function builder has no function @")
-           << name;
-  if (module.lookupSymbol(name))
-    return module.emitError("the module already has a symbol @") << name;
-  if (Operation *existing = module.lookupSymbol(kTensorMapFunctionName)) {
-    auto declaration = dyn_cast<func::FuncOp>(existing);
-    if (!declaration || declaration.getFunctionType() !=
-                            tensorMapFunctionType(module.getContext()))
-      return module.emitError("the module's @")
-             << kTensorMapFunctionName
-             << " is not the host functions' declaration of it";
-  }
-  // gpu.launch_func verifies only in a gpu.container_module.
-  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
-                  UnitAttr::get(module.getContext()));
-  OpBuilder b(module.getContext());
-  b.setInsertionPointToEnd(module.getBody());
-  entry->build(b, module);
-  auto function = module.lookupSymbol<func::FuncOp>(name);
-  if (!function)
-    return module.emitError("the host function builder of @")
-           << name << " made no function of that name";
-  return function;
-}
-
-SmallVector<StringRef> mlir::moe::libraryHostFunctionNames() {
-  SmallVector<StringRef> names;
-  for (const HostEntry &entry : kHostFunctions)
-    if (isBuilt(entry))
-      names.push_back(entry.name);
-  return names;
-}
-
-//===----------------------------------------------------------------------===//
-// Variants
-//===----------------------------------------------------------------------===//
-
-namespace {
-
-using VariantBuildFn = void (*)(OpBuilder &, ModuleOp, const HostGemms &);
+using HostBuildFn = void (*)(OpBuilder &, ModuleOp, const HostGemms &);
 
 /// A GEMM role of a host function and the library's GEMM in it; an
 /// accumulating role adds its tile to what C holds, in every variant.
@@ -835,27 +738,35 @@ struct VariantRole {
   bool accumulating = false;
 };
 
-/// A host function that has variants: its GEMM roles, in the order it runs
-/// them.
-struct VariantEntry {
+/// A host function of the library: its builder, and its GEMM roles in the
+/// order it runs them. The functions with roles have variants (another
+/// config for a role); the others (dispatch, combine, add) have none.
+struct HostEntry {
   StringLiteral name;
-  VariantBuildFn build;
-  SmallVector<VariantRole, 2> roles;
+  HostBuildFn build;
+  SmallVector<VariantRole, 4> roles;
 };
 
-/// The host functions with variants: those with GEMMs.
-const std::vector<VariantEntry> &variantEntries() {
-  static const SmallVector<VariantRole, 2> kExpertGradRoles = {
+/// The host functions in the library's order: the forward and backward ones,
+/// then the accumulating ones (the calls of the ops that moe-fold-adds gave
+/// an accumulate operand).
+const std::vector<HostEntry> &hostEntries() {
+  static const SmallVector<VariantRole, 4> kExpertGradRoles = {
       {"dact", LibraryGemm::DactGather},
       {"dx", LibraryGemm::RowsKBf16},
       {"dw_down", LibraryGemm::WgradGather},
       {"dw_gate_up", LibraryGemm::WgradGatherA}};
-  static const std::vector<VariantEntry> entries = {
+  static const std::vector<HostEntry> entries = {
       {"__moe_gpu_router",
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
          host::buildRouterHost(b, m, g);
        },
        {{"logits", LibraryGemm::RowsMnF32}}},
+      {"__moe_gpu_dispatch",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildDispatchHost(b, m);
+       },
+       {}},
       {"__moe_gpu_expert_ffn",
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
          host::buildExpertFfnHost(b, m, true, g);
@@ -866,6 +777,11 @@ const std::vector<VariantEntry> &variantEntries() {
          host::buildExpertFfnHost(b, m, false, g);
        },
        {{"up", LibraryGemm::UpGatherH}}},
+      {"__moe_gpu_combine",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildCombineHost(b, m, false);
+       },
+       {}},
       {"__moe_gpu_shared_expert",
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
          host::buildSharedExpertHost(b, m, true, g);
@@ -881,11 +797,6 @@ const std::vector<VariantEntry> &variantEntries() {
          host::buildExpertCombineGradHost(b, m, false, g);
        },
        kExpertGradRoles},
-      {"__moe_gpu_expert_combine_grad_acc",
-       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
-         host::buildExpertCombineGradHost(b, m, true, g);
-       },
-       kExpertGradRoles},
       {"__moe_gpu_shared_expert_grad",
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
          host::buildSharedExpertGradHost(b, m, g);
@@ -899,6 +810,21 @@ const std::vector<VariantEntry> &variantEntries() {
          host::buildRouterGradHost(b, m, false, g);
        },
        {{"dx", LibraryGemm::RowsKBf16}, {"dw", LibraryGemm::WgradRows}}},
+      {"__moe_gpu_add",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildAddHost(b, m);
+       },
+       {}},
+      {"__moe_gpu_combine_acc",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildCombineHost(b, m, true);
+       },
+       {}},
+      {"__moe_gpu_expert_combine_grad_acc",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertCombineGradHost(b, m, true, g);
+       },
+       kExpertGradRoles},
       {"__moe_gpu_router_grad_acc",
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
          host::buildRouterGradHost(b, m, true, g);
@@ -909,12 +835,83 @@ const std::vector<VariantEntry> &variantEntries() {
   return entries;
 }
 
-const VariantEntry *findVariantEntry(StringRef name) {
-  for (const VariantEntry &entry : variantEntries())
+const HostEntry *findEntry(StringRef name) {
+  for (const HostEntry &entry : hostEntries())
     if (entry.name == name)
       return &entry;
   return nullptr;
 }
+
+/// The accumulating router gradient reduces into dx by TMA boxes: the library
+/// has it where the row-wise GEMMs store C by TMA boxes.
+bool hasRouterGradAcc() {
+  return libraryGemm(LibraryGemm::RowsKBf16).tmaStoreRows;
+}
+
+bool isBuilt(const HostEntry &entry) {
+  return entry.name != "__moe_gpu_router_grad_acc" || hasRouterGradAcc();
+}
+
+/// Fails (with an error at `module`) where `module` cannot take the host
+/// function `symbol`: a symbol of that name, or a tensor map function that is
+/// not the host functions' declaration of it.
+LogicalResult checkTarget(ModuleOp module, StringRef symbol) {
+  if (module.lookupSymbol(symbol))
+    return module.emitError("the module already has a symbol @") << symbol;
+  if (Operation *existing = module.lookupSymbol(kTensorMapFunctionName)) {
+    auto declaration = dyn_cast<func::FuncOp>(existing);
+    if (!declaration || declaration.getFunctionType() !=
+                            tensorMapFunctionType(module.getContext()))
+      return module.emitError("the module's @")
+             << kTensorMapFunctionName
+             << " is not the host functions' declaration of it";
+  }
+  return success();
+}
+
+/// Builds `entry` with `gemms` at the end of `module` as the function
+/// `symbol`.
+FailureOr<func::FuncOp> buildEntry(ModuleOp module, const HostEntry &entry,
+                                   const HostGemms &gemms, StringRef symbol) {
+  // gpu.launch_func verifies only in a gpu.container_module.
+  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                  UnitAttr::get(module.getContext()));
+  OpBuilder b(module.getContext());
+  b.setInsertionPointToEnd(module.getBody());
+  entry.build(b, module, gemms);
+  auto function = module.lookupSymbol<func::FuncOp>(symbol);
+  if (!function)
+    return module.emitError("the host function builder of @")
+           << symbol << " made no function of that name";
+  return function;
+}
+
+} // namespace
+
+FailureOr<func::FuncOp> mlir::moe::buildLibraryHostFunction(ModuleOp module,
+                                                            StringRef name) {
+  const HostEntry *entry = findEntry(name);
+  if (!entry || !isBuilt(*entry))
+    return module.emitError("the host function builder has no function @")
+           << name;
+  if (failed(checkTarget(module, name)))
+    return failure();
+  return buildEntry(module, *entry, HostGemms(), name);
+}
+
+SmallVector<StringRef> mlir::moe::libraryHostFunctionNames() {
+  SmallVector<StringRef> names;
+  for (const HostEntry &entry : hostEntries())
+    if (isBuilt(entry))
+      names.push_back(entry.name);
+  return names;
+}
+
+//===----------------------------------------------------------------------===//
+// Variants
+//===----------------------------------------------------------------------===//
+
+namespace {
 
 /// `config` as a variant compares it: resolved, not accumulating.
 moe_gpu::GemmConfig normalized(const moe_gpu::GemmConfig &config) {
@@ -923,11 +920,28 @@ moe_gpu::GemmConfig normalized(const moe_gpu::GemmConfig &config) {
   return out;
 }
 
-/// The configs of `entry`'s roles that differ from the library's, in the
-/// entry's order; failure (with an error at `module`) for a role the
-/// function does not have.
+/// The configs of `entry`'s roles that differ from the library's (normalized),
+/// in the entry's order; configs of roles it does not have are ignored.
+SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>>
+differingConfigs(const HostEntry &entry, ArrayRef<HostGemmConfig> configs) {
+  SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>> chosen;
+  for (const VariantRole &role : entry.roles) {
+    moe_gpu::GemmConfig library = normalized(libraryGemm(role.gemm).config);
+    for (const HostGemmConfig &config : configs) {
+      if (config.role != role.role)
+        continue;
+      moe_gpu::GemmConfig wanted = normalized(config.config);
+      if (wanted != library)
+        chosen.emplace_back(role.role, wanted);
+    }
+  }
+  return chosen;
+}
+
+/// differingConfigs, failure (with an error at `module`) for a config of a
+/// role the function does not have.
 FailureOr<SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>>>
-chosenConfigs(const VariantEntry &entry, ArrayRef<HostGemmConfig> configs,
+chosenConfigs(const HostEntry &entry, ArrayRef<HostGemmConfig> configs,
               ModuleOp module) {
   for (const HostGemmConfig &config : configs)
     if (llvm::none_of(entry.roles, [&](const VariantRole &role) {
@@ -935,18 +949,7 @@ chosenConfigs(const VariantEntry &entry, ArrayRef<HostGemmConfig> configs,
         }))
       return module.emitError("the host function @")
              << entry.name << " has no GEMM role '" << config.role << "'";
-  SmallVector<std::pair<StringRef, moe_gpu::GemmConfig>> chosen;
-  for (const VariantRole &role : entry.roles) {
-    moe_gpu::GemmConfig library = libraryGemm(role.gemm).config;
-    for (const HostGemmConfig &config : configs) {
-      if (config.role != role.role)
-        continue;
-      moe_gpu::GemmConfig wanted = normalized(config.config);
-      if (wanted != normalized(library))
-        chosen.emplace_back(role.role, wanted);
-    }
-  }
-  return chosen;
+  return differingConfigs(entry, configs);
 }
 
 std::string
@@ -961,8 +964,8 @@ variantSuffix(ArrayRef<std::pair<StringRef, moe_gpu::GemmConfig>> chosen) {
 
 bool mlir::moe::canBuildLibraryHostFunction(StringRef name,
                                             ArrayRef<HostGemmConfig> configs) {
-  const VariantEntry *entry = findVariantEntry(name);
-  if (!entry)
+  const HostEntry *entry = findEntry(name);
+  if (!entry || entry->roles.empty())
     return configs.empty() &&
            llvm::is_contained(libraryHostFunctionNames(), name);
   for (const HostGemmConfig &config : configs) {
@@ -983,7 +986,7 @@ bool mlir::moe::canBuildLibraryHostFunction(StringRef name,
 
 SmallVector<HostGemmConfig> mlir::moe::libraryHostGemmConfigs(StringRef name) {
   SmallVector<HostGemmConfig> out;
-  if (const VariantEntry *entry = findVariantEntry(name))
+  if (const HostEntry *entry = findEntry(name))
     for (const VariantRole &role : entry->roles)
       out.push_back({role.role.str(), libraryGemm(role.gemm).config});
   return out;
@@ -992,24 +995,17 @@ SmallVector<HostGemmConfig> mlir::moe::libraryHostGemmConfigs(StringRef name) {
 std::string
 mlir::moe::libraryHostFunctionVariantName(StringRef name,
                                           ArrayRef<HostGemmConfig> configs) {
-  const VariantEntry *entry = findVariantEntry(name);
+  const HostEntry *entry = findEntry(name);
   if (!entry)
     return name.str();
-  std::string suffix;
-  for (const VariantRole &role : entry->roles) {
-    moe_gpu::GemmConfig library = normalized(libraryGemm(role.gemm).config);
-    for (const HostGemmConfig &config : configs)
-      if (config.role == role.role && normalized(config.config) != library)
-        suffix += "__" + moe_gpu::gemmKernelName(normalized(config.config));
-  }
-  return name.str() + suffix;
+  return name.str() + variantSuffix(differingConfigs(*entry, configs));
 }
 
 FailureOr<func::FuncOp>
 mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
                                     ArrayRef<HostGemmConfig> configs) {
-  const VariantEntry *entry = findVariantEntry(name);
-  if (!entry) {
+  const HostEntry *entry = findEntry(name);
+  if (!entry || entry->roles.empty()) {
     if (configs.empty())
       return buildLibraryHostFunction(module, name);
     return module.emitError("the host function builder has no variants of @")
@@ -1044,16 +1040,8 @@ mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
     kernelConfigs.push_back(kernel);
   }
   std::string variant = name.str() + variantSuffix(*chosen);
-  if (module.lookupSymbol(variant))
-    return module.emitError("the module already has a symbol @") << variant;
-  if (Operation *existing = module.lookupSymbol(kTensorMapFunctionName)) {
-    auto declaration = dyn_cast<func::FuncOp>(existing);
-    if (!declaration || declaration.getFunctionType() !=
-                            tensorMapFunctionType(module.getContext()))
-      return module.emitError("the module's @")
-             << kTensorMapFunctionName
-             << " is not the host functions' declaration of it";
-  }
+  if (failed(checkTarget(module, variant)))
+    return failure();
 
   OpBuilder b(module.getContext());
   Location loc = module.getLoc();
@@ -1080,13 +1068,6 @@ mlir::moe::buildLibraryHostFunction(ModuleOp module, StringRef name,
       return module.emitError("the kernel builder made no kernel @") << kernel;
   }
 
-  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
-                  UnitAttr::get(module.getContext()));
-  b.setInsertionPointToEnd(module.getBody());
-  entry->build(b, module, HostGemms(*chosen, variantSuffix(*chosen)));
-  auto function = module.lookupSymbol<func::FuncOp>(variant);
-  if (!function)
-    return module.emitError("the host function builder of @")
-           << variant << " made no function of that name";
-  return function;
+  return buildEntry(module, *entry, HostGemms(*chosen, variantSuffix(*chosen)),
+                    variant);
 }

@@ -150,11 +150,6 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
   pm.addNestedPass<func::FuncOp>(createMoEPlanActivations(plan));
   pm.addPass(createMoEGenerateBackward());
   pm.addPass(createMoEOffload());
-  if (!options.memoryReport.empty()) {
-    MoEPlanMemoryOptions memory;
-    memory.memoryReport = options.memoryReport;
-    pm.addPass(createMoEPlanMemory(memory));
-  }
   moe_gpu::MoEGPUSelectKernelsOptions selection;
   selection.chip = options.chip;
   selection.numSMs = options.numSMs;
@@ -162,6 +157,11 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
                            options.kernelConfigs.end());
   pm.addPass(moe_gpu::createMoEGPUSelectKernels(selection));
   pm.addPass(createMoEFoldAdds());
+  // The one placement of the step's memory: the conversion allocates at its
+  // offsets, and the report (memory-report) shows what runs.
+  MoEPlanMemoryOptions memory;
+  memory.memoryReport = options.memoryReport;
+  pm.addPass(createMoEPlanMemory(memory));
   ConvertMoEToGPUOptions conversion;
   conversion.libraryPath = options.gpuLibrary;
   pm.addPass(createConvertMoEToGPU(conversion));

@@ -115,8 +115,9 @@ def plan_activations(
 def memory_report(plan: ActivationPlan, opt_tool: Optional[str] = None) -> str:
     """The step's memory report for the plan's layer, budget and policy: moe-opt runs
     moe-decompose, moe-plan-activations, moe-generate-backward, moe-offload and
-    moe-plan-memory (docs/memory.md) and prints every buffer with its size, offset and
-    lifetime, the peak and the saved-for-backward total."""
+    moe-plan-memory (docs/memory.md) and prints every buffer with its size, place (an offset
+    in its function's arena, returned to the caller, or apart) and lifetime, the peak, the
+    arenas and the saved-for-backward total."""
     from . import cpu  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 

@@ -3,7 +3,7 @@ and as a PNG timeline (docs/memory.md).
 
     from moe_mlir.memory_plot import parse_report, plot_memory_report
     report = parse_report(open("layer.report").read())
-    report.check()                        # no two live buffers share a byte
+    report.check()                        # no two live buffers of an arena share a byte
     plot_memory_report(report, "layer.png")
 
 or from the shell: `python3 -m moe_mlir.memory_plot layer.report layer.png`.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 __all__ = ["Buffer", "MemoryReport", "parse_report", "plot_memory_report", "MatplotlibMissing"]
 
@@ -32,12 +32,16 @@ class Buffer:
     size: int
     first: int
     last: int
-    offset: Optional[int] = None  # None for a host buffer
+    offset: Optional[int] = None  # in its function's arena; None elsewhere
     saved: bool = False
+    # "arena" (the workspace of `function`), "returned" (the caller's), "apart" (an
+    # allocation of its own: offloaded from or prefetched into) or "host" (a host copy)
+    place: str = "arena"
+    function: Optional[str] = None
 
     @property
     def host(self) -> bool:
-        return self.offset is None
+        return self.place == "host"
 
 
 @dataclasses.dataclass
@@ -52,7 +56,7 @@ class MemoryReport:
     buffers: List[Buffer] = dataclasses.field(default_factory=list)
     peak: int = 0
     peak_op: int = 0
-    arena: int = 0
+    arenas: Dict[str, int] = dataclasses.field(default_factory=dict)  # function -> bytes
     saved: Optional[int] = None
     saved_arguments: Optional[int] = None
     offloaded: Optional[int] = None
@@ -65,6 +69,15 @@ class MemoryReport:
     def host(self) -> List[Buffer]:
         return [b for b in self.buffers if b.host]
 
+    @property
+    def in_arenas(self) -> List[Buffer]:
+        return [b for b in self.buffers if b.place == "arena"]
+
+    @property
+    def arena(self) -> int:
+        """The largest of the functions' arenas (they are never live together)."""
+        return max(self.arenas.values(), default=0)
+
     def live_bytes(self) -> List[int]:
         """Device bytes live at each op."""
         live = [0] * len(self.ops)
@@ -75,19 +88,22 @@ class MemoryReport:
 
     def check(self) -> None:
         """Raises AssertionError unless the plan is consistent: offsets aligned, every buffer
-        inside the arena, no two buffers live at one op overlapping in memory, the peak and
-        the saved total as the report says."""
-        device = self.device
-        for b in device:
-            assert b.offset % self.alignment == 0, f"{b.name} at {b.offset} is not aligned"
-            assert b.offset + b.size <= self.arena, f"{b.name} ends past the arena"
+        of an arena inside it and within its function's ops, no two buffers of one arena live
+        at one op overlapping in memory, the peak and the saved total as the report says."""
+        for b in self.device:
             assert 0 <= b.first <= b.last < len(self.ops), f"{b.name} lives outside the step"
-        ordered = sorted(device, key=lambda b: b.first)
+        for b in self.in_arenas:
+            assert b.function in self.arenas, f"{b.name} is in an arena the report lacks"
+            assert b.offset % self.alignment == 0, f"{b.name} at {b.offset} is not aligned"
+            assert b.offset + b.size <= self.arenas[b.function], f"{b.name} ends past the arena"
+            in_backward = b.function == self.backward
+            assert (b.first >= self.backward_start) == in_backward, f"{b.name} is in another arena"
+        ordered = sorted(self.in_arenas, key=lambda b: b.first)
         for i, a in enumerate(ordered):
             for b in ordered[i + 1 :]:
                 if b.first > a.last:
                     break
-                if a.size and b.size:
+                if a.size and b.size and a.function == b.function:
                     assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset, (
                         f"buffers {a.id} ({a.name}) and {b.id} ({b.name}) are live together "
                         f"and overlap: [{a.offset}, {a.offset + a.size}) and "
@@ -96,11 +112,11 @@ class MemoryReport:
         live = self.live_bytes()
         assert max(live, default=0) == self.peak, (max(live, default=0), self.peak)
         assert live[self.peak_op] == self.peak
-        assert self.arena >= self.peak
         if self.saved is not None:
-            assert sum(b.size for b in device if b.saved) == self.saved
-            for b in device:
+            assert sum(b.size for b in self.device if b.saved) == self.saved
+            for b in self.device:
                 if b.saved:
+                    assert b.place == "returned", f"saved {b.name} is not returned"
                     assert b.first < self.backward_start <= b.last or (
                         b.last == self.backward_start - 1
                     ), f"saved {b.name} ends in forward"
@@ -113,10 +129,13 @@ _HEADER = re.compile(
     r"(?:, backward @(\S+) ops \[(\d+), (\d+)\])?, alignment (\d+) B"
 )
 _OP = re.compile(r"op (\d+) (\S+)")
-_BUFFER = re.compile(r"buffer (\d+) (.+): (\d+) B at offset (\d+), live \[(\d+), (\d+)\](, saved)?")
+_BUFFER = re.compile(
+    r"buffer (\d+) (.+): (\d+) B (?:at offset (\d+) in @(\S+)|(returned|apart)), "
+    r"live \[(\d+), (\d+)\](, saved)?"
+)
 _HOST = re.compile(r"host (\d+) (.+): (\d+) B, live \[(\d+), (\d+)\]")
 _PEAK = re.compile(r"peak: (\d+) B .* at op (\d+)")
-_ARENA = re.compile(r"arena: (\d+) B")
+_ARENA = re.compile(r"arena @(\S+): (\d+) B")
 _SAVED = re.compile(r"saved for backward: (\d+) B .* in \d+ buffers, and (\d+) B")
 _OFFLOADED = re.compile(r"offloaded to the host: (\d+) B")
 
@@ -152,22 +171,29 @@ def parse_reports(text: str) -> List[MemoryReport]:
                     int(m.group(1)),
                     m.group(2),
                     int(m.group(3)),
-                    int(m.group(5)),
-                    int(m.group(6)),
-                    int(m.group(4)),
-                    bool(m.group(7)),
+                    int(m.group(7)),
+                    int(m.group(8)),
+                    offset=int(m.group(4)) if m.group(4) else None,
+                    saved=bool(m.group(9)),
+                    place=m.group(6) or "arena",
+                    function=m.group(5),
                 )
             )
         elif m := _HOST.fullmatch(line):
             r.buffers.append(
                 Buffer(
-                    int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
+                    int(m.group(1)),
+                    m.group(2),
+                    int(m.group(3)),
+                    int(m.group(4)),
+                    int(m.group(5)),
+                    place="host",
                 )
             )
         elif m := _PEAK.match(line):
             r.peak, r.peak_op = int(m.group(1)), int(m.group(2))
         elif m := _ARENA.match(line):
-            r.arena = int(m.group(1))
+            r.arenas[m.group(1)] = int(m.group(2))
         elif m := _SAVED.match(line):
             r.saved, r.saved_arguments = int(m.group(1)), int(m.group(2))
         elif m := _OFFLOADED.match(line):
@@ -210,8 +236,9 @@ def plot_memory_report(
     report: Union[MemoryReport, str], path: str, *, title: Optional[str] = None
 ) -> str:
     """Writes a PNG of the step to `path`: above, the device bytes live at each op (saved
-    tensors apart, host copies dashed) with the peak and the forward/backward boundary; below, the arena, each
-    buffer a box at its offset over its lifetime. `report` is a MemoryReport or the report
+    tensors apart, host copies dashed) with the peak and the forward/backward boundary; below, the
+    functions' arenas (forward's, then backward's), each buffer a box at its offset over its
+    lifetime. `report` is a MemoryReport or the report
     text. Returns `path`."""
     if isinstance(report, str):
         report = parse_report(report)
@@ -271,8 +298,8 @@ def plot_memory_report(
         + (f" + @{report.backward}" if report.backward else "")
     )
 
-    for b in report.device:
-        color = "tab:orange" if b.saved else "tab:blue"
+    for b in report.in_arenas:
+        color = "tab:blue"
         bottom.add_patch(
             Rectangle(
                 (b.first - 0.45, b.offset / scale),

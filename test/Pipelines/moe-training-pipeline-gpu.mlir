@@ -47,19 +47,26 @@
 // OFFLOAD: llvm.call @mgpuMoeAwaitPrefetch(
 // OFFLOAD: @moe_gemm_{{[a-z0-9_]+}}::@moe_gemm_
 // CONTRADICT: error: moe-training-pipeline: offload=always contradicts policy=keep
-// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 86]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
+// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 94]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
 
-// REPORT: moe-plan-memory: forward @layer_forward ops [0, 4], backward @layer_backward ops [5, 8], alignment 256 B
+// The report is of what the GPU path runs: after moe-fold-adds (backward's
+// add is gone into the router's dx), y alone in forward's arena and the
+// weights' gradient in backward's, at the offsets the conversion uses.
+// REPORT: moe-plan-memory: forward @layer_forward ops [0, 4], backward @layer_backward ops [5, 7], alignment 256 B
+// REPORT: buffer 6 moe.expert_ffn.y: 9472 B at offset 0 in @layer_forward, live [2, 3]
+// REPORT: buffer 10 moe.expert_combine_grad.d_weights: 296 B at offset 0 in @layer_backward, live [5, 6]
 // REPORT: peak: 241324 B
+// REPORT-NEXT: arena @layer_forward: 9472 B
+// REPORT-NEXT: arena @layer_backward: 296 B
 // REPORT: saved for backward: 39684 B
 
 // DUMP-OPTIONS: moe-plan-activations{auto-offload=true gpu-tflops=5.000000e+02 host-gbps=2.000000e+01 memory-budget= policy=auto report=false}
 // DUMP-OPTIONS-NEXT: ),
 // DUMP-OPTIONS-NEXT: moe-generate-backward,
 // DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
-// DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
 // DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
 // DUMP-OPTIONS-NEXT: moe-fold-adds,
+// DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
 // DUMP-OPTIONS-NEXT: convert-moe-to-gpu{library=},
 
 // DUMP: builtin.module(
@@ -72,6 +79,7 @@
 // DUMP-NEXT: moe-offload{prefetch=early},
 // DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
 // DUMP-NEXT: moe-fold-adds,
+// DUMP-NEXT: moe-plan-memory{alignment=256 memory-report=},
 // DUMP-NEXT: convert-moe-to-gpu{library=},
 // DUMP-NEXT: inline{
 // DUMP-NEXT: symbol-dce,

@@ -1,5 +1,5 @@
-"""moe-plan-memory: the memory report of a training step is consistent (no two buffers live at
-one op share a byte, the peak and the saved total add up) for every activation plan, on small
+"""moe-plan-memory: the memory report of a training step is consistent (no two buffers of an
+arena live at one op share a byte, the peak and the saved total add up) for every activation plan, on small
 layers and on the example models; memory_plot turns the report into a PNG."""
 
 import importlib.util
@@ -68,7 +68,10 @@ def test_small_layers(config, policy, alignment):
     report.check()
     assert report.forward == "layer_forward" and report.backward == "layer_backward"
     assert report.alignment == alignment
-    # The arena holds what the activation plan counts, less x (an argument).
+    # Each function's temporaries in its own arena; what it returns is the caller's.
+    assert set(report.arenas) == {"layer_forward", "layer_backward"}
+    assert report.in_arenas and all(b.offset is not None for b in report.in_arenas)
+    # The saved buffers hold what the activation plan counts, less x (an argument).
     assert report.saved + x_bytes(text) == saved_bytes
     h = [b for b in report.buffers if b.name.endswith(".h")]
     if policy == "keep":
@@ -79,6 +82,10 @@ def test_small_layers(config, policy, alignment):
         assert "moe.checkpoint" not in report.ops
     else:
         assert report.host and report.offloaded == sum(b.size for b in h)
+        # An offloaded h and a prefetched one are allocated apart: their copies run on
+        # another stream.
+        assert all(b.place == "apart" for b in h)
+        assert all(b.place == "apart" for b in report.buffers if b.name == "moe.prefetch")
         for b in report.host:
             assert report.ops[b.first] == "moe.offload"
             assert report.ops[b.last] == "moe.prefetch"
@@ -113,9 +120,10 @@ def test_a_report_that_overlaps_fails_the_check():
     report = parse_report(
         "moe-plan-memory: forward @f ops [0, 2], alignment 1 B\n"
         "op 0 a\nop 1 b\nop 2 func.return\n"
-        "buffer 0 a: 8 B at offset 0, live [0, 1]\n"
-        "buffer 1 b: 8 B at offset 4, live [1, 2]\n"
-        "peak: 16 B (1e-08 GiB) at op 1\narena: 12 B (1e-08 GiB)\n"
+        "buffer 0 a: 8 B at offset 0 in @f, live [0, 1]\n"
+        "buffer 1 b: 8 B at offset 4 in @f, live [1, 2]\n"
+        "buffer 2 c: 8 B returned, live [1, 2]\n"
+        "peak: 24 B (2e-08 GiB) at op 1\narena @f: 12 B (1e-08 GiB)\n"
     )
     with pytest.raises(AssertionError, match="overlap"):
         report.check()
@@ -141,7 +149,7 @@ def test_png_without_matplotlib_names_it(monkeypatch, tmp_path):
     with pytest.raises(MatplotlibMissing, match="matplotlib"):
         plot_memory_report(
             "moe-plan-memory: forward @f ops [0, 0], alignment 1 B\nop 0 func.return\n"
-            "peak: 0 B (0 GiB) at op 0\narena: 0 B (0 GiB)\n",
+            "peak: 0 B (0 GiB) at op 0\narena @f: 0 B (0 GiB)\n",
             str(tmp_path / "x.png"),
         )
 

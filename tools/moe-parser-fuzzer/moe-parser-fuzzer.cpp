@@ -318,9 +318,13 @@ static void runPasses(MLIRContext &context, ModuleOp module) {
   if (differentiated) {
     input = *differentiated;
     // The GPU path: diagnostics for what it cannot run, or host functions
-    // that verify and lower, with the (emptied) kernels, to PTX.
+    // that verify and lower, with the (emptied) kernels, to PTX. The
+    // conversion allocates at moe-plan-memory's offsets.
+    OwningOpRef<ModuleOp> planned =
+        runOurPass(input, moe::createMoEPlanMemory());
     if (OwningOpRef<ModuleOp> gpu =
-            runOurPass(input, moe::createConvertMoEToGPU())) {
+            planned ? runOurPass(*planned, moe::createConvertMoEToGPU())
+                    : nullptr) {
       stripKernelBodies(*gpu);
       PassManager lowering(&context);
       GpuModuleToBinaryPassOptions ptx;

@@ -72,8 +72,9 @@ struct MoETrainingPipelineOptions
       llvm::cl::init(55.0)};
   PassOptions::Option<std::string> memoryReport{
       *this, "memory-report",
-      llvm::cl::desc("With chip set, run moe-plan-memory and print its "
-                     "report here (- for stdout, or a file)"),
+      llvm::cl::desc("With chip set, print moe-plan-memory's report of the "
+                     "placement the GPU path runs here (- for stdout, or a "
+                     "file)"),
       llvm::cl::init("")};
   PassOptions::Option<std::string> format{
       *this, "format",
@@ -127,8 +128,9 @@ struct MoETrainingPipelineOptions
 /// unknown format, opt-level or policy, or a policy that contradicts offload.
 /// With chip, moe-plan-activations (memory-budget, policy, offload,
 /// gpu-tflops, host-gbps) runs before moe-generate-backward and moe-offload
-/// after it; with memory-report, moe-plan-memory then plans the arena and
-/// prints its report. convert-moe-to-gpu runs the plan: recomputed regions
+/// after it; after moe-gpu-select-kernels and moe-fold-adds, moe-plan-memory
+/// places each function's temporaries in its arena (with memory-report it
+/// prints the plan). convert-moe-to-gpu runs the plan: recomputed regions
 /// are inlined into backward, and offloaded tensors go to pinned host memory
 /// and come back through the runtime's copy stream.
 LogicalResult

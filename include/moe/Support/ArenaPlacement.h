@@ -1,8 +1,8 @@
 //===- ArenaPlacement.h - Static offsets in one arena -------*- C++ -*-===//
 //
 // Buffers with known sizes and lifetimes (inclusive op indices) placed in one
-// arena: moe-plan-memory places a training step's buffers, convert-moe-to-gpu
-// the temporaries of each host function.
+// arena: moe-plan-memory places each function's temporaries, and
+// convert-moe-to-gpu checks the placement it is given.
 //
 //===----------------------------------------------------------------------===//
 

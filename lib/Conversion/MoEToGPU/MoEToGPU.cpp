@@ -4,11 +4,11 @@
 // are calls of the host functions of the GPU library, which the kernel builder
 // makes (KernelBuilder.h; docs/gpu-path.md section 1). Each function is
 // planned first (planHostFunction): results go straight into out-parameters,
-// the other values share one arena at static offsets from their lifetimes,
-// adds fold into the accumulating calls where they can. Then dialect
-// conversion patterns, one per op (populateMoEToGPUPatterns), replace the ops
-// in order with their calls, which one async token orders. Offloaded saved
-// tensors go to pinned host memory through the runtime's copy stream.
+// the other values share one arena at the offsets moe-plan-memory gave them.
+// Then dialect conversion patterns, one per op (populateMoEToGPUPatterns),
+// replace the ops in order with their calls, which one async token orders.
+// Offloaded saved tensors go to pinned host memory through the runtime's copy
+// stream.
 //
 //===----------------------------------------------------------------------===//
 
@@ -789,14 +789,18 @@ SmallVector<Value> getTemporaries(Operation &op,
   return temporaries;
 }
 
-/// Byte offsets in one arena for the temporaries of `body` that can live
-/// there (not an offloaded tensor, which the runtime frees after its copy),
-/// from their lifetimes in this order (ArenaPlacement.h, as moe-plan-memory
-/// places a step), 256-byte aligned; the arena's size in `arenaBytes`.
-DenseMap<Value, int64_t>
-getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
-                const DenseMap<Operation *, SmallVector<Value>> &freeAfter,
-                int64_t &arenaBytes) {
+/// The offsets in the function's arena of the temporaries of `body` that
+/// live there, as moe-plan-memory placed them (`moe.arena_offsets` on the
+/// ops, `moe.arena_size` on the function), and the arena's size in
+/// `arenaBytes`. The plan is checked against the temporaries made here:
+/// every one of them in the arena but an offloaded tensor (the runtime frees
+/// it after its copy), nothing else there, each aligned and inside the
+/// arena, no two that are live together overlapping.
+FailureOr<DenseMap<Value, int64_t>>
+readArenaPlan(func::FuncOp func, const DenseMap<Value, Value> &buffers,
+              const DenseMap<Operation *, SmallVector<Value>> &freeAfter,
+              int64_t &arenaBytes) {
+  Block &body = func.front();
   DenseMap<Operation *, unsigned> position;
   for (Operation &op : body.without_terminator())
     position[&op] = position.size();
@@ -804,22 +808,61 @@ getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
   for (auto &[op, values] : freeAfter)
     for (Value value : values)
       lastUse[value] = position.lookup(op);
+
+  auto sizeAttr = func->getAttrOfType<IntegerAttr>(kArenaSizeAttr);
+  arenaBytes = sizeAttr ? sizeAttr.getInt() : 0;
+  auto rerun = [](InFlightDiagnostic diag) -> InFlightDiagnostic {
+    return std::move(diag) << "; run moe-plan-memory right before "
+                              "convert-moe-to-gpu (moe-training-pipeline does)";
+  };
   SmallVector<Value> values;
   SmallVector<ArenaBuffer> requests;
-  for (Operation &op : body.without_terminator())
-    for (Value value : getTemporaries(op, buffers)) {
-      if (llvm::any_of(value.getUsers(),
-                       [](Operation *user) { return isa<OffloadOp>(user); }))
-        continue;
-      values.push_back(value);
-      requests.push_back({static_cast<uint64_t>(HostFunctionBuilder::getBytes(
-                              getBufferType(value.getType()))),
-                          position.lookup(&op), lastUse.lookup(value)});
-    }
   SmallVector<uint64_t> offsets;
-  arenaBytes =
-      static_cast<int64_t>(placeInArena(requests, kArenaAlignment, offsets));
-  assert(!findArenaOverlap(requests, offsets) && "overlapping temporaries");
+  for (Operation &op : body.without_terminator()) {
+    SmallVector<Value> temporaries = getTemporaries(op, buffers);
+    auto planned = op.getAttrOfType<DenseI64ArrayAttr>(kArenaOffsetsAttr);
+    if (planned && planned.size() != static_cast<int64_t>(op.getNumResults()))
+      return op.emitOpError("has ")
+             << planned.size() << " moe.arena_offsets for "
+             << op.getNumResults() << " results";
+    for (OpResult result : op.getResults()) {
+      int64_t offset = planned ? planned[result.getResultNumber()] : -1;
+      bool temporary = llvm::is_contained(temporaries, result) &&
+                       llvm::none_of(result.getUsers(), [](Operation *user) {
+                         return isa<OffloadOp>(user);
+                       });
+      if (temporary && offset < 0)
+        return rerun(op.emitOpError("result #")
+                     << result.getResultNumber()
+                     << " has no place in the arena of @" << func.getSymName());
+      if (!temporary && offset >= 0)
+        return rerun(op.emitOpError("result #")
+                     << result.getResultNumber()
+                     << " is planned in the arena, where the GPU path keeps "
+                        "only the function's temporaries");
+      if (!temporary)
+        continue;
+      int64_t bytes =
+          HostFunctionBuilder::getBytes(getBufferType(result.getType()));
+      if (offset % kArenaAlignment != 0 || bytes > arenaBytes ||
+          offset > arenaBytes - bytes)
+        return rerun(op.emitOpError("result #")
+                     << result.getResultNumber() << " (" << bytes
+                     << " B) is planned at offset " << offset
+                     << " of an arena of " << arenaBytes
+                     << " B; the GPU path needs it inside, at a multiple of "
+                     << kArenaAlignment << " B");
+      values.push_back(result);
+      requests.push_back({static_cast<uint64_t>(bytes), position.lookup(&op),
+                          lastUse.lookup(result)});
+      offsets.push_back(static_cast<uint64_t>(offset));
+    }
+  }
+  if (auto overlap = findArenaOverlap(requests, offsets))
+    return rerun(func.emitOpError("has temporaries planned to overlap while "
+                                  "both are live: ")
+                 << values[overlap->first] << " and "
+                 << values[overlap->second]);
   DenseMap<Value, int64_t> result;
   for (auto [value, offset] : llvm::zip(values, offsets))
     result[value] = static_cast<int64_t>(offset);
@@ -830,26 +873,17 @@ getArenaOffsets(Block &body, const DenseMap<Value, Value> &buffers,
 /// and the host function whose `_acc` form adds the op's result to what its
 /// buffer holds; null for any other op, or one without `accumulate`.
 std::pair<Value, StringRef> getAccumulate(Operation *op) {
-  return TypeSwitch<Operation *, std::pair<Value, StringRef>>(op)
-      .Case([](RouterGradOp grad) -> std::pair<Value, StringRef> {
-        return {grad.getAccumulate(), "__moe_gpu_router_grad"};
-      })
-      .Case([](ExpertCombineGradOp grad) -> std::pair<Value, StringRef> {
-        return {grad.getAccumulate(), "__moe_gpu_expert_combine_grad"};
-      })
-      .Case([](CombineOp combine) -> std::pair<Value, StringRef> {
-        return {combine.getAccumulate(), "__moe_gpu_combine"};
-      })
-      .Default([](Operation *) { return std::pair<Value, StringRef>(); });
-}
-
-/// The result of `op` that its `accumulate` operand is added to.
-Value getAccumulatedResult(Operation *op) {
-  return TypeSwitch<Operation *, Value>(op)
-      .Case([](RouterGradOp grad) { return grad.getDx(); })
-      .Case([](ExpertCombineGradOp grad) { return grad.getDx(); })
-      .Case([](CombineOp combine) { return combine.getOut(); })
-      .Default([](Operation *) { return Value(); });
+  OpOperand *accumulate = getAccumulateOperand(op);
+  if (!accumulate)
+    return {};
+  StringRef callee =
+      TypeSwitch<Operation *, StringRef>(op)
+          .Case([](RouterGradOp) { return "__moe_gpu_router_grad"; })
+          .Case([](ExpertCombineGradOp) {
+            return "__moe_gpu_expert_combine_grad";
+          })
+          .Default([](Operation *) { return "__moe_gpu_combine"; });
+  return {accumulate->get(), callee};
 }
 
 /// Checks the ops of `body` that accumulate (moe-fold-adds): the library
@@ -1010,7 +1044,7 @@ struct HostCallContext {
 /// Creates the host function of `plan` (its parameters; before `plan.func`)
 /// and plans its buffers into `ctx`. The work that waits for a prefetch
 /// comes after the rest already (moe-offload schedules it so).
-void planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
+LogicalResult planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
   func::FuncOp func = plan.func;
   MLIRContext *context = func.getContext();
   Block &body = func.front();
@@ -1069,9 +1103,13 @@ void planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
       ctx.freeAfter[last].push_back(result);
     }
 
-  // The temporaries in one arena at static offsets: one allocation a call.
-  ctx.arenaOffsets =
-      getArenaOffsets(body, buffers, ctx.freeAfter, ctx.arenaBytes);
+  // The temporaries in one arena at moe-plan-memory's offsets: one
+  // allocation a call.
+  FailureOr<DenseMap<Value, int64_t>> arenaOffsets =
+      readArenaPlan(func, buffers, ctx.freeAfter, ctx.arenaBytes);
+  if (failed(arenaOffsets))
+    return failure();
+  ctx.arenaOffsets = std::move(*arenaOffsets);
   // An expert FFN whose y nobody reads (H recomputed in backward) gets no
   // buffer for y, and runs only its up projection.
   for (Operation &op : body.without_terminator())
@@ -1081,6 +1119,7 @@ void planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
 
   if (plan.kind != EntryKind::Backward)
     ctx.layerAttr = getLayerAttr(func);
+  return success();
 }
 
 //===----------------------------------------------------------------------===//
@@ -1488,7 +1527,8 @@ LogicalResult convertFunction(FunctionPlan &plan,
   if (failed(checkAccumulating(plan.func.front(), libraryHas, libraryName)))
     return failure();
   HostCallContext ctx(plan.func.getLoc());
-  planHostFunction(plan, ctx);
+  if (failed(planHostFunction(plan, ctx)))
+    return failure();
 
   MLIRContext *context = ctx.host.getContext();
   TypeConverter typeConverter;

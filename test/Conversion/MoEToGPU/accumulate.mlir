@@ -10,13 +10,13 @@
 // moe-gpu-emit-library writes, less __moe_gpu_router_grad_acc (given by the
 // pass's `library` option): every add stays; accumulate-errors.mlir has the
 // error of an op that accumulates with that library.
-// RUN: moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s
 // RUN: echo 'module {}' | moe-opt --moe-gpu-emit-library | sed '/func.func private @__moe_gpu_router_grad_acc(/,/^  }$/d' > %t.norouter.mlir
 // RUN: not grep -q __moe_gpu_router_grad_acc %t.norouter.mlir
-// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu="library=%t.norouter.mlir" | FileCheck %s --check-prefix=NOROUTER
-// RUN: not moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu="library=%t.missing.mlir" 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: moe-opt %s --split-input-file --moe-plan-memory --convert-moe-to-gpu="library=%t.norouter.mlir" | FileCheck %s --check-prefix=NOROUTER
+// RUN: not moe-opt %s --split-input-file --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu="library=%t.missing.mlir" 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: echo "module {" > %t.bad.mlir
-// RUN: not moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu="library=%t.bad.mlir" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not moe-opt %s --split-input-file --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu="library=%t.bad.mlir" 2>&1 | FileCheck %s --check-prefix=BAD
 
 // MISSING: error: cannot read the GPU library '{{.*}}.missing.mlir': No such file or directory
 // BAD: error: cannot parse the GPU library {{.*}}.bad.mlir

@@ -1,8 +1,8 @@
 // convert-moe-to-gpu on the output of moe-decompose + moe-generate-backward:
 // host functions on device memrefs, results as out-parameters, one async
-// token through every library call, temporaries in one arena at offsets from
-// their lifetimes (docs/gpu-path.md section 1).
-// RUN: moe-opt %s --split-input-file --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
+// token through every library call, temporaries in one arena at the offsets
+// moe-plan-memory gave them (docs/gpu-path.md section 1).
+// RUN: moe-opt %s --split-input-file --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s
 
 // A DeepSeek-like layer: selection bias, grouped sigmoid routing, a shared
 // expert whose output is added, no router-logits result. @ds is dropped: the
@@ -30,7 +30,7 @@
 // library's accumulating host functions, accumulate.mlir), so neither the
 // combine's output nor the shared expert's is a temporary.
 // CHECK-SAME: moe.gpu.workspace_bytes = 9472 : i64
-// The temporaries live in one arena at static offsets (ArenaPlacement.h):
+// The temporaries live in one arena at moe-plan-memory's static offsets:
 // its allocation comes first and its free last.
 // CHECK: %[[T0W:.*]] = gpu.wait async
 // CHECK-NEXT: %[[ARENA:.*]], %[[T0:.*]] = gpu.alloc async [%[[T0W]]] () : memref<9472xi8>

@@ -7,11 +7,11 @@
 // does if the config can add its tile to C); one that computes another GEMM
 // than the role's is an error.
 // RUN: rm -rf %t && split-file %s %t
-// RUN: moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
-// RUN: moe-opt %t/other.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu | FileCheck %s --check-prefix=OTHER
-// RUN: moe-opt %t/refused.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu --split-input-file --verify-diagnostics
-// RUN: moe-opt %t/backward.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu | FileCheck %s --check-prefix=BACKWARD
-// RUN: not moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-fold-adds --convert-moe-to-gpu=library=%t/empty-library.mlir 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %t/other.mlir --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=OTHER
+// RUN: moe-opt %t/refused.mlir --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu --split-input-file --verify-diagnostics
+// RUN: moe-opt %t/backward.mlir --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=BACKWARD
+// RUN: not moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu=library=%t/empty-library.mlir 2>&1 | FileCheck %s --check-prefix=MISSING
 
 // The library's configs convert as before.
 // CHECK-LABEL: func.func @layer

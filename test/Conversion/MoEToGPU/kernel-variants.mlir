@@ -3,7 +3,7 @@
 // variant of @__moe_gpu_expert_ffn that launches it with its tile counter.
 // Their texts, stripped of the variant's suffixes, are pinned by digest.
 // RUN: rm -rf %t && split-file %s %t
-// RUN: moe-opt %t/layer.mlir --moe-gpu-select-kernels --convert-moe-to-gpu -o %t/converted.mlir
+// RUN: moe-opt %t/layer.mlir --moe-gpu-select-kernels --moe-plan-memory --convert-moe-to-gpu -o %t/converted.mlir
 // RUN: sed -n '/gpu.func @moe_gemm_rows_mn_bf16_dyn(/,/^    }$/p' %t/converted.mlir | sed 's/@moe_gemm_rows_mn_bf16_dyn(/@moe_gemm_rows_mn_bf16(/' > %t/built-kernel.mlir
 // RUN: FileCheck %s --check-prefix=KERNEL < %t/built-kernel.mlir
 // RUN: sed -n '/func.func private @__moe_gpu_expert_ffn__moe_gemm_rows_mn_bf16_dyn(/,/^  }$/p' %t/converted.mlir | sed 's/@__moe_gpu_expert_ffn__moe_gemm_rows_mn_bf16_dyn(/@__moe_gpu_expert_ffn(/; s/@moe_kernels::@moe_gemm_rows_mn_bf16_dyn /@moe_kernels::@moe_gemm_rows_mn_bf16 /' > %t/built-host.mlir

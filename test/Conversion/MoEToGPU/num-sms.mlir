@@ -1,9 +1,9 @@
 // The persistent GEMMs launch at most a CTA an SM: as many as the module's
 // moe_gpu.num_sms (moe-gpu-select-kernels sets it from the chip, or num-sms),
 // in the library's host functions and in a variant's alike.
-// RUN: moe-opt %s --moe-gpu-select-kernels --convert-moe-to-gpu | FileCheck %s --check-prefix=H200
-// RUN: moe-opt %s --moe-gpu-select-kernels=num-sms=114 --convert-moe-to-gpu | FileCheck %s --check-prefix=PCIE
-// RUN: moe-opt %s --moe-gpu-select-kernels="num-sms=114 configs=down:stages=2" --convert-moe-to-gpu | FileCheck %s --check-prefix=VARIANT
+// RUN: moe-opt %s --moe-gpu-select-kernels --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=H200
+// RUN: moe-opt %s --moe-gpu-select-kernels=num-sms=114 --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=PCIE
+// RUN: moe-opt %s --moe-gpu-select-kernels="num-sms=114 configs=down:stages=2" --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=VARIANT
 
 // H200-LABEL: func.func private @__moe_gpu_expert_ffn(
 // H200-DAG: %[[SMS:.*]] = arith.constant 132 : index

@@ -15,7 +15,7 @@
 // forward's combine moving after the shared expert; in @ds_shared's backward
 // none (the router's and the experts' gradients run ahead of the shared
 // expert's, which waits for its prefetch).
-// RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-generate-backward --moe-offload --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s
 
 // Both H offloaded (policy=offload).
 // CHECK-DAG: func.func private @mgpuMoeOffload(i64, i64, i64, i32)

@@ -3,7 +3,7 @@
 // host functions, allocates no buffer for the unread y (nor for A: the up
 // projection's _h kernel writes H alone), and never launches the down GEMM
 // there; forward is unchanged (docs/memory.md).
-// RUN: moe-opt %s --moe-decompose --moe-plan-activations="policy=recompute report=false" --moe-generate-backward --moe-fold-adds --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %s --moe-decompose --moe-plan-activations="policy=recompute report=false" --moe-generate-backward --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s
 
 // CHECK-LABEL: func.func @ds_like_forward(
 // CHECK: call @__moe_gpu_expert_ffn(

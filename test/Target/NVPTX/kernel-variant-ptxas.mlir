@@ -3,7 +3,7 @@
 // library's kernels in @moe_kernels) compiles for sm_90a with no spill, no
 // local stack and no wgmma serialisation warning (check_ptxas.py fails on any).
 // REQUIRES: ptxas
-// RUN: moe-opt %s --moe-gpu-select-kernels --convert-moe-to-gpu -o %t.converted.mlir
+// RUN: moe-opt %s --moe-gpu-select-kernels --moe-plan-memory --convert-moe-to-gpu -o %t.converted.mlir
 // RUN: echo 'module attributes {gpu.container_module} {' > %t.kernels.mlir
 // RUN: sed -n '/^  gpu.module @moe_kernels/,/^  }$/p' %t.converted.mlir >> %t.kernels.mlir
 // RUN: echo '}' >> %t.kernels.mlir

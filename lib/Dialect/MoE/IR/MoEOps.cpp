@@ -12,6 +12,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/MathExtras.h"
 
 #include <cmath>
@@ -641,3 +642,20 @@ LogicalResult PrefetchOp::verify() {
 
 #define GET_OP_CLASSES
 #include "moe/Dialect/MoE/IR/MoEOps.cpp.inc"
+
+OpOperand *mlir::moe::getAccumulateOperand(Operation *op) {
+  return TypeSwitch<Operation *, OpOperand *>(op)
+      .Case<CombineOp, RouterGradOp, ExpertCombineGradOp>([](auto op) {
+        MutableOperandRange range = op.getAccumulateMutable();
+        return range.empty() ? nullptr : &range[0];
+      })
+      .Default([](Operation *) { return nullptr; });
+}
+
+Value mlir::moe::getAccumulatedResult(Operation *op) {
+  return TypeSwitch<Operation *, Value>(op)
+      .Case<RouterGradOp, ExpertCombineGradOp>(
+          [](auto grad) -> Value { return grad.getDx(); })
+      .Case([](CombineOp combine) -> Value { return combine.getOut(); })
+      .Default([](Operation *) { return Value(); });
+}

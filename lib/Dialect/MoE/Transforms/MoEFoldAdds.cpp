@@ -28,16 +28,6 @@ using namespace mlir::moe;
 
 namespace {
 
-/// The `accumulate` operand of `op`, where it is an op that can take one.
-OpOperand *getAccumulateOperand(Operation *op) {
-  return TypeSwitch<Operation *, OpOperand *>(op)
-      .Case<CombineOp, RouterGradOp, ExpertCombineGradOp>([](auto op) {
-        MutableOperandRange range = op.getAccumulateMutable();
-        return range.empty() ? nullptr : &range[0];
-      })
-      .Default([](Operation *) { return nullptr; });
-}
-
 /// Whether the op that makes `value` can add it to what its buffer holds:
 /// the router's and the experts' dx, the combine's output, without an
 /// `accumulate` already, and, for the router's dx, a chosen dx config

@@ -3,12 +3,14 @@
 // Plans the device memory of a training step at the moe level, where every
 // tensor value is one buffer and the static types give its size: the
 // training forward and then the backward of a layer (the pair
-// moe-generate-backward makes), numbered op by op as one sequence. A saved
-// tensor lives from its definition in forward to its last use in backward;
-// an offloaded one leaves the device at its moe.offload and comes back as a
-// new buffer at its moe.prefetch. Offsets in one arena come from a greedy
-// best fit, largest buffers first; two buffers that are live at the same op
-// never overlap (checked). docs/memory.md.
+// moe-generate-backward makes), numbered op by op as one sequence. It is the
+// placement the GPU path executes: what a function returns is the caller's
+// (a saved tensor lives from its definition in forward to its last use in
+// backward); each function's other tensors share that function's workspace,
+// one arena at offsets from a greedy best fit, largest buffers first, where
+// two buffers live at the same op never overlap (checked); an offloaded
+// tensor and a prefetched one, whose copies run on another stream, get
+// allocations of their own. docs/memory.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,14 +42,23 @@ using namespace mlir::moe;
 
 namespace {
 
-/// One buffer of the plan: a device tensor (in the arena) or a host tensor.
+/// Where a buffer lives.
+enum class Place {
+  Arena,    // the workspace of the function that defines it, at an offset
+  Returned, // the caller's: the function returns it
+  Apart,    // an allocation of its own (offloaded from, prefetched into)
+  Host,     // an offloaded tensor's host copy
+};
+
+/// One buffer of the plan.
 struct Buffer {
   Value value;
   uint64_t size = 0;
   unsigned first = 0, last = 0; // op indices of the step, inclusive
-  uint64_t offset = 0;
-  bool saved = false; // live across the end of forward
-  bool host = false;
+  uint64_t offset = 0;          // in its function's arena
+  Place place = Place::Arena;
+  unsigned function = 0; // 0 forward, 1 backward
+  bool saved = false;    // live across the end of forward
 };
 
 /// "moe.expert_ffn.h", "arith.addf", "arg3".
@@ -83,7 +94,7 @@ public:
   StepPlanner(func::FuncOp forward, func::FuncOp backward, uint64_t alignment)
       : forward(forward), backward(backward), alignment(alignment) {}
 
-  /// Finds the buffers and their lifetimes; fails on a dynamic shape.
+  /// Finds the buffers, their lifetimes and places; fails on a dynamic shape.
   LogicalResult collect();
   /// Assigns the offsets and checks that no two live buffers overlap.
   LogicalResult assign();
@@ -94,16 +105,23 @@ public:
 private:
   /// The buffer of a device tensor value, created on first sight.
   FailureOr<Buffer *> bufferOf(Value value, unsigned index);
+  /// The value whose buffer `value` lives in (itself, or what it aliases).
+  Value resolve(Value value) const;
   /// Extends the life of `value`'s buffer (when it has one) to `index`.
   void use(Value value, unsigned index);
+  /// The functions of the step, forward first.
+  SmallVector<func::FuncOp, 2> functions() const;
 
   func::FuncOp forward, backward; // backward may be null
   uint64_t alignment;
   SmallVector<Operation *> ops; // the step, in order
   unsigned backwardStart = 0;
   llvm::MapVector<Value, Buffer> buffers;
-  DenseMap<Value, Value> alias; // backward saved argument -> forward value
-  uint64_t arenaSize = 0, peak = 0;
+  /// A backward saved argument -> the forward value; the result of an op
+  /// that accumulates -> its `accumulate`, which it overwrites.
+  DenseMap<Value, Value> alias;
+  uint64_t arenaSize[2] = {0, 0};
+  uint64_t peak = 0;
   unsigned peakIndex = 0;
   uint64_t savedArguments = 0;
 };
@@ -135,7 +153,11 @@ FailureOr<Buffer *> StepPlanner::bufferOf(Value value, unsigned index) {
     buffer.value = value;
     buffer.size = getByteSize(shaped, status);
     buffer.first = buffer.last = index;
-    buffer.host = host;
+    buffer.function = index >= backwardStart ? 1 : 0;
+    if (host)
+      buffer.place = Place::Host;
+    else if (value.getDefiningOp<PrefetchOp>())
+      buffer.place = Place::Apart;
     if (status != ByteSizeStatus::Known) {
       InFlightDiagnostic diag = isa<BlockArgument>(value)
                                     ? mlir::emitError(value.getLoc())
@@ -148,18 +170,35 @@ FailureOr<Buffer *> StepPlanner::bufferOf(Value value, unsigned index) {
   return &buffer;
 }
 
-void StepPlanner::use(Value value, unsigned index) {
-  if (Value source = alias.lookup(value))
+Value StepPlanner::resolve(Value value) const {
+  while (Value source = alias.lookup(value))
     value = source;
-  auto it = buffers.find(value);
+  return value;
+}
+
+void StepPlanner::use(Value value, unsigned index) {
+  auto it = buffers.find(resolve(value));
   if (it != buffers.end())
     it->second.last = std::max(it->second.last, index);
 }
 
+SmallVector<func::FuncOp, 2> StepPlanner::functions() const {
+  SmallVector<func::FuncOp, 2> result = {forward};
+  if (backward)
+    result.push_back(backward);
+  return result;
+}
+
+/// Whether `value` is an expert FFN's y that nothing reads: recomputing h in
+/// backward runs the up projection alone and never makes it.
+bool isUnreadY(Value value) {
+  Operation *op = value.getDefiningOp();
+  return isa_and_nonnull<ExpertFFNOp, SharedExpertOp>(op) &&
+         value == op->getResult(0) && value.use_empty();
+}
+
 LogicalResult StepPlanner::collect() {
-  for (func::FuncOp func : {forward, backward}) {
-    if (!func)
-      continue;
+  for (func::FuncOp func : functions()) {
     if (!func.getBody().hasOneBlock())
       return func.emitOpError("has more than one block; moe-plan-memory "
                               "plans straight-line functions only");
@@ -209,68 +248,96 @@ LogicalResult StepPlanner::collect() {
       for (Value operand : inner->getOperands())
         use(operand, at);
     });
-    if (op == forwardReturn && backward) {
-      // The saved values live on into backward: to their last use there.
-      for (unsigned i = 0; i < numSaved; ++i) {
-        Value value = forwardReturn.getOperand(forwardReturn.getNumOperands() -
-                                               numSaved + i);
-        if (auto it = buffers.find(value); it != buffers.end())
+    if (auto returnOp = dyn_cast<func::ReturnOp>(op)) {
+      // What a function returns is the caller's; the saved values live on
+      // into backward, to their last use there.
+      for (auto [i, value] : llvm::enumerate(returnOp.getOperands())) {
+        auto it = buffers.find(resolve(value));
+        if (it == buffers.end())
+          continue;
+        if (it->second.place == Place::Arena)
+          it->second.place = Place::Returned;
+        if (op == forwardReturn && backward &&
+            i >= returnOp.getNumOperands() - numSaved)
           it->second.saved = true;
       }
+      continue;
     }
-    for (Value result : op->getResults())
-      if (failed(bufferOf(result, at)))
+    // An op that accumulates writes its result over its `accumulate`, when
+    // nothing else reads that (moe-fold-adds makes it so).
+    OpOperand *accumulate = getAccumulateOperand(op);
+    Value accumulated = getAccumulatedResult(op);
+    for (Value result : op->getResults()) {
+      if (accumulate && result == accumulated &&
+          accumulate->get().hasOneUse() &&
+          buffers.count(resolve(accumulate->get()))) {
+        alias[result] = accumulate->get();
+        continue;
+      }
+      if (isUnreadY(result))
+        continue;
+      FailureOr<Buffer *> buffer = bufferOf(result, at);
+      if (failed(buffer))
         return failure();
+      // The runtime frees an offloaded tensor when its copy to the host is
+      // done, which the arena cannot know.
+      if (*buffer && llvm::any_of(result.getUsers(), [](Operation *user) {
+            return isa<OffloadOp>(user);
+          }))
+        (*buffer)->place = Place::Apart;
+    }
   }
-  for (func::FuncOp func : {forward, backward})
-    if (func)
-      for (BlockArgument argument : func.getArguments())
-        if (!alias.count(argument) &&
-            isa<RankedTensorType>(argument.getType()) &&
-            !cast<RankedTensorType>(argument.getType()).hasStaticShape()) {
-          (void)bufferOf(argument, 0);
-          return failure();
-        }
+  for (func::FuncOp func : functions())
+    for (BlockArgument argument : func.getArguments())
+      if (!alias.count(argument) && isa<RankedTensorType>(argument.getType()) &&
+          !cast<RankedTensorType>(argument.getType()).hasStaticShape()) {
+        (void)bufferOf(argument, 0);
+        return failure();
+      }
   return success();
 }
 
 LogicalResult StepPlanner::assign() {
-  SmallVector<Buffer *> inArena;
-  SmallVector<ArenaBuffer> requests;
-  for (auto &entry : buffers)
-    if (!entry.second.host) {
-      inArena.push_back(&entry.second);
-      requests.push_back(
-          {entry.second.size, entry.second.first, entry.second.last});
+  for (unsigned function : {0u, 1u}) {
+    SmallVector<Buffer *> inArena;
+    SmallVector<ArenaBuffer> requests;
+    for (auto &entry : buffers)
+      if (entry.second.place == Place::Arena &&
+          entry.second.function == function) {
+        inArena.push_back(&entry.second);
+        requests.push_back(
+            {entry.second.size, entry.second.first, entry.second.last});
+      }
+    // With every buffer and its alignment padding under 2^63 in all, no
+    // offset, end or sum of live bytes below can wrap.
+    uint64_t total = 0;
+    for (const ArenaBuffer &request : requests) {
+      std::optional<uint64_t> sum = addByteSizes(total, request.size);
+      sum = sum ? addByteSizes(*sum, alignment) : std::nullopt;
+      if (!sum)
+        return forward.emitOpError("moe-plan-memory: the step's ")
+               << requests.size() << " buffers, aligned to " << alignment
+               << " B, do not fit in 63 bits";
+      total = *sum;
     }
-  // With every buffer and its alignment padding under 2^63 in all, no
-  // offset, end or sum of live bytes below can wrap.
-  uint64_t total = 0;
-  for (const ArenaBuffer &request : requests) {
-    std::optional<uint64_t> sum = addByteSizes(total, request.size);
-    sum = sum ? addByteSizes(*sum, alignment) : std::nullopt;
-    if (!sum)
-      return forward.emitOpError("moe-plan-memory: the step's ")
-             << requests.size() << " buffers, aligned to " << alignment
-             << " B, do not fit in 63 bits";
-    total = *sum;
+    SmallVector<uint64_t> offsets;
+    arenaSize[function] = placeInArena(requests, alignment, offsets);
+    for (auto [buffer, offset] : llvm::zip(inArena, offsets))
+      buffer->offset = offset;
+    // The check: no two buffers live at one op share a byte.
+    if (auto overlap = findArenaOverlap(requests, offsets))
+      return forward.emitOpError("moe-plan-memory placed ")
+             << valueName(inArena[overlap->first]->value) << " and "
+             << valueName(inArena[overlap->second]->value)
+             << " at overlapping offsets while both are live (a bug)";
   }
-  SmallVector<uint64_t> offsets;
-  arenaSize = placeInArena(requests, alignment, offsets);
-  for (auto [buffer, offset] : llvm::zip(inArena, offsets))
-    buffer->offset = offset;
-  // The check: no two buffers live at one op share a byte.
-  if (auto overlap = findArenaOverlap(requests, offsets))
-    return forward.emitOpError("moe-plan-memory placed ")
-           << valueName(inArena[overlap->first]->value) << " and "
-           << valueName(inArena[overlap->second]->value)
-           << " at overlapping offsets while both are live (a bug)";
 
-  // The peak: the most bytes live at one op.
+  // The peak: the most device bytes live at one op, wherever they are.
   SmallVector<uint64_t> live(ops.size(), 0);
-  for (Buffer *buffer : inArena)
-    for (unsigned i = buffer->first; i <= buffer->last; ++i)
-      live[i] += buffer->size;
+  for (auto &entry : buffers)
+    if (entry.second.place != Place::Host)
+      for (unsigned i = entry.second.first; i <= entry.second.last; ++i)
+        live[i] += entry.second.size;
   for (auto [index, bytes] : llvm::enumerate(live))
     if (bytes > peak) {
       peak = bytes;
@@ -288,17 +355,17 @@ void StepPlanner::annotate() {
     bool any = false;
     for (Value result : op->getResults()) {
       auto it = buffers.find(result);
-      bool inArena = it != buffers.end() && !it->second.host;
+      bool inArena = it != buffers.end() && it->second.place == Place::Arena;
       offsets.push_back(inArena ? static_cast<int64_t>(it->second.offset) : -1);
       any |= inArena;
     }
     if (any)
       op->setAttr(kArenaOffsetsAttr, builder.getDenseI64ArrayAttr(offsets));
   }
-  for (func::FuncOp func : {forward, backward})
-    if (func)
-      func->setAttr(kArenaSizeAttr,
-                    builder.getI64IntegerAttr(static_cast<int64_t>(arenaSize)));
+  for (auto [function, func] : llvm::enumerate(functions()))
+    func->setAttr(
+        kArenaSizeAttr,
+        builder.getI64IntegerAttr(static_cast<int64_t>(arenaSize[function])));
 }
 
 void StepPlanner::print(llvm::raw_ostream &os) {
@@ -313,23 +380,41 @@ void StepPlanner::print(llvm::raw_ostream &os) {
   unsigned id = 0;
   uint64_t saved = 0, host = 0;
   unsigned numSaved = 0;
+  SmallVector<func::FuncOp, 2> funcs = functions();
   for (auto &[value, buffer] : buffers) {
-    if (buffer.host) {
+    if (buffer.place == Place::Host) {
       os << "host " << id++ << " " << valueName(value) << ": " << buffer.size
          << " B, live [" << buffer.first << ", " << buffer.last << "]\n";
       host += buffer.size;
       continue;
     }
     os << "buffer " << id++ << " " << valueName(value) << ": " << buffer.size
-       << " B at offset " << buffer.offset << ", live [" << buffer.first << ", "
-       << buffer.last << "]" << (buffer.saved ? ", saved" : "") << "\n";
+       << " B ";
+    switch (buffer.place) {
+    case Place::Arena:
+      os << "at offset " << buffer.offset << " in @"
+         << funcs[buffer.function].getSymName();
+      break;
+    case Place::Returned:
+      os << "returned";
+      break;
+    case Place::Apart:
+      os << "apart";
+      break;
+    case Place::Host:
+      break;
+    }
+    os << ", live [" << buffer.first << ", " << buffer.last << "]"
+       << (buffer.saved ? ", saved" : "") << "\n";
     if (buffer.saved) {
       saved += buffer.size;
       ++numSaved;
     }
   }
   os << "peak: " << gib(peak) << " at op " << peakIndex << "\n";
-  os << "arena: " << gib(arenaSize) << "\n";
+  for (auto [function, func] : llvm::enumerate(funcs))
+    os << "arena @" << func.getSymName() << ": " << gib(arenaSize[function])
+       << "\n";
   if (backward) {
     os << "saved for backward: " << gib(saved) << " in " << numSaved
        << " buffers, and " << gib(savedArguments) << " of saved arguments\n";

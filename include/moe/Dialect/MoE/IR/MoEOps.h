@@ -17,4 +17,16 @@
 #define GET_OP_CLASSES
 #include "moe/Dialect/MoE/IR/MoEOps.h.inc"
 
+namespace mlir::moe {
+
+/// The `accumulate` operand of a moe.combine, moe.router_grad or
+/// moe.expert_combine_grad that has one; null for any other op.
+OpOperand *getAccumulateOperand(Operation *op);
+
+/// The result of such an op that `accumulate` is added to (the combine's
+/// out, the gradients' dx); null for any other op.
+Value getAccumulatedResult(Operation *op);
+
+} // namespace mlir::moe
+
 #endif // MOE_DIALECT_MOE_IR_MOEOPS_H

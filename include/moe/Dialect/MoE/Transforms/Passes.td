@@ -203,7 +203,7 @@ def MoEOffload : Pass<"moe-offload", "::mlir::ModuleOp"> {
 }
 
 def MoEPlanMemory : Pass<"moe-plan-memory", "::mlir::ModuleOp"> {
-  let summary = "one device arena with static offsets for a training step, and a memory report";
+  let summary = "each function's workspace arena at static offsets for a training step, and a memory report";
   let description = [{
     Plans device memory at the moe level, where every tensor value is one
     buffer whose static type gives its size (the `moe` ops and the few
@@ -211,35 +211,48 @@ def MoEPlanMemory : Pass<"moe-plan-memory", "::mlir::ModuleOp"> {
     later and adds its own copies). A step is the training forward
     `@f_forward` followed by `@f_backward` (the pair `moe-generate-backward`
     makes), numbered op by op as one sequence; a function with moe ops that
-    belongs to no pair is a step of its own.
+    belongs to no pair is a step of its own. The plan is the one the GPU path
+    executes: `convert-moe-to-gpu` allocates each function's temporaries at
+    these offsets and places nothing itself.
 
-    - A buffer lives from the op that defines it to its last use. A saved
-      tensor lives on into backward, to its last use there; a result lives
-      to the return. Arguments (x, weights, result gradients) belong to the
-      caller and are not in the arena.
+    - A buffer lives from the op that defines it to its last use. Arguments
+      (x, weights, result gradients) belong to the caller. What a function
+      returns is the caller's too (an out-parameter): a saved tensor lives
+      from its definition in forward to its last use in backward.
+    - Every other tensor is a temporary in the workspace of its function:
+      one arena per function, placed largest buffer first, each at the
+      best-fitting gap (the smallest that holds it) among the buffers live at
+      the same time, at multiples of `alignment`. The pass checks that no two
+      buffers of an arena live at the same op overlap.
+    - An op with `accumulate` (`moe-fold-adds`) writes its result over that
+      operand: one buffer for both. An expert FFN's y that nothing reads
+      (h recomputed in backward) has none.
     - An offloaded tensor leaves the device at its `moe.offload`; its host
-      copy is listed apart, and `moe.prefetch` makes a new device buffer.
-    - Offsets: largest buffers first, each at the best-fitting gap (the
-      smallest that holds it) among the buffers live at the same time, at
-      multiples of `alignment`. The pass checks that no two buffers live at
-      the same op overlap.
+      copy is listed apart, and `moe.prefetch` makes a new device buffer. Both
+      device buffers are allocated apart (their copies run on another stream,
+      which the arena's op order cannot see).
 
     Every op gets `moe.arena_offsets` (one offset per result, -1 for results
-    outside the arena) and the functions `moe.arena_size`. With
-    `memory-report` (`-` for stdout, or a file) it prints each op, each
-    buffer with its size, offset and `[first, last]` op, the peak (the most
-    bytes live at one op), the arena size and the saved-for-backward total:
+    outside the arena) and each function `moe.arena_size`, the size of its
+    own arena. With `memory-report` (`-` for stdout, or a file) it prints each
+    op, each buffer with its size, place (its offset in its function's arena,
+    `returned` or `apart`) and `[first, last]` op, the peak (the most device
+    bytes live at one op, wherever they are), each arena's size and the
+    saved-for-backward total:
 
     ```
-    moe-plan-memory: forward @f_forward ops [0, 7], backward @f_backward ops [8, 14], alignment 256 B
+    moe-plan-memory: forward @f_forward ops [0, 6], backward @f_backward ops [7, 12], alignment 256 B
     op 0 moe.router
     ...
-    buffer 0 moe.router.weights: 32 B at offset 512, live [0, 11], saved
-    host 9 moe.expert_ffn.h: 256 B, live [3, 7]
-    peak: 1224 B (1.14e-06 GiB) at op 3
-    arena: 1536 B (1.43e-06 GiB)
-    saved for backward: 212 B (1.97e-07 GiB) in 6 buffers, and 1920 B (1.79e-06 GiB) of saved arguments
-    offloaded to the host: 256 B (2.38e-07 GiB)
+    buffer 0 moe.router.weights: 32 B returned, live [0, 8], saved
+    buffer 6 moe.expert_ffn.y: 256 B at offset 0 in @f_forward, live [2, 3]
+    buffer 7 moe.expert_ffn.h: 256 B apart, live [2, 3]
+    host 8 moe.offload: 256 B, live [3, 10]
+    peak: 5364 B (5e-06 GiB) at op 12
+    arena @f_forward: 384 B (3.58e-07 GiB)
+    arena @f_backward: 416 B (3.87e-07 GiB)
+    saved for backward: 212 B (1.97e-07 GiB) in 6 buffers, and 4864 B (4.53e-06 GiB) of saved arguments
+    offloaded to the host: 512 B (4.77e-07 GiB)
     ```
 
     `python/moe_mlir/memory_plot.py` turns the report into a PNG timeline.

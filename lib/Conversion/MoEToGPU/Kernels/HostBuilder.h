@@ -61,23 +61,8 @@ constexpr int64_t kCounterWords = 8;
 /// arguments and buffers.
 MemRefType buffer(Type element, int64_t rank = 1);
 
-/// The GEMMs the host functions launch: the library's default configs
-/// (moe_gpu::defaultGemmConfigs), in its order.
-enum class LibraryGemm : unsigned {
-  UpGather,
-  UpRows,
-  UpGatherH,
-  UpRowsH,
-  RowsMnBf16,
-  RowsMnF32,
-  RowsKBf16,
-  DactGather,
-  DactRows,
-  WgradGather,
-  WgradGatherA,
-  WgradRows,
-  RowsKBf16Acc,
-};
+/// The GEMMs the host functions launch: the library's default configs.
+using moe_gpu::LibraryGemm;
 
 /// What a launch of the library's GEMM `gemm` needs to know of it.
 const kernels::GemmTraits &libraryGemm(LibraryGemm gemm);

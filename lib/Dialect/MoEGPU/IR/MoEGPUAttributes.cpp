@@ -743,10 +743,9 @@ void GemmConfigAttr::print(AsmPrinter &printer) const {
 // The default library
 //===----------------------------------------------------------------------===//
 
-SmallVector<GemmConfigAttr>
-mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context) {
+GemmConfig mlir::moe_gpu::libraryGemmConfig(LibraryGemm gemm) {
   auto kind = [](AOperand a, BOperand b, GemmEpilogue epilogue,
-                 GemmProblem problem) {
+                 GemmProblem problem = GemmProblem::VarlenM) {
     GemmConfig c;
     c.a = a;
     c.b = b;
@@ -757,46 +756,62 @@ mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context) {
   using A = AOperand;
   using B = BOperand;
   using E = GemmEpilogue;
-  constexpr GemmProblem varlenM = GemmProblem::VarlenM;
-  constexpr GemmProblem varlenK = GemmProblem::VarlenK;
-
-  // The library's GEMMs, in its order.
-  GemmConfig upGather = kind(A::Gather, B::WMnSwiglu, E::Swiglu, varlenM);
-  upGather.storeA = true;
-  GemmConfig upRows = upGather;
-  upRows.a = A::Rows;
-  GemmConfig upGatherH = upGather;
-  upGatherH.storeA = false;
-  GemmConfig upRowsH = upRows;
-  upRowsH.storeA = false;
-  GemmConfig dactGather = kind(A::Gather, B::WK, E::Dswiglu, varlenM);
-  dactGather.withRouterWeight = true;
-  dactGather.withDs = true;
-  GemmConfig wgradGather = kind(A::Mn, B::RowsMn, E::StoreBf16W, varlenK);
-  wgradGather.gathered = GatheredOperand::B;
-  GemmConfig wgradGatherA = wgradGather;
-  wgradGatherA.gathered = GatheredOperand::A;
-  SmallVector<GemmConfig> configs = {
-      upGather,
-      upRows,
-      upGatherH,
-      upRowsH,
-      kind(A::Rows, B::WMn, E::StoreBf16, varlenM),
-      kind(A::Rows, B::WMn, E::StoreF32, varlenM),
-      kind(A::Rows, B::WK, E::StoreBf16, varlenM),
-      dactGather,
-      kind(A::Rows, B::WK, E::Dswiglu, varlenM),
-      wgradGather,
-      wgradGatherA,
-      kind(A::Mn, B::RowsMn, E::StoreBf16W, varlenK),
+  auto up = [&](AOperand a, bool storeA) {
+    GemmConfig c = kind(a, B::WMnSwiglu, E::Swiglu);
+    c.storeA = storeA;
+    return c;
   };
-  // dx += dlogits W_r^T (the accumulating router gradient).
-  GemmConfig acc = kind(A::Rows, B::WK, E::StoreBf16, varlenM);
-  acc.accumulate = true;
-  configs.push_back(acc);
+  auto dact = [&](AOperand a, bool routed) {
+    GemmConfig c = kind(a, B::WK, E::Dswiglu);
+    c.withRouterWeight = routed;
+    c.withDs = routed;
+    return c;
+  };
+  auto wgrad = [&](GatheredOperand gathered) {
+    GemmConfig c = kind(A::Mn, B::RowsMn, E::StoreBf16W, GemmProblem::VarlenK);
+    c.gathered = gathered;
+    return c;
+  };
+  switch (gemm) {
+  case LibraryGemm::UpGather:
+    return up(A::Gather, /*storeA=*/true);
+  case LibraryGemm::UpRows:
+    return up(A::Rows, /*storeA=*/true);
+  case LibraryGemm::UpGatherH:
+    return up(A::Gather, /*storeA=*/false);
+  case LibraryGemm::UpRowsH:
+    return up(A::Rows, /*storeA=*/false);
+  case LibraryGemm::RowsMnBf16:
+    return kind(A::Rows, B::WMn, E::StoreBf16);
+  case LibraryGemm::RowsMnF32:
+    return kind(A::Rows, B::WMn, E::StoreF32);
+  case LibraryGemm::RowsKBf16:
+    return kind(A::Rows, B::WK, E::StoreBf16);
+  case LibraryGemm::DactGather:
+    return dact(A::Gather, /*routed=*/true);
+  case LibraryGemm::DactRows:
+    return dact(A::Rows, /*routed=*/false);
+  case LibraryGemm::WgradGather:
+    return wgrad(GatheredOperand::B);
+  case LibraryGemm::WgradGatherA:
+    return wgrad(GatheredOperand::A);
+  case LibraryGemm::WgradRows:
+    return wgrad(GatheredOperand::None);
+  case LibraryGemm::RowsKBf16Acc: {
+    GemmConfig c = kind(A::Rows, B::WK, E::StoreBf16);
+    c.accumulate = true;
+    return c;
+  }
+  }
+  llvm_unreachable("unknown library GEMM");
+}
+
+SmallVector<GemmConfigAttr>
+mlir::moe_gpu::defaultGemmConfigs(MLIRContext *context) {
   SmallVector<GemmConfigAttr> attrs;
-  for (const GemmConfig &config : configs)
-    attrs.push_back(GemmConfigAttr::get(context, config));
+  for (unsigned index = 0; index < kNumLibraryGemms; ++index)
+    attrs.push_back(GemmConfigAttr::get(
+        context, libraryGemmConfig(static_cast<LibraryGemm>(index))));
   return attrs;
 }
 

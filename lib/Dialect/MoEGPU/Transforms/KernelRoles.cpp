@@ -15,42 +15,6 @@ using namespace mlir::moe_gpu;
 
 namespace {
 
-GemmConfig gemm(AOperand a, BOperand b, GemmEpilogue epilogue,
-                GemmProblem problem = GemmProblem::VarlenM) {
-  GemmConfig config;
-  config.a = a;
-  config.b = b;
-  config.epilogue = epilogue;
-  config.problem = problem;
-  return config;
-}
-
-GemmConfig upProjection(AOperand a, bool storeA) {
-  GemmConfig config =
-      gemm(a, BOperand::WMnSwiglu, GemmEpilogue::Swiglu, GemmProblem::VarlenM);
-  config.storeA = storeA;
-  return config;
-}
-
-GemmConfig weightGradient(GatheredOperand gathered) {
-  GemmConfig config = gemm(AOperand::Mn, BOperand::RowsMn,
-                           GemmEpilogue::StoreBf16W, GemmProblem::VarlenK);
-  config.gathered = gathered;
-  return config;
-}
-
-// dX = dA W_gate_up^T, and the router's dx = dlogits W_r^T.
-GemmConfig inputGradient() {
-  return gemm(AOperand::Rows, BOperand::WK, GemmEpilogue::StoreBf16);
-}
-
-GemmConfig dSwiGLU(AOperand a, bool routed) {
-  GemmConfig config = gemm(a, BOperand::WK, GemmEpilogue::Dswiglu);
-  config.withRouterWeight = routed;
-  config.withDs = routed;
-  return config;
-}
-
 int64_t dimOf(Value value, unsigned dim) {
   auto type = dyn_cast<RankedTensorType>(value.getType());
   if (!type || type.getRank() <= dim || type.isDynamicDim(dim))
@@ -63,38 +27,36 @@ int64_t dimOf(Value value, unsigned dim) {
 SmallVector<GemmRole> mlir::moe_gpu::gemmRolesOf(Operation *op) {
   using moe::ExpertCombineGradOp, moe::ExpertFFNOp, moe::RouterGradOp,
       moe::RouterOp, moe::SharedExpertGradOp, moe::SharedExpertOp;
+  using G = LibraryGemm;
+  auto role = [](StringLiteral name, LibraryGemm gemm) {
+    return GemmRole{name, libraryGemmConfig(gemm)};
+  };
   // The H-only host functions run when nothing reads y (H recomputed).
   auto readsY = [](Operation *ffn) { return !ffn->getResult(0).use_empty(); };
   return TypeSwitch<Operation *, SmallVector<GemmRole>>(op)
-      .Case([](RouterOp) -> SmallVector<GemmRole> {
-        return {{"logits",
-                 gemm(AOperand::Rows, BOperand::WMn, GemmEpilogue::StoreF32)}};
+      .Case([&](RouterOp) -> SmallVector<GemmRole> {
+        return {role("logits", G::RowsMnF32)};
       })
-      .Case([](RouterGradOp) -> SmallVector<GemmRole> {
-        return {{"dx", inputGradient()},
-                {"dw", weightGradient(GatheredOperand::None)}};
+      .Case([&](RouterGradOp) -> SmallVector<GemmRole> {
+        return {role("dx", G::RowsKBf16), role("dw", G::WgradRows)};
       })
       .Case([&](ExpertFFNOp ffn) -> SmallVector<GemmRole> {
-        return {{"up", upProjection(AOperand::Gather, readsY(ffn))},
-                {"down",
-                 gemm(AOperand::Rows, BOperand::WMn, GemmEpilogue::StoreBf16)}};
+        return {role("up", readsY(ffn) ? G::UpGather : G::UpGatherH),
+                role("down", G::RowsMnBf16)};
       })
       .Case([&](SharedExpertOp ffn) -> SmallVector<GemmRole> {
-        return {{"up", upProjection(AOperand::Rows, readsY(ffn))},
-                {"down",
-                 gemm(AOperand::Rows, BOperand::WMn, GemmEpilogue::StoreBf16)}};
+        return {role("up", readsY(ffn) ? G::UpRows : G::UpRowsH),
+                role("down", G::RowsMnBf16)};
       })
-      .Case([](ExpertCombineGradOp) -> SmallVector<GemmRole> {
-        return {{"dact", dSwiGLU(AOperand::Gather, /*routed=*/true)},
-                {"dx", inputGradient()},
-                {"dw_down", weightGradient(GatheredOperand::B)},
-                {"dw_gate_up", weightGradient(GatheredOperand::A)}};
+      .Case([&](ExpertCombineGradOp) -> SmallVector<GemmRole> {
+        return {role("dact", G::DactGather), role("dx", G::RowsKBf16),
+                role("dw_down", G::WgradGather),
+                role("dw_gate_up", G::WgradGatherA)};
       })
-      .Case([](SharedExpertGradOp) -> SmallVector<GemmRole> {
-        return {{"dact", dSwiGLU(AOperand::Rows, /*routed=*/false)},
-                {"dx", inputGradient()},
-                {"dw_down", weightGradient(GatheredOperand::None)},
-                {"dw_gate_up", weightGradient(GatheredOperand::None)}};
+      .Case([&](SharedExpertGradOp) -> SmallVector<GemmRole> {
+        return {role("dact", G::DactRows), role("dx", G::RowsKBf16),
+                role("dw_down", G::WgradRows),
+                role("dw_gate_up", G::WgradRows)};
       })
       .Default([](Operation *) { return SmallVector<GemmRole>(); });
 }

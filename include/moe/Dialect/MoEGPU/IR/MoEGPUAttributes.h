@@ -102,9 +102,34 @@ std::string gemmKernelName(const GemmConfig &config);
 #include "moe/Dialect/MoEGPU/IR/MoEGPUAttributes.h.inc"
 
 namespace mlir::moe_gpu {
+
+/// The GEMMs of the default library, in its order: what the op roles
+/// (gemmRolesOf) and the host functions' roles name.
+enum class LibraryGemm : unsigned {
+  UpGather,     // x gathered by the dispatch queue, SwiGLU, a and h stored
+  UpRows,       // the shared expert's: x's rows
+  UpGatherH,    // UpGather storing h only (h recomputed)
+  UpRowsH,      // UpRows storing h only
+  RowsMnBf16,   // the down projection
+  RowsMnF32,    // the router's logits
+  RowsKBf16,    // dX = dA W^T
+  DactGather,   // dA by dSwiGLU with the routing weight and dS
+  DactRows,     // the shared expert's dA
+  WgradGather,  // dW_down: B gathered by the queue
+  WgradGatherA, // dW_gate_up: A gathered by the queue
+  WgradRows,    // the weight gradients of plain rows
+  RowsKBf16Acc, // RowsKBf16 adding to C (the accumulating router gradient)
+};
+constexpr unsigned kNumLibraryGemms =
+    static_cast<unsigned>(LibraryGemm::RowsKBf16Acc) + 1;
+
+/// The config of the library's GEMM `gemm` (the defaults for the rest).
+GemmConfig libraryGemmConfig(LibraryGemm gemm);
+
 /// The GEMMs of the default library, in the library's order; the
 /// last is moe_gemm_rows_k_bf16_acc (getAccumulate()), the accumulating dX.
 SmallVector<GemmConfigAttr> defaultGemmConfigs(MLIRContext *context);
+
 } // namespace mlir::moe_gpu
 
 #endif // MOE_DIALECT_MOEGPU_IR_MOEGPUATTRIBUTES_H

@@ -22,9 +22,11 @@ func.func @mixtral_like(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>,
 // -----
 
 // Selection bias, group-limited sigmoid routing, a shared expert and a
-// capacity factor all reach the right op.
+// capacity factor all reach the right op; the bound on the dynamic token
+// count goes to the function.
 // CHECK-LABEL: func.func @deepseek_like
 // CHECK-SAME: (%[[X:.*]]: tensor<?x64xbf16>, %[[WR:.*]]: tensor<64x16xbf16>, %[[B:.*]]: tensor<16xf32>, %[[WGU:.*]]: tensor<16x64x32xbf16>, %[[WD:.*]]: tensor<16x16x64xbf16>, %[[SGU:.*]]: tensor<64x48xbf16>, %[[SD:.*]]: tensor<24x64xbf16>)
+// CHECK-SAME: attributes {moe.max_tokens = 4096 : i64}
 // CHECK: %[[W:.*]], %[[E:.*]], %[[L:.*]] = moe.router %[[X]], %[[WR]] bias(%[[B]] : tensor<16xf32>) {routing = #moe.routing<scoring = sigmoid, top_k = 4, renormalize = true, num_groups = 4, topk_groups = 2, scaling_factor = 2.5{{0*}}e+00>} : tensor<?x64xbf16>, tensor<64x16xbf16> -> tensor<?x4xf32>, tensor<?x4xi32>, tensor<?x16xf32>
 // CHECK: %[[IDS:.*]], %[[OFF:.*]], %[[ROWS:.*]] = moe.dispatch %[[E]] {capacity_factor = 1.5{{0*}}e+00 : f64, num_experts = 16 : i64} : tensor<?x4xi32> -> tensor<?xi32>, tensor<17xi32>, tensor<?x4xi32>
 // CHECK: %[[Y:.*]], %{{.*}} = moe.expert_ffn %[[X]], %[[IDS]], %[[OFF]], %[[WGU]], %[[WD]] {{.*}} -> tensor<?x64xbf16>, tensor<?x32xbf16>
@@ -40,6 +42,7 @@ func.func @deepseek_like(%x: tensor<?x64xbf16>, %wr: tensor<64x16xbf16>,
   %out, %logits = moe.layer %x, %wr, %wgu, %wd bias(%bias : tensor<16xf32>)
       shared(%sgu, %sd : tensor<64x48xbf16>, tensor<24x64xbf16>)
       {activation = #moe.activation<swiglu>, capacity_factor = 1.5 : f64,
+       max_tokens = 4096,
        routing = #moe.routing<scoring = sigmoid, top_k = 4, renormalize = true,
                               num_groups = 4, topk_groups = 2, scaling_factor = 2.5>}
       : tensor<?x64xbf16>, tensor<64x16xbf16>, tensor<16x64x32xbf16>,
@@ -83,4 +86,24 @@ func.func @dynamic_experts(%x: tensor<8x16xf32>, %wr: tensor<16x?xf32>,
       : tensor<8x16xf32>, tensor<16x?xf32>, tensor<?x16x48xf32>,
         tensor<?x24x16xf32> -> tensor<8x16xf32>, tensor<8x?xf32>
   return %out : tensor<8x16xf32>
+}
+
+// -----
+
+// Two layers of one function share its bound.
+func.func @two_bounds(%x: tensor<?x16xf32>, %wr: tensor<16x4xf32>,
+                      %wgu: tensor<4x16x48xf32>, %wd: tensor<4x24x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x16xf32>) {
+  %a, %la = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 64,
+       routing = #moe.routing<scoring = softmax, top_k = 1>}
+      : tensor<?x16xf32>, tensor<16x4xf32>, tensor<4x16x48xf32>,
+        tensor<4x24x16xf32> -> tensor<?x16xf32>, tensor<?x4xf32>
+  // expected-error @+1 {{has max_tokens = 128 but its function's moe.max_tokens is 64 (the layers of one function share one bound)}}
+  %b, %lb = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 128,
+       routing = #moe.routing<scoring = softmax, top_k = 1>}
+      : tensor<?x16xf32>, tensor<16x4xf32>, tensor<4x16x48xf32>,
+        tensor<4x24x16xf32> -> tensor<?x16xf32>, tensor<?x4xf32>
+  return %a, %b : tensor<?x16xf32>, tensor<?x16xf32>
 }

@@ -163,14 +163,18 @@ func.func @checkpointed(%x: tensor<4x16xf32>, %wr: tensor<16x4xf32>,
 // -----
 
 // Only the logits are returned: the routing weights get a zero gradient of
-// the dynamic token count.
+// the dynamic token count. Both functions keep the bound on it.
 
+// CHECK-LABEL: func.func @logits_only_forward(
+// CHECK-SAME: moe.max_tokens = 512 : i64
 // CHECK-LABEL: func.func @logits_only_backward(
+// CHECK-SAME: moe.max_tokens = 512 : i64
 // CHECK-NOT: moe.router.weights
 // CHECK: %[[T:.*]] = tensor.dim %{{.*}}, %c0 : tensor<?x2xi32>
 // CHECK: %[[ZERO:.*]] = tensor.splat %{{.*}}[%[[T]]] : tensor<?x2xf32>
 // CHECK: moe.router_grad {{.*}}, %[[ZERO]] logits_grad
-func.func @logits_only(%x: tensor<?x16xf32>, %wr: tensor<16x4xf32>) -> tensor<?x4xf32> {
+func.func @logits_only(%x: tensor<?x16xf32>, %wr: tensor<16x4xf32>) -> tensor<?x4xf32>
+    attributes {moe.max_tokens = 512 : i64} {
   %w, %e, %logits = moe.router %x, %wr
       {routing = #moe.routing<scoring = softmax, top_k = 2>}
       : tensor<?x16xf32>, tensor<16x4xf32>

@@ -1657,3 +1657,71 @@ func.func @expert_combine_grad_accumulate_type(%x: tensor<37x48xf32>, %ids: tens
       -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
   return
 }
+
+// -----
+
+// A dynamic token count is served up to a bound, which the layer needs.
+func.func @layer_dynamic_without_bound(%x: tensor<?x48xf32>, %wr: tensor<48x5xf32>,
+                                       %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>) {
+  // expected-error @+1 {{has a dynamic token count and needs max_tokens, the bound it is planned and compiled for}}
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x5xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+        -> tensor<?x48xf32>, tensor<?x5xf32>
+  return
+}
+
+// -----
+
+func.func @layer_static_other_bound(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>,
+                                    %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>) {
+  // expected-error @+1 {{has max_tokens = 64 but a static token count T = 37 (a static T is its own bound)}}
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 64,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x5xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+        -> tensor<37x48xf32>, tensor<37x5xf32>
+  return
+}
+
+// -----
+
+func.func @layer_bound_not_positive(%x: tensor<?x48xf32>, %wr: tensor<48x5xf32>,
+                                    %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>) {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      // expected-error @+1 {{attribute 'max_tokens' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1}}
+      {activation = #moe.activation<swiglu>, max_tokens = 0,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x5xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+        -> tensor<?x48xf32>, tensor<?x5xf32>
+  return
+}
+
+// -----
+
+func.func @layer_bound_rows_overflow(%x: tensor<?x48xf32>, %wr: tensor<48x5xf32>,
+                                     %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>) {
+  // expected-error @+1 {{max_tokens * k (1073741824 * 2) exceeds the i32 row index range}}
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 1073741824,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x5xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
+        -> tensor<?x48xf32>, tensor<?x5xf32>
+  return
+}
+
+// -----
+
+// The bound on a function: a positive i64, on a function only.
+// expected-error @+1 {{'moe.max_tokens' must be a positive i64 on a function (the bound on its layers' token count), got 0 : i64}}
+func.func @function_bound_zero() attributes {moe.max_tokens = 0 : i64} {
+  return
+}
+
+// -----
+
+func.func @bound_on_an_op() {
+  // expected-error @+1 {{'moe.max_tokens' must be a positive i64 on a function}}
+  %c = arith.constant {moe.max_tokens = 8 : i64} 0 : i32
+  return
+}

@@ -6,15 +6,16 @@
 // RUN: moe-opt %s --mlir-print-op-generic | FileCheck %s --check-prefix=GENERIC
 
 // CHECK-LABEL: func.func @layer_mixtral
-// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>} : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
+// A dynamic token count, served up to max_tokens.
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, max_tokens = 16384 : i64, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>} : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
 // GENERIC-LABEL: sym_name = "layer_mixtral"
-// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>}>
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, max_tokens = 16384 : i64, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>}>
 func.func @layer_mixtral(%x: tensor<?x4096xbf16>, %wr: tensor<4096x8xbf16>,
                          %wgu: tensor<8x4096x28672xbf16>,
                          %wd: tensor<8x14336x4096xbf16>)
     -> (tensor<?x4096xbf16>, tensor<?x8xf32>) {
   %out, %logits = moe.layer %x, %wr, %wgu, %wd
-      {activation = #moe.activation<swiglu>,
+      {activation = #moe.activation<swiglu>, max_tokens = 16384,
        routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true,
                               round_logits = true>}
       : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>,

@@ -5,6 +5,8 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
 
+#include "mlir/Interfaces/FunctionInterfaces.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 
@@ -17,4 +19,19 @@ void MoEDialect::initialize() {
       >();
   registerTypes();
   registerAttributes();
+}
+
+LogicalResult MoEDialect::verifyOperationAttribute(Operation *op,
+                                                   NamedAttribute attr) {
+  if (attr.getName() != kMaxTokensAttr)
+    return success();
+  auto bound = dyn_cast<IntegerAttr>(attr.getValue());
+  if (!isa<FunctionOpInterface>(op) || !bound ||
+      !bound.getType().isSignlessInteger(64) || bound.getInt() < 1)
+    return op->emitOpError()
+           << "'" << kMaxTokensAttr
+           << "' must be a positive i64 on a function (the bound on its "
+              "layers' token count), got "
+           << attr.getValue();
+  return success();
 }

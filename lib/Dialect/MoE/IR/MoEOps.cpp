@@ -284,12 +284,23 @@ LogicalResult LayerOp::verify() {
           shapes.match(tokens, "T", getRouterLogits(), "router_logits", 0)) ||
       failed(shapes.match(experts, "E", getRouterLogits(), "router_logits", 1)))
     return failure();
+  // A dynamic T is served up to its bound; a static one is its own bound.
+  std::optional<int64_t> maxTokens = getMaxTokens();
+  if (ShapedType::isDynamic(tokens) && !maxTokens)
+    return emitOpError("has a dynamic token count and needs max_tokens, the "
+                       "bound it is planned and compiled for");
+  if (!ShapedType::isDynamic(tokens) && maxTokens && *maxTokens != tokens)
+    return emitOpError() << "has max_tokens = " << *maxTokens
+                         << " but a static token count T = " << tokens
+                         << " (a static T is its own bound)";
+  int64_t bound = maxTokens ? *maxTokens : tokens;
   // The moe.dispatch that moe-decompose builds numbers the T * k rows in i32.
   int64_t topK = getRouting().getTopK();
-  int64_t pairs = product(tokens, topK);
-  if (!ShapedType::isDynamic(tokens) &&
+  int64_t pairs = product(bound, topK);
+  if (!ShapedType::isDynamic(bound) &&
       (ShapedType::isDynamic(pairs) || pairs > kMaxIndex))
-    return emitOpError() << "T * k (" << tokens << " * " << topK
+    return emitOpError() << (maxTokens ? "max_tokens * k (" : "T * k (")
+                         << bound << " * " << topK
                          << ") exceeds the i32 row index range";
   return verifyRoutingForExperts(*this, getRouting(), experts);
 }
@@ -658,4 +669,10 @@ Value mlir::moe::getAccumulatedResult(Operation *op) {
           [](auto grad) -> Value { return grad.getDx(); })
       .Case([](CombineOp combine) -> Value { return combine.getOut(); })
       .Default([](Operation *) { return Value(); });
+}
+
+std::optional<int64_t> mlir::moe::getMaxTokens(Operation *func) {
+  if (auto bound = func->getAttrOfType<IntegerAttr>(kMaxTokensAttr))
+    return bound.getInt();
+  return std::nullopt;
 }

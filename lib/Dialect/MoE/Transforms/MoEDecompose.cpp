@@ -6,6 +6,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/IR/PatternMatch.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "llvm/Support/MathExtras.h"
 
 namespace mlir::moe {
@@ -40,6 +41,23 @@ LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
   if (ShapedType::isDynamic(numExperts))
     return layer.emitOpError(
         "cannot be decomposed: the number of experts must be static");
+
+  // A dynamic token count's bound goes to the function, which every plan
+  // after this reads; two layers of one function share it.
+  if (std::optional<int64_t> bound = layer.getMaxTokens();
+      bound && xType.isDynamicDim(0)) {
+    Operation *func = layer->getParentOfType<FunctionOpInterface>();
+    if (!func)
+      return layer.emitOpError("with a dynamic token count must be in a "
+                               "function, which records its max_tokens");
+    std::optional<int64_t> recorded = getMaxTokens(func);
+    if (recorded && *recorded != *bound)
+      return layer.emitOpError()
+             << "has max_tokens = " << *bound << " but its function's "
+             << kMaxTokensAttr << " is " << *recorded
+             << " (the layers of one function share one bound)";
+    func->setAttr(kMaxTokensAttr, rewriter.getI64IntegerAttr(*bound));
+  }
 
   Location loc = layer.getLoc();
   RoutingAttr routing = layer.getRouting();

@@ -459,6 +459,9 @@ struct MoEGenerateBackwardPass
           func::FuncOp::create(moduleBuilder, func.getLoc(), backwardName,
                                moduleBuilder.getFunctionType({}, {}));
       backward.setVisibility(func.getVisibility());
+      // The clone keeps the bound on a dynamic token count; backward gets it.
+      if (Attribute bound = func->getAttr(kMaxTokensAttr))
+        backward->setAttr(kMaxTokensAttr, bound);
       symbols.insert(forward);
       symbols.insert(backward);
 

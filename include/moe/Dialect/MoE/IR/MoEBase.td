@@ -38,6 +38,9 @@ def MoE_Dialect : Dialect {
   let useDefaultTypePrinterParser = 1;
   let useDefaultAttributePrinterParser = 1;
   let dependentDialects = ["::mlir::tensor::TensorDialect"];
+  // moe.max_tokens on a function (the others are checked by the passes that
+  // read them).
+  let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
     void registerAttributes();
     void registerTypes();

@@ -19,6 +19,14 @@
 
 namespace mlir::moe {
 
+/// On a function whose layers have a dynamic token count: the bound T may
+/// reach (moe.layer's max_tokens, recorded by moe-decompose and kept on
+/// @f_forward and @f_backward); every plan is made at it.
+constexpr llvm::StringLiteral kMaxTokensAttr = "moe.max_tokens";
+
+/// The bound of `func` (its moe.max_tokens), if it has one.
+std::optional<int64_t> getMaxTokens(Operation *func);
+
 /// The `accumulate` operand of a moe.combine, moe.router_grad or
 /// moe.expert_combine_grad that has one; null for any other op.
 OpOperand *getAccumulateOperand(Operation *op);

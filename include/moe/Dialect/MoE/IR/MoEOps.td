@@ -62,6 +62,12 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     `ceil(capacity_factor * T * k / E)` (token, slot) pairs, first come in
     token order. Without it the layer is dropless.
 
+    The token count may be dynamic (`tensor<?xdxbf16>`): one compiled layer
+    then serves every T from 1 to `max_tokens`, the bound it is planned and
+    compiled for (a dynamic T needs it; with a static T it may only repeat
+    T). `moe-decompose` records it on the enclosing function as
+    `moe.max_tokens`.
+
     ```mlir
     %out, %logits = moe.layer %x, %w_router, %w_gate_up, %w_down
         {activation = #moe.activation<swiglu>,
@@ -80,7 +86,8 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     Optional<MoE_Weights2D>:$shared_down,
     MoE_RoutingAttr:$routing,
     MoE_ActivationAttr:$activation,
-    OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor
+    OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor,
+    OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>]>>:$max_tokens
   );
   let results = (outs MoE_Activations:$out, MoE_F32Matrix:$router_logits);
   let assemblyFormat = [{

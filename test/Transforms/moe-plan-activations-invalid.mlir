@@ -38,7 +38,7 @@ func.func @layer(%x: tensor<4x16xbf16>, %wr: tensor<16x4xbf16>,
 // -----
 
 // A budget needs static shapes.
-// BUDGET: moe-plan-activations-invalid.mlir:[[@LINE+2]]:1: error: cannot plan activations under memory-budget 100 B (9.31e-08 GiB): argument #0 has type 'tensor<?x16xf32>'; the saved bytes need static shapes
+// BUDGET: moe-plan-activations-invalid.mlir:[[@LINE+2]]:1: error: cannot plan activations under memory-budget 100 B (9.31e-08 GiB): argument #0 has type 'tensor<?x16xf32>'; the saved bytes need static shapes, or a dynamic token count with its bound (moe.max_tokens)
 // TFLOPS: error: moe-plan-activations: gpu-tflops must be positive, got 0
 func.func @dynamic(%x: tensor<?x16xf32>, %wr: tensor<16x4xf32>) -> tensor<?x4xf32> {
   %w, %e, %logits = moe.router %x, %wr

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/MoE/IR/TokenShapes.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
 #include "moe/Support/ByteSize.h"
@@ -76,10 +77,13 @@ struct Candidate {
   Choice choice = Choice::Keep;
 };
 
-/// FLOPs of one forward op (GEMMs only; 0 with dynamic shapes).
-double forwardFlops(Operation *op) {
-  auto dims = [](Value value) -> SmallVector<double> {
+/// FLOPs of one forward op (GEMMs only) at `tokens` tokens where the token
+/// count is dynamic (0: none; then 0 with dynamic shapes).
+double forwardFlops(Operation *op, int64_t tokens) {
+  auto dims = [&](Value value) -> SmallVector<double> {
     auto type = dyn_cast<RankedTensorType>(value.getType());
+    if (type && !type.hasStaticShape() && tokens > 0)
+      type = getTypeAtTokens(value, tokens).value_or(nullptr);
     if (!type || !type.hasStaticShape())
       return {};
     return llvm::map_to_vector(type.getShape(), [](int64_t size) {
@@ -109,7 +113,8 @@ double forwardFlops(Operation *op) {
   }
   double nested = 0;
   for (Region &region : op->getRegions())
-    region.walk([&](Operation *inner) { nested += forwardFlops(inner); });
+    region.walk(
+        [&](Operation *inner) { nested += forwardFlops(inner, tokens); });
   return nested;
 }
 
@@ -346,8 +351,12 @@ void MoEPlanActivationsPass::runOnOperation() {
   if (candidates.empty() && common.empty())
     return;
 
-  // Bytes of each plan; unknown with a dynamic shape. The report's words for
-  // the dynamic value are taken now: the plan may erase its op.
+  // Bytes of each plan; with a dynamic token count at its bound (what fits
+  // the budget there fits at every smaller T), and as functions of T for the
+  // report; unknown with another dynamic shape or no bound. The report's
+  // words for the unknown value are taken now: the plan may erase its op.
+  std::optional<int64_t> bound = getMaxTokens(func);
+  int64_t tokens = bound.value_or(0);
   Value dynamic;
   std::string dynamicName;
   Type dynamicType;
@@ -366,46 +375,65 @@ void MoEPlanActivationsPass::runOnOperation() {
         << value.getType() << "), added up, do not fit in 63 bits";
     signalPassFailure();
   };
-  uint64_t commonBytes = 0;
-  for (Value value : common) {
-    ByteSizeStatus status = ByteSizeStatus::Dynamic;
-    uint64_t bytes = 0;
-    if (auto shaped = dyn_cast<ShapedType>(value.getType()))
-      bytes = getByteSize(shaped, status);
-    if (status == ByteSizeStatus::Dynamic) {
+  // The bytes of `value` (at the bound), added to `sum`; false past 63 bits
+  // (reported), unknown ones noted.
+  auto addBytes = [&](TokenBytes &sum, Value value,
+                      uint64_t *bytesAtBound) -> bool {
+    auto shaped = dyn_cast<ShapedType>(value.getType());
+    std::optional<TokenBytes> bytes =
+        shaped && (shaped.hasStaticShape() || bound) ? getTokenBytes(value)
+                                                     : std::nullopt;
+    if (!bytes) {
+      ByteSizeStatus status = ByteSizeStatus::Dynamic;
+      if (shaped)
+        (void)getByteSize(shaped, status);
+      if (status == ByteSizeStatus::Overflow) {
+        tooLarge(value);
+        return false;
+      }
       noteDynamic(value);
-      break;
+      return true;
     }
-    std::optional<uint64_t> sum = addByteSizes(commonBytes, bytes);
-    if (status == ByteSizeStatus::Overflow || !sum)
-      return tooLarge(value);
-    commonBytes = *sum;
-  }
-  uint64_t keepBytes = commonBytes;
+    std::optional<uint64_t> atBound = bytes->at(tokens);
+    std::optional<uint64_t> perToken =
+        addByteSizes(sum.perToken, bytes->perToken);
+    std::optional<uint64_t> fixed = addByteSizes(sum.fixed, bytes->fixed);
+    TokenBytes total{perToken.value_or(0), fixed.value_or(0)};
+    if (!atBound || !perToken || !fixed || !total.at(tokens)) {
+      tooLarge(value);
+      return false;
+    }
+    sum = total;
+    if (bytesAtBound)
+      *bytesAtBound = *atBound;
+    return true;
+  };
+  TokenBytes commonBytes;
+  for (Value value : common)
+    if (!addBytes(commonBytes, value, nullptr))
+      return;
+  TokenBytes keepBytes = commonBytes;
   for (Candidate &candidate : candidates) {
     Value x = candidate.op->getOperand(0);
     Value h = candidate.op->getResult(1);
-    ByteSizeStatus status;
-    uint64_t bytes = getByteSize(cast<ShapedType>(h.getType()), status);
-    if (status == ByteSizeStatus::Dynamic) {
-      noteDynamic(h);
+    Value before = dynamic;
+    if (!addBytes(keepBytes, h, &candidate.hBytes))
+      return;
+    if (dynamic != before)
       continue;
-    }
-    std::optional<uint64_t> sum = addByteSizes(keepBytes, bytes);
-    if (status == ByteSizeStatus::Overflow || !sum)
-      return tooLarge(h);
-    keepBytes = *sum;
-    candidate.hBytes = bytes;
-    auto hType = cast<RankedTensorType>(h.getType());
-    auto xType = cast<RankedTensorType>(x.getType());
-    candidate.flops = 2.0 * static_cast<double>(hType.getDimSize(0)) *
-                      static_cast<double>(xType.getDimSize(1)) *
-                      static_cast<double>(hType.getDimSize(1));
+    std::optional<RankedTensorType> hType = getTypeAtTokens(h, tokens);
+    std::optional<RankedTensorType> xType = getTypeAtTokens(x, tokens);
+    if (hType && xType)
+      candidate.flops = 2.0 * static_cast<double>(hType->getDimSize(0)) *
+                        static_cast<double>(xType->getDimSize(1)) *
+                        static_cast<double>(hType->getDimSize(1));
   }
   if (dynamic && budget) {
     func.emitError("cannot plan activations under memory-budget ")
         << bytesText(*budget) << ": " << dynamicName << " has type "
-        << dynamicType << "; the saved bytes need static shapes";
+        << dynamicType
+        << "; the saved bytes need static shapes, or a dynamic token count "
+           "with its bound (moe.max_tokens)";
     return signalPassFailure();
   }
 
@@ -422,13 +450,14 @@ void MoEPlanActivationsPass::runOnOperation() {
             !inBlock->hasTrait<OpTrait::IsTerminator>())
           last = inBlock;
     for (Operation *op = last->getNextNode(); op; op = op->getNextNode())
-      candidate.forwardAfter += forwardFlops(op);
+      candidate.forwardAfter += forwardFlops(op, tokens);
     candidate.backwardBefore = 2 * candidate.forwardAfter;
   }
   for (Operation &op : func.getBody().front())
-    forwardTotal += forwardFlops(&op);
+    forwardTotal += forwardFlops(&op, tokens);
 
-  uint64_t recomputeBytes = commonBytes;
+  uint64_t keepAtBound = *keepBytes.at(tokens);
+  uint64_t recomputeBytes = *commonBytes.at(tokens);
   double recomputeFlops = 0;
   for (const Candidate &candidate : candidates)
     recomputeFlops += candidate.flops;
@@ -444,13 +473,16 @@ void MoEPlanActivationsPass::runOnOperation() {
   // Choose.
   SmallVector<Choice> choices;
   if (policyName == "auto")
-    choices = fastestPlan(candidates, keepBytes, budget, autoOffload,
+    choices = fastestPlan(candidates, keepAtBound, budget, autoOffload,
                           forwardTotal, rates);
   else
     choices = every(policyName == "keep"        ? Choice::Keep
                     : policyName == "recompute" ? Choice::Recompute
                                                 : Choice::Offload);
-  uint64_t plannedBytes = commonBytes, hostBytes = 0;
+  uint64_t plannedBytes = recomputeBytes, hostBytes = 0;
+  // The saved bytes as a function of T: every kept h follows T as the
+  // common part does (its rows are T * k or T).
+  TokenBytes planned = commonBytes;
   double plannedFlops = 0;
   unsigned numRecomputed = 0, numOffloaded = 0;
   for (auto [candidate, choice] : llvm::zip_equal(candidates, choices)) {
@@ -463,13 +495,18 @@ void MoEPlanActivationsPass::runOnOperation() {
       ++numOffloaded;
     } else {
       plannedBytes += candidate.hBytes;
+      if (std::optional<TokenBytes> h =
+              getTokenBytes(candidate.op->getResult(1))) {
+        planned.perToken += h->perToken;
+        planned.fixed += h->fixed;
+      }
     }
   }
   double plannedSeconds = planSeconds(candidates, choices, forwardTotal, rates);
 
   auto us = [](double seconds) { return llvm::format("%.3g", seconds * 1e6); };
   auto describe = [&](llvm::raw_ostream &os) {
-    os << "keep saves " << bytesText(keepBytes) << ", recompute saves "
+    os << "keep saves " << bytesText(keepAtBound) << ", recompute saves "
        << bytesText(recomputeBytes) << " and adds "
        << llvm::format("%.4g", recomputeFlops) << " FLOPs ("
        << us(recomputeSeconds) << " us at "
@@ -482,7 +519,7 @@ void MoEPlanActivationsPass::runOnOperation() {
   if (budget && plannedBytes > *budget) {
     // keep, recompute or offload asked for explicitly, or auto with every h
     // off the device: nothing this policy can do fits.
-    uint64_t smallest = policyName == "keep" ? keepBytes : recomputeBytes;
+    uint64_t smallest = policyName == "keep" ? keepAtBound : recomputeBytes;
     InFlightDiagnostic diag = emitError(func.getLoc());
     diag << "memory-budget " << bytesText(*budget)
          << " cannot be met with policy=" << policyName
@@ -519,6 +556,17 @@ void MoEPlanActivationsPass::runOnOperation() {
     if (numOffloaded)
       func->setAttr("moe.offloaded_bytes",
                     builder.getI64IntegerAttr(static_cast<int64_t>(hostBytes)));
+    // With a dynamic token count: the saved bytes at T are
+    // saved_bytes_per_token * T + saved_bytes_fixed (saved_bytes is at the
+    // bound).
+    if (bound && planned.perToken > 0) {
+      func->setAttr(
+          "moe.saved_bytes_per_token",
+          builder.getI64IntegerAttr(static_cast<int64_t>(planned.perToken)));
+      func->setAttr(
+          "moe.saved_bytes_fixed",
+          builder.getI64IntegerAttr(static_cast<int64_t>(planned.fixed)));
+    }
   }
   if (!report)
     return;
@@ -539,6 +587,9 @@ void MoEPlanActivationsPass::runOnOperation() {
   llvm::raw_string_ostream os(plans);
   describe(os);
   os << "; planned " << bytesText(plannedBytes) << " on the device";
+  if (bound && planned.perToken > 0)
+    os << " at the bound T = " << *bound << " (" << planned.perToken
+       << " B * T + " << planned.fixed << " B)";
   if (numOffloaded)
     os << " and " << bytesText(hostBytes) << " on the host";
   os << ", " << numRecomputed << " recomputed and " << numOffloaded

@@ -38,6 +38,7 @@ class Buffer:
     # allocation of its own: offloaded from or prefetched into) or "host" (a host copy)
     place: str = "arena"
     function: Optional[str] = None
+    per_token: int = 0  # with a dynamic token count: bytes a token of `size` (at the bound)
 
     @property
     def host(self) -> bool:
@@ -52,6 +53,7 @@ class MemoryReport:
     backward: Optional[str]
     backward_start: int  # index of the first backward op (= number of ops without backward)
     alignment: int
+    bound: Optional[int] = None  # a dynamic token count's bound, where sizes are planned
     ops: List[str] = dataclasses.field(default_factory=list)
     buffers: List[Buffer] = dataclasses.field(default_factory=list)
     peak: int = 0
@@ -127,13 +129,14 @@ class MemoryReport:
 _HEADER = re.compile(
     r"moe-plan-memory: forward @(\S+) ops \[0, (-?\d+)\]"
     r"(?:, backward @(\S+) ops \[(\d+), (\d+)\])?, alignment (\d+) B"
+    r"(?:, at the bound T = (\d+))?"
 )
 _OP = re.compile(r"op (\d+) (\S+)")
 _BUFFER = re.compile(
     r"buffer (\d+) (.+): (\d+) B (?:at offset (\d+) in @(\S+)|(returned|apart)), "
-    r"live \[(\d+), (\d+)\](, saved)?"
+    r"live \[(\d+), (\d+)\](, saved)?(?:, (\d+) B a token)?"
 )
-_HOST = re.compile(r"host (\d+) (.+): (\d+) B, live \[(\d+), (\d+)\]")
+_HOST = re.compile(r"host (\d+) (.+): (\d+) B, live \[(\d+), (\d+)\](?:, (\d+) B a token)?")
 _PEAK = re.compile(r"peak: (\d+) B .* at op (\d+)")
 _ARENA = re.compile(r"arena @(\S+): (\d+) B")
 _SAVED = re.compile(r"saved for backward: (\d+) B .* in \d+ buffers, and (\d+) B")
@@ -156,6 +159,7 @@ def parse_reports(text: str) -> List[MemoryReport]:
                     backward=m.group(3),
                     backward_start=forward_end + 1,
                     alignment=int(m.group(6)),
+                    bound=int(m.group(7)) if m.group(7) else None,
                 )
             )
             continue
@@ -177,6 +181,7 @@ def parse_reports(text: str) -> List[MemoryReport]:
                     saved=bool(m.group(9)),
                     place=m.group(6) or "arena",
                     function=m.group(5),
+                    per_token=int(m.group(10) or 0),
                 )
             )
         elif m := _HOST.fullmatch(line):
@@ -188,6 +193,7 @@ def parse_reports(text: str) -> List[MemoryReport]:
                     int(m.group(4)),
                     int(m.group(5)),
                     place="host",
+                    per_token=int(m.group(6) or 0),
                 )
             )
         elif m := _PEAK.match(line):

@@ -116,6 +116,37 @@ def test_mixtral_numbers():
     assert saved == {"keep": 2014314532, "recompute": 135266340, "offload": 135266340}
 
 
+def test_dynamic_tokens_plan_at_the_bound():
+    """A layer of dynamic T with max_tokens = 64: the plan of the static layer of T = 64, each
+    buffer that follows T with its bytes a token."""
+    from moe_mlir.config import LayerConfig
+
+    config = LayerConfig(tokens=64, hidden=32, ffn=16, experts=8, top_k=2, shared_ffn=24)
+    fixed = layer_mlir(config, "layer")
+    dynamic = fixed.replace("tensor<64x", "tensor<?x").replace(
+        "activation = #moe.activation", "max_tokens = 64, activation = #moe.activation"
+    )
+    for policy in POLICIES:
+        reports = []
+        for text in (fixed, dynamic):
+            report_text, _ = plan(text, policy)
+            report = parse_report(report_text)
+            report.check()
+            reports.append(report)
+        static, bounded = reports
+        assert static.bound is None and bounded.bound == 64
+        assert (bounded.peak, bounded.arenas, bounded.saved) == (
+            static.peak,
+            static.arenas,
+            static.saved,
+        )
+        for a, b in zip(static.buffers, bounded.buffers):
+            assert (a.name, a.size, a.offset, a.place) == (b.name, b.size, b.offset, b.place)
+            # What follows T is `tokens x rows a token` at the bound.
+            assert b.per_token == 0 or b.size == 64 * b.per_token
+        assert any(b.per_token for b in bounded.buffers)
+
+
 def test_a_report_that_overlaps_fails_the_check():
     report = parse_report(
         "moe-plan-memory: forward @f ops [0, 2], alignment 1 B\n"

@@ -6,7 +6,7 @@
 // ALIGN: moe-plan-memory-invalid.mlir:[[@LINE+2]]:1: error: moe-plan-memory: alignment must be a power of two, got 3
 // FILE: moe-plan-memory-invalid.mlir:[[@LINE+1]]:1: error: moe-plan-memory: cannot write the memory report to '{{.*}}.missing/report': {{.*}}
 func.func @dynamic(%x: tensor<?x16xf32>, %wr: tensor<16x4xf32>) -> tensor<?x4xf32> {
-  // expected-error @+1 {{'moe.router' op moe-plan-memory needs static shapes, but moe.router.weights has type 'tensor<?x2xf32>'}}
+  // expected-error @+1 {{'moe.router' op moe-plan-memory needs static shapes, or a dynamic token count with its bound (moe.max_tokens), but moe.router.weights has type 'tensor<?x2xf32>'}}
   %w, %e, %logits = moe.router %x, %wr
       {routing = #moe.routing<scoring = softmax, top_k = 2>}
       : tensor<?x16xf32>, tensor<16x4xf32>

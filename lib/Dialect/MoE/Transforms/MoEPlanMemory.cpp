@@ -16,6 +16,7 @@
 
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/IR/TokenShapes.h"
 #include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/Passes.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
@@ -56,6 +57,7 @@ struct Buffer {
   uint64_t size = 0;
   unsigned first = 0, last = 0; // op indices of the step, inclusive
   uint64_t offset = 0;          // in its function's arena
+  uint64_t perToken = 0; // of `size` with a dynamic token count, at the bound
   Place place = Place::Arena;
   unsigned function = 0; // 0 forward, 1 backward
   bool saved = false;    // live across the end of forward
@@ -92,7 +94,8 @@ std::string gib(uint64_t bytes) {
 class StepPlanner {
 public:
   StepPlanner(func::FuncOp forward, func::FuncOp backward, uint64_t alignment)
-      : forward(forward), backward(backward), alignment(alignment) {}
+      : forward(forward), backward(backward), alignment(alignment),
+        bound(getMaxTokens(forward)) {}
 
   /// Finds the buffers, their lifetimes and places; fails on a dynamic shape.
   LogicalResult collect();
@@ -114,6 +117,8 @@ private:
 
   func::FuncOp forward, backward; // backward may be null
   uint64_t alignment;
+  /// The bound of a dynamic token count: sizes are planned at it.
+  std::optional<int64_t> bound;
   SmallVector<Operation *> ops; // the step, in order
   unsigned backwardStart = 0;
   llvm::MapVector<Value, Buffer> buffers;
@@ -121,7 +126,7 @@ private:
   /// that accumulates -> its `accumulate`, which it overwrites.
   DenseMap<Value, Value> alias;
   uint64_t arenaSize[2] = {0, 0};
-  uint64_t peak = 0;
+  uint64_t peak = 0, peakPerToken = 0;
   unsigned peakIndex = 0;
   uint64_t savedArguments = 0;
 };
@@ -138,12 +143,16 @@ FailureOr<Buffer *> StepPlanner::bufferOf(Value value, unsigned index) {
   }
   if (!shaped)
     return static_cast<Buffer *>(nullptr);
-  if (!shaped.hasStaticShape()) {
+  // With a dynamic token count, the size at the bound.
+  std::optional<TokenBytes> tokenBytes;
+  if (!shaped.hasStaticShape() &&
+      (!bound || !(tokenBytes = getTokenBytes(value)))) {
     InFlightDiagnostic diag = isa<BlockArgument>(value)
                                   ? mlir::emitError(value.getLoc())
                                   : value.getDefiningOp()->emitOpError();
-    diag << "moe-plan-memory needs static shapes, but " << valueName(value)
-         << " has type " << type;
+    diag << "moe-plan-memory needs static shapes, or a dynamic token count "
+            "with its bound (moe.max_tokens), but "
+         << valueName(value) << " has type " << type;
     return failure();
   }
   auto [it, inserted] = buffers.try_emplace(value);
@@ -151,7 +160,14 @@ FailureOr<Buffer *> StepPlanner::bufferOf(Value value, unsigned index) {
   if (inserted) {
     ByteSizeStatus status;
     buffer.value = value;
-    buffer.size = getByteSize(shaped, status);
+    if (tokenBytes) {
+      std::optional<uint64_t> atBound = tokenBytes->at(*bound);
+      status = atBound ? ByteSizeStatus::Known : ByteSizeStatus::Overflow;
+      buffer.size = atBound.value_or(0);
+      buffer.perToken = tokenBytes->perToken;
+    } else {
+      buffer.size = getByteSize(shaped, status);
+    }
     buffer.first = buffer.last = index;
     buffer.function = index >= backwardStart ? 1 : 0;
     if (host)
@@ -229,6 +245,12 @@ LogicalResult StepPlanner::collect() {
         if (auto type = dyn_cast<RankedTensorType>(argument.getType())) {
           ByteSizeStatus status;
           uint64_t bytes = getByteSize(type, status);
+          if (status == ByteSizeStatus::Dynamic && bound)
+            if (std::optional<TokenBytes> tokenBytes = getTokenBytes(argument))
+              if (std::optional<uint64_t> atBound = tokenBytes->at(*bound)) {
+                bytes = *atBound;
+                status = ByteSizeStatus::Known;
+              }
           std::optional<uint64_t> sum = addByteSizes(savedArguments, bytes);
           if (status == ByteSizeStatus::Overflow || !sum)
             return mlir::emitError(argument.getLoc())
@@ -290,7 +312,8 @@ LogicalResult StepPlanner::collect() {
   for (func::FuncOp func : functions())
     for (BlockArgument argument : func.getArguments())
       if (!alias.count(argument) && isa<RankedTensorType>(argument.getType()) &&
-          !cast<RankedTensorType>(argument.getType()).hasStaticShape()) {
+          !cast<RankedTensorType>(argument.getType()).hasStaticShape() &&
+          !(bound && getTokenBytes(argument))) {
         (void)bufferOf(argument, 0);
         return failure();
       }
@@ -333,14 +356,17 @@ LogicalResult StepPlanner::assign() {
   }
 
   // The peak: the most device bytes live at one op, wherever they are.
-  SmallVector<uint64_t> live(ops.size(), 0);
+  SmallVector<uint64_t> live(ops.size(), 0), livePerToken(ops.size(), 0);
   for (auto &entry : buffers)
     if (entry.second.place != Place::Host)
-      for (unsigned i = entry.second.first; i <= entry.second.last; ++i)
+      for (unsigned i = entry.second.first; i <= entry.second.last; ++i) {
         live[i] += entry.second.size;
+        livePerToken[i] += entry.second.perToken;
+      }
   for (auto [index, bytes] : llvm::enumerate(live))
     if (bytes > peak) {
       peak = bytes;
+      peakPerToken = livePerToken[index];
       peakIndex = index;
     }
   return success();
@@ -374,7 +400,10 @@ void StepPlanner::print(llvm::raw_ostream &os) {
   if (backward)
     os << ", backward @" << backward.getSymName() << " ops [" << backwardStart
        << ", " << ops.size() - 1 << "]";
-  os << ", alignment " << alignment << " B\n";
+  os << ", alignment " << alignment << " B";
+  if (bound)
+    os << ", at the bound T = " << *bound;
+  os << "\n";
   for (auto [index, op] : llvm::enumerate(ops))
     os << "op " << index << " " << op->getName() << "\n";
   unsigned id = 0;
@@ -384,7 +413,10 @@ void StepPlanner::print(llvm::raw_ostream &os) {
   for (auto &[value, buffer] : buffers) {
     if (buffer.place == Place::Host) {
       os << "host " << id++ << " " << valueName(value) << ": " << buffer.size
-         << " B, live [" << buffer.first << ", " << buffer.last << "]\n";
+         << " B, live [" << buffer.first << ", " << buffer.last << "]";
+      if (buffer.perToken)
+        os << ", " << buffer.perToken << " B a token";
+      os << "\n";
       host += buffer.size;
       continue;
     }
@@ -405,13 +437,19 @@ void StepPlanner::print(llvm::raw_ostream &os) {
       break;
     }
     os << ", live [" << buffer.first << ", " << buffer.last << "]"
-       << (buffer.saved ? ", saved" : "") << "\n";
+       << (buffer.saved ? ", saved" : "");
+    if (buffer.perToken)
+      os << ", " << buffer.perToken << " B a token";
+    os << "\n";
     if (buffer.saved) {
       saved += buffer.size;
       ++numSaved;
     }
   }
-  os << "peak: " << gib(peak) << " at op " << peakIndex << "\n";
+  os << "peak: " << gib(peak) << " at op " << peakIndex;
+  if (peakPerToken)
+    os << ", " << peakPerToken << " B a token";
+  os << "\n";
   for (auto [function, func] : llvm::enumerate(funcs))
     os << "arena @" << func.getSymName() << ": " << gib(arenaSize[function])
        << "\n";

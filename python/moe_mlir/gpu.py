@@ -102,10 +102,23 @@ class ParamSpec:
     forward_param: Optional[str] = None  # backward saved params: the forward's name
     of: Optional[str] = None  # cotangents: the result; gradients: the input
     memory: str = "device"  # "host": pinned host memory (an offloaded saved tensor)
+    # A layer of dynamic token count: shape[0] is -1, this many rows a token (1: T, k: T * k).
+    rows_per_token: int = 0
 
     @property
     def on_host(self) -> bool:
         return self.memory == "host"
+
+    @property
+    def follows_tokens(self) -> bool:
+        return self.rows_per_token > 0
+
+    def at(self, tokens: int) -> "ParamSpec":
+        """This parameter with its shape at `tokens` tokens (itself when static)."""
+        if not self.follows_tokens:
+            return self
+        shape = (self.rows_per_token * tokens, *self.shape[1:])
+        return dataclasses.replace(self, shape=shape, rows_per_token=0)
 
     @property
     def numel(self) -> int:
@@ -119,7 +132,10 @@ class ParamSpec:
         return self.numel * element_size(self.dtype)
 
     def describe(self) -> str:
-        text = f"{self.dtype}[{', '.join(str(s) for s in self.shape)}]"
+        sizes = [str(s) for s in self.shape]
+        if self.follows_tokens:
+            sizes[0] = "T" if self.rows_per_token == 1 else f"T * {self.rows_per_token}"
+        text = f"{self.dtype}[{', '.join(sizes)}]"
         return text + " in pinned host memory" if self.on_host else text
 
 
@@ -129,6 +145,31 @@ class EntryPoint:
     symbol: str
     workspace_symbol: Optional[str]
     params: Tuple[ParamSpec, ...]
+    # A dynamic token count's bound (0: static): the entry point takes T after the stream.
+    max_tokens: int = 0
+
+    def at(self, tokens: int) -> "EntryPoint":
+        """The entry point with every shape at `tokens` tokens (itself when static)."""
+        if not self.max_tokens:
+            return self
+        return dataclasses.replace(self, params=tuple(p.at(tokens) for p in self.params))
+
+    def tokens_of(self, tensors: Mapping[str, Any], where: str) -> int:
+        """T of a call: the leading size of the first given tensor of T rows; a ValueError
+        unless it is in [1, max_tokens]."""
+        for p in self.params:
+            if p.rows_per_token == 1 and p.name in tensors:
+                shape = tuple(tensors[p.name].shape)
+                tokens = shape[0] if shape else 0
+                break
+        else:
+            raise ValueError(f"{where}: no tensor of T rows given to tell the token count")
+        if not 1 <= tokens <= self.max_tokens:
+            raise ValueError(
+                f"{where}: the token count T = {tokens} is outside [1, {self.max_tokens}], "
+                f"the bound the layer was compiled for (compile one with a larger max_tokens)"
+            )
+        return tokens
 
     def by_role(self, *roles: str) -> List[ParamSpec]:
         return [p for p in self.params if p.role in roles]
@@ -168,11 +209,20 @@ def _parse_param(raw: Any, where: str) -> ParamSpec:
     if dtype not in DTYPES:
         raise ValueError(f"manifest: {where}.dtype is {dtype!r}, expected one of {tuple(DTYPES)}")
     shape = _need(raw, "shape", list, where)
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+    rows = raw.get("rows_per_token", 0)
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ValueError(
+            f"manifest: {where}.rows_per_token must be a positive integer, got {rows!r}"
+        )
+    for i, s in enumerate(shape):
+        dynamic = i == 0 and s == -1 and rows > 0
+        if not dynamic and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
             raise ValueError(
-                f"manifest: {where}.shape must hold non-negative integers, got {shape!r}"
+                f"manifest: {where}.shape must hold non-negative integers (-1 first with "
+                f"rows_per_token), got {shape!r}"
             )
+    if rows and (not shape or shape[0] != -1):
+        raise ValueError(f"manifest: {where} has rows_per_token but a static shape {shape!r}")
     fp = raw.get("forward_param")
     of = raw.get("of")
     for key, value in (("forward_param", fp), ("of", of)):
@@ -194,6 +244,7 @@ def _parse_param(raw: Any, where: str) -> ParamSpec:
         forward_param=fp,
         of=of,
         memory=memory,
+        rows_per_token=rows,
     )
 
 
@@ -220,7 +271,16 @@ def _parse_entry(kind: str, raw: Any) -> EntryPoint:
                 f"manifest: {where}: parameter {p.name!r} has role {p.role!r}, "
                 f"which a {kind} entry point cannot have ({allowed})"
             )
-    return EntryPoint(kind=kind, symbol=symbol, workspace_symbol=ws, params=params)
+    max_tokens = raw.get("max_tokens", 0)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ValueError(
+            f"manifest: {where}.max_tokens must be a positive integer, got {max_tokens!r}"
+        )
+    if any(p.follows_tokens for p in params) and not max_tokens:
+        raise ValueError(f"manifest: {where} has sizes that follow T but no max_tokens")
+    return EntryPoint(
+        kind=kind, symbol=symbol, workspace_symbol=ws, params=params, max_tokens=max_tokens
+    )
 
 
 @dataclasses.dataclass
@@ -269,7 +329,12 @@ class Manifest:
                             f"parameter {src!r}, which the forward does not have"
                         )
                     fp = forward.param(src)
-                    if (fp.dtype, fp.shape, fp.memory) != (p.dtype, p.shape, p.memory):
+                    if (fp.dtype, fp.shape, fp.memory, fp.rows_per_token) != (
+                        p.dtype,
+                        p.shape,
+                        p.memory,
+                        p.rows_per_token,
+                    ):
                         raise ValueError(
                             f"manifest: backward saved parameter {p.name!r} is "
                             f"{p.describe()} but the forward's {src!r} is {fp.describe()}"
@@ -341,10 +406,17 @@ class Manifest:
                 return layer_name
         return param
 
-    def saved_bytes(self) -> int:
+    @property
+    def max_tokens(self) -> int:
+        """The bound of a layer of dynamic token count; 0 for a static one."""
+        return self.forward.max_tokens
+
+    def saved_bytes(self, tokens: Optional[int] = None) -> int:
         """Bytes of the forward's saved tensors that are not inputs (what it keeps alive for
-        backward beyond the layer's arguments)."""
-        return sum(p.nbytes for p in self.forward.by_role("saved"))
+        backward beyond the layer's arguments); with a dynamic token count at `tokens`
+        (default: the bound)."""
+        ep = self.forward.at(tokens or self.max_tokens)
+        return sum(p.nbytes for p in ep.by_role("saved"))
 
 
 # --------------------------------------------------------------------------- checks
@@ -495,13 +567,15 @@ class CompiledLayer:
                     f"{self.manifest.path} names it)"
                 ) from None
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * (1 + len(ep.params))
+            # A dynamic token count: T after the stream.
+            tokens = [ctypes.c_int64] if ep.max_tokens else []
+            fn.argtypes = [ctypes.c_void_p, *tokens] + [ctypes.c_void_p] * len(ep.params)
             self._fns[kind] = fn
             if ep.workspace_symbol:
                 ws = getattr(lib, ep.workspace_symbol, None)
                 if ws is not None:
-                    ws.restype = ctypes.c_size_t
-                    ws.argtypes = []
+                    ws.restype = ctypes.c_int64 if ep.max_tokens else ctypes.c_size_t
+                    ws.argtypes = tokens
                     self._fns[kind + "_workspace"] = ws
         for sym, res, args in (
             ("moeGetLastErrorMessage", ctypes.c_char_p, []),
@@ -529,9 +603,15 @@ class CompiledLayer:
     def input_name(self, param: str) -> str:
         return self.manifest.input_name(param)
 
-    def workspace_bytes(self, kind: str = "forward") -> Optional[int]:
+    def workspace_bytes(self, kind: str = "forward", tokens: Optional[int] = None) -> Optional[int]:
+        """Device bytes the call holds in temporaries; with a dynamic token count at `tokens`
+        (default: the bound; -1 for a T outside [1, bound])."""
         fn = self._fns.get(kind + "_workspace")
-        return int(fn()) if fn is not None else None
+        if fn is None:
+            return None
+        if self.manifest.entry(kind).max_tokens:
+            return int(fn(tokens or self.manifest.max_tokens))
+        return int(fn())
 
     def gradient_names(self) -> Dict[str, str]:
         """Gradient parameter -> layer argument name ("d_arg0" -> "x")."""
@@ -598,7 +678,12 @@ class CompiledLayer:
         return make(spec.shape, dtype=torch_dtype(spec.dtype), device=dev)
 
     def _call(
-        self, kind: str, ep: EntryPoint, tensors: Dict[str, Any], device: Optional[int]
+        self,
+        kind: str,
+        ep: EntryPoint,
+        tensors: Dict[str, Any],
+        device: Optional[int],
+        tokens: Optional[int] = None,
     ) -> None:
         fn = self._fns.get(kind)
         if fn is None:
@@ -616,7 +701,8 @@ class CompiledLayer:
             # on the legacy stream; CU_STREAM_LEGACY names that stream explicitly.
             stream = torch.cuda.current_stream(device).cuda_stream or CU_STREAM_LEGACY
         ptrs = [ctypes.c_void_p(tensors[p.name].data_ptr() or None) for p in ep.params]
-        status = fn(ctypes.c_void_p(stream or None), *ptrs)
+        extra = [ctypes.c_int64(tokens)] if tokens is not None else []
+        status = fn(ctypes.c_void_p(stream or None), *extra, *ptrs)
         if status != 0:
             raise RuntimeError(
                 f"{ep.symbol} failed: {self._status_name(status)}: {self._last_message()}"
@@ -645,12 +731,16 @@ class CompiledLayer:
         ep = self.manifest.forward
         where = ep.symbol
         given = _as_named(inputs, ep.by_role("input"), where, self.manifest.input_names)
+        tokens = None
+        if ep.max_tokens:  # a dynamic token count: T from x
+            tokens = ep.tokens_of(given, where)
+            ep = ep.at(tokens)
         device = self._check_all(ep, given, ("input",), where)
         tensors = dict(given)
         for spec in ep.params:
             if spec.role in ("output", "saved"):
                 tensors[spec.name] = self._empty(spec, device)
-        self._call("forward", ep, tensors, device)
+        self._call("forward", ep, tensors, device, tokens)
         self._offloads_in_flight += [tensors[p.name] for p in ep.params if p.on_host]
         return tensors
 
@@ -659,6 +749,13 @@ class CompiledLayer:
         back to the device now, for the backward that takes them next: called before the
         backward of the layer after this one, the copies overlap that backward."""
         ep = self.manifest.entry("backward")
+        if ep.max_tokens:
+            named = {
+                p.name: saved[p.forward_param or p.name]
+                for p in ep.by_role("saved")
+                if (p.forward_param or p.name) in saved
+            }
+            ep = ep.at(ep.tokens_of(named, "prefetch"))
         host = []
         for spec in ep.by_role("saved"):
             if not spec.on_host:
@@ -733,6 +830,10 @@ class CompiledLayer:
                     f"{where}: saved has no {src!r} ({spec.describe()}); pass "
                     f"the dict that forward returned"
                 )
+        tokens = None
+        if ep.max_tokens:  # a dynamic token count: T from the saved x
+            tokens = ep.tokens_of(tensors, where)
+            ep = ep.at(tokens)
         cot_specs = ep.by_role("cotangent")
         aliases = {p.of: p.name for p in cot_specs if p.of}
         if isinstance(cotangents, Mapping):
@@ -758,7 +859,7 @@ class CompiledLayer:
         grads = {}
         for spec in ep.by_role("gradient"):
             grads[spec.name] = tensors[spec.name] = self._empty(spec, device)
-        self._call("backward", ep, tensors, device)
+        self._call("backward", ep, tensors, device, tokens)
         saved_host = [tensors[p.name] for p in ep.params if p.on_host]
         if saved_host or self._offloads_in_flight:
             self._release_offloads(saved_host)

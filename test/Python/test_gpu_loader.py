@@ -463,3 +463,136 @@ def test_failure_raises_with_the_runtime_message(fake_layer):
         "MOE_ERROR_INVALID_ARGUMENT: fake_layer_forward: arg0 is refused",
     ):
         fake_layer.forward(args)
+
+
+# --------------------------------------------------------------------------- dynamic T
+
+
+def dynamic_manifest(bound=4):
+    """MANIFEST with a dynamic token count up to `bound`: every [T, ...] size -1 with one row
+    a token, the entry points' max_tokens."""
+    data = copy.deepcopy(MANIFEST)
+    data["layer"]["T"] = bound
+    data["layer"]["max_tokens"] = bound
+    for ep in data["entry_points"].values():
+        ep["max_tokens"] = bound
+        for p in ep["params"]:
+            if p["shape"][0] == T and p["name"] not in ("arg1", "d_arg1"):
+                p["shape"][0] = -1
+                p["rows_per_token"] = 1
+    return data
+
+
+# The stand-in of a layer of dynamic T: the same arithmetic at the T of the call; the
+# workspace is 100 bytes a token of the bound, -1 outside [1, 4].
+FAKE_DYNAMIC_C = r"""
+#include <stddef.h>
+#include <stdint.h>
+#define D %(D)d
+#define E %(E)d
+#define K %(K)d
+int64_t last_tokens = 0;
+const char *moeGetLastErrorMessage(void) { return ""; }
+const char *moeStatusString(int s) { (void)s; return "OTHER"; }
+int moeSetDevice(int d) { (void)d; return 0; }
+int64_t fake_layer_forward_workspace_bytes(int64_t T) { return T < 1 || T > 4 ? -1 : 400; }
+int64_t fake_layer_backward_workspace_bytes(int64_t T) { return T < 1 || T > 4 ? -1 : 40; }
+int fake_layer_forward(void *stream, int64_t T, float *x, float *wr, float *out,
+                       float *logits, int32_t *experts) {
+  (void)stream; (void)wr;
+  last_tokens = T;
+  for (int i = 0; i < T * D; ++i) out[i] = 2 * x[i];
+  for (int t = 0; t < T; ++t)
+    for (int e = 0; e < E; ++e) logits[t * E + e] = x[t * D] + e;
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) experts[t * K + j] = (t + j) %% E;
+  return 0;
+}
+int fake_layer_backward(void *stream, int64_t T, float *x, int32_t *experts, float *dout,
+                        float *dlogits, float *dx, float *dwr) {
+  (void)stream; (void)x;
+  last_tokens = T;
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < D; ++i) dx[t * D + i] = 3 * dout[t * D + i] + experts[t * K];
+  for (int i = 0; i < D; ++i)
+    for (int e = 0; e < E; ++e) {
+      float s = 0;
+      for (int t = 0; t < T; ++t) s += dlogits[t * E + e];
+      dwr[i * E + e] = s;
+    }
+  return 0;
+}
+"""
+
+
+def test_dynamic_manifest_parses(tmp_path):
+    manifest = gpu.Manifest.load(write_manifest(tmp_path, dynamic_manifest()))
+    assert manifest.max_tokens == 4
+    x = manifest.forward.param("arg0")
+    assert x.shape == (-1, D) and x.rows_per_token == 1
+    assert x.describe() == f"f32[T, {D}]"
+    assert x.at(3).shape == (3, D) and x.at(3).nbytes == 3 * D * 4
+    assert manifest.forward.param("arg1").at(3).shape == (D, E)
+    assert manifest.saved_bytes() == 4 * K * 4 and manifest.saved_bytes(2) == 2 * K * 4
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (
+            lambda m: m["entry_points"]["forward"]["params"][0].pop("rows_per_token"),
+            "non-negative integers",
+        ),
+        (
+            lambda m: m["entry_points"]["forward"]["params"][1].update(rows_per_token=1),
+            "rows_per_token but a static shape",
+        ),
+        (lambda m: m["entry_points"]["forward"].pop("max_tokens"), "no max_tokens"),
+        (lambda m: m["entry_points"]["forward"].update(max_tokens=-2), "max_tokens must be"),
+    ],
+)
+def test_dynamic_manifest_errors(tmp_path, mutate, message):
+    data = dynamic_manifest()
+    mutate(data)
+    with pytest.raises(ValueError, match=message):
+        gpu.Manifest.load(write_manifest(tmp_path, data))
+
+
+def test_dynamic_token_count_through_the_stand_in(tmp_path):
+    import ctypes
+
+    need_torch()
+    cc = shutil.which("cc") or shutil.which("clang-22") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "fake_layer.c"
+    src.write_text(FAKE_DYNAMIC_C % dict(D=D, E=E, K=K))
+    so = tmp_path / "fake_layer.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True)
+    write_manifest(tmp_path, dynamic_manifest())
+    layer = gpu.CompiledLayer(str(so), require_cuda=False)
+    assert layer.workspace_bytes("forward", 3) == 400
+    assert layer.workspace_bytes("forward", 5) == -1
+    wr = torch.randn(D, E)
+    for tokens in (1, 3, 4):
+        x = torch.randn(tokens, D)
+        fwd = layer.forward([x, wr])
+        assert ctypes.c_int64.in_dll(layer._lib, "last_tokens").value == tokens
+        assert torch.equal(fwd["result0"], 2 * x)
+        experts = fwd["moe.router.experts"]
+        assert experts.shape == (tokens, K)
+        assert torch.equal(experts, (torch.arange(tokens)[:, None] + torch.arange(K)) % E)
+        d_out = torch.randn(tokens, D)
+        grads = layer.backward(fwd, {"result0": d_out})
+        assert ctypes.c_int64.in_dll(layer._lib, "last_tokens").value == tokens
+        assert torch.allclose(grads["d_arg0"], 3 * d_out + experts[:, :1].float())
+    # T outside [1, bound] is refused before any call.
+    ctypes.c_int64.in_dll(layer._lib, "last_tokens").value = 0
+    for tokens in (0, 5):
+        with pytest.raises(ValueError, match=rf"T = {tokens} is outside \[1, 4\]"):
+            layer.forward([torch.randn(tokens, D), wr])
+    assert ctypes.c_int64.in_dll(layer._lib, "last_tokens").value == 0
+    # Every tensor of the call has the T of x.
+    fwd = layer.forward([torch.randn(3, D), wr])
+    with pytest.raises(ValueError, match="has shape"):
+        layer.backward(fwd, {"result0": torch.randn(4, D)})

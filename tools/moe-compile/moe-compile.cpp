@@ -188,9 +188,12 @@ std::string layerSummary(DictionaryAttr layer) {
   double scaling = 1.0;
   if (auto value = layer.getAs<FloatAttr>("scaling_factor"))
     scaling = value.getValueAsDouble();
-  os << " *   T = " << integer("T") << " tokens, d = " << integer("d")
-     << ", n = " << integer("n") << ", E = " << integer("E")
-     << " experts, top k = " << integer("k") << "\n"
+  if (integer("max_tokens"))
+    os << " *   T = 1 .. " << integer("max_tokens");
+  else
+    os << " *   T = " << integer("T");
+  os << " tokens, d = " << integer("d") << ", n = " << integer("n")
+     << ", E = " << integer("E") << " experts, top k = " << integer("k") << "\n"
      << " *   activation " << getString(layer, "activation") << ", scoring "
      << getString(layer, "scoring")
      << ", renormalize = " << (boolean("renormalize") ? "true" : "false")
@@ -231,10 +234,21 @@ std::string makeHeader(StringRef cName, ArrayRef<EntryPointInfo> entries,
      << " * Returns 0, or a moeStatus code; moeGetLastErrorMessage() then "
         "says\n"
      << " * what failed (a null or misaligned pointer is refused before any\n"
-     << " * work). Link the object with libmoe_runtime.\n"
-     << " */\n"
+     << " * work). Link the object with libmoe_runtime.\n";
+  int64_t maxTokens = entries.empty() ? 0 : entries.front().maxTokens;
+  if (maxTokens > 0)
+    os << " *\n"
+       << " * The token count T is dynamic: each call takes it after the "
+          "stream, any T\n"
+       << " * in [1, " << maxTokens
+       << "] (the bound it was compiled for; another is refused\n"
+       << " * with MOE_ERROR_INVALID_ARGUMENT before any work). A size T "
+          "or T * k is\n"
+       << " * the leading size of that tensor for the call.\n";
+  os << " */\n"
      << "#ifndef " << guard << "\n#define " << guard << "\n\n"
-     << "#include <stddef.h>\n\n"
+     << "#include <stddef.h>\n"
+     << (maxTokens > 0 ? "#include <stdint.h>\n" : "") << "\n"
      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
   for (const EntryPointInfo &entry : entries) {
     os << "\n/* " << entry.kind << ": ";
@@ -253,14 +267,25 @@ std::string makeHeader(StringRef cName, ArrayRef<EntryPointInfo> entries,
             "after it, and backward brings them\n   back; "
             "moeOffloadSynchronize() waits for the copies in flight. */\n";
     os << "int " << cName << "_" << entry.kind << "(void *stream";
+    if (entry.maxTokens > 0)
+      os << ", int64_t T";
     for (const EntryParam &param : entry.params)
       os << ",\n    void *" << cIdentifier(param.name) << " /* "
          << describeEntryParam(param) << " */";
-    os << ");\n"
-       << "/* Device memory the " << entry.kind
-       << " call holds at once in temporaries, in bytes. */\n"
-       << "size_t " << cName << "_" << entry.kind
-       << "_workspace_bytes(void);\n";
+    os << ");\n";
+    if (entry.maxTokens > 0)
+      os << "/* Device memory the " << entry.kind
+         << " call at T tokens holds at once in temporaries, in\n"
+         << "   bytes (planned at the bound, so the same for every T); -1 "
+            "for a T outside\n   [1, "
+         << entry.maxTokens << "]. */\n"
+         << "int64_t " << cName << "_" << entry.kind
+         << "_workspace_bytes(int64_t T);\n";
+    else
+      os << "/* Device memory the " << entry.kind
+         << " call holds at once in temporaries, in bytes. */\n"
+         << "size_t " << cName << "_" << entry.kind
+         << "_workspace_bytes(void);\n";
   }
   os << "\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* " << guard << " */\n";
   return text;
@@ -279,6 +304,9 @@ void writeLayer(llvm::json::OStream &j, DictionaryAttr layer) {
   j.objectBegin();
   for (StringRef key : {"T", "d", "n", "E", "k"})
     j.attribute(key, integer(key));
+  // A dynamic token count: T above is its bound.
+  if (int64_t bound = integer("max_tokens"))
+    j.attribute("max_tokens", bound);
   j.attribute("activation", layer ? getString(layer, "activation") : "");
   j.attribute("scoring", layer ? getString(layer, "scoring") : "");
   j.attribute("renormalize", boolean("renormalize"));
@@ -362,6 +390,8 @@ std::string makeManifest(StringRef cName, ArrayRef<EntryPointInfo> entries,
         j.attribute("workspace_symbol",
                     (cName + "_" + entry.kind + "_workspace_bytes").str());
         j.attribute("workspace_bytes", entry.workspaceBytes);
+        if (entry.maxTokens > 0)
+          j.attribute("max_tokens", entry.maxTokens);
         j.attributeArray("params", [&] {
           for (const EntryParam &param : entry.params)
             j.object([&] {
@@ -375,10 +405,13 @@ std::string makeManifest(StringRef cName, ArrayRef<EntryPointInfo> entries,
               if (!param.memory.empty())
                 j.attribute("memory", param.memory);
               j.attribute("dtype", param.dtype);
+              // -1 for a leading size that follows T (rows_per_token).
               j.attributeArray("shape", [&] {
                 for (int64_t size : param.shape)
-                  j.value(size);
+                  j.value(size < 0 ? -1 : size);
               });
+              if (param.rowsPerToken > 0)
+                j.attribute("rows_per_token", param.rowsPerToken);
             });
         });
       });

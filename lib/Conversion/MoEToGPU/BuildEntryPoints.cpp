@@ -4,7 +4,10 @@
 // void *tensor...)` and `_backward`, which check their pointers, call the
 // host function on memref descriptors of the static shapes on the caller's
 // stream and return the runtime's moeStatus; and `<layer>_<kind>_workspace_
-// bytes()`. The host functions become internal.
+// bytes()`. With a dynamic token count they take `int64_t T` after the
+// stream, refuse one outside [1, bound] before anything runs, and size the
+// leading dimensions that follow it from T; `_workspace_bytes(int64_t T)`.
+// The host functions become internal.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,9 +37,9 @@ std::string getString(DictionaryAttr dict, StringRef key) {
 }
 
 /// The attributes an entry point carries and its host function loses.
-constexpr StringLiteral kEntryAttrs[] = {kGPUEntryAttr, kGPULayerNameAttr,
+constexpr StringLiteral kEntryAttrs[] = {kGPUEntryAttr,  kGPULayerNameAttr,
                                          kGPUParamsAttr, kGPUWorkspaceBytesAttr,
-                                         kGPULayerAttr};
+                                         kGPULayerAttr,  kGPUMaxTokensAttr};
 
 class EntryPointBuilder {
 public:
@@ -62,7 +65,12 @@ public:
       return impl.emitError("expected a host function with ")
              << expected << " arguments (expanded memref descriptors)";
 
-    SmallVector<Type> argTypes(entry.params.size() + 1, ptrType);
+    // The stream, T with a dynamic token count, a pointer a tensor.
+    bool dynamic = entry.maxTokens > 0;
+    unsigned firstParam = dynamic ? 2 : 1;
+    SmallVector<Type> argTypes(entry.params.size() + firstParam, ptrType);
+    if (dynamic)
+      argTypes[1] = i64;
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToEnd(module.getBody());
     auto func = LLVM::LLVMFuncOp::create(
@@ -81,8 +89,24 @@ public:
     b.setInsertionPointToStart(entryBlock);
     call("moeClearLastError", voidType, {});
     Block *current = entryBlock;
+    Value tokens;
+    if (dynamic) {
+      tokens = entryBlock->getArgument(1);
+      Value below = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::slt,
+                                         tokens, constant(i64, 1));
+      Value above =
+          LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::sgt, tokens,
+                               constant(i64, entry.maxTokens));
+      Value outside = LLVM::OrOp::create(b, loc, below, above);
+      current = check(current, outside, kEntryInvalidArgument,
+                      (symbol + ": the token count T is outside [1, " +
+                       Twine(entry.maxTokens) + "], the bound it was " +
+                       "compiled for")
+                          .str(),
+                      run);
+    }
     for (auto [i, param] : llvm::enumerate(entry.params)) {
-      Value pointer = entryBlock->getArgument(i + 1);
+      Value pointer = entryBlock->getArgument(i + firstParam);
       std::string what = (symbol + ": parameter " + Twine(i + 1) + " '" +
                           param.name + "' (" + describeEntryParam(param) + ")")
                              .str();
@@ -114,15 +138,21 @@ public:
     call("moeSetLaunchStream", i32, {stream});
     SmallVector<Value> args;
     for (auto [i, param] : llvm::enumerate(entry.params)) {
-      Value pointer = entryBlock->getArgument(i + 1);
+      Value pointer = entryBlock->getArgument(i + firstParam);
       args.append({pointer, pointer, constant(i64, 0)});
+      // A leading size that follows T is its rows a token times T; only it
+      // is dynamic, so the strides are not.
       for (int64_t size : param.shape)
-        args.push_back(constant(i64, size));
+        args.push_back(
+            size >= 0 ? constant(i64, size)
+                      : LLVM::MulOp::create(b, loc, tokens,
+                                            constant(i64, param.rowsPerToken))
+                            .getResult());
       int64_t stride = 1;
       SmallVector<Value> strides;
       for (int64_t size : llvm::reverse(param.shape)) {
         strides.push_back(constant(i64, stride));
-        stride *= size;
+        stride *= std::max<int64_t>(size, 1);
       }
       llvm::append_range(args, llvm::reverse(strides));
     }
@@ -138,14 +168,31 @@ public:
     return success();
   }
 
-  /// `size_t <symbol>(void)` returning `bytes`.
-  void buildConstant(StringRef symbol, int64_t bytes) {
+  /// `size_t <symbol>(void)` returning `bytes`; with a dynamic token count
+  /// (`maxTokens` > 0) `int64_t <symbol>(int64_t T)`, which returns `bytes`
+  /// (the workspace planned at the bound, enough for every T up to it) for
+  /// T in [1, maxTokens] and -1 otherwise.
+  void buildWorkspaceBytes(StringRef symbol, int64_t bytes, int64_t maxTokens) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToEnd(module.getBody());
-    auto func = LLVM::LLVMFuncOp::create(b, loc, symbol,
-                                         LLVM::LLVMFunctionType::get(i64, {}));
+    SmallVector<Type> params;
+    if (maxTokens > 0)
+      params.push_back(i64);
+    auto func = LLVM::LLVMFuncOp::create(
+        b, loc, symbol, LLVM::LLVMFunctionType::get(i64, params));
     b.setInsertionPointToStart(func.addEntryBlock(b));
-    LLVM::ReturnOp::create(b, loc, constant(i64, bytes));
+    Value result = constant(i64, bytes);
+    if (maxTokens > 0) {
+      Value tokens = func.getArgument(0);
+      Value below = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::slt,
+                                         tokens, constant(i64, 1));
+      Value above = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::sgt,
+                                         tokens, constant(i64, maxTokens));
+      Value outside = LLVM::OrOp::create(b, loc, below, above);
+      result =
+          LLVM::SelectOp::create(b, loc, outside, constant(i64, -1), result);
+    }
+    LLVM::ReturnOp::create(b, loc, result);
   }
 
 private:
@@ -270,7 +317,8 @@ struct MoEGPUBuildEntryPointsPass
           made->setAttr(name, attr);
           entry.func->removeAttr(name);
         }
-      builder.buildConstant(symbol + "_workspace_bytes", entry.workspaceBytes);
+      builder.buildWorkspaceBytes(symbol + "_workspace_bytes",
+                                  entry.workspaceBytes, entry.maxTokens);
     }
   }
 };
@@ -291,16 +339,29 @@ FailureOr<EntryPointInfo> mlir::moe::readEntryPoint(LLVM::LLVMFuncOp func) {
   entry.layerName = layerName.str();
   entry.workspaceBytes = workspace.getInt();
   entry.layer = func->getAttrOfType<DictionaryAttr>(kGPULayerAttr);
+  if (auto bound = func->getAttrOfType<IntegerAttr>(kGPUMaxTokensAttr))
+    entry.maxTokens = bound.getInt();
   for (Attribute attr : params) {
     auto dict = dyn_cast<DictionaryAttr>(attr);
     auto shape = dict ? dict.getAs<DenseI64ArrayAttr>("shape") : nullptr;
     if (!shape)
       return func.emitError("malformed moe.gpu.params entry ") << attr;
-    entry.params.push_back({getString(dict, "name"), getString(dict, "role"),
-                            getString(dict, "dtype"),
-                            llvm::to_vector(shape.asArrayRef()),
-                            getString(dict, "forward_param"),
-                            getString(dict, "of"), getString(dict, "memory")});
+    EntryParam &param = entry.params.emplace_back(EntryParam{
+        getString(dict, "name"), getString(dict, "role"),
+        getString(dict, "dtype"), llvm::to_vector(shape.asArrayRef()),
+        getString(dict, "forward_param"), getString(dict, "of"),
+        getString(dict, "memory")});
+    if (auto rows = dict.getAs<IntegerAttr>("rows_per_token"))
+      param.rowsPerToken = rows.getInt();
+    bool dynamic = llvm::any_of(param.shape, [](int64_t d) { return d < 0; });
+    if (dynamic && (entry.maxTokens <= 0 || param.shape.front() >= 0 ||
+                    llvm::any_of(ArrayRef(param.shape).drop_front(),
+                                 [](int64_t d) { return d < 0; }) ||
+                    param.rowsPerToken <= 0))
+      return func.emitError("parameter '")
+             << param.name
+             << "' has a dynamic size but for a leading dimension that "
+                "follows a bounded token count";
   }
   return entry;
 }
@@ -321,9 +382,16 @@ std::string mlir::moe::describeEntryParam(const EntryParam &param) {
   if (!param.of.empty())
     text += " of " + param.of;
   text += ", " + param.dtype + " [";
-  text += llvm::join(
-      llvm::map_range(param.shape, [](int64_t d) { return std::to_string(d); }),
-      ", ");
+  text += llvm::join(llvm::map_range(param.shape,
+                                     [&](int64_t d) {
+                                       if (d >= 0)
+                                         return std::to_string(d);
+                                       if (param.rowsPerToken == 1)
+                                         return std::string("T");
+                                       return "T * " + std::to_string(
+                                                           param.rowsPerToken);
+                                     }),
+                     ", ");
   text += "]";
   if (param.memory == "host")
     text += " in pinned host memory";

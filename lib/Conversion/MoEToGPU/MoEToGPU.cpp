@@ -18,6 +18,7 @@
 #include "moe/Conversion/Passes.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Dialect/MoE/IR/MoETypes.h"
+#include "moe/Dialect/MoE/IR/TokenShapes.h"
 #include "moe/Dialect/MoE/Transforms/Checkpoint.h"
 #include "moe/Dialect/MoE/Transforms/NestedModules.h"
 #include "moe/Dialect/MoE/Transforms/TrainingAttributes.h"
@@ -147,6 +148,21 @@ bool isDataType(Type type) {
   return name == gpu_contract::kDataDtype;
 }
 
+/// Whether `value`'s shape is static but for a leading dimension that follows
+/// the token count (T or T * k rows).
+bool isTokenShaped(Value value) {
+  ShapedType type;
+  if (auto host = dyn_cast<HostTensorType>(value.getType()))
+    type = host.getDeviceType();
+  else
+    type = dyn_cast<RankedTensorType>(value.getType());
+  if (!type || type.getRank() == 0)
+    return false;
+  if (llvm::any_of(type.getShape().drop_front(), ShapedType::isDynamic))
+    return false;
+  return !type.isDynamicDim(0) || getRowsPerToken(value).value_or(0) > 0;
+}
+
 /// Emits an error at `op` if this version cannot run it on the GPU. The
 /// limits, and the reason for each, are the contract's (GPUContract.h,
 /// python/moe_mlir/gpu_contract.json).
@@ -193,11 +209,22 @@ LogicalResult checkSupported(Operation *op) {
            ExpertCombineGradOp, SharedExpertGradOp, RouterGradOp>(op))
     return op->emitError() << "'" << op->getName()
                            << "' on tensors is not supported on the GPU path";
-  for (Type type :
-       llvm::concat<Type>(op->getOperandTypes(), op->getResultTypes())) {
+  // Static shapes, but for a leading dimension that follows a token count
+  // with its bound.
+  auto func = op->getParentOfType<func::FuncOp>();
+  bool bounded = func && getMaxTokens(func);
+  for (Value value : llvm::concat<Value>(op->getOperands(), op->getResults())) {
+    Type type = value.getType();
     auto tensor = dyn_cast<RankedTensorType>(type);
-    if (!tensor || !tensor.hasStaticShape())
+    if (!tensor)
       return op->emitError("the GPU path needs static shapes, got ") << type;
+    if (!tensor.hasStaticShape() && (!bounded || !isTokenShaped(value)))
+      return op->emitError(bounded ? "the GPU path needs static shapes but "
+                                     "for the token count, got "
+                                   : "the GPU path needs static shapes (or a "
+                                     "dynamic token count with its bound, "
+                                     "moe.layer's max_tokens), got ")
+             << type;
     if (llvm::is_contained(tensor.getShape(), 0))
       return op->emitError("the GPU path needs non-empty tensors, got ")
              << type;
@@ -280,6 +307,8 @@ struct Param {
   MemRefType type;
   /// Pinned host memory (an offloaded saved tensor) instead of the device's.
   bool host = false;
+  /// With a dynamic leading dimension: its rows a token (T or T * k).
+  int64_t rowsPerToken = 0;
 
   DictionaryAttr getAttr(MLIRContext *context) const {
     Builder b(context);
@@ -293,6 +322,9 @@ struct Param {
       entries.push_back(b.getNamedAttr(relation, b.getStringAttr(related)));
     if (host)
       entries.push_back(b.getNamedAttr("memory", b.getStringAttr("host")));
+    if (rowsPerToken > 0)
+      entries.push_back(
+          b.getNamedAttr("rows_per_token", b.getI64IntegerAttr(rowsPerToken)));
     return b.getDictionaryAttr(entries);
   }
 };
@@ -348,25 +380,25 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
   plan.func = func;
   StringRef name = func.getSymName();
   FunctionType type = func.getFunctionType();
-  for (Type input :
-       llvm::concat<const Type>(type.getInputs(), type.getResults())) {
+  std::optional<int64_t> bound = getMaxTokens(func);
+  auto returnValues =
+      cast<func::ReturnOp>(func.front().getTerminator()).getOperands();
+  SmallVector<Value> values(func.getArguments());
+  llvm::append_range(values, returnValues);
+  for (Value value : values) {
+    Type input = value.getType();
     bool isStatic = false;
     if (auto tensor = dyn_cast<RankedTensorType>(input))
       isStatic = tensor.hasStaticShape();
     else if (auto host = dyn_cast<HostTensorType>(input))
       isStatic = !ShapedType::isDynamicShape(host.getShape());
-    if (!isStatic)
+    if (!isStatic && !(bound && isTokenShaped(value)))
       return func.emitError("the GPU path needs functions on statically "
-                            "shaped tensors, got ")
+                            "shaped tensors (or a dynamic token count with "
+                            "its bound, moe.max_tokens), got ")
              << input;
-    ShapedType shaped;
-    if (auto host = dyn_cast<HostTensorType>(input))
-      shaped = host.getDeviceType();
-    else
-      shaped = cast<ShapedType>(input);
-    ByteSizeStatus status;
-    (void)getByteSize(shaped, status);
-    if (status != ByteSizeStatus::Known)
+    std::optional<TokenBytes> bytes = getTokenBytes(value);
+    if (!bytes || !bytes->at(bound.value_or(0)))
       return func.emitError("the GPU path takes tensors of at most 2^63 - 1 "
                             "bytes, got ")
              << input;
@@ -486,6 +518,13 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
           Param{indexed("result", i), "output", "", "", getBufferType(result)});
     break;
   }
+  // A dynamic leading dimension: its rows a token, for the entry points.
+  for (auto [param, argument] : llvm::zip(plan.inputs, func.getArguments()))
+    if (!param.type.hasStaticShape())
+      param.rowsPerToken = getRowsPerToken(argument).value_or(0);
+  for (auto [param, value] : llvm::zip(plan.outputs, returnOp.getOperands()))
+    if (param && !param->type.hasStaticShape())
+      param->rowsPerToken = getRowsPerToken(value).value_or(0);
   return plan;
 }
 
@@ -519,7 +558,14 @@ DictionaryAttr getLayerAttr(func::FuncOp func) {
   });
   if (router) {
     RoutingAttr routing = router.getRouting();
-    addInt("T", dim(router.getX(), 0));
+    // A dynamic token count: T is its bound (`max_tokens` says so).
+    int64_t tokens = dim(router.getX(), 0);
+    if (std::optional<int64_t> bound = getMaxTokens(func);
+        bound && ShapedType::isDynamic(tokens)) {
+      tokens = *bound;
+      addInt("max_tokens", *bound);
+    }
+    addInt("T", tokens);
     addInt("d", dim(router.getX(), 1));
     addInt("E", dim(router.getRouterWeight(), 1));
     addInt("k", static_cast<int64_t>(routing.getTopK()));
@@ -603,26 +649,59 @@ public:
     return dynamic(view);
   }
 
-  static int64_t getBytes(MemRefType type) {
-    return type.getNumElements() * static_cast<int64_t>(llvm::divideCeil(
-                                       type.getElementTypeBitWidth(), 8));
+  /// With a dynamic token count: its bound, and the call's T (an index).
+  int64_t maxTokens = 0;
+  Value tokens;
+
+  /// The bytes of `type` at `tokens` tokens, its leading dimension (where
+  /// dynamic) `rows` rows a token.
+  static int64_t getBytes(MemRefType type, int64_t rows = 0,
+                          int64_t tokens = 0) {
+    int64_t elements = 1;
+    for (auto [i, size] : llvm::enumerate(type.getShape()))
+      elements *= ShapedType::isDynamic(size) ? rows * tokens : size;
+    return elements * static_cast<int64_t>(
+                          llvm::divideCeil(type.getElementTypeBitWidth(), 8));
+  }
+  /// At the bound: what the workspace is planned for.
+  int64_t bytesAtBound(MemRefType type, int64_t rows) const {
+    return getBytes(type, rows, maxTokens);
+  }
+  /// The dynamic sizes of `type` at the call's T: its leading dimension
+  /// `rows` a token.
+  SmallVector<Value> dynamicSizes(MemRefType type, int64_t rows) {
+    SmallVector<Value> sizes;
+    if (type.getRank() > 0 && type.isDynamicDim(0))
+      sizes.push_back(
+          arith::MulIOp::create(*b, loc, tokens, index(rows)).getResult());
+    return sizes;
+  }
+  /// The bytes of `type` at the call's T, as an i64.
+  Value bytesValue(MemRefType type, int64_t rows) {
+    if (type.hasStaticShape())
+      return i64(getBytes(type));
+    Value perToken = i64(getBytes(type, rows, /*tokens=*/1));
+    Value t = arith::IndexCastOp::create(*b, loc, b->getI64Type(), tokens);
+    return arith::MulIOp::create(*b, loc, perToken, t);
   }
 
-  Value alloc(MemRefType type) {
-    auto op =
-        gpu::AllocOp::create(*b, loc, type, token.getType(), ValueRange{token},
-                             ValueRange{}, ValueRange{}, /*hostShared=*/false);
+  /// A buffer of `type` from the runtime's pool, its leading dimension (where
+  /// dynamic) `rows` a token of the call's T.
+  Value alloc(MemRefType type, int64_t rows = 0) {
+    auto op = gpu::AllocOp::create(*b, loc, type, token.getType(),
+                                   ValueRange{token}, dynamicSizes(type, rows),
+                                   ValueRange{}, /*hostShared=*/false);
     token = op.getAsyncToken();
-    liveBytes += getBytes(type);
+    liveBytes += bytesAtBound(type, rows);
     peakBytes = std::max(peakBytes, liveBytes);
     return op.getMemref();
   }
 
-  void dealloc(Value buffer) {
+  void dealloc(Value buffer, int64_t rows = 0) {
     token = gpu::DeallocOp::create(*b, loc, token.getType(), ValueRange{token},
                                    buffer)
                 .getAsyncToken();
-    liveBytes -= getBytes(cast<MemRefType>(buffer.getType()));
+    liveBytes -= bytesAtBound(cast<MemRefType>(buffer.getType()), rows);
   }
 
   void copy(Value dst, Value src) {
@@ -671,7 +750,7 @@ public:
   /// A memref of `type` (identity layout) on the device buffer at `address`
   /// (an i64 from the runtime): its descriptor in the LLVM dialect, which the
   /// lowering to LLVM takes as the memref's.
-  Value memrefAt(Value address, MemRefType type) {
+  Value memrefAt(Value address, MemRefType type, int64_t rows = 0) {
     MLIRContext *context = b->getContext();
     auto ptrType = LLVM::LLVMPointerType::get(context);
     Type i64 = b->getI64Type();
@@ -691,11 +770,19 @@ public:
     insert(pointer, {0});
     insert(pointer, {1});
     insert(constant(0), {2});
+    // Only the leading size may be dynamic: the strides are static.
     int64_t stride = 1;
     for (int64_t i = type.getRank() - 1; i >= 0; --i) {
-      insert(constant(type.getDimSize(i)), {3, i});
+      Value size;
+      if (type.isDynamicDim(i))
+        size = arith::IndexCastOp::create(
+            *b, loc, i64,
+            arith::MulIOp::create(*b, loc, tokens, index(rows)).getResult());
+      else
+        size = constant(type.getDimSize(i));
+      insert(size, {3, i});
       insert(constant(stride), {4, i});
-      stride *= type.getDimSize(i);
+      stride *= type.isDynamicDim(i) ? 1 : type.getDimSize(i);
     }
     return UnrealizedConversionCastOp::create(*b, loc, type, descriptor)
         .getResult(0);
@@ -809,6 +896,7 @@ readArenaPlan(func::FuncOp func, const DenseMap<Value, Value> &buffers,
     for (Value value : values)
       lastUse[value] = position.lookup(op);
 
+  int64_t bound = getMaxTokens(func).value_or(0);
   auto sizeAttr = func->getAttrOfType<IntegerAttr>(kArenaSizeAttr);
   arenaBytes = sizeAttr ? sizeAttr.getInt() : 0;
   auto rerun = [](InFlightDiagnostic diag) -> InFlightDiagnostic {
@@ -842,8 +930,10 @@ readArenaPlan(func::FuncOp func, const DenseMap<Value, Value> &buffers,
                         "only the function's temporaries");
       if (!temporary)
         continue;
-      int64_t bytes =
-          HostFunctionBuilder::getBytes(getBufferType(result.getType()));
+      // With a dynamic token count, at the bound (the plan's size).
+      int64_t bytes = HostFunctionBuilder::getBytes(
+          getBufferType(result.getType()), getRowsPerToken(result).value_or(0),
+          bound);
       if (offset % kArenaAlignment != 0 || bytes > arenaBytes ||
           offset > arenaBytes - bytes)
         return rerun(op.emitOpError("result #")
@@ -1010,13 +1100,14 @@ struct HostCallContext {
   void allocateTemporaries(Operation *op) {
     for (Value result : temporaries.lookup(op)) {
       MemRefType type = getBufferType(result.getType());
+      int64_t rows = rowsPerToken(result);
       auto planned = arenaOffsets.find(result);
-      buffers[result] =
-          planned == arenaOffsets.end()
-              ? h.alloc(type)
-              : memref::ViewOp::create(*h.b, h.loc, type, arena,
-                                       h.index(planned->second), ValueRange{})
-                    .getResult();
+      buffers[result] = planned == arenaOffsets.end()
+                            ? h.alloc(type, rows)
+                            : memref::ViewOp::create(*h.b, h.loc, type, arena,
+                                                     h.index(planned->second),
+                                                     h.dynamicSizes(type, rows))
+                                  .getResult();
     }
   }
 
@@ -1025,7 +1116,13 @@ struct HostCallContext {
     for (Value value : values)
       if (Value buffer = buffers.lookup(value);
           buffer && !arenaOffsets.count(value))
-        h.dealloc(buffer);
+        h.dealloc(buffer, rowsPerToken(value));
+  }
+
+  /// Rows a token of `value`'s leading dimension (0 where it does not
+  /// follow T; the conversion checked the others).
+  static int64_t rowsPerToken(Value value) {
+    return getRowsPerToken(value).value_or(0);
   }
 
   /// Replaces `op` with the buffers of its results; a y nobody reads has
@@ -1119,6 +1216,7 @@ LogicalResult planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
 
   if (plan.kind != EntryKind::Backward)
     ctx.layerAttr = getLayerAttr(func);
+  ctx.h.maxTokens = getMaxTokens(func).value_or(0);
   return success();
 }
 
@@ -1145,6 +1243,16 @@ public:
     h.token =
         gpu::WaitOp::create(rewriter, func.getLoc(), tokenType, ValueRange{})
             .getAsyncToken();
+    // A dynamic token count: T of the call from the leading size of the
+    // first parameter that follows it.
+    for (auto [param, argument] :
+         llvm::zip(ctx.params, ctx.entry->getArguments()))
+      if (param.rowsPerToken > 0 && !h.tokens) {
+        Value size =
+            memref::DimOp::create(rewriter, func.getLoc(), argument, 0);
+        h.tokens = arith::DivUIOp::create(rewriter, func.getLoc(), size,
+                                          h.index(param.rowsPerToken));
+      }
     if (ctx.arenaBytes > 0)
       ctx.arena =
           h.alloc(MemRefType::get({ctx.arenaBytes}, rewriter.getI8Type()));
@@ -1155,15 +1263,16 @@ public:
     for (auto prefetch : body.getOps<PrefetchOp>()) {
       h.loc = prefetch.getLoc();
       MemRefType type = getBufferType(prefetch.getType());
-      int64_t bytes = HostFunctionBuilder::getBytes(type);
+      int64_t rows = HostCallContext::rowsPerToken(prefetch.getDevice());
       // The runtime allocates the buffer on its copy stream: the copy then
       // need not wait for the work enqueued before this call.
-      Value address = h.callRuntime(
-          ctx.module, "mgpuMoePrefetch",
-          {h.address(ctx.bufferOf(prefetch.getHost())), h.i64(bytes)},
-          rewriter.getI64Type());
-      ctx.buffers[prefetch.getDevice()] = h.memrefAt(address, type);
-      h.liveBytes += bytes;
+      Value address =
+          h.callRuntime(ctx.module, "mgpuMoePrefetch",
+                        {h.address(ctx.bufferOf(prefetch.getHost())),
+                         h.bytesValue(type, rows)},
+                        rewriter.getI64Type());
+      ctx.buffers[prefetch.getDevice()] = h.memrefAt(address, type, rows);
+      h.liveBytes += h.bytesAtBound(type, rows);
       h.peakBytes = std::max(h.peakBytes, h.liveBytes);
       ctx.prefetchAddress[prefetch.getDevice()] = address;
       ctx.prefetching.push_back(prefetch.getDevice());
@@ -1223,7 +1332,7 @@ public:
     ctx.startOp(rewriter, op);
     for (Value value : ctx.freeAfter.lookup(op)) {
       ctx.awaitPrefetches(value);
-      ctx.h.dealloc(ctx.bufferOf(value));
+      ctx.h.dealloc(ctx.bufferOf(value), HostCallContext::rowsPerToken(value));
     }
     ctx.replaceWithBuffers(rewriter, op);
     return success();
@@ -1251,17 +1360,16 @@ public:
     SmallVector<Value> &freed = ctx.freeAfter[op];
     auto *last = llvm::find(freed, source);
     bool handOver = last != freed.end();
+    auto deviceType = cast<MemRefType>(device.getType());
+    int64_t rows = HostCallContext::rowsPerToken(source);
     if (handOver) {
       freed.erase(last);
-      h.liveBytes -=
-          HostFunctionBuilder::getBytes(cast<MemRefType>(device.getType()));
+      h.liveBytes -= h.bytesAtBound(deviceType, rows);
     }
     ctx.awaitPrefetches(source);
     h.callRuntime(ctx.module, "mgpuMoeOffload",
                   {h.address(ctx.bufferOf(op.getHost())), h.address(device),
-                   h.i64(HostFunctionBuilder::getBytes(
-                       cast<MemRefType>(device.getType()))),
-                   h.i32(handOver)});
+                   h.bytesValue(deviceType, rows), h.i32(handOver)});
     ctx.offloaded = true;
     ctx.deallocTemporaries(freed);
     ctx.replaceWithBuffers(rewriter, op);
@@ -1564,6 +1672,8 @@ LogicalResult convertFunction(FunctionPlan &plan,
                     })));
   host->setAttr(kGPUWorkspaceBytesAttr,
                 attrs.getI64IntegerAttr(ctx.h.peakBytes));
+  if (ctx.h.maxTokens > 0)
+    host->setAttr(kGPUMaxTokensAttr, attrs.getI64IntegerAttr(ctx.h.maxTokens));
   if (plan.kind != EntryKind::Backward)
     host->setAttr(kGPULayerAttr, ctx.layerAttr);
   return success();

@@ -184,7 +184,7 @@ func.func @m_not_tiled(%x: tensor<37x64xbf16>, %wgu: tensor<64x192xbf16>, %wd: t
 // -----
 
 func.func @dynamic(%e: tensor<?x2xi32>) -> (tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>) {
-  // expected-error @+1 {{the GPU path needs static shapes, got 'tensor<?x2xi32>'}}
+  // expected-error @+1 {{the GPU path needs static shapes (or a dynamic token count with its bound, moe.layer's max_tokens), got 'tensor<?x2xi32>'}}
   %ids, %offsets, %rows = moe.dispatch %e {num_experts = 4 : i64}
       : tensor<?x2xi32> -> tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>
   return %ids, %offsets, %rows : tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>
@@ -221,7 +221,7 @@ func.func @router_too_many_groups(%x: tensor<4x64xbf16>, %wr: tensor<64x128xbf16
 
 // -----
 
-// expected-error @+1 {{the GPU path needs functions on statically shaped tensors, got 'i32'}}
+// expected-error @+1 {{the GPU path needs functions on statically shaped tensors (or a dynamic token count with its bound, moe.max_tokens), got 'i32'}}
 func.func @scalar_argument(%a: tensor<4x64xbf16>, %n: i32) -> tensor<4x64xbf16> {
   %0 = arith.addf %a, %a : tensor<4x64xbf16>
   return %0 : tensor<4x64xbf16>

@@ -32,6 +32,9 @@ struct EntryParam {
   /// "host" for a tensor in pinned host memory (an offloaded saved tensor);
   /// empty for device memory.
   std::string memory;
+  /// With a dynamic token count: the rows a token of a leading dimension
+  /// that follows it (shape[0] is -1), 0 otherwise.
+  int64_t rowsPerToken = 0;
 };
 
 /// What a function's moe.gpu.* attributes record.
@@ -40,8 +43,11 @@ struct EntryPointInfo {
   /// "forward" or "backward".
   std::string kind;
   std::string layerName;
-  SmallVector<EntryParam> params;
+  SmallVector<EntryParam, 8> params;
   int64_t workspaceBytes = 0;
+  /// The bound of a dynamic token count; 0 for a static one. The entry point
+  /// then takes T after the stream.
+  int64_t maxTokens = 0;
   /// The forward's layer configuration (moe.gpu.layer); null otherwise.
   DictionaryAttr layer;
 };

@@ -267,6 +267,8 @@ std::optional<RankedTensorType> mlir::moe::getTypeAtTokens(Value value,
   RankedTensorType type = tensorTypeOf(value);
   if (!type)
     return std::nullopt;
+  if (type.hasStaticShape())
+    return type;
   std::optional<int64_t> rows = getRowsPerToken(value);
   if (!rows)
     return std::nullopt;
@@ -286,7 +288,9 @@ std::optional<TokenBytes> mlir::moe::getTokenBytes(Value value) {
   RankedTensorType type = tensorTypeOf(value);
   if (!type)
     return std::nullopt;
-  std::optional<int64_t> rows = getRowsPerToken(value);
+  // A static type is its own size, whatever follows T.
+  std::optional<int64_t> rows =
+      type.hasStaticShape() ? 0 : getRowsPerToken(value);
   if (!rows)
     return std::nullopt;
   bool follows = *rows > 0 && type.getRank() >= 1 && type.isDynamicDim(0);

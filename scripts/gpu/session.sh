@@ -20,6 +20,9 @@
 #             --gpu-library=FILE; carry the tree too), built and timed as
 #             the layer step's (gpu/layer-check.sh --only build,bench,recompute), NAME's
 #             lines in session.txt as layer-NAME;
+#   dynamic   gpu/dynamic-check.sh: the layers of dynamic token count (inputs/build-dynamic-
+#             layers.sh) bitwise against those compiled for exactly T, the sweep, T outside
+#             the bound refused, a CUDA graph of a step, the speed ratios;
 #   torch     gpu/torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
 #   long      gpu/torch-check.sh --only build,long: the largest T in 4 GiB of activations,
@@ -67,7 +70,7 @@ parse_options --deadline=deadline=570 -- "$@"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
 check_steps "$steps" ops sanitize layer variants torch long offload gaps offload-compiled \
-  energy ncu tensor floor liger
+  energy ncu tensor floor liger dynamic
 mkdir -p "$out/session"
 deadline_start "$deadline"
 report=$out/session.txt
@@ -135,6 +138,8 @@ for step in ${steps//,/ }; do
         --deadline $(($(seconds_left) - 20))
     done
     [ $found = 1 ] || echo "== variants: no gpu-inputs-*/layers to run" | tee -a "$report" ;;
+  dynamic)
+    run_step dynamic "${MOE_DYNAMIC_LIMIT:-300}" bash "$root/scripts/gpu/dynamic-check.sh" ;;
   torch)
     run_step torch 330 bash "$root/scripts/gpu/torch-check.sh" --deadline $(($(seconds_left) - 20)) ;;
   long)

@@ -729,18 +729,14 @@ class CpuModule:
 
 def check_signature_supported(sig: FunctionSignature) -> None:
     """Raises UnsupportedTypeError unless every input and result is a ranked tensor of a
-    supported element type and every result shape is static."""
+    supported element type. A result of dynamic shape needs its shape from the caller
+    (`result_shapes`)."""
     for kind, types in (("input", sig.inputs), ("result", sig.results)):
         for i, t in enumerate(types):
             try:
                 _ = t.dtype
             except UnsupportedTypeError as exc:
                 raise UnsupportedTypeError(f"@{sig.name} {kind} {i} ({t}): {exc}") from None
-            if kind == "result" and not t.is_static:
-                raise UnsupportedTypeError(
-                    f"@{sig.name} result {i} ({t}) has a dynamic "
-                    f"shape; the caller must allocate outputs"
-                )
 
 
 # =========================================================================== index inputs
@@ -907,10 +903,30 @@ class CompiledFunction:
             arrays.append(a)
         return arrays
 
-    def __call__(self, *inputs) -> Tuple[np.ndarray, ...]:
+    def __call__(self, *inputs, result_shapes=None) -> Tuple[np.ndarray, ...]:
+        """Runs the function. The caller allocates the results: `result_shapes` gives one
+        shape a result where any is dynamic (the static sizes must match)."""
         arrays = self.check_inputs(inputs)
         check_index_inputs(self.name, self.index_checks, arrays)
-        outs = [(t.shape, t.dtype) for t in self.signature.results]
+        results = self.signature.results
+        if result_shapes is None:
+            dynamic = [i for i, t in enumerate(results) if not t.is_static]
+            if dynamic:
+                raise ValueError(
+                    f"@{self.name} result {dynamic[0]} ({results[dynamic[0]]}) has a dynamic "
+                    f"shape: pass result_shapes"
+                )
+            result_shapes = [t.shape for t in results]
+        if len(result_shapes) != len(results):
+            raise ValueError(
+                f"@{self.name} has {len(results)} results, got {len(result_shapes)} shapes"
+            )
+        for i, (t, shape) in enumerate(zip(results, result_shapes)):
+            if len(shape) != t.rank or any(
+                s is not None and s != n for s, n in zip(t.shape, shape)
+            ):
+                raise ValueError(f"@{self.name} result {i} ({t}) cannot have shape {tuple(shape)}")
+        outs = [(tuple(shape), t.dtype) for t, shape in zip(results, result_shapes)]
         return tuple(self.module.call(self.name, arrays, outs))
 
 
@@ -1026,13 +1042,16 @@ class CompiledLayer:
         opt_tool: Optional[str] = None,
         source: Optional[str] = None,
         module: Optional["CompiledModule"] = None,
+        max_tokens: Optional[int] = None,
     ):
         from .mlir_text import layer_mlir
 
         self.config = config
         self.name = name
+        # With `max_tokens` one module serves every T in [1, max_tokens] (config.tokens unused).
+        self.max_tokens = max_tokens
         # `source` replaces the generated layer text (tests of the plumbing use it).
-        self.source = layer_mlir(config, name) if source is None else source
+        self.source = layer_mlir(config, name, max_tokens) if source is None else source
         # `module`: the layer compiled before (the compile cache passes it); nothing runs then.
         self.module = (
             module
@@ -1043,6 +1062,38 @@ class CompiledLayer:
         self.has_backward = f"{name}_backward" in self.module.signatures
         if self.has_backward:
             self._check_backward_contract()
+        # Each function's results as rows a token of T where the leading size is dynamic:
+        # the same layer at T = 1 through the same passes (moe-opt only) has those sizes.
+        self._rows: Dict[str, List[Optional[int]]] = {}
+        if max_tokens is not None:
+            probe = dataclasses.replace(config, tokens=1)
+            sigs = parse_functions(run_opt(layer_mlir(probe, name), pre_passes, opt_tool))
+            for fname, sig in self.module.signatures.items():
+                if fname in sigs:
+                    self._rows[fname] = [
+                        None if t.is_static else sigs[fname].results[i].shape[0]
+                        for i, t in enumerate(sig.results)
+                    ]
+
+    def _tokens(self, x: np.ndarray) -> int:
+        """T of a call with x; a ValueError outside [1, max_tokens]."""
+        tokens = int(np.shape(x)[0]) if np.ndim(x) >= 1 else 0
+        if not 1 <= tokens <= self.max_tokens:
+            raise ValueError(
+                f"the token count T = {tokens} is outside [1, {self.max_tokens}], the bound "
+                f"the layer was compiled for"
+            )
+        return tokens
+
+    def _run(self, fname: str, args: Sequence[np.ndarray], tokens: Optional[int]):
+        function = self.module[fname]
+        if self.max_tokens is None:
+            return function(*args)
+        shapes = [
+            t.shape if rows is None else (rows * tokens, *t.shape[1:])
+            for t, rows in zip(function.signature.results, self._rows[fname])
+        ]
+        return function(*args, result_shapes=shapes)
 
     def _check_backward_contract(self) -> None:
         sigs = self.module.signatures
@@ -1101,14 +1152,18 @@ class CompiledLayer:
         return list(args)
 
     def __call__(self, *args):
-        return self.module[self.name](*self._args(args))
+        args = self._args(args)
+        tokens = self._tokens(args[0]) if self.max_tokens is not None else None
+        return self._run(self.name, args, tokens)
 
     def forward(self, *args):
         if not self.has_backward:
             raise ValueError(
                 f"the module has no @{self.name}_forward (run --moe-generate-backward)"
             )
-        res = self.module[f"{self.name}_forward"](*self._args(args))
+        args = self._args(args)
+        tokens = self._tokens(args[0]) if self.max_tokens is not None else None
+        res = self._run(f"{self.name}_forward", args, tokens)
         return res[0], res[1], tuple(res[2:])
 
     def backward(
@@ -1116,5 +1171,6 @@ class CompiledLayer:
     ) -> Dict[str, np.ndarray]:
         if not self.has_backward:
             raise ValueError(f"the module has no @{self.name}_backward")
-        grads = self.module[f"{self.name}_backward"](*saved, d_out, d_logits)
+        tokens = self._tokens(d_out) if self.max_tokens is not None else None
+        grads = self._run(f"{self.name}_backward", [*saved, d_out, d_logits], tokens)
         return dict(zip(self.gradient_names, grads))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, Sequence, Tuple
+from typing import Iterable, Optional, Sequence, Tuple
 
 from .config import LayerConfig
 
@@ -29,7 +29,8 @@ def mlir_float(value: float) -> str:
 
 
 def tensor_type(shape: Sequence[int], element: str) -> str:
-    dims = "".join(f"{int(s)}x" for s in shape)
+    """`tensor<AxBxT>`; a negative size is dynamic (`?`)."""
+    dims = "".join("?x" if int(s) < 0 else f"{int(s)}x" for s in shape)
     return f"tensor<{dims}{element}>"
 
 
@@ -53,18 +54,36 @@ def _types(specs: Iterable[Tuple[str, Tuple[int, ...], str]]):
     return [tensor_type(shape, elem) for _, shape, elem in specs]
 
 
-def layer_mlir(config: LayerConfig, name: str = "moe_layer") -> str:
+def layer_mlir(
+    config: LayerConfig, name: str = "moe_layer", max_tokens: Optional[int] = None
+) -> str:
     """`func.func @<name>(x, w_router, [router_bias], w_gate_up, w_down,
-    [shared_gate_up, shared_down]) -> (out, logits)` with one `moe.layer`."""
+    [shared_gate_up, shared_down]) -> (out, logits)` with one `moe.layer`. With `max_tokens`
+    the token count is dynamic (`?`) up to that bound, `config.tokens` unused."""
     config.validate()
     if not _NAME_RE.match(name):
         raise ValueError(f"invalid function name {name!r}")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+
+    def tokens_dynamic(specs):
+        if max_tokens is None:
+            return specs
+        return [(n, (-1, *shape[1:]), e) for n, shape, e in specs]
+
     args = config.arg_specs()
     types = {arg: tensor_type(shape, elem) for arg, shape, elem in args}
-    out_t, logits_t = _types(config.result_specs())
+    if max_tokens is not None:
+        (x_name, x_shape, x_elem) = next(a for a in args if a[0] == "x")
+        types["x"] = tensor_type((-1, *x_shape[1:]), x_elem)
+    out_t, logits_t = _types(tokens_dynamic(config.result_specs()))
     params = ",\n    ".join(f"%{arg}: {types[arg]}" for arg, _, _ in args)
 
     attrs = [f"activation = #moe.activation<{config.activation}>"]
+    if max_tokens is not None:
+        attrs.append(f"max_tokens = {max_tokens}")
     if config.capacity_factor is not None:
         attrs.append(f"capacity_factor = {mlir_float(config.capacity_factor)} : f64")
     attrs.append(f"routing = {routing_attr(config)}")

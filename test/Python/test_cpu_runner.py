@@ -267,17 +267,12 @@ def test_signature_parser():
     assert sigs["none"].inputs == [] and sigs["none"].results == []
 
 
-def test_bf16_and_dynamic_results_are_rejected_before_compiling():
+def test_bf16_and_scalars_are_rejected_before_compiling():
     bf16 = """func.func @g(%a: tensor<4xbf16>) -> tensor<4xbf16> {
       return %a : tensor<4xbf16>
     }"""
     with pytest.raises(cpu.UnsupportedTypeError, match="bf16"):
         cpu.compile_function(bf16, opt_tool="/nonexistent/tool")
-    dyn = """func.func @g(%a: tensor<?xf32>) -> tensor<?xf32> {
-      return %a : tensor<?xf32>
-    }"""
-    with pytest.raises(ValueError, match="dynamic"):
-        cpu.compile_function(dyn, opt_tool="/nonexistent/tool")
     scalar = """func.func @g(%a: f32) -> tensor<2xf32> {
       %e = tensor.empty() : tensor<2xf32>
       return %e : tensor<2xf32>
@@ -438,3 +433,16 @@ def test_compiled_layer_contract_violation(mlir_opt):
             passes=cpu.UPSTREAM_CPU_PIPELINE,
             opt_tool=mlir_opt,
         )
+
+
+def test_dynamic_results_take_their_shapes_from_the_caller():
+    dyn = """func.func @g(%a: tensor<?xf32>) -> tensor<?xf32> {
+      %b = arith.addf %a, %a : tensor<?xf32>
+      return %b : tensor<?xf32>
+    }"""
+    g = cpu.compile_function(dyn)
+    a = np.arange(5, dtype=np.float32)
+    (b,) = g(a, result_shapes=[(5,)])
+    assert np.array_equal(b, 2 * a)
+    with pytest.raises(ValueError, match="dynamic shape: pass result_shapes"):
+        g(a)

@@ -91,6 +91,9 @@ class BuildOptions:
     num_sms: int = 0
     # GEMM kernel parameters (moe-compile --kernel-config), "[OP.]ROLE:KEY=VALUE[:...]".
     kernel_configs: Tuple[str, ...] = ()
+    # A dynamic token count up to this bound (moe.layer's max_tokens): one layer for every
+    # T in [1, max_tokens]; config.tokens is then unused. None: the static config.tokens.
+    max_tokens: Optional[int] = None
 
     def __post_init__(self):
         # Both go into a pass option string: a value with a space or an '=' would carry
@@ -118,6 +121,12 @@ class BuildOptions:
                 f"strings such as 'expert_ffn.down:stages=2', not {self.kernel_configs!r}"
             )
         object.__setattr__(self, "kernel_configs", tuple(self.kernel_configs))
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool)
+            or not isinstance(self.max_tokens, int)
+            or self.max_tokens < 1
+        ):
+            raise ValueError(f"max_tokens must be a positive integer, not {self.max_tokens!r}")
 
     def as_dict(self) -> Dict[str, Any]:
         # Options at their defaults are left out, so that adding one keeps the keys of the
@@ -129,7 +138,15 @@ class BuildOptions:
             del data["kernel_configs"]
         else:
             data["kernel_configs"] = list(self.kernel_configs)
+        if self.max_tokens is None:
+            del data["max_tokens"]
         return data
+
+
+def default_bound(tokens: int) -> int:
+    """The bound MoELayer compiles a layer of dynamic token count at when it first sees
+    `tokens` tokens and was given no max_tokens: `tokens` rounded up to a power of two."""
+    return 1 << max(0, int(tokens) - 1).bit_length()
 
 
 # --------------------------------------------------------------------------- roots and keys
@@ -151,6 +168,8 @@ def layer_name(config: LayerConfig) -> str:
 
 
 def _config_digest(config: LayerConfig, target: str, options: BuildOptions) -> str:
+    if options.max_tokens is not None:  # T is dynamic: config.tokens does not matter
+        config = dataclasses.replace(config, tokens=options.max_tokens)
     data = {
         "config": dataclasses.asdict(config),
         "target": target,
@@ -163,7 +182,7 @@ def _config_digest(config: LayerConfig, target: str, options: BuildOptions) -> s
 def config_key(config: LayerConfig, target: str, options: BuildOptions) -> str:
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    text = layer_mlir(config, layer_name(config))
+    text = layer_mlir(config, layer_name(config), options.max_tokens)
     h = hashlib.sha256(_config_digest(config, target, options).encode())
     h.update(text.encode())
     return h.hexdigest()[:24]
@@ -383,7 +402,7 @@ def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
             )
 
         def build(folder: Path, name: str, progress: Progress) -> None:
-            text = layer_mlir(config, name)
+            text = layer_mlir(config, name, options.max_tokens)
             (folder / "layer.mlir").write_text(text)
             progress.step = "moe-opt"
             pre = cpu.run_opt(text, _cpu_pre_passes(options), tool)
@@ -392,6 +411,11 @@ def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
             progress.step = "mlir-translate + clang"
             cpu.CpuModule(lowered, keep_dir=str(folder))  # writes module.mlir, module.ll, module.so
             (folder / "module.ll").unlink(missing_ok=True)
+            if options.max_tokens is not None:  # the results' rows a token, for the calls
+                rows = cpu.token_rows(
+                    config, name, cpu.parse_functions(pre), _cpu_pre_passes(options), tool
+                )
+                (folder / "rows.json").write_text(json.dumps(rows))
 
         entry = _build("cpu", ckey, tool_key(tool), config, options, tool, build)
     name = entry.name
@@ -400,8 +424,14 @@ def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
     module = cpu.CompiledModule(
         tensor_ir, lowered, cpu.CpuModule.load(str(entry.path / "module.so"), lowered)
     )
+    rows_file = entry.path / "rows.json"
     return cpu.CompiledLayer(
-        config, name, module=module, source=(entry.path / "layer.mlir").read_text()
+        config,
+        name,
+        module=module,
+        source=(entry.path / "layer.mlir").read_text(),
+        max_tokens=options.max_tokens,
+        result_rows=json.loads(rows_file.read_text()) if rows_file.exists() else None,
     )
 
 
@@ -434,7 +464,7 @@ def build_gpu_entry(
 
     def build(folder: Path, name: str, progress: Progress) -> None:
         src = folder / "layer.mlir"
-        src.write_text(layer_mlir(config, name))
+        src.write_text(layer_mlir(config, name, options.max_tokens))
         progress.step = "moe-compile"
         cmd = [tool, str(src), "-o", str(folder / name)]
         if options.policy != "auto":

@@ -1019,6 +1019,30 @@ def compile_function(
 # =========================================================================== a layer
 
 
+def token_rows(
+    config,
+    name: str,
+    signatures: Dict[str, "FunctionSignature"],
+    pre_passes: Sequence[str] = LAYER_PRE_PASSES,
+    opt_tool: Optional[str] = None,
+) -> Dict[str, List[Optional[int]]]:
+    """For each function of `signatures` (a layer of dynamic token count through
+    `pre_passes`), the rows a token of each result's dynamic leading size (None for a static
+    result): the sizes of the same layer at T = 1 through the same passes (moe-opt only)."""
+    from .mlir_text import layer_mlir
+
+    probe = dataclasses.replace(config, tokens=1)
+    sigs = parse_functions(run_opt(layer_mlir(probe, name), pre_passes, opt_tool))
+    return {
+        fname: [
+            None if t.is_static else sigs[fname].results[i].shape[0]
+            for i, t in enumerate(sig.results)
+        ]
+        for fname, sig in signatures.items()
+        if fname in sigs
+    }
+
+
 class CompiledLayer:
     """One `moe.layer` (from a LayerConfig) through `moe-decompose`, `moe-generate-backward`
     and the CPU pipeline.
@@ -1043,6 +1067,7 @@ class CompiledLayer:
         source: Optional[str] = None,
         module: Optional["CompiledModule"] = None,
         max_tokens: Optional[int] = None,
+        result_rows: Optional[Dict[str, List[Optional[int]]]] = None,
     ):
         from .mlir_text import layer_mlir
 
@@ -1062,18 +1087,14 @@ class CompiledLayer:
         self.has_backward = f"{name}_backward" in self.module.signatures
         if self.has_backward:
             self._check_backward_contract()
-        # Each function's results as rows a token of T where the leading size is dynamic:
-        # the same layer at T = 1 through the same passes (moe-opt only) has those sizes.
+        # Each function's results as rows a token of T where the leading size is dynamic.
         self._rows: Dict[str, List[Optional[int]]] = {}
         if max_tokens is not None:
-            probe = dataclasses.replace(config, tokens=1)
-            sigs = parse_functions(run_opt(layer_mlir(probe, name), pre_passes, opt_tool))
-            for fname, sig in self.module.signatures.items():
-                if fname in sigs:
-                    self._rows[fname] = [
-                        None if t.is_static else sigs[fname].results[i].shape[0]
-                        for i, t in enumerate(sig.results)
-                    ]
+            self._rows = (
+                result_rows
+                if result_rows is not None
+                else token_rows(config, name, self.module.signatures, pre_passes, opt_tool)
+            )
 
     def _tokens(self, x: np.ndarray) -> int:
         """T of a call with x; a ValueError outside [1, max_tokens]."""

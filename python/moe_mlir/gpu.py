@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import warnings
@@ -149,10 +150,11 @@ class EntryPoint:
     max_tokens: int = 0
 
     def at(self, tokens: int) -> "EntryPoint":
-        """The entry point with every shape at `tokens` tokens (itself when static)."""
+        """The entry point with every shape at `tokens` tokens (itself when static). Kept per
+        T: a call takes it twice, and building it costs microseconds a step at small T."""
         if not self.max_tokens:
             return self
-        return dataclasses.replace(self, params=tuple(p.at(tokens) for p in self.params))
+        return _entry_at(self, int(tokens))
 
     def tokens_of(self, tensors: Mapping[str, Any], where: str) -> int:
         """T of a call: the leading size of the first given tensor of T rows; a ValueError
@@ -281,6 +283,11 @@ def _parse_entry(kind: str, raw: Any) -> EntryPoint:
     return EntryPoint(
         kind=kind, symbol=symbol, workspace_symbol=ws, params=params, max_tokens=max_tokens
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _entry_at(ep: EntryPoint, tokens: int) -> EntryPoint:
+    return dataclasses.replace(ep, params=tuple(p.at(tokens) for p in ep.params))
 
 
 @dataclasses.dataclass

@@ -20,8 +20,11 @@ and joined by `register_autograd`, so autograd and `torch.compile` (fullgraph) s
   f32 and the result rounded back to bf16 (the casts are ordinary autograd ops); the ctypes
   runner copies its inputs (it is a reference path, not a fast one).
 
-Layers are compiled for a static token count T = x.numel() // hidden: each new T compiles (and
-caches on disk, `moe_mlir.compile_cache`) a new layer. Everything a layer cannot run is raised as
+One compiled layer serves every token count T = x.numel() // hidden up to a bound: the
+`max_tokens` given to MoELayer, else the first T seen rounded up to a power of two; a larger T
+compiles one layer at the next bound (each cached on disk, `moe_mlir.compile_cache`), never one
+per T. `torch.compile(dynamic=True)` and `torch._dynamo.mark_dynamic` keep T symbolic: the fake
+implementations give shapes in T. Everything a layer cannot run is raised as
 TypeError/ValueError/NotImplementedError before any kernel or compiler runs.
 """
 
@@ -135,7 +138,7 @@ class LayerSpec:
     """A layer without its token count: what the custom op's `spec` string names."""
 
     config: LayerConfig  # tokens and dtype are ignored
-    options: cc.BuildOptions
+    options: cc.BuildOptions  # max_tokens: the user's bound, None to choose from the first T
 
     def key(self) -> str:
         base = dataclasses.asdict(self.config)
@@ -149,8 +152,17 @@ class LayerSpec:
             self.config, tokens=int(tokens), dtype="f32" if target == "cpu" else "bf16"
         )
 
+    def bound_for(self, tokens: int) -> int:
+        """The bound a layer for `tokens` tokens is compiled at when no compiled one serves
+        them: the user's max_tokens when it holds them, else `tokens` rounded up to a power of
+        two."""
+        if self.options.max_tokens is not None and tokens <= self.options.max_tokens:
+            return self.options.max_tokens
+        return cc.default_bound(tokens)
+
 
 _SPECS: Dict[str, LayerSpec] = {}
+# Compiled layers by (spec, bound, target): each serves every T up to its bound.
 _KERNELS: Dict[Tuple[str, int, str], "_Kernel"] = {}
 _LOCK = threading.RLock()
 
@@ -163,26 +175,32 @@ def register_spec(spec: LayerSpec) -> str:
 
 
 class _Kernel:
-    """One compiled layer: (spec, T, target). `out_specs`: (shape, dtype) of out, logits and
-    the saved tensors, in the order the forward op returns them."""
+    """One compiled layer: (spec, bound, target), for every T up to the bound. `out_specs`:
+    (rows a token or None, shape, dtype) of out, logits and the saved tensors, in the order the
+    forward op returns them; shape(T) gives them at T."""
 
-    def __init__(self, spec: LayerSpec, tokens: int, target: str):
-        self.config = spec.config_for(tokens, target)
+    def __init__(self, spec: LayerSpec, bound: int, target: str):
+        self.config = spec.config_for(bound, target)
+        self.bound = bound
         self.target = target
         self.arg_names = self.config.arg_names()
         self.grad_names = [n for n in self.arg_names if n != "router_bias"]
         # indices (into the saved tensors) that moe_mlir.offload moves to the host (CUDA)
         self.offload, self.offloaded = False, []
+        options = dataclasses.replace(spec.options, max_tokens=bound)
         if target == "cpu":
-            self.cpu = cc.get_cpu_layer(self.config, spec.options)
-            sig = self.cpu.module.signatures[f"{self.cpu.name}_forward"]
-            self.out_specs = [(tuple(t.shape), _NP_TO_TORCH[t.dtype.name]) for t in sig.results]
+            self.cpu = cc.get_cpu_layer(self.config, options)
+            fname = f"{self.cpu.name}_forward"
+            sig = self.cpu.module.signatures[fname]
+            self.out_specs = [
+                (rows, tuple(t.shape), _NP_TO_TORCH[t.dtype.name])
+                for rows, t in zip(self.cpu._rows[fname], sig.results)
+            ]
             self.cpu_grad_names = list(self.cpu.gradient_names)
         else:
             from . import gpu  # noqa: PLC0415
 
             check_gpu_config(self.config)
-            options = spec.options
             # policy="offload" on CUDA: the sm_90a layer keeps H and moe_mlir.offload moves it
             # to the host. The layer compiled with --policy=offload copies H itself, but its
             # backward can only start the copy back when it is called; moe_mlir.offload
@@ -215,8 +233,17 @@ class _Kernel:
                 )
             self.param_of = dict(zip(self.arg_names, inputs))
             self.arg_of = dict(zip(inputs, self.arg_names))
-            self.out_specs = [(p.shape, _GPU_TO_TORCH[p.dtype]) for p in [*outs, *saved]]
+            self.out_specs = [
+                (p.rows_per_token or None, p.shape, _GPU_TO_TORCH[p.dtype]) for p in [*outs, *saved]
+            ]
             self._gpu = None
+
+    def out_shapes(self, tokens) -> List[Tuple[Tuple, torch.dtype]]:
+        """(shape, dtype) of each forward result at `tokens` tokens (an int or a SymInt)."""
+        return [
+            ((shape if rows is None else (rows * tokens, *shape[1:])), dtype)
+            for rows, shape, dtype in self.out_specs
+        ]
 
     # ---------------------------------------------------------------- CUDA
     def gpu_layer(self):
@@ -246,9 +273,7 @@ class _Kernel:
     ) -> List[torch.Tensor]:
         if self.target == "cpu":
             if d_logits is None:
-                d_logits = torch.zeros(
-                    (self.config.tokens, self.config.experts), dtype=torch.float32
-                )
+                d_logits = torch.zeros((d_out.shape[0], self.config.experts), dtype=torch.float32)
             grads = self.cpu.backward(
                 [s.detach().numpy() for s in saved],
                 d_out.detach().contiguous().numpy(),
@@ -273,17 +298,32 @@ class _Kernel:
         return [by_name[n] if n in by_name else torch.zeros_like(args[n]) for n in self.grad_names]
 
 
+def _token_hint(tokens) -> Optional[int]:
+    """An int token count; a SymInt's example value, read without a guard (which would
+    specialise the graph on T); None for a SymInt without one."""
+    if isinstance(tokens, int):
+        return tokens
+    node = getattr(tokens, "node", None)
+    hint = getattr(node, "hint", None) if node is not None else None
+    return int(hint) if hint is not None else None
+
+
 def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
-    """The compiled layer of a registered spec for `tokens` tokens on `device` (compiled on
-    first use; the compile cache makes later processes fast)."""
-    if not isinstance(tokens, int):
-        try:
-            tokens = int(tokens)
-        except Exception:  # a SymInt without a hint
+    """The compiled layer of a registered spec that serves `tokens` tokens on `device`: the
+    one of the smallest bound that holds them, else one compiled now at the spec's next bound
+    (LayerSpec.bound_for; the compile cache makes later processes fast). A SymInt T without an
+    example value takes the spec's max_tokens, or raises."""
+    hint = _token_hint(tokens)
+    if hint is None:
+        with _LOCK:
+            spec = _SPECS.get(spec_key)
+        if spec is None or spec.options.max_tokens is None:
             raise NotImplementedError(
-                "moe_mlir layers are compiled for a static token count; compile the model "
-                "with torch.compile(dynamic=False)"
-            ) from None
+                "moe_mlir cannot choose a bound for a token count without an example value; "
+                "give the MoELayer max_tokens="
+            )
+        hint = spec.options.max_tokens
+    tokens = hint
     target = {"cpu": "cpu", "cuda": "sm_90a"}.get(device.type)
     if target is None:
         raise ValueError(
@@ -296,10 +336,14 @@ def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
                 f"unknown moe_mlir layer spec {spec_key!r} (build the MoELayer in "
                 f"this process first)"
             )
-        k = (spec_key, tokens, target)
-        if k not in _KERNELS:
-            _KERNELS[k] = _Kernel(spec, tokens, target)
-        return _KERNELS[k]
+        if tokens < 1:
+            raise ValueError(f"moe_mlir layers need at least one token, got T = {tokens}")
+        bounds = sorted(b for (key, b, t) in _KERNELS if key == spec_key and t == target)
+        bound = next((b for b in bounds if b >= tokens), None)
+        if bound is None:
+            bound = spec.bound_for(tokens)
+            _KERNELS[(spec_key, bound, target)] = _Kernel(spec, bound, target)
+        return _KERNELS[(spec_key, bound, target)]
 
 
 _OFFLOADS: Dict[str, bool] = {}
@@ -361,7 +405,7 @@ def _layer_forward_fake(
     spec, x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down
 ):
     kernel = kernel_for(spec, x.shape[0], x.device)
-    return [x.new_empty(shape, dtype=dtype) for shape, dtype in kernel.out_specs]
+    return [x.new_empty(shape, dtype=dtype) for shape, dtype in kernel.out_shapes(x.shape[0])]
 
 
 @torch.library.custom_op("moe_mlir::layer_backward", mutates_args=())
@@ -466,7 +510,9 @@ class MoELayer(nn.Module):
     host is the device, it is the offload plan of moe-plan-activations, which keeps H.
     `num_sms` / `kernel_configs` (CUDA): the GPU's SM count (0: the chip's, 132) and GEMM
     kernel parameters ("[OP.]ROLE:KEY=VALUE", docs/dialect.md), moe-compile's --num-sms and
-    --kernel-config."""
+    --kernel-config. `max_tokens`: the bound on T of the first compiled layer, which serves
+    every T up to it (default: the first T seen, rounded up to a power of two); a larger T
+    compiles one more layer at the next bound."""
 
     def __init__(
         self,
@@ -476,6 +522,7 @@ class MoELayer(nn.Module):
         policy: str = "auto",
         num_sms: int = 0,
         kernel_configs: Sequence[str] = (),
+        max_tokens: Optional[int] = None,
         init_std: float = 0.02,
         device=None,
         dtype: Optional[torch.dtype] = None,
@@ -498,6 +545,7 @@ class MoELayer(nn.Module):
             policy=policy,
             num_sms=num_sms,
             kernel_configs=tuple(kernel_configs),
+            max_tokens=max_tokens,
         )
         self.spec_key = register_spec(LayerSpec(config, self.options))
         if not _params:
@@ -664,10 +712,10 @@ class MoELayer(nn.Module):
         cfg = dataclasses.replace(self.config, tokens=int(tokens), dtype="bf16")
         return plan_activations(cfg, self.options.memory_budget, self.options.policy, gpu_tflops)
 
-    def compile_for(self, tokens: int, device="cpu") -> None:
-        """Compiles (or loads from the cache) the layer for `tokens` tokens on `device` now,
-        rather than at the first forward."""
-        kernel_for(self.spec_key, int(tokens), torch.device(device))
+    def compile_for(self, tokens: int, device="cpu") -> int:
+        """Compiles (or loads from the cache) the layer that serves `tokens` tokens on
+        `device` now, rather than at the first forward; returns its bound."""
+        return kernel_for(self.spec_key, int(tokens), torch.device(device)).bound
 
 
 def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:

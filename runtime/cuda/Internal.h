@@ -123,7 +123,8 @@ moeStatus statusFromCuda(CUresult result);
   X(cuMemAllocAsync)                                                           \
   X(cuMemFreeAsync)                                                            \
   X(cuDeviceGetDefaultMemPool)                                                 \
-  X(cuMemPoolSetAttribute)
+  X(cuMemPoolSetAttribute)                                                     \
+  X(cuStreamIsCapturing)
 
 struct DriverApi {
 #define MOE_DECLARE_MEMBER(name) decltype(&::name) name = nullptr;

@@ -125,8 +125,14 @@ using MapKey = std::array<int64_t, 14>;
 struct DeviceMaps {
   std::map<MapKey, CUdeviceptr> slots;
   std::vector<CUdeviceptr> chunks;
+  // Pinned host copies of the chunks' maps, which a CUDA graph's upload
+  // copies from at every replay.
+  std::vector<moeTensorMap *> hostChunks;
   size_t used = 0;           // slots handed out since the last start-over
   CUstream upload = nullptr; // non-blocking: waits for nothing else
+  // The slots made while the call's stream was captured into a CUDA graph:
+  // filled by the graph's replays, so never handed to an eager call.
+  std::map<MapKey, CUdeviceptr> captured;
 };
 
 struct MapCache {
@@ -141,26 +147,72 @@ MapCache &mapCache() {
 
 // A free slot of `maps`; at the cache limit, waits for the device (kernels
 // may still read the old maps) and starts over.
-moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, CUdeviceptr &slot) {
-  if (maps.slots.size() >= MOE_TENSOR_MAP_CACHE_LIMIT) {
+/// Allocates the next chunk of slots and its pinned host copy.
+moeStatus growChunks(const DriverApi *api, DeviceMaps &maps) {
+  CUdeviceptr memory = 0;
+  if (CUresult result =
+          api->cuMemAlloc(&memory, kMapsPerChunk * sizeof(moeTensorMap)))
+    return failCuda(result, "cuMemAlloc", "tensor map cache");
+  void *host = nullptr;
+  if (CUresult result =
+          api->cuMemHostAlloc(&host, kMapsPerChunk * sizeof(moeTensorMap), 0)) {
+    (void)api->cuMemFree(memory);
+    return failCuda(result, "cuMemHostAlloc", "tensor map cache");
+  }
+  maps.chunks.push_back(memory);
+  maps.hostChunks.push_back(static_cast<moeTensorMap *>(host));
+  return MOE_SUCCESS;
+}
+
+/// A free slot of `maps` and its pinned host copy; at the cache limit, waits
+/// for the device (kernels may still read the old maps) and starts over.
+/// During a capture (`capturing`) neither may happen: the next chunk is
+/// allocated ahead, when the current one is taken, and a full cache is an
+/// error that says to run the step once before capturing it.
+moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, bool capturing,
+                   CUdeviceptr &slot, moeTensorMap *&host) {
+  if (maps.slots.size() + maps.captured.size() >= MOE_TENSOR_MAP_CACHE_LIMIT) {
+    if (capturing)
+      return fail(MOE_ERROR_CUDA,
+                  "tensor map cache: full while a CUDA graph is being "
+                  "captured (%d maps); run the step once before capturing it",
+                  MOE_TENSOR_MAP_CACHE_LIMIT);
     if (CUresult result = api->cuCtxSynchronize())
       return failCuda(result, "cuCtxSynchronize",
                       "before the tensor map cache starts over");
     maps.slots.clear();
+    maps.captured.clear();
     maps.used = 0;
   }
   size_t chunk = maps.used / kMapsPerChunk;
   if (chunk == maps.chunks.size()) {
-    CUdeviceptr memory = 0;
-    if (CUresult result =
-            api->cuMemAlloc(&memory, kMapsPerChunk * sizeof(moeTensorMap)))
-      return failCuda(result, "cuMemAlloc", "tensor map cache");
-    maps.chunks.push_back(memory);
+    if (capturing)
+      return fail(MOE_ERROR_CUDA,
+                  "tensor map cache: no free slot while a CUDA graph is being "
+                  "captured; run the step once before capturing it");
+    if (moeStatus status = growChunks(api, maps))
+      return status;
   }
-  slot =
-      maps.chunks[chunk] + (maps.used % kMapsPerChunk) * sizeof(moeTensorMap);
+  // One chunk ahead outside captures, which cannot allocate.
+  if (!capturing && chunk + 1 == maps.chunks.size() &&
+      maps.used % kMapsPerChunk == kMapsPerChunk / 2)
+    if (moeStatus status = growChunks(api, maps))
+      return status;
+  size_t index = maps.used % kMapsPerChunk;
+  slot = maps.chunks[chunk] + index * sizeof(moeTensorMap);
+  host = maps.hostChunks[chunk] + index;
   ++maps.used;
   return MOE_SUCCESS;
+}
+
+/// Whether the call's stream is being captured into a CUDA graph.
+bool callStreamCapturing(const DriverApi *api) {
+  auto stream = static_cast<CUstream>(moe::runtime::callStream());
+  if (!stream || !api->cuStreamIsCapturing)
+    return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return api->cuStreamIsCapturing(stream, &status) == CUDA_SUCCESS &&
+         status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
 } // namespace
@@ -173,6 +225,8 @@ void moe::runtime::resetTensorMapsForTesting() {
     for (auto &entry : cache.devices) {
       for (CUdeviceptr chunk : entry.second.chunks)
         (void)api->cuMemFree(chunk);
+      for (moeTensorMap *host : entry.second.hostChunks)
+        (void)api->cuMemFreeHost(host);
       if (entry.second.upload)
         (void)api->cuStreamDestroy(entry.second.upload);
     }
@@ -433,11 +487,19 @@ void *moeTensorMapDeviceBf16(void *globalAddress, int64_t rank, int64_t dim0,
       key[11 + i] = globalStrides[i] = uint64_t(strides[i]);
   }
 
+  const DriverApi *api;
+  if (getContext(api))
+    return nullptr;
+  // Captured into a CUDA graph, the map is uploaded by the graph (from its
+  // pinned host copy, on the call's stream) at every replay, before the
+  // kernels that read it; eager calls get slots of their own.
+  bool capturing = callStreamCapturing(api);
   MapCache &cache = mapCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   DeviceMaps &maps = cache.devices[currentDevice()];
-  auto found = maps.slots.find(key);
-  if (found != maps.slots.end())
+  auto &slots = capturing ? maps.captured : maps.slots;
+  auto found = slots.find(key);
+  if (found != slots.end())
     return reinterpret_cast<void *>(found->second);
 
   moeTensorMap map;
@@ -448,19 +510,28 @@ void *moeTensorMapDeviceBf16(void *globalAddress, int64_t rank, int64_t dim0,
           CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
     return nullptr;
-  const DriverApi *api;
-  if (getContext(api))
+  CUdeviceptr slot = 0;
+  moeTensorMap *host = nullptr;
+  if (takeSlot(api, maps, capturing, slot, host))
     return nullptr;
+  *host = map;
+  if (capturing) {
+    if (CUresult result = api->cuMemcpyHtoDAsync(
+            slot, host, sizeof(map),
+            static_cast<CUstream>(moe::runtime::callStream()))) {
+      failCuda(result, "cuMemcpyHtoDAsync", "tensor map upload into a graph");
+      return nullptr;
+    }
+    maps.captured.emplace(key, slot);
+    return reinterpret_cast<void *>(slot);
+  }
   if (!maps.upload &&
       createStream(CU_STREAM_NON_BLOCKING, &maps.upload) != MOE_SUCCESS)
-    return nullptr;
-  CUdeviceptr slot = 0;
-  if (takeSlot(api, maps, slot))
     return nullptr;
   // The upload completes before any later launch is queued: kernels that
   // read the slot come after it on every stream.
   if (CUresult result =
-          api->cuMemcpyHtoDAsync(slot, &map, sizeof(map), maps.upload)) {
+          api->cuMemcpyHtoDAsync(slot, host, sizeof(map), maps.upload)) {
     failCuda(result, "cuMemcpyHtoDAsync", "tensor map upload");
     return nullptr;
   }

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 try:
@@ -351,12 +352,17 @@ def test_cuda_path_without_a_gpu(_cache, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cfg = LayerConfig(0, 64, 64, 4, 2, renormalize=True)
-    entry = cc.build_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16"))
+    # MoELayer's layer for 16 tokens: T dynamic up to 16.
+    bounded = cc.BuildOptions(max_tokens=16)
+    entry = cc.build_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16"), bounded)
     assert (entry.path / f"{entry.name}.o").is_file()
     monkeypatch.setenv("MOE_COMPILE", "none")
-    assert cc.find_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16")).path == entry.path
+    found = cc.find_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16"), bounded)
+    assert found.path == entry.path
     with pytest.raises(cc.NoCompilerError, match="build-torch-cache"):
-        cc.find_gpu_entry(dataclasses.replace(cfg, tokens=17, dtype="bf16"))
+        cc.find_gpu_entry(
+            dataclasses.replace(cfg, tokens=17, dtype="bf16"), cc.BuildOptions(max_tokens=32)
+        )
     layer = MoELayer(cfg)
     with FakeTensorMode():
         fl = MoELayer(cfg, device="cuda", dtype=torch.bfloat16)
@@ -364,6 +370,9 @@ def test_cuda_path_without_a_gpu(_cache, monkeypatch):
         out, logits = fl(x, return_router_logits=True)
         assert out.shape == (4, 4, 64) and out.dtype == torch.bfloat16
         assert logits.shape == (16, 4) and logits.dtype == torch.float32
+        # 9 tokens: the layer of bound 16 serves them, no other is compiled.
+        out, logits = fl(x.reshape(16, 64)[:9], return_router_logits=True)
+        assert out.shape == (9, 64) and logits.shape == (9, 4)
         with pytest.raises(TypeError, match="bfloat16 only"):
             fl(torch.empty(16, 64, device="cuda"))
     assert layer is not None
@@ -395,3 +404,78 @@ def test_cuda_memory_plan_reaches_moe_compile(_cache):
     assert _saved_params(roomy) == _saved_params(keep)
     with pytest.raises(CompileError, match="smallest budget"):
         cc.build_gpu_entry(cfg, cc.BuildOptions(memory_budget="1B"))
+
+
+def _bounds(layer):
+    """The bounds of the compiled layers of `layer`'s spec (CPU)."""
+    return sorted(b for (key, b, t) in L._KERNELS if key == layer.spec_key and t == "cpu")
+
+
+def test_one_compiled_layer_serves_every_token_count_up_to_its_bound():
+    """The first T (5) compiles the layer of bound 8, which serves 1..8 without compiling
+    again; 9 compiles the one of bound 16. Each T gives bitwise what the layer compiled for
+    exactly that T gives."""
+    from moe_mlir import cpu
+
+    cfg = dataclasses.replace(CONFIGS["softmax"], experts=5, hidden=40)  # a spec of its own
+    torch.manual_seed(3)
+    layer = MoELayer(cfg, init_std=0.2)
+    weights = {n: p.detach().numpy() for n, p in layer.named_parameters()}
+    for tokens, bounds in ((5, [8]), (8, [8]), (1, [8]), (3, [8]), (9, [8, 16]), (16, [8, 16])):
+        x = torch.randn(tokens, cfg.hidden)
+        out, logits = layer(x, return_router_logits=True)
+        assert _bounds(layer) == bounds, tokens
+        fixed = cpu.CompiledLayer(dataclasses.replace(cfg, tokens=tokens), "fixed")
+        f_out, f_logits = fixed({"x": x.numpy(), **weights})
+        assert np.array_equal(out.detach().numpy(), f_out), tokens
+        assert np.array_equal(logits.detach().numpy(), f_logits), tokens
+
+
+def test_max_tokens_is_the_first_bound():
+    cfg = dataclasses.replace(CONFIGS["softmax"], experts=6, hidden=48)
+    layer = MoELayer(cfg, init_std=0.2, max_tokens=20)
+    layer(torch.randn(3, cfg.hidden))
+    assert _bounds(layer) == [20]
+    layer(torch.randn(20, cfg.hidden))
+    assert _bounds(layer) == [20]
+    layer(torch.randn(21, cfg.hidden))  # past it: the next power of two
+    assert _bounds(layer) == [20, 32]
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+        MoELayer(cfg, max_tokens=0)
+
+
+def test_torch_compile_dynamic_compiles_the_graph_once():
+    """torch.compile(dynamic=True): the token count stays symbolic (the fake implementations
+    give shapes in T), one graph serves T = 6, 7 and 11 with eager's results and gradients."""
+    import torch._dynamo
+
+    cfg = CONFIGS["deepseek"]
+    torch.manual_seed(4)
+    layer = MoELayer(cfg, init_std=0.2, max_tokens=16)
+    torch._dynamo.reset()
+    counts = {"frames": 0}
+
+    def backend(gm, example_inputs):
+        counts["frames"] += 1
+        from torch._dynamo.backends.common import aot_autograd
+        from functorch.compile import make_boxed_func
+
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
+
+    compiled = torch.compile(layer, backend=backend, dynamic=True, fullgraph=True)
+    for tokens in (6, 7, 11):
+        x = torch.randn(tokens, cfg.hidden)
+        xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        eager = layer(xe)
+        eager.square().sum().backward()
+        g_eager = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        layer.zero_grad(set_to_none=True)
+        out = compiled(xc)
+        out.square().sum().backward()
+        assert torch.equal(out, eager), tokens
+        assert torch.equal(xc.grad, xe.grad), tokens
+        for n, p in layer.named_parameters():
+            assert torch.equal(p.grad, g_eager[n]), (tokens, n)
+        layer.zero_grad(set_to_none=True)
+    assert counts["frames"] == 1
+    assert _bounds(layer) == [16]

@@ -302,6 +302,13 @@ CUresult cuStreamDestroy(CUstream) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status) {
+  *status = stream && stream == state.capturingStream
+                ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuStreamSynchronize(CUstream) {
   ++state.streamSynchronizeCalls;
   return CUDA_SUCCESS;

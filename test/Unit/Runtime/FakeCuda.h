@@ -97,6 +97,8 @@ struct FakeCudaState {
   int memsetCalls = 0;
   int tensorMapEncodeCalls = 0;
   int tensorMapReplaceCalls = 0;
+  // cuStreamIsCapturing answers ACTIVE for this stream, NONE for others.
+  void *capturingStream = nullptr;
 };
 
 extern "C" {

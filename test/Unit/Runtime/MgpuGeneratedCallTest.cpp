@@ -262,4 +262,35 @@ TEST_F(RuntimeGeneratedCall, MissingModuleSaysWhyItDidNotLoad) {
   moeClearLastError();
 }
 
+// Captured into a CUDA graph (the call's stream capturing), a weight map is
+// uploaded on that stream from its pinned host copy, without waiting for
+// anything: the graph holds the copy and every replay refills the slot, which
+// eager calls never get; they keep their own, uploaded and waited for.
+TEST_F(RuntimeGeneratedCall, TensorMapsUploadIntoACapturedStream) {
+  alignas(16) static uint16_t weights[4 * 64 * 256];
+  auto mapOf = [] {
+    return moeTensorMapDeviceBf16(weights, 3, 256, 64, 4, 0, 512, 64 * 512, 0,
+                                  64, 64, 1, 0);
+  };
+  void *eager = mapOf();
+  ASSERT_NE(eager, nullptr) << lastMessage();
+  int synchronizations = fake->streamSynchronizeCalls;
+
+  moeSetLaunchStream(kCallerStream);
+  void *stream = mgpuStreamCreate();
+  fake->capturingStream = kCallerStream;
+  void *captured = mapOf();
+  ASSERT_NE(captured, nullptr) << lastMessage();
+  EXPECT_NE(captured, eager);
+  EXPECT_EQ(fake->lastMemcpyStream, kCallerStream);
+  EXPECT_EQ(fake->streamSynchronizeCalls, synchronizations);
+  EXPECT_EQ(static_cast<const uint8_t *>(captured)[127], 0xab);
+  EXPECT_EQ(mapOf(), captured); // found again within captures
+
+  fake->capturingStream = nullptr;
+  EXPECT_EQ(mapOf(), eager);
+  mgpuStreamDestroy(stream);
+  moeSetLaunchStream(nullptr);
+}
+
 } // namespace

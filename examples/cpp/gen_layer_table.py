@@ -22,16 +22,22 @@ def param(p):
     if p["dtype"] not in DTYPES:
         raise SystemExit(f"{p['name']}: unknown dtype {p['dtype']}")
     source = p.get("forward_param") or p.get("of") or ""
-    dims = ", ".join(str(int(s)) for s in shape + [1] * (4 - len(shape)))
+    # a leading size that follows a dynamic token count: 0 here, rowsPerToken * T at a call
+    rows = int(p.get("rows_per_token", 0))
+    dims = ", ".join(str(max(0, int(s))) for s in shape + [1] * (4 - len(shape)))
     return (
         f'    {{"{p["name"]}", "{p["role"]}", {DTYPES[p["dtype"]]}, {len(shape)}, '
-        f'{{{dims}}}, "{source}"}},'
+        f'{{{dims}}}, "{source}", {rows}}},'
     )
 
 
-def call(name, symbol, count):
-    args = ", ".join(["stream"] + [f"p[{i}]" for i in range(count)])
-    return f"inline int {name}(void *stream, void *const *p) {{ return {symbol}({args}); }}"
+def call(name, symbol, count, dynamic):
+    args = ", ".join(["stream"] + (["T"] if dynamic else []) + [f"p[{i}]" for i in range(count)])
+    unused = "" if dynamic else "(void)T; "
+    return (
+        f"inline int {name}(void *stream, int64_t T, void *const *p) {{ {unused}"
+        f"return {symbol}({args}); }}"
+    )
 
 
 def main():
@@ -62,6 +68,8 @@ def main():
         "  int64_t shape[4];",
         "  // backward saved: the forward parameter; cotangent/gradient: of what",
         "  const char *source;",
+        "  // > 0: shape[0] is this many rows a token of the call's T (T or T * k)",
+        "  int64_t rowsPerToken;",
         "};",
         "struct Config {",
         "  int64_t T, d, n, E, k;",
@@ -76,6 +84,8 @@ def main():
         "};",
         "",
         f'inline constexpr const char *kName = "{m["name"]}";',
+        "// A dynamic token count's bound (0: T is kConfig.T, static).",
+        f"inline constexpr int64_t kMaxTokens = {int(fwd.get('max_tokens', 0))};",
         "inline constexpr Config kConfig = {"
         f"{layer['T']}, {layer['d']}, {layer['n']}, {layer['E']}, {layer['k']}, "
         f"{'true' if layer.get('scoring') == 'sigmoid' else 'false'}, "
@@ -103,14 +113,18 @@ def main():
         "};",
         f"inline constexpr int kNumBackward = {len(bwd['params'])};",
         "",
-        "// The generated entry points, called with pointers in manifest order.",
-        call("forward", fwd["symbol"], len(fwd["params"])),
-        call("backward", bwd["symbol"], len(bwd["params"])),
+        "// The generated entry points, called with T (ignored for a static one) and pointers",
+        "// in manifest order.",
+        call("forward", fwd["symbol"], len(fwd["params"]), fwd.get("max_tokens")),
+        call("backward", bwd["symbol"], len(bwd["params"]), bwd.get("max_tokens")),
     ]
     for kind, ep in (("forward", fwd), ("backward", bwd)):
         ws = ep.get("workspace_symbol")
-        body = f"{ws}()" if ws else "0"
-        out.append(f"inline size_t {kind}WorkspaceBytes() {{ return {body}; }}")
+        dynamic = bool(ep.get("max_tokens"))
+        body = (f"{ws}(T)" if dynamic else f"(void)T; return int64_t({ws}())") if ws else "(void)T; return 0"
+        if ws and dynamic:
+            body = f"return {body}"
+        out.append(f"inline int64_t {kind}WorkspaceBytes(int64_t T) {{ {body}; }}")
     out += ["", "} // namespace moe_layer", ""]
     sys.stdout.write("\n".join(out))
 

@@ -7,7 +7,9 @@
 // double (docs/cpu-path.md section 2) that uses the layer's own routing
 // decisions. Device memory, copies and the stream come from libmoe_runtime.
 // Also shows the error contract: a null or misaligned pointer is refused with
-// a status and a message before any work starts.
+// a status and a message before any work starts. A layer of dynamic token
+// count (kMaxTokens > 0) runs all of it at several T, and a T outside its
+// bound is refused too.
 //
 // The layer's parameter list comes from its manifest (layer_table.h, written by
 // gen_layer_table.py), so the saved set can change without touching this file.
@@ -20,6 +22,7 @@
 #include "layer_table.h"
 #include "moe/Runtime/Runtime.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -127,12 +130,17 @@ bool ok(moeStatus status, const char *what) {
   return false;
 }
 
-Tensor makeTensor(const Param &param) {
+/// The leading size of `param` at T tokens.
+int64_t leadingSize(const Param &param, int64_t T) {
+  return param.rowsPerToken > 0 ? param.rowsPerToken * T : param.shape[0];
+}
+
+Tensor makeTensor(const Param &param, int64_t T) {
   Tensor t;
   t.param = &param;
   t.count = 1;
   for (int i = 0; i < param.rank; ++i)
-    t.count *= size_t(param.shape[i]);
+    t.count *= size_t(i == 0 ? leadingSize(param, T) : param.shape[i]);
   t.host.assign(t.bytes(), 0);
   return t;
 }
@@ -178,12 +186,13 @@ struct Reference {
   std::map<std::string, std::vector<double>> grads;
 };
 
-Reference reference(const std::map<std::string, std::vector<double>> &in,
+Reference reference(int64_t T,
+                    const std::map<std::string, std::vector<double>> &in,
                     const std::vector<int> &experts,
                     const std::vector<double> &dout,
                     const std::vector<double> &dlogits) {
   const auto &c = moe_layer::kConfig;
-  const int64_t T = c.T, d = c.d, n = c.n, E = c.E, k = c.k, m = c.sharedN;
+  const int64_t d = c.d, n = c.n, E = c.E, k = c.k, m = c.sharedN;
   const auto &x = in.at("x"), &wr = in.at("w_router");
   const auto &wgu = in.at("w_gate_up"), &wd = in.at("w_down");
   Reference r;
@@ -362,27 +371,16 @@ void compare(const char *what, const std::vector<double> &ours,
   report(err <= tolerance, line); // NaN fails
 }
 
-} // namespace
-
-int main() {
+/// Every check of the layer at T tokens; false when it cannot go on.
+bool runAt(moeStream stream, int64_t T) {
   const auto &c = moe_layer::kConfig;
-  std::printf(
-      "layer %s: T=%lld d=%lld n=%lld E=%lld k=%lld %s%s, shared m=%lld\n",
-      moe_layer::kName, (long long)c.T, (long long)c.d, (long long)c.n,
-      (long long)c.E, (long long)c.k, c.sigmoid ? "sigmoid" : "softmax",
-      c.renormalize ? " renormalised" : "", (long long)c.sharedN);
-  if (!ok(moeInit(), "moeInit (is there a GPU and a driver?)"))
-    return 1;
-  moeStream stream = nullptr;
-  if (!ok(moeStreamCreate(&stream), "moeStreamCreate"))
-    return 1;
-
+  std::printf("-- T = %lld\n", (long long)T);
   // Forward parameters: inputs random, outputs and saved tensors allocated.
-  std::mt19937_64 rng(2024);
+  std::mt19937_64 rng(2024 + uint64_t(T));
   std::normal_distribution<double> normal(0.0, 1.0);
   std::vector<Tensor> fwd;
   for (int i = 0; i < moe_layer::kNumForward; ++i)
-    fwd.push_back(makeTensor(moe_layer::kForward[i]));
+    fwd.push_back(makeTensor(moe_layer::kForward[i], T));
   std::map<std::string, std::vector<double>> inputs; // by layer name
   std::map<std::string, std::string> paramToLayer;
   int inputIndex = 0;
@@ -396,12 +394,12 @@ int main() {
       paramToLayer[t.param->name] = name;
     }
     if (!ok(moeMemAlloc(t.bytes(), &t.device), "moeMemAlloc"))
-      return 1;
+      return false;
     t.owned = true;
     if (std::strcmp(t.param->role, "input") == 0 &&
         !ok(moeMemcpyHtoDAsync(t.device, t.host.data(), t.bytes(), stream),
             "moeMemcpyHtoDAsync"))
-      return 1;
+      return false;
   }
   auto findForward = [&](const std::string &name) -> Tensor * {
     for (Tensor &t : fwd)
@@ -413,7 +411,7 @@ int main() {
   // Backward parameters: saved ones are the forward's buffers.
   std::vector<Tensor> bwd;
   for (int i = 0; i < moe_layer::kNumBackward; ++i)
-    bwd.push_back(makeTensor(moe_layer::kBackward[i]));
+    bwd.push_back(makeTensor(moe_layer::kBackward[i], T));
   std::vector<double> dout, dlogits;
   for (Tensor &t : bwd) {
     std::string role = t.param->role;
@@ -423,7 +421,7 @@ int main() {
       if (!source) {
         report(false, std::string("backward saved ") + t.param->name +
                           " names no forward parameter");
-        return 1;
+        return false;
       }
       t.device = source->device;
       continue;
@@ -435,12 +433,12 @@ int main() {
       (isOut ? dout : dlogits) = t.values();
     }
     if (!ok(moeMemAlloc(t.bytes(), &t.device), "moeMemAlloc"))
-      return 1;
+      return false;
     t.owned = true;
     if (role == "cotangent" &&
         !ok(moeMemcpyHtoDAsync(t.device, t.host.data(), t.bytes(), stream),
             "moeMemcpyHtoDAsync"))
-      return 1;
+      return false;
   }
 
   std::vector<void *> fwdPtrs, bwdPtrs;
@@ -448,16 +446,16 @@ int main() {
     fwdPtrs.push_back(reinterpret_cast<void *>(t.device));
   for (Tensor &t : bwd)
     bwdPtrs.push_back(reinterpret_cast<void *>(t.device));
-  std::printf("workspace: forward %zu bytes, backward %zu bytes\n",
-              moe_layer::forwardWorkspaceBytes(),
-              moe_layer::backwardWorkspaceBytes());
+  std::printf("workspace: forward %lld bytes, backward %lld bytes\n",
+              (long long)moe_layer::forwardWorkspaceBytes(T),
+              (long long)moe_layer::backwardWorkspaceBytes(T));
 
   // The calls: enqueued on our stream, then waited for.
-  int status = moe_layer::forward(stream, fwdPtrs.data());
+  int status = moe_layer::forward(stream, T, fwdPtrs.data());
   report(status == 0, std::string("forward on a stream: ") +
                           moeStatusString(moeStatus(status)) + " " +
                           (status ? moeGetLastErrorMessage() : ""));
-  status = moe_layer::backward(stream, bwdPtrs.data());
+  status = moe_layer::backward(stream, T, bwdPtrs.data());
   report(status == 0, std::string("backward on a stream: ") +
                           moeStatusString(moeStatus(status)) + " " +
                           (status ? moeGetLastErrorMessage() : ""));
@@ -470,19 +468,19 @@ int main() {
       ok(moeMemcpyDtoHAsync(t.host.data(), t.device, t.bytes(), stream),
          "moeMemcpyDtoHAsync");
   if (!ok(moeStreamSynchronize(stream), "moeStreamSynchronize (kernel fault?)"))
-    return 1;
+    return false;
 
   // Our routing decisions, for the reference.
   Tensor *expertsT = nullptr;
   for (Tensor &t : fwd)
     if (std::strcmp(t.param->role, "saved") == 0 &&
         t.param->dtype == moe_layer::I32 && t.param->rank == 2 &&
-        t.param->shape[0] == c.T && t.param->shape[1] == c.k &&
+        leadingSize(*t.param, T) == T && t.param->shape[1] == c.k &&
         std::strstr(t.param->name, "expert"))
       expertsT = &t;
   if (!expertsT) {
     report(false, "the manifest saves no experts [T,k] i32");
-    return 1;
+    return false;
   }
   std::vector<int> experts(expertsT->count);
   bool inRange = true;
@@ -492,9 +490,9 @@ int main() {
   }
   report(inRange, "experts within [0, E)");
   if (!inRange)
-    return 1;
+    return false;
 
-  Reference ref = reference(inputs, experts, dout, dlogits);
+  Reference ref = reference(T, inputs, experts, dout, dlogits);
   Tensor *out = findForward("result0");
   Tensor *logits = findForward("result1");
   if (out)
@@ -519,7 +517,7 @@ int main() {
   // the same bits.
   if (out) {
     std::vector<uint8_t> first = out->host;
-    status = moe_layer::forward(nullptr, fwdPtrs.data());
+    status = moe_layer::forward(nullptr, T, fwdPtrs.data());
     report(status == 0, "forward with a null stream");
     ok(moeMemcpyDtoHAsync(out->host.data(), out->device, out->bytes(), stream),
        "moeMemcpyDtoHAsync");
@@ -534,7 +532,7 @@ int main() {
     std::vector<void *> bad = fwdPtrs;
     bad[0] = nullptr;
     moeClearLastError();
-    status = moe_layer::forward(stream, bad.data());
+    status = moe_layer::forward(stream, T, bad.data());
     std::string message = moeGetLastErrorMessage();
     std::printf("  null %s: %s: %s\n", fwd[0].param->name,
                 moeStatusString(moeStatus(status)), message.c_str());
@@ -542,7 +540,7 @@ int main() {
            "a null pointer gives MOE_ERROR_INVALID_ARGUMENT and a message");
     bad[0] = static_cast<char *>(fwdPtrs[0]) + 2;
     moeClearLastError();
-    status = moe_layer::forward(stream, bad.data());
+    status = moe_layer::forward(stream, T, bad.data());
     message = moeGetLastErrorMessage();
     std::printf("  misaligned %s: %s: %s\n", fwd[0].param->name,
                 moeStatusString(moeStatus(status)), message.c_str());
@@ -557,6 +555,52 @@ int main() {
   for (Tensor &t : bwd)
     if (t.owned)
       moeMemFree(t.device);
+  return true;
+}
+
+} // namespace
+
+int main() {
+  const auto &c = moe_layer::kConfig;
+  std::printf(
+      "layer %s: T=%lld%s d=%lld n=%lld E=%lld k=%lld %s%s, shared m=%lld\n",
+      moe_layer::kName, (long long)c.T,
+      moe_layer::kMaxTokens ? " (the bound of a dynamic T)" : "",
+      (long long)c.d, (long long)c.n, (long long)c.E, (long long)c.k,
+      c.sigmoid ? "sigmoid" : "softmax", c.renormalize ? " renormalised" : "",
+      (long long)c.sharedN);
+  if (!ok(moeInit(), "moeInit (is there a GPU and a driver?)"))
+    return 1;
+  moeStream stream = nullptr;
+  if (!ok(moeStreamCreate(&stream), "moeStreamCreate"))
+    return 1;
+  // One compiled layer of dynamic T at several token counts up to its bound.
+  std::vector<int64_t> counts = {c.T};
+  if (moe_layer::kMaxTokens > 0) {
+    counts = {1, 37, moe_layer::kMaxTokens};
+    counts.erase(
+        std::remove_if(counts.begin(), counts.end(),
+                       [](int64_t t) { return t > moe_layer::kMaxTokens; }),
+        counts.end());
+  }
+  for (int64_t T : counts)
+    if (!runAt(stream, T))
+      break;
+  // A T outside [1, bound] is refused before anything else is looked at.
+  if (moe_layer::kMaxTokens > 0)
+    for (int64_t T : {int64_t(0), moe_layer::kMaxTokens + 1}) {
+      std::vector<void *> none(
+          std::max(moe_layer::kNumForward, moe_layer::kNumBackward), nullptr);
+      moeClearLastError();
+      int status = moe_layer::forward(stream, T, none.data());
+      std::string message = moeGetLastErrorMessage();
+      std::printf("  T = %lld: %s: %s\n", (long long)T,
+                  moeStatusString(moeStatus(status)), message.c_str());
+      report(status == MOE_ERROR_INVALID_ARGUMENT &&
+                 message.find("token count") != std::string::npos,
+             "a T outside the bound gives MOE_ERROR_INVALID_ARGUMENT");
+      report(moe_layer::forwardWorkspaceBytes(T) == -1, "its workspace is -1");
+    }
   moeStreamDestroy(stream);
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

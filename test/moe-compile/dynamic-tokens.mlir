@@ -8,6 +8,12 @@
 // RUN: FileCheck %s --check-prefix=HEADER < %t/dyn.h
 // RUN: FileCheck %s --check-prefix=MANIFEST < %t/dyn.json
 // RUN: FileCheck %s --check-prefix=LLVM < %t/dyn.ll
+// H recomputed in backward (its token ids a saved argument read by the
+// recomputation alone), and H offloaded to pinned host memory:
+// RUN: moe-compile %s -o %t/rec --format=isa --emit=header --policy=recompute 2>/dev/null
+// RUN: FileCheck %s --check-prefix=RECOMPUTE < %t/rec.h
+// RUN: moe-compile %s -o %t/off --format=isa --emit=header --policy=offload 2>/dev/null
+// RUN: FileCheck %s --check-prefix=OFFLOAD < %t/off.h
 
 func.func @dyn(%x: tensor<?x64xbf16>, %wr: tensor<64x8xbf16>,
                %wgu: tensor<8x64x256xbf16>, %wd: tensor<8x128x64xbf16>)
@@ -57,3 +63,8 @@ func.func @dyn(%x: tensor<?x64xbf16>, %wr: tensor<64x8xbf16>,
 // LLVM: call void @__moe_host_dyn_forward(
 // LLVM-LABEL: define i64 @dyn_forward_workspace_bytes(i64 %0)
 // LLVM: select i1 %{{.*}}, i64 -1, i64 1048576
+
+// RECOMPUTE: int dyn_backward(void *stream, int64_t T,
+// RECOMPUTE: void *moe_dispatch_token_ids /* saved, i32 [T * 2] */,
+// RECOMPUTE-NOT: moe_expert_ffn_h
+// OFFLOAD: void *moe_expert_ffn_h /* saved, bf16 [T * 2, 256] in pinned host memory */);

@@ -165,3 +165,42 @@ INSTANTIATE_TEST_SUITE_P(Plans, TokenShapesTest,
                          ::testing::Values("keep", "recompute", "offload"));
 
 } // namespace
+
+namespace {
+
+// An argument of expert-ordered rows read only by an op that does not show k
+// (the token ids of a recomputation in backward): k is the function's, from
+// its routing pairs.
+TEST(TokenShapes, RowsOfAnArgumentTakeTheFunctionsK) {
+  DialectRegistry registry;
+  registry
+      .insert<arith::ArithDialect, func::FuncDialect, tensor::TensorDialect>();
+  registerAllMoEDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+func.func @f(%x: tensor<?x48xf32>, %ids: tensor<?xi32>, %offsets: tensor<6xi32>,
+             %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>,
+             %w: tensor<?x2xf32>, %rows: tensor<?x2xi32>) -> tensor<?x48xf32>
+    attributes {moe.max_tokens = 64 : i64} {
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<?x48xf32>, tensor<?xi32>, tensor<6xi32>, tensor<5x48x80xf32>,
+        tensor<5x40x48xf32> -> tensor<?x48xf32>, tensor<?x80xf32>
+  %out = moe.combine %y, %w, %rows
+      : tensor<?x48xf32>, tensor<?x2xf32>, tensor<?x2xi32> -> tensor<?x48xf32>
+  return %out : tensor<?x48xf32>
+}
+)mlir",
+                                                             &context);
+  ASSERT_TRUE(module);
+  auto func = *module->getOps<func::FuncOp>().begin();
+  EXPECT_EQ(getRowsPerToken(func.getArgument(1)), 2);
+  EXPECT_EQ(getRowsPerToken(func.getArgument(0)), 1);
+  EXPECT_EQ(getRowsPerToken(func.getArgument(3)), 0);
+  std::optional<RankedTensorType> h =
+      getTypeAtTokens(func.front().front().getResult(1), 37);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->getDimSize(0), 74);
+}
+
+} // namespace

@@ -37,7 +37,9 @@ std::optional<int64_t> pairWidth(Value value) {
 /// k of the function around `op`: the one width of its routing pairs, or
 /// nullopt where there is none or more than one.
 std::optional<int64_t> functionTopK(Operation *op) {
-  Operation *func = op->getParentOfType<FunctionOpInterface>();
+  Operation *func = isa<FunctionOpInterface>(op)
+                        ? op
+                        : op->getParentOfType<FunctionOpInterface>();
   if (!func)
     return std::nullopt;
   std::optional<int64_t> topK;

@@ -140,7 +140,7 @@ class EmulatedLayer(gpu.CompiledLayer):
     def _named(self, tensors: Mapping[str, Any]) -> Dict[str, Any]:
         return {a: tensors[p] for a, p in self.manifest.input_names.items()}
 
-    def _call(self, kind, ep, tensors, device):
+    def _call(self, kind, ep, tensors, device, tokens=None):
         import torch
 
         cfg = self.cfg

@@ -121,7 +121,11 @@ def main():
     for kind, ep in (("forward", fwd), ("backward", bwd)):
         ws = ep.get("workspace_symbol")
         dynamic = bool(ep.get("max_tokens"))
-        body = (f"{ws}(T)" if dynamic else f"(void)T; return int64_t({ws}())") if ws else "(void)T; return 0"
+        body = (
+            (f"{ws}(T)" if dynamic else f"(void)T; return int64_t({ws}())")
+            if ws
+            else "(void)T; return 0"
+        )
         if ws and dynamic:
             body = f"return {body}"
         out.append(f"inline int64_t {kind}WorkspaceBytes(int64_t T) {{ {body}; }}")

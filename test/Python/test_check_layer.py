@@ -65,8 +65,8 @@ def test_correct_layer_passes_every_routing(tmp_path, cfg, capsys):
 def test_wrong_gradient_fails(tmp_path, monkeypatch, capsys):
     original = emulate.EmulatedLayer._call
 
-    def scaled(self, kind, ep, tensors, device):
-        original(self, kind, ep, tensors, device)
+    def scaled(self, kind, ep, tensors, device, tokens=None):
+        original(self, kind, ep, tensors, device, tokens)
         if kind == "backward":
             tensors["d_arg3"].mul_(1.1)  # w_down
 
@@ -76,9 +76,9 @@ def test_wrong_gradient_fails(tmp_path, monkeypatch, capsys):
 
 
 def test_wrong_routing_fails(tmp_path, monkeypatch, capsys):
-    def shifted(self, kind, ep, tensors, device):
+    def shifted(self, kind, ep, tensors, device, tokens=None):
         if kind == "backward":
-            return original(self, kind, ep, tensors, device)
+            return original(self, kind, ep, tensors, device, tokens)
         named = self._named(tensors)
         own = TR.forward(self.cfg, named, requires_grad=False).experts
         ref = TR.forward(self.cfg, named, experts=(own + 1) % self.cfg.experts, requires_grad=False)
@@ -96,8 +96,8 @@ def test_nondeterminism_fails(tmp_path, monkeypatch, capsys):
     original = emulate.EmulatedLayer._call
     calls = {"n": 0}
 
-    def noisy(self, kind, ep, tensors, device):
-        original(self, kind, ep, tensors, device)
+    def noisy(self, kind, ep, tensors, device, tokens=None):
+        original(self, kind, ep, tensors, device, tokens)
         if kind == "forward":
             calls["n"] += 1
             if calls["n"] == 2:

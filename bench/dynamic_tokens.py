@@ -9,7 +9,7 @@ scripts/gpu/layer-check.sh --only build with MOE_GPU_INPUTS=gpu-inputs/dynamic):
   inputs and cotangents: every output, saved tensor and gradient bitwise equal. NAME-tT run
   twice first: a layer that is not bitwise repeatable itself would make that comparison
   meaningless, and is reported;
-- the sweep: small-dyn against each small-tT (12 token counts in [1, 1024]), bitwise;
+- the sweep: small-dyn against each small-tT (50 token counts in [1, 1024]), bitwise;
 - refusals: T = 0 and T = bound + 1 raise before any launch, and the C entry point called
   with them returns MOE_ERROR_INVALID_ARGUMENT with its message; _workspace_bytes(T) is -1
   outside [1, bound];

@@ -479,3 +479,28 @@ def test_torch_compile_dynamic_compiles_the_graph_once():
         layer.zero_grad(set_to_none=True)
     assert counts["frames"] == 1
     assert _bounds(layer) == [16]
+
+
+def test_mark_dynamic_keeps_the_token_count_symbolic():
+    """torch._dynamo.mark_dynamic on the token dimension: one graph for T = 5 and 9, eager's
+    results; the layers behind it are those of bounds 8 and 16, as in eager mode."""
+    import torch._dynamo
+
+    cfg = dataclasses.replace(CONFIGS["softmax"], experts=7, hidden=56)  # a spec of its own
+    torch.manual_seed(5)
+    layer = MoELayer(cfg, init_std=0.2)
+    torch._dynamo.reset()
+    frames = []
+
+    def backend(gm, example_inputs):
+        frames.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    for tokens in (5, 9):
+        x = torch.randn(tokens, cfg.hidden)
+        torch._dynamo.mark_dynamic(x, 0)
+        with torch.no_grad():
+            assert torch.equal(compiled(x), layer(x)), tokens
+    assert len(frames) == 1
+    assert _bounds(layer) == [8, 16]

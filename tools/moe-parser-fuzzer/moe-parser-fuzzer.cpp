@@ -234,10 +234,17 @@ bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
   Value wDown = args[next++];
   Value sharedGateUp = hasShared ? args[next++] : Value();
   Value sharedDown = hasShared ? args[next++] : Value();
+  // The bound of a dynamic token count, mostly given (the verifier refuses a
+  // dynamic T without one), sometimes beside a static T or too large.
+  IntegerAttr maxTokens;
+  if (bytes.ConsumeIntegralInRange<int>(0, 3) != 0 &&
+      (ShapedType::isDynamic(tokens) || bytes.ConsumeBool()))
+    maxTokens = builder.getI64IntegerAttr(
+        bytes.PickValueInArray<int64_t>({1, 64, 4096, 1073741824}));
   auto layer = moe::LayerOp::create(
       builder, loc, out, logits, args[0], args[1], bias, wGateUp, wDown,
       sharedGateUp, sharedDown, routing,
-      moe::ActivationAttr::get(context, activation), capacity);
+      moe::ActivationAttr::get(context, activation), capacity, maxTokens);
   SmallVector<Value> returned = {layer.getOut()};
   if (returnLogits)
     returned.push_back(layer.getRouterLogits());

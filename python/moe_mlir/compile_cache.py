@@ -167,9 +167,16 @@ def layer_name(config: LayerConfig) -> str:
     return "moe_" + _config_digest(config, "any", BuildOptions())[:12]
 
 
+def _keyed(config: LayerConfig, options: BuildOptions) -> LayerConfig:
+    """`config` as its keys see it: with a dynamic token count its tokens do not matter, and
+    are the bound."""
+    if options.max_tokens is None:
+        return config
+    return dataclasses.replace(config, tokens=options.max_tokens)
+
+
 def _config_digest(config: LayerConfig, target: str, options: BuildOptions) -> str:
-    if options.max_tokens is not None:  # T is dynamic: config.tokens does not matter
-        config = dataclasses.replace(config, tokens=options.max_tokens)
+    config = _keyed(config, options)
     data = {
         "config": dataclasses.asdict(config),
         "target": target,
@@ -182,6 +189,7 @@ def _config_digest(config: LayerConfig, target: str, options: BuildOptions) -> s
 def config_key(config: LayerConfig, target: str, options: BuildOptions) -> str:
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    config = _keyed(config, options)
     text = layer_mlir(config, layer_name(config), options.max_tokens)
     h = hashlib.sha256(_config_digest(config, target, options).encode())
     h.update(text.encode())
@@ -337,7 +345,7 @@ def _build(
     final = cache_root() / target / ckey / tkey
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tkey}.", dir=final.parent))
-    name = layer_name(config)
+    name = layer_name(_keyed(config, options))
     what = (
         f"{name} (T={config.tokens} d={config.hidden} n={config.ffn} E={config.experts} "
         f"k={config.top_k}, {config.dtype}) for {target}"

@@ -504,3 +504,17 @@ def test_mark_dynamic_keeps_the_token_count_symbolic():
             assert torch.equal(compiled(x), layer(x)), tokens
     assert len(frames) == 1
     assert _bounds(layer) == [8, 16]
+
+
+def test_a_bounded_layer_is_keyed_by_its_bound_not_its_tokens():
+    """The cache entry of a layer of dynamic token count is the bound's, whatever T the
+    config that asks for it holds (the prebuilt entries of the GPU machine rely on it)."""
+    cfg = dataclasses.replace(CONFIGS["softmax"], dtype="bf16")
+    bounded = cc.BuildOptions(max_tokens=256)
+    keys = {
+        cc.config_key(dataclasses.replace(cfg, tokens=t), "sm_90a", bounded) for t in (1, 200, 256)
+    }
+    assert len(keys) == 1
+    assert (
+        cc.config_key(dataclasses.replace(cfg, tokens=200), "sm_90a", cc.BuildOptions()) not in keys
+    )

@@ -548,6 +548,13 @@ class MoELayer(nn.Module):
             max_tokens=max_tokens,
         )
         self.spec_key = register_spec(LayerSpec(config, self.options))
+        # What the CUDA path refuses, decided here: the forward, which torch.compile traces,
+        # then only reads it.
+        try:
+            check_gpu_config(config)
+            self._gpu_refusal = None
+        except NotImplementedError as e:
+            self._gpu_refusal = str(e)
         if not _params:
             return
         c = config
@@ -622,7 +629,8 @@ class MoELayer(nn.Module):
                     f"torch.bfloat16 only (cast the model with .bfloat16(), or "
                     f"run it under torch.autocast('cuda', dtype=torch.bfloat16))"
                 )
-            check_gpu_config(c)
+            if self._gpu_refusal is not None:
+                raise NotImplementedError(self._gpu_refusal)
         elif x.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(
                 f"MoELayer: input dtype {x.dtype} on the CPU; the CPU path runs "

@@ -10,6 +10,7 @@
 
 #include "Internal.h"
 
+#include <algorithm>
 #include <array>
 #include <cinttypes>
 #include <cstdio>
@@ -128,7 +129,12 @@ struct DeviceMaps {
   // Pinned host copies of the chunks' maps, which a CUDA graph's upload
   // copies from at every replay.
   std::vector<moeTensorMap *> hostChunks;
-  size_t used = 0;           // slots handed out since the last start-over
+  size_t used = 0; // slots handed out since the last start-over
+  // The chunk the slots since the last start-over begin in, and the end of
+  // the chunks that ever held a slot of a CUDA graph: those slots stay the
+  // graph's (its replays refill them), so a start-over begins past them.
+  size_t firstChunk = 0;
+  size_t graphChunksEnd = 0;
   CUstream upload = nullptr; // non-blocking: waits for nothing else
   // The slots made while the call's stream was captured into a CUDA graph:
   // filled by the graph's replays, so never handed to an eager call.
@@ -180,11 +186,12 @@ moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, bool capturing,
     if (CUresult result = api->cuCtxSynchronize())
       return failCuda(result, "cuCtxSynchronize",
                       "before the tensor map cache starts over");
+    maps.firstChunk = maps.graphChunksEnd;
     maps.slots.clear();
     maps.captured.clear();
     maps.used = 0;
   }
-  size_t chunk = maps.used / kMapsPerChunk;
+  size_t chunk = maps.firstChunk + maps.used / kMapsPerChunk;
   if (chunk == maps.chunks.size()) {
     if (capturing)
       return fail(MOE_ERROR_CUDA,
@@ -198,6 +205,8 @@ moeStatus takeSlot(const DriverApi *api, DeviceMaps &maps, bool capturing,
       maps.used % kMapsPerChunk == kMapsPerChunk / 2)
     if (moeStatus status = growChunks(api, maps))
       return status;
+  if (capturing)
+    maps.graphChunksEnd = std::max(maps.graphChunksEnd, chunk + 1);
   size_t index = maps.used % kMapsPerChunk;
   slot = maps.chunks[chunk] + index * sizeof(moeTensorMap);
   host = maps.hostChunks[chunk] + index;

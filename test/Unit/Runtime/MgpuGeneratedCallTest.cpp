@@ -293,4 +293,28 @@ TEST_F(RuntimeGeneratedCall, TensorMapsUploadIntoACapturedStream) {
   moeSetLaunchStream(nullptr);
 }
 
+// A graph's slot is never handed to another map, not even when the cache
+// starts over at its limit: the graph's replays still write it.
+TEST_F(RuntimeGeneratedCall, GraphSlotsOutliveACacheStartOver) {
+  alignas(16) static uint16_t weights[64 * 64];
+  auto mapOf = [](int64_t rows) {
+    return moeTensorMapDeviceBf16(weights, 2, 64, rows, 0, 0, 128, 0, 0, 64, 1,
+                                  0, 0);
+  };
+  ASSERT_NE(mapOf(1), nullptr) << lastMessage(); // a chunk exists
+  moeSetLaunchStream(kCallerStream);
+  void *stream = mgpuStreamCreate();
+  fake->capturingStream = kCallerStream;
+  void *graphSlot = mapOf(2);
+  ASSERT_NE(graphSlot, nullptr) << lastMessage();
+  fake->capturingStream = nullptr;
+  for (int64_t i = 0; i <= 2 * MOE_TENSOR_MAP_CACHE_LIMIT; ++i) {
+    void *slot = mapOf(3 + i);
+    ASSERT_NE(slot, nullptr) << i << ": " << lastMessage();
+    ASSERT_NE(slot, graphSlot) << i;
+  }
+  mgpuStreamDestroy(stream);
+  moeSetLaunchStream(nullptr);
+}
+
 } // namespace

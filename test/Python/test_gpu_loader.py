@@ -100,24 +100,26 @@ MANIFEST = {
 
 # The stand-in: result0 = 2*x; result1[t, e] = x[t, 0] + e; experts[t, j] = (t + j) % E;
 # d_arg0 = 3*d_result0 + experts[t, 0]; d_arg1 = sum over t of d_result1 (row e = column sum).
-# x[0] == -1 makes the forward fail like a refused argument.
+# x[0] == -1 makes the forward fail like a refused argument. `tokens` is the static T's
+# #define and workspace functions (STATIC_TOKENS) or a dynamic T's (DYNAMIC_TOKENS), whose
+# entry points take T after the stream (`token_param`).
 FAKE_C = r"""
 #include <stddef.h>
 #include <stdint.h>
-#define T %(T)d
 #define D %(D)d
 #define E %(E)d
 #define K %(K)d
+%(tokens)s
 static const char *message = "";
 void *last_stream = (void *)1;
+int64_t last_tokens = 0;
 const char *moeGetLastErrorMessage(void) { return message; }
 const char *moeStatusString(int s) { return s == 3 ? "MOE_ERROR_INVALID_ARGUMENT" : "OTHER"; }
 int moeSetDevice(int d) { (void)d; return 0; }
-size_t fake_layer_forward_workspace_bytes(void) { return 12345; }
-size_t fake_layer_backward_workspace_bytes(void) { return 678; }
-int fake_layer_forward(void *stream, float *x, float *wr, float *out, float *logits,
-                       int32_t *experts) {
+int fake_layer_forward(void *stream%(token_param)s, float *x, float *wr, float *out,
+                       float *logits, int32_t *experts) {
   last_stream = stream;
+  last_tokens = T;
   (void)wr;
   if (x[0] == -1.0f) { message = "fake_layer_forward: arg0 is refused"; return 3; }
   for (int i = 0; i < T * D; ++i) out[i] = 2 * x[i];
@@ -127,9 +129,10 @@ int fake_layer_forward(void *stream, float *x, float *wr, float *out, float *log
     for (int j = 0; j < K; ++j) experts[t * K + j] = (t + j) %% E;
   return 0;
 }
-int fake_layer_backward(void *stream, float *x, int32_t *experts, float *dout,
+int fake_layer_backward(void *stream%(token_param)s, float *x, int32_t *experts, float *dout,
                         float *dlogits, float *dx, float *dwr) {
   last_stream = stream;
+  last_tokens = T;
   (void)x;
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < D; ++i) dx[t * D + i] = 3 * dout[t * D + i] + experts[t * K];
@@ -142,6 +145,9 @@ int fake_layer_backward(void *stream, float *x, int32_t *experts, float *dout,
   return 0;
 }
 """
+STATIC_TOKENS = f"""#define T {T}
+size_t fake_layer_forward_workspace_bytes(void) {{ return 12345; }}
+size_t fake_layer_backward_workspace_bytes(void) {{ return 678; }}"""
 
 
 def write_manifest(tmp_path, data, name="fake_layer.json"):
@@ -362,13 +368,16 @@ def test_manifest_only_layer_cannot_run(tmp_path):
 # --------------------------------------------------------------------------- a stand-in
 
 
-def build_fake_layer(tmp_path, manifest):
+def build_fake_layer(tmp_path, manifest, dynamic=False):
+    """The stand-in compiled and loaded with `manifest`; `dynamic`: its entry points take T."""
     need_torch()
     cc = shutil.which("cc") or shutil.which("clang-22") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     src = tmp_path / "fake_layer.c"
-    src.write_text(FAKE_C % dict(T=T, D=D, E=E, K=K))
+    tokens = DYNAMIC_TOKENS if dynamic else STATIC_TOKENS
+    token_param = ", int64_t T" if dynamic else ""
+    src.write_text(FAKE_C % dict(D=D, E=E, K=K, tokens=tokens, token_param=token_param))
     so = tmp_path / "fake_layer.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True)
     write_manifest(tmp_path, manifest)  # fake_layer.json beside fake_layer.so
@@ -483,46 +492,11 @@ def dynamic_manifest(bound=4):
     return data
 
 
-# The stand-in of a layer of dynamic T: the same arithmetic at the T of the call; the
-# workspace is 100 bytes a token of the bound, -1 outside [1, 4].
-FAKE_DYNAMIC_C = r"""
-#include <stddef.h>
-#include <stdint.h>
-#define D %(D)d
-#define E %(E)d
-#define K %(K)d
-int64_t last_tokens = 0;
-const char *moeGetLastErrorMessage(void) { return ""; }
-const char *moeStatusString(int s) { (void)s; return "OTHER"; }
-int moeSetDevice(int d) { (void)d; return 0; }
+# FAKE_C with a dynamic T, a parameter of the entry points: the workspace is 400 B forward and
+# 40 B backward for T in [1, 4], -1 outside.
+DYNAMIC_TOKENS = """
 int64_t fake_layer_forward_workspace_bytes(int64_t T) { return T < 1 || T > 4 ? -1 : 400; }
-int64_t fake_layer_backward_workspace_bytes(int64_t T) { return T < 1 || T > 4 ? -1 : 40; }
-int fake_layer_forward(void *stream, int64_t T, float *x, float *wr, float *out,
-                       float *logits, int32_t *experts) {
-  (void)stream; (void)wr;
-  last_tokens = T;
-  for (int i = 0; i < T * D; ++i) out[i] = 2 * x[i];
-  for (int t = 0; t < T; ++t)
-    for (int e = 0; e < E; ++e) logits[t * E + e] = x[t * D] + e;
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < K; ++j) experts[t * K + j] = (t + j) %% E;
-  return 0;
-}
-int fake_layer_backward(void *stream, int64_t T, float *x, int32_t *experts, float *dout,
-                        float *dlogits, float *dx, float *dwr) {
-  (void)stream; (void)x;
-  last_tokens = T;
-  for (int t = 0; t < T; ++t)
-    for (int i = 0; i < D; ++i) dx[t * D + i] = 3 * dout[t * D + i] + experts[t * K];
-  for (int i = 0; i < D; ++i)
-    for (int e = 0; e < E; ++e) {
-      float s = 0;
-      for (int t = 0; t < T; ++t) s += dlogits[t * E + e];
-      dwr[i * E + e] = s;
-    }
-  return 0;
-}
-"""
+int64_t fake_layer_backward_workspace_bytes(int64_t T) { return T < 1 || T > 4 ? -1 : 40; }"""
 
 
 def test_dynamic_manifest_parses(tmp_path):
@@ -561,16 +535,7 @@ def test_dynamic_manifest_errors(tmp_path, mutate, message):
 def test_dynamic_token_count_through_the_stand_in(tmp_path):
     import ctypes
 
-    need_torch()
-    cc = shutil.which("cc") or shutil.which("clang-22") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    src = tmp_path / "fake_layer.c"
-    src.write_text(FAKE_DYNAMIC_C % dict(D=D, E=E, K=K))
-    so = tmp_path / "fake_layer.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True)
-    write_manifest(tmp_path, dynamic_manifest())
-    layer = gpu.CompiledLayer(str(so), require_cuda=False)
+    layer = build_fake_layer(tmp_path, dynamic_manifest(), dynamic=True)
     assert layer.workspace_bytes("forward", 3) == 400
     assert layer.workspace_bytes("forward", 5) == -1
     wr = torch.randn(D, E)

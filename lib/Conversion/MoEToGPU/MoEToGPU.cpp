@@ -773,13 +773,11 @@ public:
     // Only the leading size may be dynamic: the strides are static.
     int64_t stride = 1;
     for (int64_t i = type.getRank() - 1; i >= 0; --i) {
-      Value size;
-      if (type.isDynamicDim(i))
-        size = arith::IndexCastOp::create(
-            *b, loc, i64,
-            arith::MulIOp::create(*b, loc, tokens, index(rows)).getResult());
-      else
-        size = constant(type.getDimSize(i));
+      Value size = type.isDynamicDim(i)
+                       ? arith::IndexCastOp::create(
+                             *b, loc, i64, dynamicSizes(type, rows).front())
+                             .getResult()
+                       : constant(type.getDimSize(i));
       insert(size, {3, i});
       insert(constant(stride), {4, i});
       stride *= type.isDynamicDim(i) ? 1 : type.getDimSize(i);
@@ -876,15 +874,16 @@ SmallVector<Value> getTemporaries(Operation &op,
   return temporaries;
 }
 
-/// The offsets in the function's arena of the temporaries of `body` that
-/// live there, as moe-plan-memory placed them (`moe.arena_offsets` on the
-/// ops, `moe.arena_size` on the function), and the arena's size in
+/// The offsets in the function's arena of the `temporaries` (getTemporaries,
+/// by op) that live there, as moe-plan-memory placed them (`moe.arena_offsets`
+/// on the ops, `moe.arena_size` on the function), and the arena's size in
 /// `arenaBytes`. The plan is checked against the temporaries made here:
 /// every one of them in the arena but an offloaded tensor (the runtime frees
 /// it after its copy), nothing else there, each aligned and inside the
 /// arena, no two that are live together overlapping.
 FailureOr<DenseMap<Value, int64_t>>
-readArenaPlan(func::FuncOp func, const DenseMap<Value, Value> &buffers,
+readArenaPlan(func::FuncOp func,
+              const DenseMap<Operation *, SmallVector<Value>> &temporaries,
               const DenseMap<Operation *, SmallVector<Value>> &freeAfter,
               int64_t &arenaBytes) {
   Block &body = func.front();
@@ -907,7 +906,7 @@ readArenaPlan(func::FuncOp func, const DenseMap<Value, Value> &buffers,
   SmallVector<ArenaBuffer> requests;
   SmallVector<uint64_t> offsets;
   for (Operation &op : body.without_terminator()) {
-    SmallVector<Value> temporaries = getTemporaries(op, buffers);
+    SmallVector<Value> opTemporaries = temporaries.lookup(&op);
     auto planned = op.getAttrOfType<DenseI64ArrayAttr>(kArenaOffsetsAttr);
     if (planned && planned.size() != static_cast<int64_t>(op.getNumResults()))
       return op.emitOpError("has ")
@@ -915,7 +914,7 @@ readArenaPlan(func::FuncOp func, const DenseMap<Value, Value> &buffers,
              << op.getNumResults() << " results";
     for (OpResult result : op.getResults()) {
       int64_t offset = planned ? planned[result.getResultNumber()] : -1;
-      bool temporary = llvm::is_contained(temporaries, result) &&
+      bool temporary = llvm::is_contained(opTemporaries, result) &&
                        llvm::none_of(result.getUsers(), [](Operation *user) {
                          return isa<OffloadOp>(user);
                        });
@@ -1200,19 +1199,19 @@ LogicalResult planHostFunction(FunctionPlan &plan, HostCallContext &ctx) {
       ctx.freeAfter[last].push_back(result);
     }
 
-  // The temporaries in one arena at moe-plan-memory's offsets: one
-  // allocation a call.
-  FailureOr<DenseMap<Value, int64_t>> arenaOffsets =
-      readArenaPlan(func, buffers, ctx.freeAfter, ctx.arenaBytes);
-  if (failed(arenaOffsets))
-    return failure();
-  ctx.arenaOffsets = std::move(*arenaOffsets);
   // An expert FFN whose y nobody reads (H recomputed in backward) gets no
   // buffer for y, and runs only its up projection.
   for (Operation &op : body.without_terminator())
     if (SmallVector<Value> temporaries = getTemporaries(op, buffers);
         !temporaries.empty())
       ctx.temporaries[&op] = std::move(temporaries);
+  // The temporaries in one arena at moe-plan-memory's offsets: one
+  // allocation a call.
+  FailureOr<DenseMap<Value, int64_t>> arenaOffsets =
+      readArenaPlan(func, ctx.temporaries, ctx.freeAfter, ctx.arenaBytes);
+  if (failed(arenaOffsets))
+    return failure();
+  ctx.arenaOffsets = std::move(*arenaOffsets);
 
   if (plan.kind != EntryKind::Backward)
     ctx.layerAttr = getLayerAttr(func);

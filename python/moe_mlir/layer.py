@@ -30,6 +30,7 @@ TypeError/ValueError/NotImplementedError before any kernel or compiler runs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import hashlib
@@ -164,6 +165,8 @@ class LayerSpec:
 _SPECS: Dict[str, LayerSpec] = {}
 # Compiled layers by (spec, bound, target): each serves every T up to its bound.
 _KERNELS: Dict[Tuple[str, int, str], "_Kernel"] = {}
+# The bounds of each (spec, target)'s compiled layers, ascending: kernel_for runs every step.
+_BOUNDS: Dict[Tuple[str, str], List[int]] = {}
 _LOCK = threading.RLock()
 
 
@@ -338,12 +341,14 @@ def kernel_for(spec_key: str, tokens, device: torch.device) -> _Kernel:
             )
         if tokens < 1:
             raise ValueError(f"moe_mlir layers need at least one token, got T = {tokens}")
-        bounds = sorted(b for (key, b, t) in _KERNELS if key == spec_key and t == target)
-        bound = next((b for b in bounds if b >= tokens), None)
-        if bound is None:
+        bounds = _BOUNDS.setdefault((spec_key, target), [])
+        at = bisect.bisect_left(bounds, tokens)
+        if at == len(bounds):
             bound = spec.bound_for(tokens)
             _KERNELS[(spec_key, bound, target)] = _Kernel(spec, bound, target)
-        return _KERNELS[(spec_key, bound, target)]
+            bisect.insort(bounds, bound)
+            return _KERNELS[(spec_key, bound, target)]
+        return _KERNELS[(spec_key, bounds[at], target)]
 
 
 _OFFLOADS: Dict[str, bool] = {}

@@ -1094,6 +1094,52 @@ struct HostCallContext {
     }
   }
 
+  /// The arena, one allocation a call. With a dynamic token count it holds
+  /// what the call's T needs: the buffers stay at the offsets planned at the
+  /// bound, and it ends at the furthest end of a buffer at T (rounded to the
+  /// arena's alignment), so that a call at a small T does not hold the
+  /// bound's workspace.
+  Value allocateArena() {
+    auto i8 = IntegerType::get(host.getContext(), 8);
+    int64_t fixedEnd = 0;
+    SmallVector<std::pair<int64_t, int64_t>> tokenEnds; // offset, B a token
+    for (auto &[value, offset] : arenaOffsets) {
+      MemRefType type = getBufferType(value.getType());
+      int64_t rows = rowsPerToken(value);
+      if (h.tokens && !type.hasStaticShape())
+        tokenEnds.push_back(
+            {offset, HostFunctionBuilder::getBytes(type, rows, /*tokens=*/1)});
+      else
+        fixedEnd =
+            std::max(fixedEnd, offset + HostFunctionBuilder::getBytes(type));
+    }
+    if (tokenEnds.empty())
+      return h.alloc(MemRefType::get({arenaBytes}, i8));
+    // Deterministic IR: the ends in the order of their offsets.
+    llvm::sort(tokenEnds);
+    OpBuilder &b = *h.b;
+    Value end = h.index(fixedEnd);
+    for (auto [offset, perToken] : tokenEnds) {
+      Value bytes =
+          arith::MulIOp::create(b, h.loc, h.tokens, h.index(perToken));
+      Value bufferEnd = arith::AddIOp::create(b, h.loc, bytes, h.index(offset));
+      end = arith::MaxUIOp::create(b, h.loc, end, bufferEnd);
+    }
+    Value mask = h.index(static_cast<int64_t>(kArenaAlignment) - 1);
+    Value aligned = arith::AndIOp::create(
+        b, h.loc, arith::AddIOp::create(b, h.loc, end, mask),
+        arith::XOrIOp::create(b, h.loc, mask, h.index(-1)));
+    auto op = gpu::AllocOp::create(
+        b, h.loc, MemRefType::get({ShapedType::kDynamic}, i8),
+        h.token.getType(), ValueRange{h.token}, ValueRange{aligned},
+        ValueRange{}, /*hostShared=*/false);
+    h.token = op.getAsyncToken();
+    // The workspace reported is the bound's, enough for every T.
+    h.liveBytes += arenaBytes;
+    h.peakBytes = std::max(h.peakBytes, h.liveBytes);
+    return op.getMemref();
+  }
+
   /// Gives the temporaries of `op` their buffers: a view of the arena at
   /// their offset, or an allocation of their own.
   void allocateTemporaries(Operation *op) {
@@ -1253,8 +1299,7 @@ public:
                                           h.index(param.rowsPerToken));
       }
     if (ctx.arenaBytes > 0)
-      ctx.arena =
-          h.alloc(MemRefType::get({ctx.arenaBytes}, rewriter.getI8Type()));
+      ctx.arena = ctx.allocateArena();
 
     // Prefetches start before everything else, into buffers of their own;
     // the call's stream waits for one right before its first reader.
@@ -1305,8 +1350,12 @@ public:
     ctx.awaitPrefetches(SmallVector<Value>(ctx.prefetching));
     for (auto [param, value] : ctx.copies)
       h.copy(param, ctx.bufferOf(value));
-    if (ctx.arena)
+    if (ctx.arena) {
+      bool sizedAtT = cast<MemRefType>(ctx.arena.getType()).isDynamicDim(0);
       h.dealloc(ctx.arena);
+      if (sizedAtT)
+        h.liveBytes -= ctx.arenaBytes;
+    }
     if (ctx.offloaded)
       h.callRuntime(ctx.module, "mgpuMoeOffloadsFinish", {});
     gpu::WaitOp::create(rewriter, h.loc, Type(), ValueRange{h.token});

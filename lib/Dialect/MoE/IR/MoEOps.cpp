@@ -242,11 +242,29 @@ LogicalResult LayerOp::verify() {
       failed(shapes.match(hidden, "d", getX(), "x", 1)) ||
       failed(
           shapes.match(hidden, "d", getRouterWeight(), "router_weight", 0)) ||
-      failed(
-          shapes.match(experts, "E", getRouterWeight(), "router_weight", 1)) ||
-      failed(shapes.match(experts, "E", getWGateUp(), "w_gate_up", 0)) ||
+      failed(shapes.match(experts, "E", getRouterWeight(), "router_weight", 1)))
+    return failure();
+  // Expert-parallel: the weights hold this rank's E / ep_size experts.
+  std::optional<int64_t> epSize = getEpSize();
+  if (epSize.has_value() != getEpCapacity().has_value())
+    return emitOpError("expected both ep_size and ep_capacity, or neither");
+  if (getEpOverflow() && !epSize)
+    return emitOpError("has ep_overflow but no ep_size");
+  int64_t localExperts = kDynamic;
+  if (epSize && !ShapedType::isDynamic(experts)) {
+    if (experts % *epSize != 0)
+      return emitOpError() << "ep_size (" << *epSize
+                           << ") must divide the number of experts (" << experts
+                           << ")";
+    localExperts = experts / *epSize;
+  } else if (!epSize) {
+    localExperts = experts;
+  }
+  StringRef localName = epSize ? "E / ep_size" : "E";
+  if (failed(shapes.match(localExperts, localName, getWGateUp(), "w_gate_up",
+                          0)) ||
       failed(shapes.match(hidden, "d", getWGateUp(), "w_gate_up", 1)) ||
-      failed(shapes.match(experts, "E", getWDown(), "w_down", 0)) ||
+      failed(shapes.match(localExperts, localName, getWDown(), "w_down", 0)) ||
       failed(shapes.match(ffn, "n", getWDown(), "w_down", 1)) ||
       failed(shapes.match(hidden, "d", getWDown(), "w_down", 2)) ||
       failed(matchGateUpWidth(*this, shapes, activation, dimOf(getWGateUp(), 2),
@@ -293,6 +311,11 @@ LogicalResult LayerOp::verify() {
     return emitOpError() << "has max_tokens = " << *maxTokens
                          << " but a static token count T = " << tokens
                          << " (a static T is its own bound)";
+  if (epSize && !ShapedType::isDynamic(localExperts) &&
+      product(*epSize, *getEpCapacity()) > kMaxIndex)
+    return emitOpError() << "ep_size * ep_capacity (" << *epSize << " * "
+                         << *getEpCapacity()
+                         << ") exceeds the i32 row index range";
   int64_t bound = maxTokens ? *maxTokens : tokens;
   // The moe.dispatch that moe-decompose builds numbers the T * k rows in i32.
   int64_t topK = getRouting().getTopK();
@@ -476,6 +499,164 @@ LogicalResult ExpertCombineGradOp::verify() {
       failed(verifySameType(*this, "accumulate", accumulate, "dx", getDx())))
     return failure();
   return verifyExpertSizes(*this, shapes, getActivation(), sizes);
+}
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism
+//===----------------------------------------------------------------------===//
+
+/// The blocks of an expert-parallel exchange: `offsets [E + 1]` with E a
+/// multiple of `epSize`, rows `[S * C, d]` (`blocks`, named `blocksName`),
+/// and optionally the counts `[S, E / S]` and the dropped rows `[S]`.
+/// `hidden` receives d; `localExperts` receives E / S.
+static LogicalResult verifyEPBlocks(Operation *op, ShapeVerifier &shapes,
+                                    int64_t epSize, int64_t capacity,
+                                    Value offsets, Value blocks,
+                                    StringRef blocksName, Value counts,
+                                    StringRef countsName, Value dropped,
+                                    int64_t &hidden, int64_t &localExperts) {
+  int64_t slots = product(epSize, capacity);
+  if (ShapedType::isDynamic(slots) || slots > kMaxIndex)
+    return op->emitOpError() << "ep_size * capacity (" << epSize << " * "
+                             << capacity << ") exceeds the i32 row index range";
+  int64_t experts1 = dimOf(offsets, 0);
+  if (!ShapedType::isDynamic(experts1)) {
+    int64_t experts = experts1 - 1;
+    if (experts < 1)
+      return op->emitOpError("offsets must have E + 1 >= 2 entries, got ")
+             << experts1;
+    if (experts % epSize != 0)
+      return op->emitOpError()
+             << "ep_size (" << epSize << ") must divide the number of experts ("
+             << experts << ", offsets has E + 1 entries)";
+    localExperts = experts / epSize;
+  }
+  if (failed(
+          shapes.match(slots, "ep_size * capacity", blocks, blocksName, 0)) ||
+      failed(shapes.match(hidden, "d", blocks, blocksName, 1)))
+    return failure();
+  if (counts) {
+    int64_t ranks = epSize;
+    if (failed(shapes.match(ranks, "ep_size", counts, countsName, 0)) ||
+        failed(
+            shapes.match(localExperts, "E / ep_size", counts, countsName, 1)))
+      return failure();
+  }
+  if (dropped) {
+    int64_t ranks = epSize;
+    if (failed(shapes.match(ranks, "ep_size", dropped, "dropped", 0)))
+      return failure();
+  }
+  return success();
+}
+
+/// moe.ep_dispatch and moe.ep_pack: `source` rows (`[R, d]`, or x `[T, d]`
+/// gathered by `token_ids [R]`) into `blocks [S * C, d]`.
+static LogicalResult verifyEPSend(Operation *op, int64_t epSize,
+                                  int64_t capacity, Value source, Value offsets,
+                                  Value tokenIds, Value blocks,
+                                  StringRef blocksName, Value counts,
+                                  StringRef countsName, Value dropped) {
+  ShapeVerifier shapes(op);
+  int64_t hidden = kDynamic, localExperts = kDynamic;
+  if (failed(
+          shapes.sameElementType({{"source", source}, {blocksName, blocks}})) ||
+      failed(shapes.match(hidden, "d", source, "source", 1)))
+    return failure();
+  return verifyEPBlocks(op, shapes, epSize, capacity, offsets, blocks,
+                        blocksName, counts, countsName, dropped, hidden,
+                        localExperts);
+}
+
+/// moe.ep_combine and moe.ep_unpack: `blocks [S * C, d]` back to `result`,
+/// `[R, d]`, or `[T, d]` summed by `rowsOf [T, k]`.
+static LogicalResult verifyEPReturn(Operation *op, int64_t epSize,
+                                    int64_t capacity, Value blocks,
+                                    StringRef blocksName, Value offsets,
+                                    Value rowsOf, Value result) {
+  ShapeVerifier shapes(op);
+  int64_t hidden = kDynamic, localExperts = kDynamic;
+  if (failed(
+          shapes.sameElementType({{blocksName, blocks}, {"result", result}})) ||
+      failed(verifyEPBlocks(op, shapes, epSize, capacity, offsets, blocks,
+                            blocksName, Value(), "", Value(), hidden,
+                            localExperts)) ||
+      failed(shapes.match(hidden, "d", result, "result", 1)))
+    return failure();
+  if (rowsOf) {
+    int64_t tokens = kDynamic, topK = kDynamic;
+    if (failed(shapes.match(tokens, "T", rowsOf, "rows_of", 0)) ||
+        failed(shapes.match(topK, "k", rowsOf, "rows_of", 1)) ||
+        failed(verifyTopKDim(op, topK, "rows_of")) ||
+        failed(shapes.match(tokens, "T", result, "result", 0)))
+      return failure();
+  }
+  return success();
+}
+
+LogicalResult EPDispatchOp::verify() {
+  return verifyEPSend(*this, getEpSize(), getCapacity(), getSource(),
+                      getOffsets(), getTokenIds(), getReceived(), "received",
+                      getReceivedCounts(), "received_counts", getDropped());
+}
+
+LogicalResult EPPackOp::verify() {
+  return verifyEPSend(*this, getEpSize(), getCapacity(), getSource(),
+                      getOffsets(), getTokenIds(), getSend(), "send",
+                      getSendCounts(), "send_counts", getDropped());
+}
+
+LogicalResult EPCombineOp::verify() {
+  return verifyEPReturn(*this, getEpSize(), getCapacity(), getRows(), "rows",
+                        getOffsets(), getRowsOf(), getResult());
+}
+
+LogicalResult EPUnpackOp::verify() {
+  return verifyEPReturn(*this, getEpSize(), getCapacity(), getReturned(),
+                        "returned", getOffsets(), getRowsOf(), getResult());
+}
+
+LogicalResult EPQueuesOp::verify() {
+  ShapeVerifier shapes(*this);
+  int64_t ranks = dimOf(getReceivedCounts(), 0);
+  int64_t localExperts = dimOf(getReceivedCounts(), 1);
+  int64_t slots = product(ranks, getCapacity());
+  if (!ShapedType::isDynamic(ranks) && slots > kMaxIndex)
+    return emitOpError() << "the received rows (" << ranks << " * "
+                         << getCapacity() << ") exceed the i32 row index range";
+  int64_t localExperts1 = successor(localExperts);
+  if (failed(shapes.match(slots, "ep_size * capacity", getTokenIds(),
+                          "token_ids", 0)) ||
+      failed(shapes.match(localExperts1, "E / ep_size + 1", getOffsets(),
+                          "offsets", 0)))
+    return failure();
+  return success();
+}
+
+LogicalResult GatherRowsOp::verify() {
+  ShapeVerifier shapes(*this);
+  int64_t rows = kDynamic, hidden = kDynamic;
+  if (failed(shapes.sameElementType(
+          {{"source", getSource()}, {"result", getResult()}})) ||
+      failed(shapes.match(hidden, "d", getSource(), "source", 1)) ||
+      failed(shapes.match(rows, "M", getIndices(), "indices", 0)) ||
+      failed(shapes.match(rows, "M", getResult(), "result", 0)) ||
+      failed(shapes.match(hidden, "d", getResult(), "result", 1)))
+    return failure();
+  return success();
+}
+
+LogicalResult ScatterRowsOp::verify() {
+  ShapeVerifier shapes(*this);
+  int64_t rows = kDynamic, hidden = kDynamic;
+  if (failed(shapes.sameElementType(
+          {{"source", getSource()}, {"result", getResult()}})) ||
+      failed(shapes.match(rows, "M", getSource(), "source", 0)) ||
+      failed(shapes.match(hidden, "d", getSource(), "source", 1)) ||
+      failed(shapes.match(rows, "M", getIndices(), "indices", 0)) ||
+      failed(shapes.match(hidden, "d", getResult(), "result", 1)))
+    return failure();
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

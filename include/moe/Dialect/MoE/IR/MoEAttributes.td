@@ -14,6 +14,10 @@ def MoE_ActivationAttr : EnumAttr<MoE_Dialect, MoE_Activation, "activation"> {
   let assemblyFormat = "`<` $value `>`";
 }
 
+def MoE_EPOverflowAttr : EnumAttr<MoE_Dialect, MoE_EPOverflow, "ep_overflow"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
 // An f64 stored as APFloat (hashable); printed in shortest round-trip form.
 class MoE_F64Parameter<string desc> : APFloatParameter<desc> {
   let parser = "::mlir::moe::parseF64Parameter($_parser)";

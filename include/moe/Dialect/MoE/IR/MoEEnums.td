@@ -24,4 +24,13 @@ def MoE_Activation : I32EnumAttr<"Activation",
   let genSpecializedAttr = 0;
 }
 
+def MoE_EPOverflow : I32EnumAttr<"EPOverflow",
+    "what an expert-parallel dispatch does with rows past its capacity", [
+      I32EnumAttrCase<"error", 0>,
+      I32EnumAttrCase<"drop", 1>
+    ]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 #endif // MOE_DIALECT_MOE_IR_MOEENUMS_TD

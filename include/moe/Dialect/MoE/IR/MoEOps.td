@@ -68,6 +68,14 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     T). `moe-decompose` records it on the enclosing function as
     `moe.max_tokens`.
 
+    `ep_size` (S) makes the layer expert-parallel over S ranks
+    (docs/distributed.md): the router weight holds all E experts, while
+    `w_gate_up` and `w_down` hold this rank's E / S, and `ep_capacity` (C,
+    needed with `ep_size`) bounds the rows one rank sends to one rank a step;
+    `ep_overflow` says what happens past it (`#moe.ep_overflow<error>`, the
+    default, or `drop`). `moe-decompose` then emits `moe.ep_dispatch` and
+    `moe.ep_combine` around the local experts.
+
     ```mlir
     %out, %logits = moe.layer %x, %w_router, %w_gate_up, %w_down
         {activation = #moe.activation<swiglu>,
@@ -87,7 +95,10 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     MoE_RoutingAttr:$routing,
     MoE_ActivationAttr:$activation,
     OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor,
-    OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>]>>:$max_tokens
+    OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>]>>:$max_tokens,
+    OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<65536>]>>:$ep_size,
+    OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<2147483646>]>>:$ep_capacity,
+    OptionalAttr<MoE_EPOverflowAttr>:$ep_overflow
   );
   let results = (outs MoE_Activations:$out, MoE_F32Matrix:$router_logits);
   let assemblyFormat = [{
@@ -265,6 +276,229 @@ def MoE_CombineOp : MoE_Op<"combine", [Pure]> {
     $y `,` $weights `,` $rows
     (`accumulate` `(` $accumulate^ `:` type($accumulate) `)`)? attr-dict `:`
     type($y) `,` type($weights) `,` type($rows) `->` type($out)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism
+//===----------------------------------------------------------------------===//
+
+// The attributes of every expert-parallel op: S ranks of one group, each
+// owning E / S consecutive experts (rank s: experts [s * E / S,
+// (s + 1) * E / S)), and at most C rows sent from one rank to one rank a step.
+defvar MoE_EPAttrs = (ins
+  ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<65536>]>:$ep_size,
+  ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<2147483646>]>:$capacity
+);
+
+def MoE_EPDispatchOp : MoE_Op<"ep_dispatch", [Pure]> {
+  let summary = "send each row to the rank that owns its expert (a collective)";
+  let description = [{
+    The rows of this rank in expert order (those of `moe.dispatch`), whose
+    block for rank `s` is rows `[offsets[s * El], offsets[(s + 1) * El])`
+    with `El = E / ep_size` local experts, go to their rank: at most
+    `capacity` (C) rows to each. Without `gather` the rows are `source`
+    itself (`[R, d]`, expert order); with `gather(token_ids)` row `i` is
+    `source[token_ids[i]]` (`source` is x `[T, d]`, `token_ids [R]`).
+
+    Results, on every rank:
+    - `received [S * C, d]`: rank `s`'s rows at `[s * C, s * C + n_s)`,
+      in the order they were sent (by local expert, then token); other rows
+      are zero;
+    - `received_counts [S, El]` (i32): rows of each local expert from each
+      rank;
+    - `dropped [S]` (i32): rows of this rank past the capacity of each
+      destination. With `overflow = error` (the default) a row past the
+      capacity is a runtime error and nothing is dropped; with `drop` the
+      rows of a block past C (the last of its last experts) are not sent,
+      and their results come back as zero rows.
+
+    Every buffer has a size known when compiling; the layer is split at this
+    op into stages (`moe-ep-stages`) and the caller's engine moves the rows.
+    Its gradient is `moe.ep_combine`, and the reverse.
+
+    ```mlir
+    %recv, %counts, %dropped = moe.ep_dispatch %x, %offsets gather(%token_ids : tensor<8192xi32>)
+        {capacity = 4096 : i64, ep_size = 2 : i64}
+        : tensor<4096x1024xbf16>, tensor<9xi32>
+        -> tensor<8192x1024xbf16>, tensor<2x4xi32>, tensor<2xi32>
+    ```
+  }];
+  let arguments = !con((ins
+    MoE_Activations:$source,
+    MoE_I32Vector:$offsets,
+    Optional<MoE_I32Vector>:$token_ids,
+    DefaultValuedAttr<MoE_EPOverflowAttr, "::mlir::moe::EPOverflow::error">:$overflow
+  ), MoE_EPAttrs);
+  let results = (outs MoE_Activations:$received, MoE_I32Matrix:$received_counts,
+                      MoE_I32Vector:$dropped);
+  let assemblyFormat = [{
+    $source `,` $offsets (`gather` `(` $token_ids^ `:` type($token_ids) `)`)?
+    attr-dict `:` type($source) `,` type($offsets) `->` type($received) `,`
+    type($received_counts) `,` type($dropped)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_EPCombineOp : MoE_Op<"ep_combine", [Pure]> {
+  let summary = "return each received row to the rank it came from (a collective)";
+  let description = [{
+    The reverse of `moe.ep_dispatch`: `rows [S * C, d]`, laid out as
+    `received` (rank `s`'s rows at `[s * C, ...)`), go back to their rank,
+    which places them at the expert-order positions they were sent from:
+    `result [R, d]`, with zero rows for rows that were dropped. With
+    `reduce(rows_of)` (the `rows [T, k]` of `moe.dispatch`) the result is
+    summed per token instead, `result[t] = sum_j returned[rows_of[t, j]]` in
+    slot order (f32 accumulate, `-1` adds nothing): `[T, d]`, the gradient
+    of a dispatch with `gather`.
+
+    ```mlir
+    %y = moe.ep_combine %y_recv, %offsets {capacity = 4096 : i64, ep_size = 2 : i64}
+        : tensor<8192x1024xbf16>, tensor<9xi32> -> tensor<8192x1024xbf16>
+    ```
+  }];
+  let arguments = !con((ins
+    MoE_Activations:$rows,
+    MoE_I32Vector:$offsets,
+    Optional<MoE_I32Matrix>:$rows_of
+  ), MoE_EPAttrs);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $rows `,` $offsets (`reduce` `(` $rows_of^ `:` type($rows_of) `)`)?
+    attr-dict `:` type($rows) `,` type($offsets) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_EPPackOp : MoE_Op<"ep_pack", [Pure]> {
+  let summary = "the sending half of moe.ep_dispatch: rows into per-rank blocks";
+  let description = [{
+    What this rank sends in `moe.ep_dispatch`, on this rank alone: `send
+    [S * C, d]` with the block for rank `s` at `[s * C, s * C + n_s)`,
+    `send_counts [S, El]` (rows of each of rank `s`'s experts) and `dropped
+    [S]`, with the operands, attributes and overflow rule of
+    `moe.ep_dispatch`. An all-to-all of `send` (C rows a rank) and of
+    `send_counts` (El a rank) gives `moe.ep_dispatch`'s `received` and
+    `received_counts`. `moe-ep-stages` makes it.
+
+    ```mlir
+    %send, %counts, %dropped = moe.ep_pack %x, %offsets gather(%token_ids : tensor<8192xi32>)
+        {capacity = 4096 : i64, ep_size = 2 : i64}
+        : tensor<4096x1024xbf16>, tensor<9xi32>
+        -> tensor<8192x1024xbf16>, tensor<2x4xi32>, tensor<2xi32>
+    ```
+  }];
+  let arguments = !con((ins
+    MoE_Activations:$source,
+    MoE_I32Vector:$offsets,
+    Optional<MoE_I32Vector>:$token_ids,
+    DefaultValuedAttr<MoE_EPOverflowAttr, "::mlir::moe::EPOverflow::error">:$overflow
+  ), MoE_EPAttrs);
+  let results = (outs MoE_Activations:$send, MoE_I32Matrix:$send_counts,
+                      MoE_I32Vector:$dropped);
+  let assemblyFormat = [{
+    $source `,` $offsets (`gather` `(` $token_ids^ `:` type($token_ids) `)`)?
+    attr-dict `:` type($source) `,` type($offsets) `->` type($send) `,`
+    type($send_counts) `,` type($dropped)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_EPUnpackOp : MoE_Op<"ep_unpack", [Pure]> {
+  let summary = "the receiving half of moe.ep_combine: blocks back to expert order";
+  let description = [{
+    What this rank does with the rows `moe.ep_combine` returns to it, on
+    this rank alone: `returned [S * C, d]` (rank `s`'s results at `[s * C,
+    ...)`, in the order this rank sent the rows) placed at their expert-order
+    positions, zero for dropped rows, or summed per token with `reduce`; the
+    operands, attributes and result of `moe.ep_combine`. `moe-ep-stages`
+    makes it.
+
+    ```mlir
+    %y = moe.ep_unpack %returned, %offsets {capacity = 4096 : i64, ep_size = 2 : i64}
+        : tensor<8192x1024xbf16>, tensor<9xi32> -> tensor<8192x1024xbf16>
+    ```
+  }];
+  let arguments = !con((ins
+    MoE_Activations:$returned,
+    MoE_I32Vector:$offsets,
+    Optional<MoE_I32Matrix>:$rows_of
+  ), MoE_EPAttrs);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $returned `,` $offsets (`reduce` `(` $rows_of^ `:` type($rows_of) `)`)?
+    attr-dict `:` type($returned) `,` type($offsets) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_EPQueuesOp : MoE_Op<"ep_queues", [Pure]> {
+  let summary = "the dispatch queues of the rows a rank received";
+  let description = [{
+    From `received_counts [S, El]` (of `moe.ep_dispatch`): the queues of the
+    local experts over the received rows, as `moe.dispatch` gives them for
+    tokens. `token_ids [S * C]`: local expert `e`'s rows, from rank 0 first,
+    are `s * C + sum(received_counts[s, :e]) + j` for `j <
+    received_counts[s, e]`; entries past `offsets[El]` are -1. `offsets [El +
+    1]`: expert `e` owns `[offsets[e], offsets[e + 1])`.
+
+    ```mlir
+    %ids, %offsets = moe.ep_queues %counts {capacity = 4096 : i64}
+        : tensor<2x4xi32> -> tensor<8192xi32>, tensor<5xi32>
+    ```
+  }];
+  let arguments = (ins
+    MoE_I32Matrix:$received_counts,
+    ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<2147483646>]>:$capacity
+  );
+  let results = (outs MoE_I32Vector:$token_ids, MoE_I32Vector:$offsets);
+  let assemblyFormat = [{
+    $received_counts attr-dict `:` type($received_counts) `->`
+    type($token_ids) `,` type($offsets)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_GatherRowsOp : MoE_Op<"gather_rows", [Pure]> {
+  let summary = "rows picked by index";
+  let description = [{
+    `result[i] = source[indices[i]]`, a zero row where `indices[i]` is -1:
+    `source [N, d]`, `indices [M]` (i32, each in `[-1, N)`), `result [M, d]`.
+    The gradient of `moe.scatter_rows` with the same indices.
+
+    ```mlir
+    %dyq = moe.gather_rows %dy, %ids : tensor<8192x1024xbf16>, tensor<8192xi32>
+        -> tensor<8192x1024xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$source, MoE_I32Vector:$indices);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $source `,` $indices attr-dict `:` type($source) `,` type($indices) `->`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ScatterRowsOp : MoE_Op<"scatter_rows", [Pure]> {
+  let summary = "rows put at indices, the other rows zero";
+  let description = [{
+    `result[indices[i]] = source[i]` for every `indices[i] != -1`, every
+    other row zero: `source [M, d]`, `indices [M]` (i32, distinct but for
+    -1, each in `[-1, N)`), `result [N, d]`. The gradient of
+    `moe.gather_rows` with the same indices.
+
+    ```mlir
+    %y_recv = moe.scatter_rows %yq, %ids : tensor<8192x1024xbf16>, tensor<8192xi32>
+        -> tensor<8192x1024xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$source, MoE_I32Vector:$indices);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $source `,` $indices attr-dict `:` type($source) `,` type($indices) `->`
+    type($result)
   }];
   let hasVerifier = 1;
 }

@@ -223,3 +223,134 @@ func.func @accumulate(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %logits: ten
       -> tensor<37x48xf32>, tensor<37x2xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>
   return
 }
+
+// Expert parallelism: S = ep_size = 2 ranks, E = 4 experts (El = 2 a rank),
+// C = capacity = 50 rows from one rank to one rank (S * C = 100 slots);
+// T = 37 tokens, k = 2, R = 74 rows, d = 48.
+
+// The weights hold this rank's E / ep_size experts; the router all E.
+// CHECK-LABEL: func.func @layer_expert_parallel(
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, ep_capacity = 4096 : i64, ep_overflow = #moe.ep_overflow<drop>, ep_size = 4 : i64, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<8192x4096xbf16>, tensor<4096x8xbf16>, tensor<2x4096x28672xbf16>, tensor<2x14336x4096xbf16> -> tensor<8192x4096xbf16>, tensor<8192x8xf32>
+// GENERIC-LABEL: sym_name = "layer_expert_parallel"
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, ep_capacity = 4096 : i64, ep_overflow = #moe.ep_overflow<drop>, ep_size = 4 : i64, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing
+func.func @layer_expert_parallel(%x: tensor<8192x4096xbf16>, %wr: tensor<4096x8xbf16>,
+                                 %wgu: tensor<2x4096x28672xbf16>,
+                                 %wd: tensor<2x14336x4096xbf16>) -> tensor<8192x4096xbf16> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, ep_capacity = 4096, ep_overflow = #moe.ep_overflow<drop>,
+       ep_size = 4, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>}
+      : tensor<8192x4096xbf16>, tensor<4096x8xbf16>, tensor<2x4096x28672xbf16>,
+        tensor<2x14336x4096xbf16> -> tensor<8192x4096xbf16>, tensor<8192x8xf32>
+  return %out : tensor<8192x4096xbf16>
+}
+
+// A dynamic token count, one expert a rank, the default overflow (error).
+// CHECK-LABEL: func.func @layer_expert_parallel_dynamic
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, ep_capacity = 64 : i64, ep_size = 8 : i64, max_tokens = 64 : i64, routing = #moe.routing<scoring = softmax, top_k = 2>} : tensor<?x48xf32>, tensor<48x8xf32>, tensor<1x48x80xf32>, tensor<1x40x48xf32> -> tensor<?x48xf32>, tensor<?x8xf32>
+// GENERIC-LABEL: sym_name = "layer_expert_parallel_dynamic"
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, ep_capacity = 64 : i64, ep_size = 8 : i64, max_tokens = 64 : i64, operandSegmentSizes
+func.func @layer_expert_parallel_dynamic(%x: tensor<?x48xf32>, %wr: tensor<48x8xf32>,
+                                         %wgu: tensor<1x48x80xf32>, %wd: tensor<1x40x48xf32>)
+    -> tensor<?x48xf32> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 8, max_tokens = 64,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x8xf32>, tensor<1x48x80xf32>, tensor<1x40x48xf32>
+        -> tensor<?x48xf32>, tensor<?x8xf32>
+  return %out : tensor<?x48xf32>
+}
+
+// The forward of one rank: pack x by token ids (gather), the rows received,
+// their queues, the local experts, the rows back to the received layout, the
+// rows home in expert order.
+// CHECK-LABEL: func.func @ep_forward
+// CHECK: %[[RECV:.*]], %[[COUNTS:.*]], %[[DROPPED:.*]] = moe.ep_dispatch %{{.*}}, %[[OFF:.*]] gather(%{{.*}} : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xbf16>, tensor<5xi32> -> tensor<100x48xbf16>, tensor<2x2xi32>, tensor<2xi32>
+// CHECK: %[[QIDS:.*]], %[[QOFF:.*]] = moe.ep_queues %[[COUNTS]] {capacity = 50 : i64} : tensor<2x2xi32> -> tensor<100xi32>, tensor<3xi32>
+// CHECK: %[[Y:.*]], %{{.*}} = moe.expert_ffn %[[RECV]], %[[QIDS]], %[[QOFF]], %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>}
+// CHECK: %[[YRECV:.*]] = moe.scatter_rows %[[Y]], %[[QIDS]] : tensor<100x48xbf16>, tensor<100xi32> -> tensor<100x48xbf16>
+// CHECK: moe.gather_rows %[[YRECV]], %[[QIDS]] : tensor<100x48xbf16>, tensor<100xi32> -> tensor<100x48xbf16>
+// CHECK: moe.ep_combine %[[YRECV]], %[[OFF]] {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xbf16>, tensor<5xi32> -> tensor<74x48xbf16>
+// GENERIC-LABEL: sym_name = "ep_forward"
+// GENERIC: "moe.ep_dispatch"(%{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<error>}> : (tensor<37x48xbf16>, tensor<5xi32>, tensor<74xi32>) -> (tensor<100x48xbf16>, tensor<2x2xi32>, tensor<2xi32>)
+// GENERIC: "moe.ep_queues"(%{{.*}}) <{capacity = 50 : i64}> : (tensor<2x2xi32>) -> (tensor<100xi32>, tensor<3xi32>)
+// GENERIC: "moe.scatter_rows"(%{{.*}}, %{{.*}}) : (tensor<100x48xbf16>, tensor<100xi32>) -> tensor<100x48xbf16>
+// GENERIC: "moe.gather_rows"(%{{.*}}, %{{.*}}) : (tensor<100x48xbf16>, tensor<100xi32>) -> tensor<100x48xbf16>
+// GENERIC: "moe.ep_combine"(%{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64}> : (tensor<100x48xbf16>, tensor<5xi32>) -> tensor<74x48xbf16>
+func.func @ep_forward(%x: tensor<37x48xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
+                      %wgu: tensor<2x48x80xbf16>, %wd: tensor<2x40x48xbf16>)
+    -> (tensor<74x48xbf16>, tensor<2xi32>) {
+  %recv, %counts, %dropped = moe.ep_dispatch %x, %offsets gather(%ids : tensor<74xi32>)
+      {capacity = 50 : i64, ep_size = 2 : i64}
+      : tensor<37x48xbf16>, tensor<5xi32> -> tensor<100x48xbf16>, tensor<2x2xi32>, tensor<2xi32>
+  %qids, %qoffsets = moe.ep_queues %counts {capacity = 50 : i64}
+      : tensor<2x2xi32> -> tensor<100xi32>, tensor<3xi32>
+  %y, %h = moe.expert_ffn %recv, %qids, %qoffsets, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<100x48xbf16>, tensor<100xi32>, tensor<3xi32>, tensor<2x48x80xbf16>,
+        tensor<2x40x48xbf16> -> tensor<100x48xbf16>, tensor<100x80xbf16>
+  %yrecv = moe.scatter_rows %y, %qids : tensor<100x48xbf16>, tensor<100xi32> -> tensor<100x48xbf16>
+  %yq = moe.gather_rows %yrecv, %qids : tensor<100x48xbf16>, tensor<100xi32> -> tensor<100x48xbf16>
+  %out = moe.ep_combine %yrecv, %offsets {capacity = 50 : i64, ep_size = 2 : i64}
+      : tensor<100x48xbf16>, tensor<5xi32> -> tensor<74x48xbf16>
+  return %out, %dropped : tensor<74x48xbf16>, tensor<2xi32>
+}
+
+// The backward: rows in expert order out without gather, and back summed per
+// token (reduce); overflow = drop.
+// CHECK-LABEL: func.func @ep_backward
+// CHECK: moe.ep_dispatch %{{.*}}, %{{.*}} {capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>} : tensor<74x48xbf16>, tensor<5xi32> -> tensor<100x48xbf16>, tensor<2x2xi32>, tensor<2xi32>
+// CHECK: moe.ep_combine %{{.*}}, %{{.*}} reduce(%{{.*}} : tensor<37x2xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xbf16>, tensor<5xi32> -> tensor<37x48xbf16>
+// GENERIC-LABEL: sym_name = "ep_backward"
+// GENERIC: "moe.ep_dispatch"(%{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>}> : (tensor<74x48xbf16>, tensor<5xi32>) -> (tensor<100x48xbf16>, tensor<2x2xi32>, tensor<2xi32>)
+// GENERIC: "moe.ep_combine"(%{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64}> : (tensor<100x48xbf16>, tensor<5xi32>, tensor<37x2xi32>) -> tensor<37x48xbf16>
+func.func @ep_backward(%dy: tensor<74x48xbf16>, %offsets: tensor<5xi32>, %rows: tensor<37x2xi32>,
+                       %dx_recv: tensor<100x48xbf16>)
+    -> (tensor<100x48xbf16>, tensor<37x48xbf16>) {
+  %recv, %counts, %dropped = moe.ep_dispatch %dy, %offsets
+      {capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>}
+      : tensor<74x48xbf16>, tensor<5xi32> -> tensor<100x48xbf16>, tensor<2x2xi32>, tensor<2xi32>
+  %dx = moe.ep_combine %dx_recv, %offsets reduce(%rows : tensor<37x2xi32>)
+      {capacity = 50 : i64, ep_size = 2 : i64}
+      : tensor<100x48xbf16>, tensor<5xi32> -> tensor<37x48xbf16>
+  return %recv, %dx : tensor<100x48xbf16>, tensor<37x48xbf16>
+}
+
+// The local halves, f32 and dynamic row counts (a `?` leading size); an
+// explicit overflow = error is the default and not printed.
+// CHECK-LABEL: func.func @ep_local
+// CHECK: moe.ep_pack %{{.*}}, %{{.*}} gather(%{{.*}} : tensor<?xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<?x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+// CHECK: moe.ep_pack %{{.*}}, %{{.*}} {capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>} : tensor<?x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+// CHECK: moe.ep_unpack %{{.*}}, %{{.*}} {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<?x48xf32>
+// CHECK: moe.ep_unpack %{{.*}}, %{{.*}} reduce(%{{.*}} : tensor<?x2xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<?x48xf32>
+// GENERIC-LABEL: sym_name = "ep_local"
+// GENERIC: "moe.ep_pack"(%{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<error>}> : (tensor<?x48xf32>, tensor<5xi32>, tensor<?xi32>) -> (tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>)
+// GENERIC: "moe.ep_pack"(%{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>}> : (tensor<?x48xf32>, tensor<5xi32>) -> (tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>)
+// GENERIC: "moe.ep_unpack"(%{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64}> : (tensor<100x48xf32>, tensor<5xi32>) -> tensor<?x48xf32>
+// GENERIC: "moe.ep_unpack"(%{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}}) <{capacity = 50 : i64, ep_size = 2 : i64}> : (tensor<100x48xf32>, tensor<5xi32>, tensor<?x2xi32>) -> tensor<?x48xf32>
+func.func @ep_local(%x: tensor<?x48xf32>, %ids: tensor<?xi32>, %offsets: tensor<5xi32>,
+                    %rows: tensor<?x2xi32>, %returned: tensor<100x48xf32>) {
+  %send, %counts, %dropped = moe.ep_pack %x, %offsets gather(%ids : tensor<?xi32>)
+      {capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<error>}
+      : tensor<?x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  %send1, %counts1, %dropped1 = moe.ep_pack %x, %offsets
+      {capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>}
+      : tensor<?x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  %y = moe.ep_unpack %returned, %offsets {capacity = 50 : i64, ep_size = 2 : i64}
+      : tensor<100x48xf32>, tensor<5xi32> -> tensor<?x48xf32>
+  %dx = moe.ep_unpack %returned, %offsets reduce(%rows : tensor<?x2xi32>)
+      {capacity = 50 : i64, ep_size = 2 : i64}
+      : tensor<100x48xf32>, tensor<5xi32> -> tensor<?x48xf32>
+  return
+}
+
+// Rows by index with dynamic row counts; ep_queues of dynamic ranks.
+// CHECK-LABEL: func.func @rows_dynamic
+// CHECK: %[[G:.*]] = moe.gather_rows %{{.*}}, %[[IDS:.*]] : tensor<?x48xf32>, tensor<?xi32> -> tensor<?x48xf32>
+// CHECK: moe.scatter_rows %[[G]], %[[IDS]] : tensor<?x48xf32>, tensor<?xi32> -> tensor<37x48xf32>
+// CHECK: moe.ep_queues %{{.*}} {capacity = 50 : i64} : tensor<?x2xi32> -> tensor<?xi32>, tensor<3xi32>
+func.func @rows_dynamic(%src: tensor<?x48xf32>, %ids: tensor<?xi32>, %counts: tensor<?x2xi32>) {
+  %g = moe.gather_rows %src, %ids : tensor<?x48xf32>, tensor<?xi32> -> tensor<?x48xf32>
+  %s = moe.scatter_rows %g, %ids : tensor<?x48xf32>, tensor<?xi32> -> tensor<37x48xf32>
+  %qids, %qoffsets = moe.ep_queues %counts {capacity = 50 : i64}
+      : tensor<?x2xi32> -> tensor<?xi32>, tensor<3xi32>
+  return
+}

@@ -107,3 +107,33 @@ func.func @two_bounds(%x: tensor<?x16xf32>, %wr: tensor<16x4xf32>,
         tensor<4x24x16xf32> -> tensor<?x16xf32>, tensor<?x4xf32>
   return %a, %b : tensor<?x16xf32>, tensor<?x16xf32>
 }
+
+// -----
+
+// Expert-parallel over 2 ranks: the router sees all 8 experts, the weights
+// are this rank's 4; the rows go to their experts' ranks (at most 16 to each)
+// and come back before the combine.
+// CHECK-LABEL: func.func @expert_parallel
+// CHECK-SAME: (%[[X:.*]]: tensor<?x16xf32>, %[[WR:.*]]: tensor<16x8xf32>, %[[WGU:.*]]: tensor<4x16x24xf32>, %[[WD:.*]]: tensor<4x12x16xf32>)
+// CHECK: %[[W:.*]], %[[E:.*]], %[[L:.*]] = moe.router %[[X]], %[[WR]]
+// CHECK: %[[IDS:.*]], %[[OFF:.*]], %[[ROWS:.*]] = moe.dispatch %[[E]] {num_experts = 8 : i64}
+// CHECK: %[[RECV:.*]], %[[COUNTS:.*]], %{{.*}} = moe.ep_dispatch %[[X]], %[[OFF]] gather(%[[IDS]] : tensor<?xi32>) {capacity = 16 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>}
+// CHECK-SAME: -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+// CHECK: %[[QIDS:.*]], %[[QOFF:.*]] = moe.ep_queues %[[COUNTS]] {capacity = 16 : i64} : tensor<2x4xi32> -> tensor<32xi32>, tensor<5xi32>
+// CHECK: %[[Y:.*]], %{{.*}} = moe.expert_ffn %[[RECV]], %[[QIDS]], %[[QOFF]], %[[WGU]], %[[WD]]
+// CHECK-SAME: -> tensor<32x16xf32>, tensor<32x24xf32>
+// CHECK: %[[BACK:.*]] = moe.scatter_rows %[[Y]], %[[QIDS]] : tensor<32x16xf32>, tensor<32xi32> -> tensor<32x16xf32>
+// CHECK: %[[YG:.*]] = moe.ep_combine %[[BACK]], %[[OFF]] {capacity = 16 : i64, ep_size = 2 : i64} : tensor<32x16xf32>, tensor<9xi32> -> tensor<?x16xf32>
+// CHECK: %[[OUT:.*]] = moe.combine %[[YG]], %[[W]], %[[ROWS]]
+// CHECK: return %[[OUT]], %[[L]]
+func.func @expert_parallel(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
+                           %wgu: tensor<4x16x24xf32>, %wd: tensor<4x12x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x8xf32>) {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 32,
+       ep_size = 2, ep_capacity = 16, ep_overflow = #moe.ep_overflow<drop>,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x16xf32>, tensor<16x8xf32>, tensor<4x16x24xf32>,
+        tensor<4x12x16xf32> -> tensor<?x16xf32>, tensor<?x8xf32>
+  return %out, %logits : tensor<?x16xf32>, tensor<?x8xf32>
+}

@@ -262,3 +262,63 @@ func.func @accumulate(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>,
       : tensor<74x48xf32>, tensor<37x2xf32>, tensor<37x2xi32> -> tensor<37x48xf32>
   return %out : tensor<37x48xf32>
 }
+
+// -----
+
+// Expert parallelism: the combine's gradient goes back to the ranks of the
+// experts with moe.ep_dispatch (rows that forward dropped are dropped again,
+// without a second error), the scatter's gradient is a gather, and x gets
+// the rows' gradients summed per token with moe.ep_combine's reduce over
+// moe.dispatch's rows. y, which the combine's gradient reads, is saved.
+// CHECK-LABEL: func.func @ep_backward(
+// CHECK: %[[DY:.*]], %[[DW:.*]] = moe.combine_grad %[[DOUT:[a-z0-9]+]], %[[W:[a-z0-9]+]], %[[ROWS:[a-z0-9]+]], %[[Y:[a-z0-9]+]]
+// CHECK: %[[DRECV:.*]], %{{.*}}, %{{.*}} = moe.ep_dispatch %[[DY]], %[[OFF:[a-z0-9]+]] {capacity = 16 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>} : tensor<?x16xf32>, tensor<9xi32> -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+// CHECK: %[[DYQ:.*]] = moe.gather_rows %[[DRECV]], %[[QIDS:[a-z0-9]+]]
+// CHECK: %[[DX:.*]], %[[DWGU:.*]], %[[DWD:.*]] = moe.expert_ffn_grad %{{.*}}, %[[QIDS]], %{{.*}}, %[[DYQ]]
+// CHECK: %[[DXT:.*]] = moe.ep_combine %[[DX]], %[[OFF]] reduce(%[[ROWS]] : tensor<?x2xi32>) {capacity = 16 : i64, ep_size = 2 : i64} : tensor<32x16xf32>, tensor<9xi32> -> tensor<?x16xf32>
+// CHECK: %[[DXR:.*]], %[[DWR:.*]] = moe.router_grad
+// CHECK: %[[SUM:.*]] = arith.addf %[[DXT]], %[[DXR]]
+// CHECK: return %[[SUM]], %[[DWR]], %[[DWGU]], %[[DWD]]
+func.func @ep(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
+              %wgu: tensor<4x16x24xf32>, %wd: tensor<4x12x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x8xf32>) attributes {moe.max_tokens = 32 : i64} {
+  %w, %e, %logits = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x16xf32>, tensor<16x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>, tensor<?x8xf32>
+  %ids, %off, %rows = moe.dispatch %e {num_experts = 8 : i64}
+      : tensor<?x2xi32> -> tensor<?xi32>, tensor<9xi32>, tensor<?x2xi32>
+  %recv, %counts, %dropped = moe.ep_dispatch %x, %off gather(%ids : tensor<?xi32>)
+      {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<?x16xf32>, tensor<9xi32> -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+  %qids, %qoff = moe.ep_queues %counts {capacity = 16 : i64}
+      : tensor<2x4xi32> -> tensor<32xi32>, tensor<5xi32>
+  %y, %h = moe.expert_ffn %recv, %qids, %qoff, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<32x16xf32>, tensor<32xi32>, tensor<5xi32>, tensor<4x16x24xf32>,
+        tensor<4x12x16xf32> -> tensor<32x16xf32>, tensor<32x24xf32>
+  %back = moe.scatter_rows %y, %qids : tensor<32x16xf32>, tensor<32xi32> -> tensor<32x16xf32>
+  %yg = moe.ep_combine %back, %off {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<32x16xf32>, tensor<9xi32> -> tensor<?x16xf32>
+  %out = moe.combine %yg, %w, %rows
+      : tensor<?x16xf32>, tensor<?x2xf32>, tensor<?x2xi32> -> tensor<?x16xf32>
+  return %out, %logits : tensor<?x16xf32>, tensor<?x8xf32>
+}
+
+// -----
+
+func.func @ep_reduce(%rows_in: tensor<32x16xf32>, %off: tensor<9xi32>, %r: tensor<?x2xi32>)
+    -> tensor<?x16xf32> {
+  // expected-error @+1 {{sums rows per token (reduce), which moe-generate-backward does not differentiate}}
+  %dx = moe.ep_combine %rows_in, %off reduce(%r : tensor<?x2xi32>) {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<32x16xf32>, tensor<9xi32> -> tensor<?x16xf32>
+  return %dx : tensor<?x16xf32>
+}
+
+// -----
+
+func.func @ep_gather_elsewhere(%x: tensor<?x16xf32>, %ids: tensor<?xi32>, %off: tensor<9xi32>)
+    -> tensor<32x16xf32> {
+  // expected-error @+1 {{gathers by token_ids that do not come with their offsets from one moe.dispatch, whose rows its gradient needs}}
+  %recv, %counts, %dropped = moe.ep_dispatch %x, %off gather(%ids : tensor<?xi32>)
+      {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<?x16xf32>, tensor<9xi32> -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+  return %recv : tensor<32x16xf32>
+}

@@ -80,16 +80,49 @@ LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
       router.getExperts(), b.getI64IntegerAttr(numExperts),
       layer.getCapacityFactorAttr());
   auto expertY = RankedTensorType::get({pairs, hidden}, elementType);
-  auto expertH =
-      RankedTensorType::get({pairs, gateUpType.getDimSize(2)}, elementType);
-  auto experts = ExpertFFNOp::create(
-      rewriter, loc, expertY, expertH, layer.getX(), dispatch.getTokenIds(),
-      dispatch.getOffsets(), layer.getWGateUp(), layer.getWDown(),
-      layer.getActivationAttr());
-  Value out =
-      CombineOp::create(rewriter, loc, layer.getOut().getType(), experts.getY(),
-                        router.getWeights(), dispatch.getRows(),
-                        /*accumulate=*/Value());
+  Value y;
+  if (std::optional<int64_t> epSize = layer.getEpSize()) {
+    // Expert-parallel: the rows go to the ranks of their experts, the local
+    // experts run on the rows received, and the results come back to the
+    // positions they were sent from.
+    int64_t capacity = *layer.getEpCapacity();
+    int64_t slots = *epSize * capacity;
+    int64_t localExperts = numExperts / *epSize;
+    auto rowsType = RankedTensorType::get({slots, hidden}, elementType);
+    EPOverflow overflow = layer.getEpOverflow().value_or(EPOverflow::error);
+    auto epDispatch = EPDispatchOp::create(
+        rewriter, loc, rowsType,
+        RankedTensorType::get({*epSize, localExperts}, b.getI32Type()),
+        RankedTensorType::get({*epSize}, b.getI32Type()), layer.getX(),
+        dispatch.getOffsets(), dispatch.getTokenIds(), overflow,
+        static_cast<uint64_t>(*epSize), static_cast<uint64_t>(capacity));
+    auto queues = EPQueuesOp::create(
+        rewriter, loc, RankedTensorType::get({slots}, b.getI32Type()),
+        RankedTensorType::get({localExperts + 1}, b.getI32Type()),
+        epDispatch.getReceivedCounts(), static_cast<uint64_t>(capacity));
+    auto experts = ExpertFFNOp::create(
+        rewriter, loc, rowsType,
+        RankedTensorType::get({slots, gateUpType.getDimSize(2)}, elementType),
+        epDispatch.getReceived(), queues.getTokenIds(), queues.getOffsets(),
+        layer.getWGateUp(), layer.getWDown(), layer.getActivationAttr());
+    Value returned = ScatterRowsOp::create(
+        rewriter, loc, rowsType, experts.getY(), queues.getTokenIds());
+    y = EPCombineOp::create(rewriter, loc, expertY, returned,
+                            dispatch.getOffsets(), /*rows_of=*/Value(),
+                            static_cast<uint64_t>(*epSize),
+                            static_cast<uint64_t>(capacity));
+  } else {
+    auto expertH =
+        RankedTensorType::get({pairs, gateUpType.getDimSize(2)}, elementType);
+    y = ExpertFFNOp::create(rewriter, loc, expertY, expertH, layer.getX(),
+                            dispatch.getTokenIds(), dispatch.getOffsets(),
+                            layer.getWGateUp(), layer.getWDown(),
+                            layer.getActivationAttr())
+            .getY();
+  }
+  Value out = CombineOp::create(rewriter, loc, layer.getOut().getType(), y,
+                                router.getWeights(), dispatch.getRows(),
+                                /*accumulate=*/Value());
   if (TypedValue<RankedTensorType> sharedGateUp = layer.getSharedGateUp()) {
     auto sharedH = RankedTensorType::get(
         {tokens, sharedGateUp.getType().getDimSize(1)}, elementType);

@@ -131,7 +131,9 @@ Value BackwardBuilder::forwardValue(Value value) {
   if (auto it = recomputed.find(value); it != recomputed.end())
     return it->second;
   Operation *def = value.getDefiningOp();
-  if (def && def->hasAttr(kRecomputeAttr)) {
+  // A collective is never run again: what backward reads of it is saved.
+  if (def && def->hasAttr(kRecomputeAttr) &&
+      !isa<EPDispatchOp, EPCombineOp>(def)) {
     IRMapping mapping;
     for (Value operand : def->getOperands())
       mapping.map(operand, forwardValue(operand));
@@ -268,6 +270,68 @@ LogicalResult BackwardBuilder::differentiate(Operation *op) {
         gradientOrZeros(aux.getLoadBalance(), aux.getLoadBalance()),
         gradientOrZeros(aux.getZLoss(), aux.getZLoss()), aux.getScoringAttr());
     accumulate(aux.getLogits(), grad.getDLogits());
+    return success();
+  }
+
+  // Expert parallelism: a dispatch and a combine are each other's
+  // gradient, as are a gather and a scatter of rows.
+  if (auto combine = dyn_cast<EPCombineOp>(op)) {
+    if (combine.getRowsOf())
+      return combine.emitOpError(
+          "sums rows per token (reduce), which moe-generate-backward does not "
+          "differentiate");
+    // Backward sends back exactly the rows forward returned: those forward
+    // dropped are dropped again, without a second error.
+    auto epSize = static_cast<int64_t>(combine.getEpSize());
+    int64_t experts1 = combine.getOffsets().getType().getDimSize(0);
+    int64_t localExperts = ShapedType::isDynamic(experts1)
+                               ? ShapedType::kDynamic
+                               : (experts1 - 1) / epSize;
+    auto grad = EPDispatchOp::create(
+        builder, loc, combine.getRows().getType(),
+        RankedTensorType::get({epSize, localExperts}, builder.getI32Type()),
+        RankedTensorType::get({epSize}, builder.getI32Type()),
+        gradientOf(combine.getResult()), fwd(combine.getOffsets()),
+        /*token_ids=*/Value(), EPOverflow::drop, combine.getEpSize(),
+        combine.getCapacity());
+    accumulate(combine.getRows(), grad.getReceived());
+    return success();
+  }
+
+  if (auto dispatch = dyn_cast<EPDispatchOp>(op)) {
+    Value dReceived = gradientOf(dispatch.getReceived());
+    // The gradient of a gather by token_ids sums each token's rows, which
+    // the rows of moe.dispatch name.
+    Value rowsOf;
+    if (dispatch.getTokenIds()) {
+      auto source = dispatch.getOffsets().getDefiningOp<DispatchOp>();
+      if (!source || source.getTokenIds() != dispatch.getTokenIds())
+        return dispatch.emitOpError(
+            "gathers by token_ids that do not come with their offsets from "
+            "one moe.dispatch, whose rows its gradient needs");
+      rowsOf = fwd(source.getRows());
+    }
+    auto grad =
+        EPCombineOp::create(builder, loc, dispatch.getSource().getType(),
+                            dReceived, fwd(dispatch.getOffsets()), rowsOf,
+                            dispatch.getEpSize(), dispatch.getCapacity());
+    accumulate(dispatch.getSource(), grad.getResult());
+    return success();
+  }
+
+  if (auto scatter = dyn_cast<ScatterRowsOp>(op)) {
+    auto grad = GatherRowsOp::create(
+        builder, loc, scatter.getSource().getType(),
+        gradientOf(scatter.getResult()), fwd(scatter.getIndices()));
+    accumulate(scatter.getSource(), grad.getResult());
+    return success();
+  }
+
+  if (auto gather = dyn_cast<GatherRowsOp>(op)) {
+    auto grad = ScatterRowsOp::create(
+        builder, loc, gather.getSource().getType(),
+        gradientOf(gather.getResult()), fwd(gather.getIndices()));
+    accumulate(gather.getSource(), grad.getResult());
     return success();
   }
 

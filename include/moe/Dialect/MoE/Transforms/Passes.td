@@ -31,6 +31,11 @@ def MoEDecompose : Pass<"moe-decompose"> {
 
     A layer with shared experts also gets `moe.shared_expert` and an
     `arith.addf` of its output; a capacity factor moves to `moe.dispatch`.
+    An expert-parallel layer (`ep_size`) gets `moe.ep_dispatch` of the
+    dispatched rows to their experts' ranks, `moe.ep_queues` and the expert
+    FFN of the local experts on the rows received, `moe.scatter_rows` of its
+    results back to where the rows arrived, and `moe.ep_combine` before the
+    combine.
     The number of experts must be static; a layer with a dynamic number of
     experts gets an error.
   }];
@@ -307,6 +312,44 @@ def MoEFoldAdds : Pass<"moe-fold-adds", "::mlir::ModuleOp"> {
   }];
   let options = [];
   let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::moe::MoEDialect"];
+}
+
+def MoEEPStages : Pass<"moe-ep-stages", "::mlir::ModuleOp"> {
+  let summary = "splits each function at its expert-parallel collectives into stages";
+  let description = [{
+    A function with `moe.ep_dispatch` or `moe.ep_combine` cannot run on one
+    rank alone: between the halves of each, the caller's engine moves rows
+    between ranks (an all-to-all). This pass replaces such a function `@f`
+    by `@f_stage0` ... `@f_stageN` (N collectives), each running on this rank
+    alone, in program order:
+
+    - stage `i` ends with the sending half of collective `i`: a dispatch
+      becomes `moe.ep_pack`, whose `send` (C rows for each rank),
+      `send_counts` (E / S for each rank) and `dropped` the stage returns; a
+      combine returns the rows it sends back as they are;
+    - stage `i + 1` begins with the receiving half: a dispatch's `received`
+      and `received_counts` are arguments, a combine's returned rows are an
+      argument that `moe.ep_unpack` places;
+    - a value one stage makes and a later one reads is returned by the first
+      and taken by the other (a carry); an argument of `@f` is taken by each
+      stage that reads it.
+
+    Each stage says what its arguments and results are, so that the caller
+    can run them (docs/distributed.md): `moe.ep_inputs` (`argJ`, `carryJ`,
+    `receivedC`, `received_countsC`, `returnedC`), `moe.ep_outputs`
+    (`sendC`, `send_countsC`, `droppedC`, `carryJ`, `resultK`), and on every
+    stage `moe.ep_stage_of`, `moe.ep_stage`, `moe.ep_stages`,
+    `moe.ep_collectives` (`dispatch`/`combine`, with `moe.ep_size` and
+    `moe.ep_capacity`) and `moe.ep_results`: where each result of `@f` comes
+    from (`argJ`, or `stageI`: that stage's `resultK`). A training pair's
+    `moe.num_saved` and `moe.gradient_args` become `moe.ep_num_saved` and
+    `moe.ep_gradient_args` on its stages. Recomputation never reaches a
+    collective: the values a stage needs are carried.
+
+    The collectives of one function must share `ep_size` and `capacity`.
+  }];
+  let dependentDialects = ["::mlir::func::FuncDialect",
                            "::mlir::moe::MoEDialect"];
 }
 

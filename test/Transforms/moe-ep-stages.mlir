@@ -13,6 +13,7 @@
 // CHECK-SAME: moe.ep_capacity = 16 : i64, moe.ep_collectives = ["dispatch", "combine"]
 // CHECK-SAME: moe.ep_inputs = ["arg0", "arg1"]
 // CHECK-SAME: moe.ep_outputs = ["send0", "send_counts0", "dropped0", "carry0", "carry1", "carry2", "result1"]
+// CHECK-SAME: moe.ep_overflows = ["error", "none"]
 // CHECK-SAME: moe.ep_results = ["stage2", "stage0"], moe.ep_size = 2 : i64, moe.ep_stage = 0 : i64, moe.ep_stage_of = "ep", moe.ep_stages = 3 : i64, moe.max_tokens = 32 : i64
 // CHECK: %[[W:.*]], %[[E:.*]], %[[L:.*]] = moe.router %[[X]], %[[WR]]
 // CHECK: %[[IDS:.*]], %[[OFF:.*]], %[[ROWS:.*]] = moe.dispatch %[[E]]
@@ -66,6 +67,7 @@ func.func @ep(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
 // CHECK-LABEL: func.func @pair_forward_stage0(
 // CHECK-SAME: moe.ep_num_saved = 1 : i64
 // CHECK-SAME: moe.ep_outputs = ["send0", "send_counts0", "dropped0", "result2"]
+// CHECK-SAME: moe.ep_overflows = ["drop", "none"]
 // CHECK-SAME: moe.ep_results = ["stage2", "arg0", "stage0"]
 // CHECK: moe.ep_pack {{.*}}overflow = #moe.ep_overflow<drop>
 // CHECK-LABEL: func.func @pair_forward_stage1(

@@ -247,10 +247,13 @@ LogicalResult StageSplitter::split(SymbolTable &symbols) {
     addOutput(from, lookup(from, value), name("result", index));
   }
 
-  SmallVector<Attribute> kinds;
-  for (Operation *op : collectives)
-    kinds.push_back(
-        b.getStringAttr(isa<EPDispatchOp>(op) ? "dispatch" : "combine"));
+  SmallVector<Attribute> kinds, overflows;
+  for (Operation *op : collectives) {
+    auto dispatch = dyn_cast<EPDispatchOp>(op);
+    kinds.push_back(b.getStringAttr(dispatch ? "dispatch" : "combine"));
+    overflows.push_back(b.getStringAttr(
+        dispatch ? stringifyEPOverflow(dispatch.getOverflow()) : "none"));
+  }
   for (auto [i, s] : llvm::enumerate(stages)) {
     OpBuilder builder = OpBuilder::atBlockEnd(&s.func.front());
     func::ReturnOp::create(builder, func.getLoc(), s.outputs);
@@ -262,6 +265,7 @@ LogicalResult StageSplitter::split(SymbolTable &symbols) {
     s.func->setAttr("moe.ep_inputs", b.getArrayAttr(s.inputs));
     s.func->setAttr("moe.ep_outputs", b.getArrayAttr(s.outputNames));
     s.func->setAttr("moe.ep_collectives", b.getArrayAttr(kinds));
+    s.func->setAttr("moe.ep_overflows", b.getArrayAttr(overflows));
     s.func->setAttr("moe.ep_size", b.getI64IntegerAttr(epSize));
     s.func->setAttr("moe.ep_capacity", b.getI64IntegerAttr(capacity));
     s.func->setAttr("moe.ep_results", b.getArrayAttr(results));

@@ -340,8 +340,9 @@ def MoEEPStages : Pass<"moe-ep-stages", "::mlir::ModuleOp"> {
     `receivedC`, `received_countsC`, `returnedC`), `moe.ep_outputs`
     (`sendC`, `send_countsC`, `droppedC`, `carryJ`, `resultK`), and on every
     stage `moe.ep_stage_of`, `moe.ep_stage`, `moe.ep_stages`,
-    `moe.ep_collectives` (`dispatch`/`combine`, with `moe.ep_size` and
-    `moe.ep_capacity`) and `moe.ep_results`: where each result of `@f` comes
+    `moe.ep_collectives` (`dispatch`/`combine`, with `moe.ep_size`,
+    `moe.ep_capacity` and `moe.ep_overflows`: a dispatch's `error` or `drop`,
+    `none` for a combine) and `moe.ep_results`: where each result of `@f` comes
     from (`argJ`, or `stageI`: that stage's `resultK`). A training pair's
     `moe.num_saved` and `moe.gradient_args` become `moe.ep_num_saved` and
     `moe.ep_gradient_args` on its stages. Recomputation never reaches a

@@ -1506,3 +1506,393 @@ func.func @__moe_cpu_aux_loss_grad(%logits: tensor<?x?xf32>,
   }
   return %r : tensor<?x?xf32>
 }
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism (one rank's local halves; the all-to-alls are not here)
+//===----------------------------------------------------------------------===//
+//
+// S ranks (`ranks`) of El = E / S local experts each, C rows (`capacity`)
+// from one rank to one rank: rank s's block of the expert-order rows is
+// [offsets[s * El], offsets[(s + 1) * El]), of which the first C are kept.
+// Indices read from tensors are checked before use: one out of range gives a
+// zero row (or nothing) instead of an access out of bounds.
+
+// 0 <= i < n, for an index read from a tensor.
+func.func @__moe_cpu_in_range(%i: index, %n: index) -> i1 {
+  %c0 = arith.constant 0 : index
+  %ge = arith.cmpi sge, %i, %c0 : index
+  %lt = arith.cmpi slt, %i, %n : index
+  %ok = arith.andi %ge, %lt : i1
+  return %ok : i1
+}
+
+// dst[r] = src[i] (rows of the same width).
+func.func @__moe_cpu_copy_row(%dst: tensor<?x?xf32>, %r: index,
+                              %src: tensor<?x?xf32>, %i: index)
+    -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %d = tensor.dim %dst, %c1 : tensor<?x?xf32>
+  %out = scf.for %col = %c0 to %d step %c1 iter_args(%a = %dst)
+      -> (tensor<?x?xf32>) {
+    %v = tensor.extract %src[%i, %col] : tensor<?x?xf32>
+    %a2 = tensor.insert %v into %a[%r, %col] : tensor<?x?xf32>
+    scf.yield %a2 : tensor<?x?xf32>
+  }
+  return %out : tensor<?x?xf32>
+}
+
+// [0, 1, ..., n - 1]
+func.func @__moe_cpu_iota(%n: index) -> tensor<?xi32> {
+  %e = tensor.empty(%n) : tensor<?xi32>
+  %r = linalg.generic {
+      indexing_maps = [affine_map<(i) -> (i)>],
+      iterator_types = ["parallel"]}
+      outs(%e : tensor<?xi32>) {
+  ^bb0(%o: i32):
+    %i = linalg.index 0 : index
+    %i32 = arith.index_cast %i : index to i32
+    linalg.yield %i32 : i32
+  } -> tensor<?xi32>
+  return %r : tensor<?xi32>
+}
+
+// The blocks of `offsets` [E + 1] for S ranks: El, and the number of ranks
+// to visit (0 when offsets is empty, which has no blocks).
+func.func @__moe_cpu_ep_layout(%offsets: tensor<?xi32>, %ranks: index)
+    -> (index, index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %offs_n = tensor.dim %offsets, %c0 : tensor<?xi32>
+  %e_n1 = arith.subi %offs_n, %c1 : index
+  %e_n = arith.maxsi %e_n1, %c0 : index
+  %el = arith.divui %e_n, %ranks : index
+  %any = arith.cmpi sgt, %offs_n, %c0 : index
+  %s_n = arith.select %any, %ranks, %c0 : index
+  return %el, %s_n : index, index
+}
+
+// Rank s's block: its first row offsets[s * El], the rows kept (at most C)
+// and the rows dropped past C.
+func.func @__moe_cpu_ep_block(%offsets: tensor<?xi32>, %s: index, %el: index,
+                              %capacity: index) -> (index, index, index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %first = arith.muli %s, %el : index
+  %s1 = arith.addi %s, %c1 : index
+  %last = arith.muli %s1, %el : index
+  %lo32 = tensor.extract %offsets[%first] : tensor<?xi32>
+  %hi32 = tensor.extract %offsets[%last] : tensor<?xi32>
+  %lo = arith.index_cast %lo32 : i32 to index
+  %hi = arith.index_cast %hi32 : i32 to index
+  %span = arith.subi %hi, %lo : index
+  %n = arith.maxsi %span, %c0 : index
+  %kept = arith.minsi %n, %capacity : index
+  %dropped = arith.subi %n, %kept : index
+  return %lo, %kept, %dropped : index, index, index
+}
+
+// moe.ep_pack with gather: send [S * C, d], send[s * C + j] = x[token_ids[
+// offsets[s * El] + j]] for the kept rows j of rank s's block, zero rows
+// elsewhere; send_counts [S, El] (i32), the rows of each local expert among
+// the kept rows (a prefix of the block, which is in expert order); dropped
+// [S] (i32).
+func.func @__moe_cpu_ep_pack_gather(%x: tensor<?x?xf32>,
+                                    %offsets: tensor<?xi32>,
+                                    %token_ids: tensor<?xi32>, %ranks: index,
+                                    %capacity: index)
+    -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c0_i32 = arith.constant 0 : i32
+  %t_n = tensor.dim %x, %c0 : tensor<?x?xf32>
+  %d = tensor.dim %x, %c1 : tensor<?x?xf32>
+  %r_n = tensor.dim %token_ids, %c0 : tensor<?xi32>
+  %el, %s_n = func.call @__moe_cpu_ep_layout(%offsets, %ranks)
+      : (tensor<?xi32>, index) -> (index, index)
+  %slots = arith.muli %ranks, %capacity : index
+  %send_init = func.call @__moe_cpu_zeros(%slots, %d)
+      : (index, index) -> tensor<?x?xf32>
+  %counts_empty = tensor.empty(%ranks, %el) : tensor<?x?xi32>
+  %counts_init = linalg.fill ins(%c0_i32 : i32)
+      outs(%counts_empty : tensor<?x?xi32>) -> tensor<?x?xi32>
+  %dropped_empty = tensor.empty(%ranks) : tensor<?xi32>
+  %dropped_init = linalg.fill ins(%c0_i32 : i32)
+      outs(%dropped_empty : tensor<?xi32>) -> tensor<?xi32>
+  %res:3 = scf.for %s = %c0 to %s_n step %c1
+      iter_args(%send = %send_init, %counts = %counts_init,
+                %dropped = %dropped_init)
+      -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) {
+    %b:3 = func.call @__moe_cpu_ep_block(%offsets, %s, %el, %capacity)
+        : (tensor<?xi32>, index, index, index) -> (index, index, index)
+    %drop32 = arith.index_cast %b#2 : index to i32
+    %dropped2 = tensor.insert %drop32 into %dropped[%s] : tensor<?xi32>
+    // Expert e's kept rows: [offsets[g], offsets[g + 1]) cut at the end of
+    // the kept prefix.
+    %end = arith.addi %b#0, %b#1 : index
+    %first = arith.muli %s, %el : index
+    %counts2 = scf.for %e = %c0 to %el step %c1 iter_args(%ca = %counts)
+        -> (tensor<?x?xi32>) {
+      %g = arith.addi %first, %e : index
+      %g1 = arith.addi %g, %c1 : index
+      %a32 = tensor.extract %offsets[%g] : tensor<?xi32>
+      %z32 = tensor.extract %offsets[%g1] : tensor<?xi32>
+      %a = arith.index_cast %a32 : i32 to index
+      %z = arith.index_cast %z32 : i32 to index
+      %a_kept = arith.minsi %a, %end : index
+      %z_kept = arith.minsi %z, %end : index
+      %n0 = arith.subi %z_kept, %a_kept : index
+      %n = arith.maxsi %n0, %c0 : index
+      %n32 = arith.index_cast %n : index to i32
+      %ca2 = tensor.insert %n32 into %ca[%s, %e] : tensor<?x?xi32>
+      scf.yield %ca2 : tensor<?x?xi32>
+    }
+    %base = arith.muli %s, %capacity : index
+    %send2 = scf.for %j = %c0 to %b#1 step %c1 iter_args(%sa = %send)
+        -> (tensor<?x?xf32>) {
+      %i = arith.addi %b#0, %j : index
+      %i_ok = func.call @__moe_cpu_in_range(%i, %r_n) : (index, index) -> i1
+      %sa2 = scf.if %i_ok -> (tensor<?x?xf32>) {
+        %t32 = tensor.extract %token_ids[%i] : tensor<?xi32>
+        %t = arith.index_cast %t32 : i32 to index
+        %t_ok = func.call @__moe_cpu_in_range(%t, %t_n)
+            : (index, index) -> i1
+        %sa3 = scf.if %t_ok -> (tensor<?x?xf32>) {
+          %row = arith.addi %base, %j : index
+          %sa4 = func.call @__moe_cpu_copy_row(%sa, %row, %x, %t)
+              : (tensor<?x?xf32>, index, tensor<?x?xf32>, index)
+              -> tensor<?x?xf32>
+          scf.yield %sa4 : tensor<?x?xf32>
+        } else {
+          scf.yield %sa : tensor<?x?xf32>
+        }
+        scf.yield %sa3 : tensor<?x?xf32>
+      } else {
+        scf.yield %sa : tensor<?x?xf32>
+      }
+      scf.yield %sa2 : tensor<?x?xf32>
+    }
+    scf.yield %send2, %counts2, %dropped2
+        : tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>
+  }
+  return %res#0, %res#1, %res#2
+      : tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>
+}
+
+// moe.ep_pack without gather: the rows [R, d] are already in expert order,
+// so row i of a block is rows[i].
+func.func @__moe_cpu_ep_pack(%rows: tensor<?x?xf32>, %offsets: tensor<?xi32>,
+                             %ranks: index, %capacity: index)
+    -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %r_n = tensor.dim %rows, %c0 : tensor<?x?xf32>
+  %ids = func.call @__moe_cpu_iota(%r_n) : (index) -> tensor<?xi32>
+  %r:3 = func.call @__moe_cpu_ep_pack_gather(%rows, %offsets, %ids, %ranks,
+                                             %capacity)
+      : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
+      -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>)
+  return %r#0, %r#1, %r#2 : tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>
+}
+
+// moe.ep_unpack: result [R, d] (R = r_n), result[offsets[s * El] + j] =
+// returned[s * C + j] for the kept rows j of rank s's block, zero rows
+// elsewhere (dropped rows, rows past offsets[E]).
+func.func @__moe_cpu_ep_unpack(%returned: tensor<?x?xf32>,
+                               %offsets: tensor<?xi32>, %r_n: index,
+                               %ranks: index, %capacity: index)
+    -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %src_n = tensor.dim %returned, %c0 : tensor<?x?xf32>
+  %d = tensor.dim %returned, %c1 : tensor<?x?xf32>
+  %el, %s_n = func.call @__moe_cpu_ep_layout(%offsets, %ranks)
+      : (tensor<?xi32>, index) -> (index, index)
+  %out_init = func.call @__moe_cpu_zeros(%r_n, %d)
+      : (index, index) -> tensor<?x?xf32>
+  %out = scf.for %s = %c0 to %s_n step %c1 iter_args(%oa = %out_init)
+      -> (tensor<?x?xf32>) {
+    %b:3 = func.call @__moe_cpu_ep_block(%offsets, %s, %el, %capacity)
+        : (tensor<?xi32>, index, index, index) -> (index, index, index)
+    %base = arith.muli %s, %capacity : index
+    %ob = scf.for %j = %c0 to %b#1 step %c1 iter_args(%oc = %oa)
+        -> (tensor<?x?xf32>) {
+      %r = arith.addi %b#0, %j : index
+      %src = arith.addi %base, %j : index
+      %r_ok = func.call @__moe_cpu_in_range(%r, %r_n) : (index, index) -> i1
+      %src_ok = func.call @__moe_cpu_in_range(%src, %src_n)
+          : (index, index) -> i1
+      %ok = arith.andi %r_ok, %src_ok : i1
+      %oc2 = scf.if %ok -> (tensor<?x?xf32>) {
+        %oc3 = func.call @__moe_cpu_copy_row(%oc, %r, %returned, %src)
+            : (tensor<?x?xf32>, index, tensor<?x?xf32>, index)
+            -> tensor<?x?xf32>
+        scf.yield %oc3 : tensor<?x?xf32>
+      } else {
+        scf.yield %oc : tensor<?x?xf32>
+      }
+      scf.yield %oc2 : tensor<?x?xf32>
+    }
+    scf.yield %ob : tensor<?x?xf32>
+  }
+  return %out : tensor<?x?xf32>
+}
+
+// moe.ep_unpack with reduce: result [T, d], result[t] = sum over slots j in
+// order of the unpacked rows [T * k, d] at rows_of[t, j] (-1 adds nothing):
+// the combine with unit weights (1 * v is exact), accumulated in f32.
+func.func @__moe_cpu_ep_unpack_reduce(%returned: tensor<?x?xf32>,
+                                      %offsets: tensor<?xi32>,
+                                      %rows_of: tensor<?x?xi32>,
+                                      %ranks: index, %capacity: index)
+    -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1.0 : f32
+  %t_n = tensor.dim %rows_of, %c0 : tensor<?x?xi32>
+  %k = tensor.dim %rows_of, %c1 : tensor<?x?xi32>
+  %r_n = arith.muli %t_n, %k : index
+  %unpacked = func.call @__moe_cpu_ep_unpack(%returned, %offsets, %r_n,
+                                             %ranks, %capacity)
+      : (tensor<?x?xf32>, tensor<?xi32>, index, index, index)
+      -> tensor<?x?xf32>
+  %ones_empty = tensor.empty(%t_n, %k) : tensor<?x?xf32>
+  %ones = linalg.fill ins(%one : f32) outs(%ones_empty : tensor<?x?xf32>)
+      -> tensor<?x?xf32>
+  %out = func.call @__moe_cpu_combine(%unpacked, %ones, %rows_of)
+      : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  return %out : tensor<?x?xf32>
+}
+
+// moe.ep_queues: from counts [S, El] (i32), the queues of the local experts
+// over the received rows [S * C]: expert e's queue, rank 0 first, is rows
+// s * C + sum(counts[s, :e]) + j for j < counts[s, e]. token_ids [S * C]
+// (i32, -1 past the queues), offsets [El + 1] (i32). A rank's counts past C
+// (which a valid exchange never has) are cut at C, so that every row stays
+// in its rank's block.
+func.func @__moe_cpu_ep_queues(%counts: tensor<?x?xi32>, %capacity: index)
+    -> (tensor<?xi32>, tensor<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c0_i32 = arith.constant 0 : i32
+  %m1 = arith.constant -1 : i32
+  %s_n = tensor.dim %counts, %c0 : tensor<?x?xi32>
+  %el = tensor.dim %counts, %c1 : tensor<?x?xi32>
+  %el1 = arith.addi %el, %c1 : index
+  %slots = arith.muli %s_n, %capacity : index
+  %ids_empty = tensor.empty(%slots) : tensor<?xi32>
+  %ids_init = linalg.fill ins(%m1 : i32) outs(%ids_empty : tensor<?xi32>)
+      -> tensor<?xi32>
+
+  // Pass 1: the first row and the (cut) count of each (rank, expert).
+  %starts_init = tensor.empty(%s_n, %el) : tensor<?x?xi32>
+  %takes_init = tensor.empty(%s_n, %el) : tensor<?x?xi32>
+  %p1:2 = scf.for %s = %c0 to %s_n step %c1
+      iter_args(%starts = %starts_init, %takes = %takes_init)
+      -> (tensor<?x?xi32>, tensor<?x?xi32>) {
+    %base = arith.muli %s, %capacity : index
+    %row:3 = scf.for %e = %c0 to %el step %c1
+        iter_args(%sa = %starts, %ta = %takes, %used = %c0)
+        -> (tensor<?x?xi32>, tensor<?x?xi32>, index) {
+      %n32 = tensor.extract %counts[%s, %e] : tensor<?x?xi32>
+      %n = arith.index_cast %n32 : i32 to index
+      %n_pos = arith.maxsi %n, %c0 : index
+      %room = arith.subi %capacity, %used : index
+      %take = arith.minsi %n_pos, %room : index
+      %start = arith.addi %base, %used : index
+      %start32 = arith.index_cast %start : index to i32
+      %take32 = arith.index_cast %take : index to i32
+      %sa2 = tensor.insert %start32 into %sa[%s, %e] : tensor<?x?xi32>
+      %ta2 = tensor.insert %take32 into %ta[%s, %e] : tensor<?x?xi32>
+      %used2 = arith.addi %used, %take : index
+      scf.yield %sa2, %ta2, %used2 : tensor<?x?xi32>, tensor<?x?xi32>, index
+    }
+    scf.yield %row#0, %row#1 : tensor<?x?xi32>, tensor<?x?xi32>
+  }
+
+  // Pass 2: the queues, expert by expert.
+  %offs_empty = tensor.empty(%el1) : tensor<?xi32>
+  %offs0 = tensor.insert %c0_i32 into %offs_empty[%c0] : tensor<?xi32>
+  %p2:3 = scf.for %e = %c0 to %el step %c1
+      iter_args(%ids = %ids_init, %offs = %offs0, %pos = %c0)
+      -> (tensor<?xi32>, tensor<?xi32>, index) {
+    %q:2 = scf.for %s = %c0 to %s_n step %c1
+        iter_args(%ida = %ids, %pa = %pos) -> (tensor<?xi32>, index) {
+      %start32 = tensor.extract %p1#0[%s, %e] : tensor<?x?xi32>
+      %take32 = tensor.extract %p1#1[%s, %e] : tensor<?x?xi32>
+      %take = arith.index_cast %take32 : i32 to index
+      %idb = scf.for %j = %c0 to %take step %c1 iter_args(%idc = %ida)
+          -> (tensor<?xi32>) {
+        %j32 = arith.index_cast %j : index to i32
+        %v = arith.addi %start32, %j32 : i32
+        %at = arith.addi %pa, %j : index
+        %idc2 = tensor.insert %v into %idc[%at] : tensor<?xi32>
+        scf.yield %idc2 : tensor<?xi32>
+      }
+      %pa2 = arith.addi %pa, %take : index
+      scf.yield %idb, %pa2 : tensor<?xi32>, index
+    }
+    %e1 = arith.addi %e, %c1 : index
+    %pos32 = arith.index_cast %q#1 : index to i32
+    %offs2 = tensor.insert %pos32 into %offs[%e1] : tensor<?xi32>
+    scf.yield %q#0, %offs2, %q#1 : tensor<?xi32>, tensor<?xi32>, index
+  }
+  return %p2#0, %p2#1 : tensor<?xi32>, tensor<?xi32>
+}
+
+// moe.gather_rows: result [M, d], result[i] = source[indices[i]], a zero row
+// for -1 (or any index outside [0, N)).
+func.func @__moe_cpu_gather_rows(%source: tensor<?x?xf32>,
+                                 %indices: tensor<?xi32>) -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = tensor.dim %source, %c0 : tensor<?x?xf32>
+  %d = tensor.dim %source, %c1 : tensor<?x?xf32>
+  %m = tensor.dim %indices, %c0 : tensor<?xi32>
+  %out_init = func.call @__moe_cpu_zeros(%m, %d)
+      : (index, index) -> tensor<?x?xf32>
+  %out = scf.for %i = %c0 to %m step %c1 iter_args(%oa = %out_init)
+      -> (tensor<?x?xf32>) {
+    %v32 = tensor.extract %indices[%i] : tensor<?xi32>
+    %v = arith.index_cast %v32 : i32 to index
+    %ok = func.call @__moe_cpu_in_range(%v, %n) : (index, index) -> i1
+    %ob = scf.if %ok -> (tensor<?x?xf32>) {
+      %oc = func.call @__moe_cpu_copy_row(%oa, %i, %source, %v)
+          : (tensor<?x?xf32>, index, tensor<?x?xf32>, index) -> tensor<?x?xf32>
+      scf.yield %oc : tensor<?x?xf32>
+    } else {
+      scf.yield %oa : tensor<?x?xf32>
+    }
+    scf.yield %ob : tensor<?x?xf32>
+  }
+  return %out : tensor<?x?xf32>
+}
+
+// moe.scatter_rows: result [N, d] (N = n_n) zero, then result[indices[i]] =
+// source[i] for every index in [0, N) (-1 writes nothing).
+func.func @__moe_cpu_scatter_rows(%source: tensor<?x?xf32>,
+                                  %indices: tensor<?xi32>, %n_n: index)
+    -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %src_n = tensor.dim %source, %c0 : tensor<?x?xf32>
+  %d = tensor.dim %source, %c1 : tensor<?x?xf32>
+  %idx_n = tensor.dim %indices, %c0 : tensor<?xi32>
+  %m = arith.minsi %src_n, %idx_n : index
+  %out_init = func.call @__moe_cpu_zeros(%n_n, %d)
+      : (index, index) -> tensor<?x?xf32>
+  %out = scf.for %i = %c0 to %m step %c1 iter_args(%oa = %out_init)
+      -> (tensor<?x?xf32>) {
+    %v32 = tensor.extract %indices[%i] : tensor<?xi32>
+    %v = arith.index_cast %v32 : i32 to index
+    %ok = func.call @__moe_cpu_in_range(%v, %n_n) : (index, index) -> i1
+    %ob = scf.if %ok -> (tensor<?x?xf32>) {
+      %oc = func.call @__moe_cpu_copy_row(%oa, %v, %source, %i)
+          : (tensor<?x?xf32>, index, tensor<?x?xf32>, index) -> tensor<?x?xf32>
+      scf.yield %oc : tensor<?x?xf32>
+    } else {
+      scf.yield %oa : tensor<?x?xf32>
+    }
+    scf.yield %ob : tensor<?x?xf32>
+  }
+  return %out : tensor<?x?xf32>
+}

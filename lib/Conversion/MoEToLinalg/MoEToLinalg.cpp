@@ -26,6 +26,7 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Transforms/DialectConversion.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -338,6 +339,163 @@ LogicalResult lower(AuxLossGradOp op, AuxLossGradOp::Adaptor adaptor,
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// Expert parallelism
+//===----------------------------------------------------------------------===//
+
+/// The moe.dispatch whose token ids give the row count R of `result` when its
+/// type has none: the one that made `offsets`, or null.
+DispatchOp getRowSource(Value result, Value offsets) {
+  if (!cast<RankedTensorType>(result.getType()).isDynamicDim(0))
+    return nullptr;
+  return offsets.getDefiningOp<DispatchOp>();
+}
+
+/// A collective is lowered only where its all-to-all is the identity.
+LogicalResult checkLocal(Operation *op, uint64_t epSize) {
+  if (epSize == 1)
+    return success();
+  return op->emitOpError()
+         << "is a collective over " << static_cast<int64_t>(epSize)
+         << " ranks: split the function with moe-ep-stages before lowering "
+            "it to the CPU";
+}
+
+/// Without reduce the result has R rows, which its type or a moe.dispatch
+/// must give.
+LogicalResult checkReturnRows(Operation *op, Value result, Value offsets,
+                              Value rowsOf) {
+  if (rowsOf || !cast<RankedTensorType>(result.getType()).isDynamicDim(0) ||
+      getRowSource(result, offsets))
+    return success();
+  return op->emitOpError(
+      "has a result of dynamic row count that the CPU path cannot size: its "
+      "offsets do not come from a moe.dispatch of this function");
+}
+
+/// What the CPU path cannot lower, as an error at the op. The pass checks
+/// every op first, so that a refusal is one error.
+LogicalResult checkLowerable(Operation *op) {
+  return TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([](EPDispatchOp ep) { return checkLocal(ep, ep.getEpSize()); })
+      .Case([](EPCombineOp ep) {
+        if (failed(checkLocal(ep, ep.getEpSize())))
+          return failure();
+        return checkReturnRows(ep, ep.getResult(), ep.getOffsets(),
+                               ep.getRowsOf());
+      })
+      .Case([](EPUnpackOp ep) {
+        return checkReturnRows(ep, ep.getResult(), ep.getOffsets(),
+                               ep.getRowsOf());
+      })
+      .Case([](ScatterRowsOp scatter) -> LogicalResult {
+        if (!scatter.getType().isDynamicDim(0))
+          return success();
+        return scatter.emitOpError(
+            "has a result of dynamic row count that the CPU path cannot size "
+            "(no operand gives it)");
+      })
+      .Default([](Operation *) { return success(); });
+}
+
+/// moe.ep_pack, and moe.ep_dispatch of one rank (its all-to-all is the
+/// identity): the overflow rule is the caller's, from `dropped`.
+template <typename OpT>
+LogicalResult lowerEPSend(OpT op, typename OpT::Adaptor adaptor,
+                          KernelCallBuilder &b) {
+  if (failed(checkLowerable(op)))
+    return failure();
+  Value source = b.operand(adaptor.getSource());
+  Value offsets = b.operand(adaptor.getOffsets());
+  Value ranks = b.index(static_cast<int64_t>(op.getEpSize()));
+  Value capacity = b.index(static_cast<int64_t>(op.getCapacity()));
+  if (Value tokenIds = adaptor.getTokenIds())
+    b.replaceWithCall(op, "__moe_cpu_ep_pack_gather",
+                      {source, offsets, b.operand(tokenIds), ranks, capacity});
+  else
+    b.replaceWithCall(op, "__moe_cpu_ep_pack",
+                      {source, offsets, ranks, capacity});
+  return success();
+}
+
+/// moe.ep_unpack, and moe.ep_combine of one rank; `blocks` is the converted
+/// operand of rows to place.
+template <typename OpT>
+LogicalResult lowerEPReturn(OpT op, typename OpT::Adaptor adaptor, Value blocks,
+                            KernelCallBuilder &b) {
+  if (failed(checkLowerable(op)))
+    return failure();
+  Value source = b.operand(blocks);
+  Value offsets = b.operand(adaptor.getOffsets());
+  Value ranks = b.index(static_cast<int64_t>(op.getEpSize()));
+  Value capacity = b.index(static_cast<int64_t>(op.getCapacity()));
+  if (Value rowsOf = adaptor.getRowsOf()) {
+    b.replaceWithCall(op, "__moe_cpu_ep_unpack_reduce",
+                      {source, offsets, b.operand(rowsOf), ranks, capacity});
+    return success();
+  }
+  Value rows;
+  if (DispatchOp dispatch = getRowSource(op.getResult(), op.getOffsets())) {
+    Value tokenIds = b.rewriter.getRemappedValue(dispatch.getTokenIds());
+    if (!tokenIds)
+      return op.emitOpError("cannot find the converted token ids of the "
+                            "moe.dispatch that gives its row count");
+    rows = b.dim(tokenIds, 0);
+  } else {
+    rows = b.index(op.getType().getDimSize(0));
+  }
+  b.replaceWithCall(op, "__moe_cpu_ep_unpack",
+                    {source, offsets, rows, ranks, capacity});
+  return success();
+}
+
+LogicalResult lower(EPDispatchOp op, EPDispatchOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  return lowerEPSend(op, adaptor, b);
+}
+
+LogicalResult lower(EPPackOp op, EPPackOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  return lowerEPSend(op, adaptor, b);
+}
+
+LogicalResult lower(EPCombineOp op, EPCombineOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  return lowerEPReturn(op, adaptor, adaptor.getRows(), b);
+}
+
+LogicalResult lower(EPUnpackOp op, EPUnpackOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  return lowerEPReturn(op, adaptor, adaptor.getReturned(), b);
+}
+
+LogicalResult lower(EPQueuesOp op, EPQueuesOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  b.replaceWithCall(op, "__moe_cpu_ep_queues",
+                    {b.operand(adaptor.getReceivedCounts()),
+                     b.index(static_cast<int64_t>(op.getCapacity()))});
+  return success();
+}
+
+LogicalResult lower(GatherRowsOp op, GatherRowsOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  b.replaceWithCall(
+      op, "__moe_cpu_gather_rows",
+      {b.operand(adaptor.getSource()), b.operand(adaptor.getIndices())});
+  return success();
+}
+
+LogicalResult lower(ScatterRowsOp op, ScatterRowsOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  if (failed(checkLowerable(op)))
+    return failure();
+  b.replaceWithCall(op, "__moe_cpu_scatter_rows",
+                    {b.operand(adaptor.getSource()),
+                     b.operand(adaptor.getIndices()),
+                     b.index(op.getType().getDimSize(0))});
+  return success();
+}
+
 /// A copy of `source` with type `resultType` (the same shape, possibly with
 /// more static sizes).
 Value copyTensor(KernelCallBuilder &b, Value source, Type resultType) {
@@ -475,6 +633,10 @@ struct ConvertMoEToLinalgPass
     if (failed(decomposeLayers(module)))
       return signalPassFailure();
     inlineCheckpoints(module);
+    bool refused = false;
+    module.walk([&](Operation *op) { refused |= failed(checkLowerable(op)); });
+    if (refused)
+      return signalPassFailure();
 
     MLIRContext *context = &getContext();
     TypeConverter typeConverter;
@@ -517,8 +679,11 @@ void mlir::moe::populateMoEToLinalgConversionPatterns(
            LowerToKernel<SharedExpertOp>, LowerToKernel<SharedExpertGradOp>,
            LowerToKernel<CombineOp>, LowerToKernel<CombineGradOp>,
            LowerToKernel<AuxLossOp>, LowerToKernel<AuxLossGradOp>,
-           LowerToKernel<OffloadOp>, LowerToKernel<PrefetchOp>>(typeConverter,
-                                                                context);
+           LowerToKernel<OffloadOp>, LowerToKernel<PrefetchOp>,
+           LowerToKernel<EPDispatchOp>, LowerToKernel<EPCombineOp>,
+           LowerToKernel<EPPackOp>, LowerToKernel<EPUnpackOp>,
+           LowerToKernel<EPQueuesOp>, LowerToKernel<GatherRowsOp>,
+           LowerToKernel<ScatterRowsOp>>(typeConverter, context);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns,
                                                                  typeConverter);
   populateCallOpTypeConversionPattern(patterns, typeConverter);

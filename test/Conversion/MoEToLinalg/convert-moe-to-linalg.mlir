@@ -442,3 +442,146 @@ func.func @accumulate(%x: tensor<37x48xbf16>, %wr: tensor<48x5xbf16>, %logits: t
       -> tensor<37x48xbf16>, tensor<37x2xf32>, tensor<5x48x80xbf16>, tensor<5x40x48xbf16>
   return %dx1 : tensor<37x48xbf16>
 }
+
+// -----
+
+// moe.ep_pack: the kernel with gather takes x and the token ids; without, the
+// expert-order rows. S and C are index arguments; bf16 rows are extended and
+// the send rows truncated back (copies: exact). The overflow rule does not
+// reach the kernel (the caller reads `dropped`).
+// CHECK-LABEL: func.func @ep_pack
+// CHECK-SAME: (%[[X:.*]]: tensor<6x4xbf16>, %[[OFFS:.*]]: tensor<5xi32>, %[[IDS:.*]]: tensor<12xi32>, %[[ROWS:.*]]: tensor<12x4xf32>)
+// CHECK: %[[XE:.*]] = arith.extf %[[X]] : tensor<6x4xbf16> to tensor<6x4xf32>
+// CHECK: %[[XC:.*]] = tensor.cast %[[XE]] : tensor<6x4xf32> to tensor<?x?xf32>
+// CHECK: %[[OC:.*]] = tensor.cast %[[OFFS]] : tensor<5xi32> to tensor<?xi32>
+// CHECK: %[[S:.*]] = arith.constant 2 : index
+// CHECK: %[[C:.*]] = arith.constant 4 : index
+// CHECK: %[[IC:.*]] = tensor.cast %[[IDS]] : tensor<12xi32> to tensor<?xi32>
+// CHECK: %[[P:.*]]:3 = call @__moe_cpu_ep_pack_gather(%[[XC]], %[[OC]], %[[IC]], %[[S]], %[[C]])
+// CHECK-SAME: : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, index, index) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>)
+// CHECK: %[[SEND:.*]] = tensor.cast %[[P]]#0 : tensor<?x?xf32> to tensor<8x4xf32>
+// CHECK: arith.truncf %[[SEND]] : tensor<8x4xf32> to tensor<8x4xbf16>
+// CHECK: tensor.cast %[[P]]#1 : tensor<?x?xi32> to tensor<2x2xi32>
+// CHECK: tensor.cast %[[P]]#2 : tensor<?xi32> to tensor<2xi32>
+// CHECK: %[[RC:.*]] = tensor.cast %[[ROWS]] : tensor<12x4xf32> to tensor<?x?xf32>
+// CHECK: call @__moe_cpu_ep_pack(%[[RC]], %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, index, index) -> (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>)
+// CHECK-DAG: func.func private @__moe_cpu_ep_pack_gather(
+// CHECK-DAG: func.func private @__moe_cpu_ep_pack(
+// CHECK-DAG: func.func private @__moe_cpu_ep_block(
+// CHECK-DAG: func.func private @__moe_cpu_copy_row(
+// CHECK-DAG: func.func private @__moe_cpu_iota(
+func.func @ep_pack(%x: tensor<6x4xbf16>, %offs: tensor<5xi32>,
+                   %ids: tensor<12xi32>, %rows: tensor<12x4xf32>)
+    -> (tensor<8x4xbf16>, tensor<2x2xi32>, tensor<2xi32>, tensor<8x4xf32>) {
+  %send, %counts, %dropped = moe.ep_pack %x, %offs gather(%ids : tensor<12xi32>)
+      {capacity = 4 : i64, ep_size = 2 : i64}
+      : tensor<6x4xbf16>, tensor<5xi32>
+      -> tensor<8x4xbf16>, tensor<2x2xi32>, tensor<2xi32>
+  %send2, %counts2, %dropped2 = moe.ep_pack %rows, %offs
+      {capacity = 4 : i64, ep_size = 2 : i64,
+       overflow = #moe.ep_overflow<drop>}
+      : tensor<12x4xf32>, tensor<5xi32>
+      -> tensor<8x4xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return %send, %counts, %dropped, %send2
+      : tensor<8x4xbf16>, tensor<2x2xi32>, tensor<2xi32>, tensor<8x4xf32>
+}
+
+// -----
+
+// moe.ep_unpack: without reduce the kernel gets R (here the result's static
+// row count); with reduce it takes rows_of and the result is [T, d].
+// CHECK-LABEL: func.func @ep_unpack
+// CHECK-SAME: (%[[RET:.*]]: tensor<8x4xbf16>, %[[OFFS:.*]]: tensor<5xi32>, %[[ROWS:.*]]: tensor<6x2xi32>)
+// CHECK: %[[RE:.*]] = arith.extf %[[RET]] : tensor<8x4xbf16> to tensor<8x4xf32>
+// CHECK: %[[RC:.*]] = tensor.cast %[[RE]] : tensor<8x4xf32> to tensor<?x?xf32>
+// CHECK: %[[OC:.*]] = tensor.cast %[[OFFS]] : tensor<5xi32> to tensor<?xi32>
+// CHECK: %[[S:.*]] = arith.constant 2 : index
+// CHECK: %[[C:.*]] = arith.constant 4 : index
+// CHECK: %[[R:.*]] = arith.constant 12 : index
+// CHECK: %[[Y:.*]] = call @__moe_cpu_ep_unpack(%[[RC]], %[[OC]], %[[R]], %[[S]], %[[C]])
+// CHECK-SAME: : (tensor<?x?xf32>, tensor<?xi32>, index, index, index) -> tensor<?x?xf32>
+// CHECK: %[[YC:.*]] = tensor.cast %[[Y]] : tensor<?x?xf32> to tensor<12x4xf32>
+// CHECK: arith.truncf %[[YC]] : tensor<12x4xf32> to tensor<12x4xbf16>
+// CHECK: %[[ROWSC:.*]] = tensor.cast %[[ROWS]] : tensor<6x2xi32> to tensor<?x?xi32>
+// CHECK: %[[DX:.*]] = call @__moe_cpu_ep_unpack_reduce(%{{.*}}, %[[ROWSC]], %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?x?xi32>, index, index) -> tensor<?x?xf32>
+// CHECK: %[[DXC:.*]] = tensor.cast %[[DX]] : tensor<?x?xf32> to tensor<6x4xf32>
+// CHECK: arith.truncf %[[DXC]] : tensor<6x4xf32> to tensor<6x4xbf16>
+// The reduce is the combine with unit weights.
+// CHECK-DAG: func.func private @__moe_cpu_ep_unpack_reduce(
+// CHECK-DAG: func.func private @__moe_cpu_ep_unpack(
+// CHECK-DAG: func.func private @__moe_cpu_combine(
+func.func @ep_unpack(%ret: tensor<8x4xbf16>, %offs: tensor<5xi32>,
+                     %rows: tensor<6x2xi32>)
+    -> (tensor<12x4xbf16>, tensor<6x4xbf16>) {
+  %y = moe.ep_unpack %ret, %offs {capacity = 4 : i64, ep_size = 2 : i64}
+      : tensor<8x4xbf16>, tensor<5xi32> -> tensor<12x4xbf16>
+  %dx = moe.ep_unpack %ret, %offs reduce(%rows : tensor<6x2xi32>)
+      {capacity = 4 : i64, ep_size = 2 : i64}
+      : tensor<8x4xbf16>, tensor<5xi32> -> tensor<6x4xbf16>
+  return %y, %dx : tensor<12x4xbf16>, tensor<6x4xbf16>
+}
+
+// -----
+
+// The collectives of one rank are their local halves: moe.ep_dispatch is
+// moe.ep_pack, moe.ep_combine is moe.ep_unpack. With a dynamic token count,
+// ep_combine's R is the row count of the token ids of the moe.dispatch that
+// made its offsets.
+// CHECK-LABEL: func.func @ep_one_rank
+// CHECK: %[[D:.*]]:3 = call @__moe_cpu_dispatch(
+// CHECK: call @__moe_cpu_ep_pack_gather(
+// CHECK: %[[C0:.*]] = arith.constant 0 : index
+// CHECK: %[[R:.*]] = tensor.dim %[[D]]#0, %[[C0]] : tensor<?xi32>
+// CHECK: call @__moe_cpu_ep_unpack(%{{.*}}, %{{.*}}, %[[R]], %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, index, index, index)
+// CHECK: call @__moe_cpu_ep_unpack_reduce(
+// CHECK-NOT: moe.
+func.func @ep_one_rank(%e: tensor<?x2xi32>, %x: tensor<?x4xf32>)
+    -> (tensor<?x4xf32>, tensor<?x4xf32>) {
+  %ids, %offs, %rows = moe.dispatch %e {num_experts = 4 : i64}
+      : tensor<?x2xi32> -> tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>
+  %recv, %counts, %dropped = moe.ep_dispatch %x, %offs gather(%ids : tensor<?xi32>)
+      {capacity = 6 : i64, ep_size = 1 : i64}
+      : tensor<?x4xf32>, tensor<5xi32> -> tensor<6x4xf32>, tensor<1x4xi32>, tensor<1xi32>
+  %y = moe.ep_combine %recv, %offs {capacity = 6 : i64, ep_size = 1 : i64}
+      : tensor<6x4xf32>, tensor<5xi32> -> tensor<?x4xf32>
+  %dx = moe.ep_combine %recv, %offs reduce(%rows : tensor<?x2xi32>)
+      {capacity = 6 : i64, ep_size = 1 : i64}
+      : tensor<6x4xf32>, tensor<5xi32> -> tensor<?x4xf32>
+  return %y, %dx : tensor<?x4xf32>, tensor<?x4xf32>
+}
+
+// -----
+
+// moe.ep_queues takes C (S and El are the counts' sizes); moe.gather_rows
+// takes its operands; moe.scatter_rows also takes N, its result's row count.
+// CHECK-LABEL: func.func @queues_and_rows
+// CHECK-SAME: (%[[COUNTS:.*]]: tensor<2x4xi32>, %[[RECV:.*]]: tensor<12x4xbf16>)
+// CHECK: %[[CC:.*]] = tensor.cast %[[COUNTS]] : tensor<2x4xi32> to tensor<?x?xi32>
+// CHECK: %[[C:.*]] = arith.constant 6 : index
+// CHECK: %[[Q:.*]]:2 = call @__moe_cpu_ep_queues(%[[CC]], %[[C]]) : (tensor<?x?xi32>, index) -> (tensor<?xi32>, tensor<?xi32>)
+// CHECK: %[[QIDS:.*]] = tensor.cast %[[Q]]#0 : tensor<?xi32> to tensor<12xi32>
+// CHECK: tensor.cast %[[Q]]#1 : tensor<?xi32> to tensor<5xi32>
+// CHECK: %[[RE:.*]] = arith.extf %[[RECV]] : tensor<12x4xbf16> to tensor<12x4xf32>
+// CHECK: %[[RC:.*]] = tensor.cast %[[RE]] : tensor<12x4xf32> to tensor<?x?xf32>
+// CHECK: %[[QC:.*]] = tensor.cast %[[QIDS]] : tensor<12xi32> to tensor<?xi32>
+// CHECK: %[[G:.*]] = call @__moe_cpu_gather_rows(%[[RC]], %[[QC]]) : (tensor<?x?xf32>, tensor<?xi32>) -> tensor<?x?xf32>
+// CHECK: %[[GC:.*]] = tensor.cast %[[G]] : tensor<?x?xf32> to tensor<12x4xf32>
+// CHECK: %[[GB:.*]] = arith.truncf %[[GC]] : tensor<12x4xf32> to tensor<12x4xbf16>
+// CHECK: %[[GE:.*]] = arith.extf %[[GB]] : tensor<12x4xbf16> to tensor<12x4xf32>
+// CHECK: %[[GEC:.*]] = tensor.cast %[[GE]] : tensor<12x4xf32> to tensor<?x?xf32>
+// CHECK: %[[N:.*]] = arith.constant 16 : index
+// CHECK: call @__moe_cpu_scatter_rows(%[[GEC]], %{{.*}}, %[[N]]) : (tensor<?x?xf32>, tensor<?xi32>, index) -> tensor<?x?xf32>
+// CHECK-DAG: func.func private @__moe_cpu_ep_queues(
+// CHECK-DAG: func.func private @__moe_cpu_gather_rows(
+// CHECK-DAG: func.func private @__moe_cpu_scatter_rows(
+// CHECK-DAG: func.func private @__moe_cpu_in_range(
+func.func @queues_and_rows(%counts: tensor<2x4xi32>, %recv: tensor<12x4xbf16>)
+    -> (tensor<5xi32>, tensor<16x4xbf16>) {
+  %ids, %offs = moe.ep_queues %counts {capacity = 6 : i64}
+      : tensor<2x4xi32> -> tensor<12xi32>, tensor<5xi32>
+  %g = moe.gather_rows %recv, %ids : tensor<12x4xbf16>, tensor<12xi32>
+      -> tensor<12x4xbf16>
+  %s = moe.scatter_rows %g, %ids : tensor<12x4xbf16>, tensor<12xi32>
+      -> tensor<16x4xbf16>
+  return %offs, %s : tensor<5xi32>, tensor<16x4xbf16>
+}

@@ -339,6 +339,17 @@ func.func @layer_top_k_exceeds_bias_experts(%x: tensor<37x48xf32>, %wr: tensor<4
 
 // -----
 
+// E is dynamic in the router weight: the weights give it, and the bias is
+// checked against them.
+func.func @layer_bias_experts_from_weights(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %b: tensor<4xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>) {
+  // expected-error @+1 {{router_bias dimension 0 is 4, expected E = 5}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd bias(%b : tensor<4xf32>) {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x?xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32> -> tensor<37x48xf32>, tensor<37x?xf32>
+  return
+}
+
+// -----
+
 func.func @layer_num_groups_not_dividing(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>) {
   // expected-error @+1 {{num_groups (2) must divide the number of experts (5)}}
   %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, routing = #moe.routing<scoring = sigmoid, top_k = 2, num_groups = 2, topk_groups = 1>}
@@ -1723,5 +1734,479 @@ func.func @function_bound_zero() attributes {moe.max_tokens = 0 : i64} {
 func.func @bound_on_an_op() {
   // expected-error @+1 {{'moe.max_tokens' must be a positive i64 on a function}}
   %c = arith.constant {moe.max_tokens = 8 : i64} 0 : i32
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism. moe.layer: E = 8 experts, ep_size = 2 ranks, so the
+// weights hold E / ep_size = 4. The ops: E = 4 (offsets [5]), ep_size = 2
+// (E / ep_size = 2), capacity C = 50 (ep_size * C = 100 rows), R = 74.
+//===----------------------------------------------------------------------===//
+
+func.func @layer_ep_size_without_capacity(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{expected both ep_size and ep_capacity, or neither}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_capacity_without_size(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<8x48x80xf32>, %wd: tensor<8x40x48xf32>) {
+  // expected-error @+1 {{expected both ep_size and ep_capacity, or neither}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<8x48x80xf32>, tensor<8x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_overflow_without_size(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<8x48x80xf32>, %wd: tensor<8x40x48xf32>) {
+  // expected-error @+1 {{has ep_overflow but no ep_size}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_overflow = #moe.ep_overflow<drop>, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<8x48x80xf32>, tensor<8x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_size_not_dividing(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{ep_size (3) must divide the number of experts (8)}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 3, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+// The weights of every expert where the rank holds E / ep_size.
+func.func @layer_ep_w_gate_up_experts(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<8x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{w_gate_up dimension 0 is 8, expected E / ep_size = 4}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<8x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_w_down_experts(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<8x40x48xf32>) {
+  // expected-error @+1 {{w_down dimension 0 is 8, expected E / ep_size = 4}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<8x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+// E is dynamic but in the logits: the weights are checked against it there.
+func.func @layer_ep_experts_from_logits(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{w_gate_up dimension 0 is 4, expected E / ep_size = 3}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x?xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x6xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_w_down_experts_from_bias(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %b: tensor<8xf32>, %wgu: tensor<?x48x80xf32>, %wd: tensor<2x40x48xf32>) {
+  // expected-error @+1 {{w_down dimension 0 is 2, expected E / ep_size = 4}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd bias(%b : tensor<8xf32>) {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x?xf32>, tensor<?x48x80xf32>, tensor<2x40x48xf32> -> tensor<37x48xf32>, tensor<37x?xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_size_not_dividing_logits(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %wgu: tensor<?x48x80xf32>, %wd: tensor<?x40x48xf32>) {
+  // expected-error @+1 {{ep_size (2) must divide the number of experts (5)}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x?xf32>, tensor<?x48x80xf32>, tensor<?x40x48xf32> -> tensor<37x48xf32>, tensor<37x5xf32>
+  return
+}
+
+// -----
+
+// Checked whatever E is, here dynamic.
+func.func @layer_ep_rows_overflow(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %wgu: tensor<?x48x80xf32>, %wd: tensor<?x40x48xf32>) {
+  // expected-error @+1 {{ep_size * ep_capacity (4 * 2147483646) exceeds the i32 row index range}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 2147483646, ep_size = 4, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x?xf32>, tensor<?x48x80xf32>, tensor<?x40x48xf32> -> tensor<37x48xf32>, tensor<37x?xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_size_zero(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<8x48x80xf32>, %wd: tensor<8x40x48xf32>) {
+  // expected-error @+1 {{attribute 'ep_size' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 65536}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 0, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<8x48x80xf32>, tensor<8x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_size_too_large(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %wgu: tensor<1x48x80xf32>, %wd: tensor<1x40x48xf32>) {
+  // expected-error @+1 {{attribute 'ep_size' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 65536}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 1, ep_size = 65537, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x?xf32>, tensor<1x48x80xf32>, tensor<1x40x48xf32> -> tensor<37x48xf32>, tensor<37x?xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_capacity_zero(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{attribute 'ep_capacity' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 2147483646}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 0, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+// moe.ep_dispatch and moe.ep_pack (the blocks' checks are shared with
+// moe.ep_combine and moe.ep_unpack).
+
+func.func @ep_dispatch_rows_overflow(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{ep_size * capacity (2 * 2147483646) exceeds the i32 row index range}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 2147483646 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<?x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_no_experts(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<1xi32>) {
+  // expected-error @+1 {{offsets must have E + 1 >= 2 entries, got 1}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 1 : i64} : tensor<37x48xf32>, tensor<1xi32> -> tensor<50x48xf32>, tensor<1x?xi32>, tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @ep_pack_ep_size_not_dividing(%y: tensor<74x48xf32>, %off: tensor<6xi32>) {
+  // expected-error @+1 {{ep_size (2) must divide the number of experts (5, offsets has E + 1 entries)}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<74x48xf32>, tensor<6xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_received_rows(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{received dimension 0 is 99, expected ep_size * capacity = 100}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<99x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_pack_send_hidden(%y: tensor<74x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{send dimension 1 is 47, expected d = 48}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<74x48xf32>, tensor<5xi32> -> tensor<100x47xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_pack_counts_ranks(%y: tensor<74x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{send_counts dimension 0 is 3, expected ep_size = 2}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<74x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<3x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_counts_local_experts(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{received_counts dimension 1 is 4, expected E / ep_size = 2}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x4xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+// With dynamic offsets only the counts give E / ep_size.
+func.func @ep_pack_counts_no_local_experts(%y: tensor<74x48xf32>, %off: tensor<?xi32>) {
+  // expected-error @+1 {{send_counts must have E / ep_size >= 1 columns, got 0}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<74x48xf32>, tensor<?xi32> -> tensor<100x48xf32>, tensor<2x0xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_dropped_ranks(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{dropped dimension 0 is 3, expected ep_size = 2}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<3xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_element_type(%x: tensor<37x48xbf16>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{expected one element type for activations and weights, but source has 'bf16' and received has 'f32'}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xbf16>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_counts_i64(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{result #1 must be 2D tensor of 32-bit signless integer values, but got 'tensor<2x2xi64>'}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi64>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_ep_size_zero(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{attribute 'ep_size' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 65536}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 50 : i64, ep_size = 0 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_pack_ep_size_too_large(%y: tensor<74x48xf32>, %off: tensor<65538xi32>) {
+  // expected-error @+1 {{attribute 'ep_size' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 65536}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 1 : i64, ep_size = 65537 : i64} : tensor<74x48xf32>, tensor<65538xi32> -> tensor<65537x48xf32>, tensor<65537x1xi32>, tensor<65537xi32>
+  return
+}
+
+// -----
+
+func.func @ep_dispatch_capacity_zero(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{attribute 'capacity' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 2147483646}}
+  %r, %c, %d = moe.ep_dispatch %x, %off gather(%ids : tensor<74xi32>) {capacity = 0 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<0x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_pack_capacity_past_i32(%y: tensor<74x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{attribute 'capacity' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 2147483646}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 2147483647 : i64, ep_size = 1 : i64} : tensor<74x48xf32>, tensor<5xi32> -> tensor<?x48xf32>, tensor<1x4xi32>, tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @ep_pack_overflow_not_enum(%y: tensor<74x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{attribute 'overflow' failed to satisfy constraint: what an expert-parallel dispatch does with rows past its capacity}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 50 : i64, ep_size = 2 : i64, overflow = 1 : i32} : tensor<74x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+// moe.ep_combine and moe.ep_unpack.
+
+func.func @ep_combine_rows_overflow(%rows: tensor<?x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{ep_size * capacity (65536 * 2147483646) exceeds the i32 row index range}}
+  %y = moe.ep_combine %rows, %off {capacity = 2147483646 : i64, ep_size = 65536 : i64} : tensor<?x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_unpack_no_experts(%ret: tensor<100x48xf32>, %off: tensor<0xi32>) {
+  // expected-error @+1 {{offsets must have E + 1 >= 2 entries, got 0}}
+  %y = moe.ep_unpack %ret, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<0xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_combine_ep_size_not_dividing(%rows: tensor<150x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{ep_size (3) must divide the number of experts (4, offsets has E + 1 entries)}}
+  %y = moe.ep_combine %rows, %off {capacity = 50 : i64, ep_size = 3 : i64} : tensor<150x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_combine_rows(%rows: tensor<98x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{rows dimension 0 is 98, expected ep_size * capacity = 100}}
+  %y = moe.ep_combine %rows, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<98x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_unpack_returned_rows(%ret: tensor<50x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{returned dimension 0 is 50, expected ep_size * capacity = 100}}
+  %y = moe.ep_unpack %ret, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<50x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_unpack_result_hidden(%ret: tensor<100x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{result dimension 1 is 47, expected d = 48}}
+  %y = moe.ep_unpack %ret, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<74x47xf32>
+  return
+}
+
+// -----
+
+func.func @ep_combine_element_type(%rows: tensor<100x48xbf16>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{expected one element type for activations and weights, but rows has 'bf16' and result has 'f32'}}
+  %y = moe.ep_combine %rows, %off {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xbf16>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_combine_reduce_tokens(%rows: tensor<100x48xf32>, %off: tensor<5xi32>, %rows_of: tensor<37x2xi32>) {
+  // expected-error @+1 {{result dimension 0 is 74, expected T = 37}}
+  %y = moe.ep_combine %rows, %off reduce(%rows_of : tensor<37x2xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_unpack_reduce_zero_k(%ret: tensor<100x48xf32>, %off: tensor<5xi32>, %rows_of: tensor<37x0xi32>) {
+  // expected-error @+1 {{k (dimension 1 of rows_of) must be at least 1, got 0}}
+  %y = moe.ep_unpack %ret, %off reduce(%rows_of : tensor<37x0xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<37x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_combine_rows_of_rank(%rows: tensor<100x48xf32>, %off: tensor<5xi32>, %rows_of: tensor<74xi32>) {
+  // expected-error @+1 {{operand #2 must be 2D tensor of 32-bit signless integer values, but got 'tensor<74xi32>'}}
+  %y = moe.ep_combine %rows, %off reduce(%rows_of : tensor<74xi32>) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<37x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_unpack_capacity_zero(%ret: tensor<100x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{attribute 'capacity' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 2147483646}}
+  %y = moe.ep_unpack %ret, %off {capacity = 0 : i64, ep_size = 2 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+func.func @ep_combine_ep_size_zero(%rows: tensor<100x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{attribute 'ep_size' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 65536}}
+  %y = moe.ep_combine %rows, %off {capacity = 50 : i64, ep_size = 0 : i64} : tensor<100x48xf32>, tensor<5xi32> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+// moe.ep_queues: received_counts [ep_size, E / ep_size].
+
+func.func @ep_queues_no_ranks(%c: tensor<0x2xi32>) {
+  // expected-error @+1 {{received_counts must have ep_size in [1, 65536] rows, got 0}}
+  %ids, %off = moe.ep_queues %c {capacity = 50 : i64} : tensor<0x2xi32> -> tensor<0xi32>, tensor<3xi32>
+  return
+}
+
+// -----
+
+func.func @ep_queues_too_many_ranks(%c: tensor<65537x1xi32>) {
+  // expected-error @+1 {{received_counts must have ep_size in [1, 65536] rows, got 65537}}
+  %ids, %off = moe.ep_queues %c {capacity = 1 : i64} : tensor<65537x1xi32> -> tensor<65537xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @ep_queues_no_local_experts(%c: tensor<2x0xi32>) {
+  // expected-error @+1 {{received_counts must have E / ep_size >= 1 columns, got 0}}
+  %ids, %off = moe.ep_queues %c {capacity = 50 : i64} : tensor<2x0xi32> -> tensor<100xi32>, tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @ep_queues_rows_overflow(%c: tensor<2x2xi32>) {
+  // expected-error @+1 {{the received rows (2 * 2147483646) exceed the i32 row index range}}
+  %ids, %off = moe.ep_queues %c {capacity = 2147483646 : i64} : tensor<2x2xi32> -> tensor<?xi32>, tensor<3xi32>
+  return
+}
+
+// -----
+
+func.func @ep_queues_token_ids(%c: tensor<2x2xi32>) {
+  // expected-error @+1 {{token_ids dimension 0 is 99, expected ep_size * capacity = 100}}
+  %ids, %off = moe.ep_queues %c {capacity = 50 : i64} : tensor<2x2xi32> -> tensor<99xi32>, tensor<3xi32>
+  return
+}
+
+// -----
+
+func.func @ep_queues_offsets(%c: tensor<2x2xi32>) {
+  // expected-error @+1 {{offsets dimension 0 is 5, expected E / ep_size + 1 = 3}}
+  %ids, %off = moe.ep_queues %c {capacity = 50 : i64} : tensor<2x2xi32> -> tensor<100xi32>, tensor<5xi32>
+  return
+}
+
+// -----
+
+func.func @ep_queues_capacity_zero(%c: tensor<2x2xi32>) {
+  // expected-error @+1 {{attribute 'capacity' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1 whose maximum value is 2147483646}}
+  %ids, %off = moe.ep_queues %c {capacity = 0 : i64} : tensor<2x2xi32> -> tensor<0xi32>, tensor<3xi32>
+  return
+}
+
+// -----
+
+// moe.gather_rows: source [N, d], indices [M], result [M, d].
+
+func.func @gather_rows_element_type(%src: tensor<100x48xf32>, %ids: tensor<74xi32>) {
+  // expected-error @+1 {{expected one element type for activations and weights, but source has 'f32' and result has 'bf16'}}
+  %g = moe.gather_rows %src, %ids : tensor<100x48xf32>, tensor<74xi32> -> tensor<74x48xbf16>
+  return
+}
+
+// -----
+
+func.func @gather_rows_result_rows(%src: tensor<100x48xf32>, %ids: tensor<74xi32>) {
+  // expected-error @+1 {{result dimension 0 is 100, expected M = 74}}
+  %g = moe.gather_rows %src, %ids : tensor<100x48xf32>, tensor<74xi32> -> tensor<100x48xf32>
+  return
+}
+
+// -----
+
+func.func @gather_rows_result_hidden(%src: tensor<100x48xf32>, %ids: tensor<74xi32>) {
+  // expected-error @+1 {{result dimension 1 is 47, expected d = 48}}
+  %g = moe.gather_rows %src, %ids : tensor<100x48xf32>, tensor<74xi32> -> tensor<74x47xf32>
+  return
+}
+
+// -----
+
+func.func @gather_rows_indices_i64(%src: tensor<100x48xf32>, %ids: tensor<74xi64>) {
+  // expected-error @+1 {{operand #1 must be 1D tensor of 32-bit signless integer values, but got 'tensor<74xi64>'}}
+  %g = moe.gather_rows %src, %ids : tensor<100x48xf32>, tensor<74xi64> -> tensor<74x48xf32>
+  return
+}
+
+// -----
+
+// moe.scatter_rows: source [M, d], indices [M], result [N, d].
+
+func.func @scatter_rows_element_type(%src: tensor<74x48xbf16>, %ids: tensor<74xi32>) {
+  // expected-error @+1 {{expected one element type for activations and weights, but source has 'bf16' and result has 'f16'}}
+  %s = moe.scatter_rows %src, %ids : tensor<74x48xbf16>, tensor<74xi32> -> tensor<100x48xf16>
+  return
+}
+
+// -----
+
+func.func @scatter_rows_indices(%src: tensor<74x48xf32>, %ids: tensor<100xi32>) {
+  // expected-error @+1 {{indices dimension 0 is 100, expected M = 74}}
+  %s = moe.scatter_rows %src, %ids : tensor<74x48xf32>, tensor<100xi32> -> tensor<100x48xf32>
+  return
+}
+
+// -----
+
+func.func @scatter_rows_result_hidden(%src: tensor<74x48xf32>, %ids: tensor<74xi32>) {
+  // expected-error @+1 {{result dimension 1 is 47, expected d = 48}}
+  %s = moe.scatter_rows %src, %ids : tensor<74x48xf32>, tensor<74xi32> -> tensor<100x47xf32>
   return
 }

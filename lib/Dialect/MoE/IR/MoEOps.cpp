@@ -96,6 +96,9 @@ int64_t successor(int64_t a) {
 /// Row, token and expert indices are i32.
 constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
 
+/// The largest ep_size (the ops' attribute constraint).
+constexpr int64_t kMaxEPSize = 65536;
+
 /// Rules of a routing attribute that depend on the number of experts.
 LogicalResult verifyRoutingForExperts(Operation *op, RoutingAttr routing,
                                       int64_t numExperts) {
@@ -250,16 +253,34 @@ LogicalResult LayerOp::verify() {
     return emitOpError("expected both ep_size and ep_capacity, or neither");
   if (getEpOverflow() && !epSize)
     return emitOpError("has ep_overflow but no ep_size");
-  int64_t localExperts = kDynamic;
-  if (epSize && !ShapedType::isDynamic(experts)) {
+  if (epSize && getCapacityFactor())
+    return emitOpError("is expert-parallel and has a capacity_factor; its "
+                       "capacity is ep_capacity, the rows a rank sends to one "
+                       "rank");
+  // Without ep_size the weights' expert count is E itself, which the bias
+  // and the logits are then checked against.
+  int64_t epLocalExperts = kDynamic;
+  int64_t &localExperts = epSize ? epLocalExperts : experts;
+  // E / ep_size, once E is known: here, and again at the end for an E that
+  // only the bias or the logits give.
+  auto matchLocalExperts = [&]() -> LogicalResult {
+    if (!epSize || ShapedType::isDynamic(experts))
+      return success();
     if (experts % *epSize != 0)
       return emitOpError() << "ep_size (" << *epSize
                            << ") must divide the number of experts (" << experts
                            << ")";
-    localExperts = experts / *epSize;
-  } else if (!epSize) {
-    localExperts = experts;
-  }
+    int64_t expected = experts / *epSize;
+    if (failed(shapes.matchSize(expected, "E / ep_size", epLocalExperts,
+                                ShapedType::isDynamic(dimOf(getWGateUp(), 0))
+                                    ? "w_down dimension 0"
+                                    : "w_gate_up dimension 0")))
+      return failure();
+    epLocalExperts = expected;
+    return success();
+  };
+  if (failed(matchLocalExperts()))
+    return failure();
   StringRef localName = epSize ? "E / ep_size" : "E";
   if (failed(shapes.match(localExperts, localName, getWGateUp(), "w_gate_up",
                           0)) ||
@@ -311,8 +332,9 @@ LogicalResult LayerOp::verify() {
     return emitOpError() << "has max_tokens = " << *maxTokens
                          << " but a static token count T = " << tokens
                          << " (a static T is its own bound)";
-  if (epSize && !ShapedType::isDynamic(localExperts) &&
-      product(*epSize, *getEpCapacity()) > kMaxIndex)
+  if (failed(matchLocalExperts()))
+    return failure();
+  if (epSize && product(*epSize, *getEpCapacity()) > kMaxIndex)
     return emitOpError() << "ep_size * ep_capacity (" << *epSize << " * "
                          << *getEpCapacity()
                          << ") exceeds the i32 row index range";
@@ -541,6 +563,10 @@ static LogicalResult verifyEPBlocks(Operation *op, ShapeVerifier &shapes,
         failed(
             shapes.match(localExperts, "E / ep_size", counts, countsName, 1)))
       return failure();
+    // Only the counts give E / ep_size where offsets is dynamic.
+    if (localExperts == 0)
+      return op->emitOpError()
+             << countsName << " must have E / ep_size >= 1 columns, got 0";
   }
   if (dropped) {
     int64_t ranks = epSize;
@@ -620,6 +646,13 @@ LogicalResult EPQueuesOp::verify() {
   ShapeVerifier shapes(*this);
   int64_t ranks = dimOf(getReceivedCounts(), 0);
   int64_t localExperts = dimOf(getReceivedCounts(), 1);
+  // [S, E / S] of an ep_size in [1, 65536] and E >= 1.
+  if (!ShapedType::isDynamic(ranks) && (ranks < 1 || ranks > kMaxEPSize))
+    return emitOpError() << "received_counts must have ep_size in [1, "
+                         << kMaxEPSize << "] rows, got " << ranks;
+  if (localExperts == 0)
+    return emitOpError(
+        "received_counts must have E / ep_size >= 1 columns, got 0");
   int64_t slots = product(ranks, getCapacity());
   if (!ShapedType::isDynamic(ranks) && slots > kMaxIndex)
     return emitOpError() << "the received rows (" << ranks << " * "

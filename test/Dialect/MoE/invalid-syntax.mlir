@@ -109,7 +109,7 @@ func.func @unknown_attribute(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>) {
 }
 
 //===----------------------------------------------------------------------===//
-// #moe.scoring and #moe.activation
+// #moe.scoring, #moe.activation and #moe.ep_overflow
 //===----------------------------------------------------------------------===//
 
 // -----
@@ -127,6 +127,34 @@ func.func @activation_unknown(%x: tensor<37x48xf32>, %wgu: tensor<48x64xf32>, %w
   // expected-error @+2 {{expected ::mlir::moe::Activation to be one of: swiglu, gelu, silu}}
   // expected-error @+1 {{failed to parse MoE_ActivationAttr parameter 'value'}}
   %y, %h = moe.shared_expert %x, %wgu, %wd {activation = #moe.activation<relu>} : tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32> -> tensor<37x48xf32>, tensor<37x64xf32>
+  return
+}
+
+// -----
+
+func.func @ep_overflow_unknown(%y: tensor<74x48xf32>, %off: tensor<5xi32>) {
+  // expected-error @+2 {{expected ::mlir::moe::EPOverflow to be one of: error, drop}}
+  // expected-error @+1 {{failed to parse MoE_EPOverflowAttr parameter 'value'}}
+  %s, %c, %d = moe.ep_pack %y, %off {capacity = 50 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<spill>} : tensor<74x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_overflow_unknown(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+2 {{expected ::mlir::moe::EPOverflow to be one of: error, drop}}
+  // expected-error @+1 {{failed to parse MoE_EPOverflowAttr parameter 'value'}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_overflow = #moe.ep_overflow<block>, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+// A gather() group without its type.
+func.func @ep_pack_gather_without_type(%x: tensor<37x48xf32>, %ids: tensor<74xi32>, %off: tensor<5xi32>) {
+  // expected-error @+1 {{expected ':'}}
+  %s, %c, %d = moe.ep_pack %x, %off gather(%ids) {capacity = 50 : i64, ep_size = 2 : i64} : tensor<37x48xf32>, tensor<5xi32> -> tensor<100x48xf32>, tensor<2x2xi32>, tensor<2xi32>
   return
 }
 

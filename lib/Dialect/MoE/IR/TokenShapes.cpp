@@ -58,18 +58,75 @@ std::optional<int64_t> functionTopK(Operation *op) {
         .Case([&](CombineOp combine) { see(pairWidth(combine.getRows())); })
         .Case([&](RouterGradOp grad) { see(pairWidth(grad.getExperts())); })
         .Case([&](ExpertCombineGradOp grad) { see(pairWidth(grad.getRows())); })
-        .Case([&](CombineGradOp grad) { see(pairWidth(grad.getRows())); });
+        .Case([&](CombineGradOp grad) { see(pairWidth(grad.getRows())); })
+        .Case<EPCombineOp, EPUnpackOp>([&](auto combine) {
+          if (Value rowsOf = combine.getRowsOf())
+            see(pairWidth(rowsOf));
+        });
   });
   if (ambiguous)
     return std::nullopt;
   return topK;
 }
 
+struct Relation {
+  Follows follows = Follows::Nothing;
+  std::optional<int64_t> topK; // of Rows, where known
+};
+
+Relation relationOf(Value value, unsigned depth);
+std::optional<Relation> usesRelation(Value value, unsigned depth);
+
+/// What the values of row indices point at, from the op that made them: the
+/// tokens for the token ids of moe.dispatch, the received rows ([S * C],
+/// fixed) for those of moe.ep_queues; nullopt where it cannot be told.
+std::optional<Follows> indexSpace(Value indices, unsigned depth) {
+  if (depth > 16)
+    return std::nullopt;
+  if (auto argument = dyn_cast<BlockArgument>(indices)) {
+    auto checkpoint =
+        dyn_cast_or_null<CheckpointOp>(argument.getOwner()->getParentOp());
+    if (!checkpoint)
+      return std::nullopt;
+    return indexSpace(checkpoint.getInputs()[argument.getArgNumber()],
+                      depth + 1);
+  }
+  Operation *op = indices.getDefiningOp();
+  if (auto dispatch = dyn_cast<DispatchOp>(op))
+    return indices == dispatch.getTokenIds()
+               ? std::optional<Follows>(Follows::Tokens)
+               : std::nullopt;
+  if (auto queues = dyn_cast<EPQueuesOp>(op))
+    return indices == queues.getTokenIds()
+               ? std::optional<Follows>(Follows::Nothing)
+               : std::nullopt;
+  if (auto prefetch = dyn_cast<PrefetchOp>(op))
+    return indexSpace(prefetch.getHost(), depth + 1);
+  if (auto offload = dyn_cast<OffloadOp>(op))
+    return indexSpace(offload.getSource(), depth + 1);
+  if (auto checkpoint = dyn_cast<CheckpointOp>(op)) {
+    auto yield = cast<YieldOp>(checkpoint.getBody().front().getTerminator());
+    return indexSpace(
+        yield.getValues()[cast<OpResult>(indices).getResultNumber()],
+        depth + 1);
+  }
+  return std::nullopt;
+}
+
+/// k of the rows that `offsets` divide among the experts: the [T, k] pairs
+/// of the moe.dispatch that made them.
+std::optional<int64_t> offsetsTopK(Value offsets) {
+  if (auto dispatch = offsets.getDefiningOp<DispatchOp>())
+    return pairWidth(dispatch.getExperts());
+  return std::nullopt;
+}
+
 /// What operand `use` of a moe op is: Rows for the expert-ordered ones (and
-/// k where the op shows it), Tokens for [T, ...] ones, Nothing for weights
-/// and offsets; nullopt for an op whose operands this does not know.
+/// k where the op shows it), Tokens for [T, ...] ones, Nothing for weights,
+/// offsets and the [S * C] rows of expert parallelism; nullopt for an op
+/// whose operands this does not know.
 std::optional<std::pair<Follows, std::optional<int64_t>>>
-operandFollows(OpOperand &use) {
+operandFollows(OpOperand &use, unsigned depth) {
   Operation *op = use.getOwner();
   Value operand = use.get();
   using Result = std::optional<std::pair<Follows, std::optional<int64_t>>>;
@@ -82,12 +139,20 @@ operandFollows(OpOperand &use) {
   auto nothing = []() -> Result {
     return std::make_pair(Follows::Nothing, std::nullopt);
   };
+  auto known = [](std::optional<Relation> relation) -> Result {
+    if (!relation)
+      return std::nullopt;
+    return std::make_pair(relation->follows, relation->topK);
+  };
   return TypeSwitch<Operation *, Result>(op)
       .Case<LayerOp, RouterOp>([&](auto layer) -> Result {
         return operand == layer.getX() ? tokens() : nothing();
       })
       .Case([&](DispatchOp) -> Result { return tokens(); })
       .Case<ExpertFFNOp, ExpertFFNGradOp>([&](auto ffn) -> Result {
+        // The experts of a rank on the rows it received: all [S * C].
+        if (indexSpace(ffn.getTokenIds(), depth) == Follows::Nothing)
+          return nothing();
         if (operand == ffn.getTokenIds())
           return rows(std::nullopt);
         if (operand == ffn.getX())
@@ -127,15 +192,42 @@ operandFollows(OpOperand &use) {
                    ? tokens()
                    : nothing();
       })
+      // Rows in expert order, or x [T, d] gathered by their token ids; the
+      // [S * C] rows and the offsets are fixed.
+      .Case<EPDispatchOp, EPPackOp>([&](auto send) -> Result {
+        if (operand == send.getSource())
+          return send.getTokenIds() ? tokens()
+                                    : rows(offsetsTopK(send.getOffsets()));
+        if (operand == send.getTokenIds())
+          return rows(offsetsTopK(send.getOffsets()));
+        return nothing();
+      })
+      .Case<EPCombineOp, EPUnpackOp>([&](auto combine) -> Result {
+        return operand == combine.getRowsOf() ? tokens() : nothing();
+      })
+      .Case([&](EPQueuesOp) -> Result { return nothing(); })
+      // source [N, d] is what the indices point at; indices [M] has the rows
+      // of the result.
+      .Case([&](GatherRowsOp gather) -> Result {
+        if (operand == gather.getIndices())
+          return known(usesRelation(gather.getResult(), depth + 1));
+        if (std::optional<Follows> space =
+                indexSpace(gather.getIndices(), depth + 1))
+          return std::make_pair(*space, std::nullopt);
+        return std::nullopt;
+      })
+      // source [M, d] and indices [M]: what the other one is, where an op
+      // made it.
+      .Case([&](ScatterRowsOp scatter) -> Result {
+        Value other = operand == scatter.getSource() ? scatter.getIndices()
+                                                     : scatter.getSource();
+        if (isa<BlockArgument>(other))
+          return std::nullopt;
+        Relation relation = relationOf(other, depth + 1);
+        return std::make_pair(relation.follows, relation.topK);
+      })
       .Default([](Operation *) -> Result { return std::nullopt; });
 }
-
-struct Relation {
-  Follows follows = Follows::Nothing;
-  std::optional<int64_t> topK; // of Rows, where known
-};
-
-Relation relationOf(Value value, unsigned depth);
 
 /// What the uses of `value` say: the first moe op that reads it, through
 /// checkpoints, offloads and prefetches; nullopt where none does.
@@ -150,7 +242,7 @@ std::optional<Relation> usesRelation(Value value, unsigned depth) {
           checkpoint.getBody().getArgument(use.getOperandNumber()), depth + 1);
     else if (isa<OffloadOp, PrefetchOp>(user))
       relation = usesRelation(user->getResult(0), depth + 1);
-    else if (auto known = operandFollows(use))
+    else if (auto known = operandFollows(use, depth))
       relation = Relation{known->first, known->second};
     if (relation)
       return relation;
@@ -195,10 +287,17 @@ Relation relationOf(Value value, unsigned depth) {
       })
       .Case<SharedExpertOp, CombineOp, AuxLossGradOp>(
           [&](Operation *) { return tokens(); })
-      .Case<RouterGradOp, ExpertFFNGradOp, SharedExpertGradOp>(
-          [&](Operation *) {
-            return result.getResultNumber() == 0 ? tokens() : nothing();
-          })
+      .Case<RouterGradOp, SharedExpertGradOp>([&](Operation *) {
+        return result.getResultNumber() == 0 ? tokens() : nothing();
+      })
+      // dx has the rows of x: the tokens, or the [S * C] rows received.
+      .Case([&](ExpertFFNGradOp grad) {
+        return value == grad.getDx() &&
+                       indexSpace(grad.getTokenIds(), depth + 1) !=
+                           Follows::Nothing
+                   ? tokens()
+                   : nothing();
+      })
       .Case([&](ExpertCombineGradOp grad) {
         return value == grad.getDx() || value == grad.getDWeights() ? tokens()
                                                                     : nothing();
@@ -209,6 +308,30 @@ Relation relationOf(Value value, unsigned depth) {
         return tokens();
       })
       .Case([&](AuxLossOp) { return nothing(); })
+      // Expert parallelism: the [S * C] rows of the ranks, the counts, the
+      // dropped rows and the queues have fixed sizes; what comes home is in
+      // expert order (T * k rows of the dispatch that made the offsets) or
+      // summed per token.
+      .Case<EPDispatchOp, EPPackOp, EPQueuesOp>(
+          [&](Operation *) { return nothing(); })
+      .Case<EPCombineOp, EPUnpackOp>([&](auto combine) {
+        if (combine.getRowsOf())
+          return tokens();
+        return Relation{Follows::Rows, offsetsTopK(combine.getOffsets())};
+      })
+      .Case([&](GatherRowsOp gather) {
+        return relationOf(gather.getIndices(), depth + 1);
+      })
+      // [N, d]: what the indices point at where the op that made them says;
+      // else a static size is fixed and a dynamic one what its uses say.
+      .Case([&](ScatterRowsOp scatter) {
+        if (std::optional<Follows> space =
+                indexSpace(scatter.getIndices(), depth + 1))
+          return Relation{*space, std::nullopt};
+        if (!tensorTypeOf(value).isDynamicDim(0))
+          return nothing();
+        return usesRelation(value, depth + 1).value_or(nothing());
+      })
       .Case([&](OffloadOp offload) {
         return relationOf(offload.getSource(), depth + 1);
       })

@@ -3,9 +3,11 @@
 // With a dynamic token count (moe.layer's max_tokens) the leading dimension of
 // a tensor is T (x, the routing pairs, the logits, the outputs and their
 // gradients), T * k (the expert-ordered rows: the token ids, the experts' y
-// and h and their gradients) or not tied to T at all (weights, offsets). The
-// plans count and place bytes at the bound and report them as functions of
-// T; the GPU path sizes its buffers from the T of a call.
+// and h and their gradients) or not tied to T at all (weights, offsets, and
+// with expert parallelism the [ep_size * capacity] rows a rank sends and
+// receives, its counts and queues, and what its experts compute on them).
+// The plans count and place bytes at the bound and report them as functions
+// of T; the GPU path sizes its buffers from the T of a call.
 //
 //===----------------------------------------------------------------------===//
 

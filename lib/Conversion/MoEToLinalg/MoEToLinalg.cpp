@@ -343,14 +343,6 @@ LogicalResult lower(AuxLossGradOp op, AuxLossGradOp::Adaptor adaptor,
 // Expert parallelism
 //===----------------------------------------------------------------------===//
 
-/// The moe.dispatch whose token ids give the row count R of `result` when its
-/// type has none: the one that made `offsets`, or null.
-DispatchOp getRowSource(Value result, Value offsets) {
-  if (!cast<RankedTensorType>(result.getType()).isDynamicDim(0))
-    return nullptr;
-  return offsets.getDefiningOp<DispatchOp>();
-}
-
 /// A collective is lowered only where its all-to-all is the identity.
 LogicalResult checkLocal(Operation *op, uint64_t epSize) {
   if (epSize == 1)
@@ -361,33 +353,12 @@ LogicalResult checkLocal(Operation *op, uint64_t epSize) {
             "it to the CPU";
 }
 
-/// Without reduce the result has R rows, which its type or a moe.dispatch
-/// must give.
-LogicalResult checkReturnRows(Operation *op, Value result, Value offsets,
-                              Value rowsOf) {
-  if (rowsOf || !cast<RankedTensorType>(result.getType()).isDynamicDim(0) ||
-      getRowSource(result, offsets))
-    return success();
-  return op->emitOpError(
-      "has a result of dynamic row count that the CPU path cannot size: its "
-      "offsets do not come from a moe.dispatch of this function");
-}
-
 /// What the CPU path cannot lower, as an error at the op. The pass checks
 /// every op first, so that a refusal is one error.
 LogicalResult checkLowerable(Operation *op) {
   return TypeSwitch<Operation *, LogicalResult>(op)
       .Case([](EPDispatchOp ep) { return checkLocal(ep, ep.getEpSize()); })
-      .Case([](EPCombineOp ep) {
-        if (failed(checkLocal(ep, ep.getEpSize())))
-          return failure();
-        return checkReturnRows(ep, ep.getResult(), ep.getOffsets(),
-                               ep.getRowsOf());
-      })
-      .Case([](EPUnpackOp ep) {
-        return checkReturnRows(ep, ep.getResult(), ep.getOffsets(),
-                               ep.getRowsOf());
-      })
+      .Case([](EPCombineOp ep) { return checkLocal(ep, ep.getEpSize()); })
       .Case([](ScatterRowsOp scatter) -> LogicalResult {
         if (!scatter.getType().isDynamicDim(0))
           return success();
@@ -434,13 +405,19 @@ LogicalResult lowerEPReturn(OpT op, typename OpT::Adaptor adaptor, Value blocks,
                       {source, offsets, b.operand(rowsOf), ranks, capacity});
     return success();
   }
+  // R rows: the result type's, or offsets[E] (T * k after a dropless
+  // dispatch), never below zero.
   Value rows;
-  if (DispatchOp dispatch = getRowSource(op.getResult(), op.getOffsets())) {
-    Value tokenIds = b.rewriter.getRemappedValue(dispatch.getTokenIds());
-    if (!tokenIds)
-      return op.emitOpError("cannot find the converted token ids of the "
-                            "moe.dispatch that gives its row count");
-    rows = b.dim(tokenIds, 0);
+  if (op.getType().isDynamicDim(0)) {
+    OpBuilder &builder = b.rewriter;
+    Location loc = op.getLoc();
+    Value last =
+        arith::SubIOp::create(builder, loc, b.dim(offsets, 0), b.index(1));
+    Value end = tensor::ExtractOp::create(builder, loc, offsets, last);
+    rows = arith::MaxSIOp::create(
+        builder, loc,
+        arith::IndexCastOp::create(builder, loc, builder.getIndexType(), end),
+        b.index(0));
   } else {
     rows = b.index(op.getType().getDimSize(0));
   }

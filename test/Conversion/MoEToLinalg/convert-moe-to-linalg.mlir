@@ -525,14 +525,17 @@ func.func @ep_unpack(%ret: tensor<8x4xbf16>, %offs: tensor<5xi32>,
 
 // The collectives of one rank are their local halves: moe.ep_dispatch is
 // moe.ep_pack, moe.ep_combine is moe.ep_unpack. With a dynamic token count,
-// ep_combine's R is the row count of the token ids of the moe.dispatch that
-// made its offsets.
+// ep_combine's R is offsets[E] (T * k after a dropless dispatch).
 // CHECK-LABEL: func.func @ep_one_rank
-// CHECK: %[[D:.*]]:3 = call @__moe_cpu_dispatch(
+// CHECK: call @__moe_cpu_dispatch(
 // CHECK: call @__moe_cpu_ep_pack_gather(
-// CHECK: %[[C0:.*]] = arith.constant 0 : index
-// CHECK: %[[R:.*]] = tensor.dim %[[D]]#0, %[[C0]] : tensor<?xi32>
-// CHECK: call @__moe_cpu_ep_unpack(%{{.*}}, %{{.*}}, %[[R]], %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, index, index, index)
+// CHECK: %[[OFFS:.*]] = tensor.cast %{{.*}} : tensor<5xi32> to tensor<?xi32>
+// CHECK: %[[N:.*]] = tensor.dim %[[OFFS]], %{{.*}} : tensor<?xi32>
+// CHECK: %[[LAST:.*]] = arith.subi %[[N]], %{{.*}} : index
+// CHECK: %[[END:.*]] = tensor.extract %[[OFFS]][%[[LAST]]] : tensor<?xi32>
+// CHECK: %[[ENDI:.*]] = arith.index_cast %[[END]] : i32 to index
+// CHECK: %[[R:.*]] = arith.maxsi %[[ENDI]], %{{.*}} : index
+// CHECK: call @__moe_cpu_ep_unpack(%{{.*}}, %[[OFFS]], %[[R]], %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, index, index, index)
 // CHECK: call @__moe_cpu_ep_unpack_reduce(
 // CHECK-NOT: moe.
 func.func @ep_one_rank(%e: tensor<?x2xi32>, %x: tensor<?x4xf32>)

@@ -50,17 +50,6 @@ func.func @ep_combine_collective(%rows: tensor<16x4xf32>, %offs: tensor<5xi32>)
 
 // -----
 
-// Without reduce, a dynamic R must come from the moe.dispatch of the offsets.
-func.func @ep_unpack_dynamic_rows(%ret: tensor<8x4xf32>, %offs: tensor<5xi32>)
-    -> tensor<?x4xf32> {
-  // expected-error @+1 {{'moe.ep_unpack' op has a result of dynamic row count that the CPU path cannot size: its offsets do not come from a moe.dispatch of this function}}
-  %y = moe.ep_unpack %ret, %offs {capacity = 4 : i64, ep_size = 2 : i64}
-      : tensor<8x4xf32>, tensor<5xi32> -> tensor<?x4xf32>
-  return %y : tensor<?x4xf32>
-}
-
-// -----
-
 func.func @scatter_rows_dynamic_rows(%src: tensor<6x4xf32>, %ids: tensor<6xi32>)
     -> tensor<?x4xf32> {
   // expected-error @+1 {{'moe.scatter_rows' op has a result of dynamic row count that the CPU path cannot size (no operand gives it)}}

@@ -73,7 +73,8 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     `w_gate_up` and `w_down` hold this rank's E / S, and `ep_capacity` (C,
     needed with `ep_size`) bounds the rows one rank sends to one rank a step;
     `ep_overflow` says what happens past it (`#moe.ep_overflow<error>`, the
-    default, or `drop`). `moe-decompose` then emits `moe.ep_dispatch` and
+    default, or `drop`). An expert-parallel layer takes no `capacity_factor`:
+    its capacity is `ep_capacity`. `moe-decompose` then emits `moe.ep_dispatch` and
     `moe.ep_combine` around the local experts.
 
     ```mlir
@@ -347,7 +348,8 @@ def MoE_EPCombineOp : MoE_Op<"ep_combine", [Pure]> {
     The reverse of `moe.ep_dispatch`: `rows [S * C, d]`, laid out as
     `received` (rank `s`'s rows at `[s * C, ...)`), go back to their rank,
     which places them at the expert-order positions they were sent from:
-    `result [R, d]`, with zero rows for rows that were dropped. With
+    `result [R, d]` with `R = offsets[E]` (`T * k` after a dropless
+    `moe.dispatch`), with zero rows for rows that were dropped. With
     `reduce(rows_of)` (the `rows [T, k]` of `moe.dispatch`) the result is
     summed per token instead, `result[t] = sum_j returned[rows_of[t, j]]` in
     slot order (f32 accumulate, `-1` adds nothing): `[T, d]`, the gradient

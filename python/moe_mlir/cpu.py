@@ -769,6 +769,9 @@ class IndexCheck:
     bound: Optional[tuple]  # ("arg", input, dim) or ("size", n); None: unknown
     queue: Optional[tuple] = None  # offsets: what bounds them, the token ids' count (_bound)
     num_experts: Optional[int] = None
+    # token ids: the input holding the op's offsets, whose last entry ends the rows read (the
+    # entries past it are unused: -1 after moe.ep_queues); None when the offsets are made inside
+    ends: Optional[int] = None
 
 
 def _bound(ref, operands: List[str], types: List[str], args: Dict[str, int]):
@@ -823,6 +826,9 @@ def index_checks(generic_text: str) -> Dict[str, List[IndexCheck]]:
             for kind, pos, ref in kind_list:
                 if operands[pos] not in args:
                     continue
+                ends = None
+                if kind == "token_ids" and len(operands) > 2 and operands[2] in args:
+                    ends = args[operands[2]]
                 found.append(
                     IndexCheck(
                         args[operands[pos]],
@@ -831,6 +837,7 @@ def index_checks(generic_text: str) -> Dict[str, List[IndexCheck]]:
                         _bound(ref, operands, types, args),
                         queue if kind == "offsets" else None,
                         int(experts.group(1)) if experts else None,
+                        ends,
                     )
                 )
         checks[name.group(1)] = found
@@ -860,8 +867,19 @@ def check_index_inputs(name: str, checks: Sequence[IndexCheck], arrays: Sequence
             if rows is not None and a[-1] > rows:
                 fail(check, f"ends at {a[-1]}, past the {rows} token ids")
         elif check.kind == "token_ids":
-            if bound is not None and a.size and (a.min() < 0 or a.max() >= bound):
-                bad = a[(a < 0) | (a >= bound)][0]
+            # The rows the offsets hold are read; those past them may be -1 (unused).
+            used = a
+            if check.ends is not None:
+                offsets = np.asarray(arrays[check.ends]).reshape(-1)
+                end = int(np.clip(offsets[-1], 0, a.size)) if offsets.size else a.size
+                used, unused = a[:end], a[end:]
+                if bound is not None and unused.size and (
+                    unused.min() < -1 or unused.max() >= bound
+                ):
+                    bad = unused[(unused < -1) | (unused >= bound)][0]
+                    fail(check, f"holds token id {bad} in an unused row, neither -1 nor a token")
+            if bound is not None and used.size and (used.min() < 0 or used.max() >= bound):
+                bad = used[(used < 0) | (used >= bound)][0]
                 fail(check, f"holds token id {bad}, outside [0, {bound}) tokens")
         elif check.kind == "rows":
             if bound is not None and a.size and (a.min() < -1 or a.max() >= bound):

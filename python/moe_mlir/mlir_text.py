@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Tuple
 
 from .config import LayerConfig
+
+if TYPE_CHECKING:
+    from .distributed import EPSpec
 
 __all__ = ["mlir_float", "tensor_type", "routing_attr", "layer_mlir"]
 
@@ -55,12 +58,19 @@ def _types(specs: Iterable[Tuple[str, Tuple[int, ...], str]]):
 
 
 def layer_mlir(
-    config: LayerConfig, name: str = "moe_layer", max_tokens: Optional[int] = None
+    config: LayerConfig,
+    name: str = "moe_layer",
+    max_tokens: Optional[int] = None,
+    ep: Optional["EPSpec"] = None,
 ) -> str:
     """`func.func @<name>(x, w_router, [router_bias], w_gate_up, w_down,
     [shared_gate_up, shared_down]) -> (out, logits)` with one `moe.layer`. With `max_tokens`
-    the token count is dynamic (`?`) up to that bound, `config.tokens` unused."""
+    the token count is dynamic (`?`) up to that bound, `config.tokens` unused. With `ep`
+    (`moe_mlir.distributed.EPSpec`) the layer is expert-parallel: w_gate_up and w_down hold
+    one rank's `experts / ep.size` experts (docs/distributed.md)."""
     config.validate()
+    if ep is not None:
+        ep.validate(config)
     if not _NAME_RE.match(name):
         raise ValueError(f"invalid function name {name!r}")
     if max_tokens is not None and (
@@ -74,6 +84,12 @@ def layer_mlir(
         return [(n, (-1, *shape[1:]), e) for n, shape, e in specs]
 
     args = config.arg_specs()
+    if ep is not None:  # one rank's experts
+        local = config.experts // ep.size
+        args = [
+            (n, (local, *shape[1:]) if n in ("w_gate_up", "w_down") else shape, e)
+            for n, shape, e in args
+        ]
     types = {arg: tensor_type(shape, elem) for arg, shape, elem in args}
     if max_tokens is not None:
         (x_name, x_shape, x_elem) = next(a for a in args if a[0] == "x")
@@ -86,6 +102,10 @@ def layer_mlir(
         attrs.append(f"max_tokens = {max_tokens}")
     if config.capacity_factor is not None:
         attrs.append(f"capacity_factor = {mlir_float(config.capacity_factor)} : f64")
+    if ep is not None:
+        attrs.append(f"ep_size = {ep.size}")
+        attrs.append(f"ep_capacity = {ep.capacity}")
+        attrs.append(f"ep_overflow = #moe.ep_overflow<{ep.overflow}>")
     attrs.append(f"routing = {routing_attr(config)}")
 
     operands = "%x, %w_router, %w_gate_up, %w_down"

@@ -1,0 +1,286 @@
+"""Expert parallelism on the CPU path through torch.distributed (gloo), 2 and 4 ranks.
+
+One `EPLayer` is compiled in this process (moe-ep-stages splits it at its collectives) and
+loaded by each rank of a `torch.multiprocessing` group; each rank runs forward and backward on
+its own tokens with its share of the experts. Every rank's output and gradients are held to the
+single-process layer holding all experts (`cpu.CompiledLayer`) on that rank's tokens: the output
+bitwise (each row's expert FFN and the combine add in the same order), the gradients within a
+relative 1e-5 (the experts' weight gradients sum the rows of every rank at once, and x's sums
+its rows per token in slot order, where the single layer sums in row order).
+
+Cases: random routing; every token on rank 0's experts (the other ranks receive nothing) with
+T = 1 on one rank; the capacity exactly met; the capacity exceeded, raising CapacityError on
+every rank (no rank left waiting) or, with overflow="drop", dropping the rows past it (their
+results zero: the documented result, checked against the layer without the drop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import traceback
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from moe_mlir import cpu  # noqa: E402
+from moe_mlir.config import LayerConfig  # noqa: E402
+from moe_mlir.distributed import (  # noqa: E402
+    CapacityError,
+    EPLayer,
+    EPSpec,
+    LocalExchange,
+    TorchExchange,
+    shard_experts,
+)
+
+BOUND = 16
+CONFIG = LayerConfig(
+    tokens=BOUND, hidden=16, ffn=12, experts=8, top_k=2, renormalize=True, router_bias=True
+)
+RTOL = 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _inputs(seed: int, tokens, skew: bool):
+    """Whole-layer arguments for each rank: x of its token count, the weights shared; with
+    `skew` a selection bias that sends every token to experts 0 and 1 (rank 0's)."""
+    rng = np.random.default_rng(seed)
+    d, n, e = CONFIG.hidden, CONFIG.ffn, CONFIG.experts
+    shared = {
+        "w_router": rng.normal(0, 0.3, (d, e)).astype(np.float32),
+        "router_bias": (
+            np.where(np.arange(e) < 2, 100.0, 0.0) if skew else rng.normal(0, 0.1, e)
+        ).astype(np.float32),
+        "w_gate_up": rng.normal(0, 0.3, (e, d, 2 * n)).astype(np.float32),
+        "w_down": rng.normal(0, 0.3, (e, n, d)).astype(np.float32),
+    }
+    per_rank = []
+    for t in tokens:
+        args = dict(shared, x=rng.normal(0, 1, (t, d)).astype(np.float32))
+        cot = {
+            "d_out": rng.normal(0, 1, (t, d)).astype(np.float32),
+            "d_logits": rng.normal(0, 0.1, (t, e)).astype(np.float32),
+        }
+        per_rank.append((args, cot))
+    return per_rank
+
+
+def _worker(rank, world, port, state, ep, per_rank, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        layer = EPLayer.load(CONFIG, ep, state)
+        exchange = TorchExchange()
+        args, cot = per_rank[rank]
+        local = shard_experts(args, world, rank)
+        try:
+            out, logits, saved = layer.forward(local, exchange)
+            dropped = layer.dropped.copy()
+            grads = layer.backward(saved, cot["d_out"], cot["d_logits"], exchange)
+            queue.put((rank, "ok", (out, logits, grads, dropped)))
+        except CapacityError as e:
+            queue.put((rank, "capacity", str(e)))
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def _run(layer: EPLayer, per_rank, timeout: float = 120.0):
+    world = layer.ep.size
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, layer.state(), layer.ep, per_rank, queue))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(world):
+            rank, status, payload = queue.get(timeout=timeout)
+            results[rank] = (status, payload)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    for rank, (status, payload) in results.items():
+        assert status != "error", f"rank {rank} failed:\n{payload}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return cpu.CompiledLayer(CONFIG, "moe_layer", max_tokens=BOUND)
+
+
+_LAYERS = {}
+
+
+def _layer(size: int, capacity: int, overflow: str = "error") -> EPLayer:
+    key = (size, capacity, overflow)
+    if key not in _LAYERS:
+        _LAYERS[key] = EPLayer(
+            CONFIG, EPSpec(size, capacity, overflow), "moe_layer", max_tokens=BOUND
+        )
+    return _LAYERS[key]
+
+
+def _rel(a, b) -> float:
+    scale = float(np.max(np.abs(b))) or 1.0
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b))) / scale
+
+
+def _check_against_reference(reference, results, per_rank, world):
+    """Each rank's output bitwise and gradients within RTOL of the whole layer on its tokens;
+    the expert weights' gradients summed over the ranks, cut to each rank's experts."""
+    names = ("w_gate_up", "w_down")
+    whole = {n: 0.0 for n in names}
+    for rank in range(world):
+        args, cot = per_rank[rank]
+        out, logits, saved = reference.forward(args)
+        grads = reference.backward(saved, cot["d_out"], cot["d_logits"])
+        status, (ep_out, ep_logits, ep_grads, _) = results[rank]
+        assert status == "ok"
+        np.testing.assert_array_equal(ep_out, out, err_msg=f"rank {rank} out")
+        np.testing.assert_array_equal(ep_logits, logits, err_msg=f"rank {rank} logits")
+        for name in ("x", "w_router", "router_bias"):
+            if name in grads:
+                assert _rel(ep_grads[name], grads[name]) <= RTOL, (rank, name)
+        for n in names:
+            whole[n] = whole[n] + grads[n].astype(np.float64)
+    local = CONFIG.experts // world
+    for rank in range(world):
+        ep_grads = results[rank][1][2]
+        for n in names:
+            expect = whole[n][rank * local : (rank + 1) * local]
+            assert _rel(ep_grads[n], expect) <= RTOL, (rank, n)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_random_routing(reference, world):
+    per_rank = _inputs(10 + world, [BOUND - r for r in range(world)], skew=False)
+    layer = _layer(world, BOUND * CONFIG.top_k)
+    results = _run(layer, per_rank)
+    _check_against_reference(reference, results, per_rank, world)
+    for rank in range(world):
+        assert not results[rank][1][3].any()  # nothing dropped
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_tokens_on_one_rank(reference, world):
+    # Every token chooses experts 0 and 1, rank 0's; the other ranks receive nothing. Rank 1
+    # has a single token.
+    tokens = [BOUND] + [1] + [5] * (world - 2)
+    per_rank = _inputs(20 + world, tokens, skew=True)
+    layer = _layer(world, BOUND * CONFIG.top_k)
+    results = _run(layer, per_rank)
+    _check_against_reference(reference, results, per_rank, world)
+
+
+def test_capacity_exactly_met(reference):
+    # Each rank sends its T * k = 2 * BOUND rows to rank 0: a capacity of exactly that.
+    per_rank = _inputs(30, [BOUND, BOUND], skew=True)
+    layer = _layer(2, BOUND * CONFIG.top_k)
+    results = _run(layer, per_rank)
+    _check_against_reference(reference, results, per_rank, 2)
+
+
+def test_capacity_exceeded_raises_on_every_rank():
+    per_rank = _inputs(40, [BOUND, 3], skew=True)
+    layer = _layer(2, BOUND * CONFIG.top_k - 1)
+    results = _run(layer, per_rank)
+    for rank in range(2):
+        status, message = results[rank]
+        assert status == "capacity", (rank, status)
+        assert f"capacity of {BOUND * CONFIG.top_k - 1} rows" in message
+        assert "overflow='drop'" in message
+
+
+def test_capacity_exceeded_drop(reference):
+    """With overflow="drop", rank 0's block for rank 0 loses its last row: the last token
+    (in token order) of expert 1, the rank's last expert that was chosen. That pair's result
+    is a zero row, so its token's output lacks that expert's weighted output; every other
+    token's output is the whole layer's, bitwise."""
+    capacity = BOUND * CONFIG.top_k - 1
+    per_rank = _inputs(50, [BOUND, 3], skew=True)
+    results = _run(_layer(2, capacity, "drop"), per_rank)
+    args, cot = per_rank[0]
+    out, logits, saved = reference.forward(args)
+    status, (ep_out, _, ep_grads, dropped) = results[0]
+    assert status == "ok"
+    np.testing.assert_array_equal(dropped, [[1, 0]])
+    np.testing.assert_array_equal(results[1][1][3], [[0, 0]])  # rank 1 sends 6 rows
+    # The dropped pair: the last row of expert 1's queue, i.e. its last token in token order.
+    weights, experts, _ = cpu_router(reference, args)
+    chosen = np.argwhere(experts == 1)
+    t, j = chosen[-1]
+    x = args["x"][t]
+    h = x @ args["w_gate_up"][1]
+    n = CONFIG.ffn
+    a = h[:n] / (1 + np.exp(-h[:n])) * h[n:]
+    y = a @ args["w_down"][1]
+    expected = out.astype(np.float64)
+    expected[t] -= weights[t, j] * y
+    keep = np.arange(out.shape[0]) != t
+    np.testing.assert_array_equal(ep_out[keep], out[keep])
+    assert _rel(ep_out[t], expected[t]) <= 1e-5
+    for name, grad in ep_grads.items():
+        assert np.isfinite(grad).all(), name
+
+
+def cpu_router(reference, args):
+    """The routing weights and experts of the whole layer's forward (its saved tensors)."""
+    out, logits, saved = reference.forward(args)
+    t = args["x"].shape[0]
+    # The saved tensors in forward's order: x, the weights, then the router's weights and
+    # experts (docs/cpu-path.md); find them by shape and dtype.
+    weights = next(s for s in saved if s.shape == (t, CONFIG.top_k) and s.dtype == np.float32)
+    experts = next(s for s in saved if s.shape == (t, CONFIG.top_k) and s.dtype == np.int32)
+    return weights, experts, logits
+
+
+def test_world_of_one_is_the_layer(reference):
+    """ep_size 1, in this process: the staged layer against the unsplit one."""
+    layer = EPLayer(CONFIG, EPSpec(1, BOUND * CONFIG.top_k), "moe_layer", max_tokens=BOUND)
+    ((args, cot),) = _inputs(60, [11], skew=False)
+    out, logits, saved = reference.forward(args)
+    grads = reference.backward(saved, cot["d_out"], cot["d_logits"])
+    ep_out, ep_logits, ep_saved = layer.forward(args, LocalExchange())
+    ep_grads = layer.backward(ep_saved, cot["d_out"], cot["d_logits"], LocalExchange())
+    np.testing.assert_array_equal(ep_out, out)
+    np.testing.assert_array_equal(ep_logits, logits)
+    for name, grad in grads.items():
+        assert _rel(ep_grads[name], grad) <= RTOL, name
+    plain_out, plain_logits = layer.layer(args, LocalExchange())
+    np.testing.assert_array_equal(plain_out, out)
+
+
+def test_bad_use_is_an_error():
+    layer = _layer(2, BOUND * CONFIG.top_k)
+    ((args, _),) = _inputs(70, [4], skew=False)
+    with pytest.raises(ValueError, match="compiled for 2 ranks but the exchange has 1"):
+        layer.forward(shard_experts(args, 2, 0), LocalExchange())
+    with pytest.raises(ValueError, match="outside \\[1, 16\\]"):
+        layer.forward(
+            dict(shard_experts(args, 2, 0), x=np.zeros((17, 16), np.float32)), LocalExchange()
+        )
+    with pytest.raises(ValueError, match="must divide the number of experts"):
+        EPLayer(dataclasses.replace(CONFIG, experts=6), EPSpec(4, 8))
+    with pytest.raises(ValueError, match="overflow must be one of"):
+        EPSpec(2, 8, "ignore").validate()
+    with pytest.raises(RuntimeError, match="torch.distributed initialised"):
+        TorchExchange()

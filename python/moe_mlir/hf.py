@@ -175,25 +175,40 @@ def from_hf_block(
     weights: str = "share",
     memory_budget: Optional[str] = None,
     policy: str = "auto",
+    **layer_options,
 ) -> MoELayer:
     """A moe-mlir layer computing what `block` computes (see the module doc for the blocks and
-    the two weight modes). Raises NotImplementedError for blocks or settings it cannot run."""
+    the two weight modes). Raises NotImplementedError for blocks or settings it cannot run.
+    `layer_options` go to MoELayer; with `ep_group` (expert parallelism, docs/distributed.md)
+    the weights are copied, this rank's experts alone."""
     config = config_from_hf_block(block)
-    if weights == "share":
-        return HFMoELayer(block, config, memory_budget=memory_budget, policy=policy)
-    if weights != "copy":
+    expert_parallel = layer_options.get("ep_group") is not None
+    if weights == "share" and not expert_parallel:
+        return HFMoELayer(
+            block, config, memory_budget=memory_budget, policy=policy, **layer_options
+        )
+    if weights not in ("share", "copy"):
         raise ValueError(f"weights must be 'share' or 'copy', got {weights!r}")
     src = HFMoELayer(block, config)
     ref = block.experts.gate_up_proj
     layer = MoELayer(
-        config, memory_budget=memory_budget, policy=policy, device=ref.device, dtype=ref.dtype
+        config,
+        memory_budget=memory_budget,
+        policy=policy,
+        device=ref.device,
+        dtype=ref.dtype,
+        **layer_options,
     )
+    local = config.experts // layer.ep_size
     with torch.no_grad():
         for name, value in src.layer_weights().items():
             if value is None:
                 continue
             if name == "router_bias":
                 layer.router_bias.copy_(value)
+            elif name in ("w_gate_up", "w_down"):
+                first = layer.ep_rank * local
+                getattr(layer, name).copy_(value[first : first + local])
             else:
                 getattr(layer, name).copy_(value)
     layer.train(block.training)
@@ -207,12 +222,16 @@ def replace_moe_blocks(
     weights: str = "share",
     policy: str = "auto",
     strict: bool = True,
+    **layer_options,
 ) -> List[str]:
     """Swaps every supported MoE block of `model` (in place) for a moe-mlir layer; returns the
     qualified names swapped. A block that looks like an MoE block (`gate` and `experts`) but is
     not supported raises NotImplementedError naming it (with `strict=False` it is left as is).
     Raises ValueError when the model has no MoE block. `memory_budget` ("2GiB", bytes as an
-    int): the activation plan of each layer (docs/memory.md), on CUDA and the CPU."""
+    int): the activation plan of each layer (docs/memory.md), on CUDA and the CPU.
+    `layer_options` go to each MoELayer: `ep_group=group, max_tokens=N` (and `ep_capacity`,
+    `ep_overflow`) make each layer expert-parallel, holding this rank's experts
+    (docs/distributed.md)."""
     found: List[Tuple[str, nn.Module]] = []
     unsupported: List[str] = []
     for name, module in model.named_modules():
@@ -230,7 +249,12 @@ def replace_moe_blocks(
             f"{type(model).__name__} has no supported MoE block ({', '.join(SUPPORTED_BLOCKS)})"
         )
     layers = [
-        (name, from_hf_block(m, weights=weights, memory_budget=memory_budget, policy=policy))
+        (
+            name,
+            from_hf_block(
+                m, weights=weights, memory_budget=memory_budget, policy=policy, **layer_options
+            ),
+        )
         for name, m in found
     ]
     for (name, block), (_, layer) in zip(found, layers):

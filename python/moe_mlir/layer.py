@@ -517,7 +517,19 @@ class MoELayer(nn.Module):
     kernel parameters ("[OP.]ROLE:KEY=VALUE", docs/dialect.md), moe-compile's --num-sms and
     --kernel-config. `max_tokens`: the bound on T of the first compiled layer, which serves
     every T up to it (default: the first T seen, rounded up to a power of two); a larger T
-    compiles one more layer at the next bound."""
+    compiles one more layer at the next bound.
+
+    `ep_group` (a torch.distributed process group, or "default" for the default group):
+    expert parallelism (docs/distributed.md). Of the E experts, rank r of the S ranks holds
+    experts [r * E / S, (r + 1) * E / S): `w_gate_up` and `w_down` (and the state_dict) hold
+    those alone; `moe_mlir.distributed.gather_experts` gives the whole layer's. Each rank's
+    tokens are routed over all E experts, and their rows move to the experts' ranks and back
+    through torch.distributed (`all_to_all_single`). `ep_capacity`: the rows one rank may
+    send to one rank a step (default: max_tokens * k, never exceeded); `ep_overflow`:
+    "error" (the default) or "drop" past it. `max_tokens` is needed: every rank compiles the
+    same bound, and a larger T raises. The router's and shared expert's gradients are this
+    rank's tokens' alone: reduce them over the ranks with DDP/FSDP as for any parameter.
+    CPU tensors only: the CUDA path has no stage entry points yet."""
 
     def __init__(
         self,
@@ -528,6 +540,9 @@ class MoELayer(nn.Module):
         num_sms: int = 0,
         kernel_configs: Sequence[str] = (),
         max_tokens: Optional[int] = None,
+        ep_group=None,
+        ep_capacity: Optional[int] = None,
+        ep_overflow: str = "error",
         init_std: float = 0.02,
         device=None,
         dtype: Optional[torch.dtype] = None,
@@ -538,6 +553,11 @@ class MoELayer(nn.Module):
         if config.tokens < 0:
             config.tokens = 0
         config.validate()
+        self.ep_group, self.ep_size, self.ep_rank = None, 1, 0
+        self.ep_capacity, self.ep_overflow = ep_capacity, ep_overflow
+        self.expert_parallel = ep_group is not None
+        if ep_group is not None:
+            self._init_ep(config, ep_group, ep_capacity, ep_overflow)
         if policy not in ("auto", "keep", "recompute", "offload"):
             raise ValueError(
                 f"policy must be 'auto', 'keep', 'recompute' or 'offload', got {policy!r}"
@@ -552,6 +572,11 @@ class MoELayer(nn.Module):
             kernel_configs=tuple(kernel_configs),
             max_tokens=max_tokens,
         )
+        if self.expert_parallel and max_tokens is None:
+            raise ValueError(
+                "MoELayer(ep_group=...) needs max_tokens: every rank must compile the same "
+                "bound, whose rows travel between them in blocks of a fixed size"
+            )
         self.spec_key = register_spec(LayerSpec(config, self.options))
         # What the CUDA path refuses, decided here: the forward, which torch.compile traces,
         # then only reads it.
@@ -564,9 +589,10 @@ class MoELayer(nn.Module):
             return
         c = config
         factory = {"device": device, "dtype": dtype or torch.float32}
+        local = c.experts // self.ep_size
         self.w_router = nn.Parameter(torch.empty(c.hidden, c.experts, **factory))
-        self.w_gate_up = nn.Parameter(torch.empty(c.experts, c.hidden, c.gate_up_width, **factory))
-        self.w_down = nn.Parameter(torch.empty(c.experts, c.ffn, c.hidden, **factory))
+        self.w_gate_up = nn.Parameter(torch.empty(local, c.hidden, c.gate_up_width, **factory))
+        self.w_down = nn.Parameter(torch.empty(local, c.ffn, c.hidden, **factory))
         if c.router_bias:
             self.register_buffer(
                 "router_bias", torch.zeros(c.experts, device=device, dtype=torch.float32)
@@ -584,9 +610,27 @@ class MoELayer(nn.Module):
             for p in self.parameters():
                 p.normal_(0.0, init_std)
 
+    def _init_ep(self, config: LayerConfig, group, capacity, overflow) -> None:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from .distributed import EPSpec  # noqa: PLC0415
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "MoELayer(ep_group=...) needs torch.distributed initialised "
+                "(torch.distributed.init_process_group, or torchrun)"
+            )
+        self.ep_group = None if isinstance(group, str) and group == "default" else group
+        self.ep_size = dist.get_world_size(self.ep_group)
+        self.ep_rank = dist.get_rank(self.ep_group)
+        # The capacity is checked when a bound gives its default; the rest now.
+        EPSpec(self.ep_size, capacity or 1, overflow).validate(config)
+
     def extra_repr(self) -> str:
         c = self.config
         extra = f", shared_ffn={c.shared_ffn}" if c.has_shared else ""
+        if self.expert_parallel:
+            extra += f", ep_size={self.ep_size}, ep_rank={self.ep_rank}"
         return (
             f"hidden={c.hidden}, ffn={c.ffn}, experts={c.experts}, top_k={c.top_k}, "
             f"scoring={c.scoring}, renormalize={c.renormalize}{extra}"
@@ -642,6 +686,8 @@ class MoELayer(nn.Module):
                 f"torch.float32 (and torch.bfloat16, computed in float32)"
             )
         shapes = {n: s for n, s, _ in c.arg_specs()}
+        for name in ("w_gate_up", "w_down"):  # this rank's experts
+            shapes[name] = (c.experts // self.ep_size, *shapes[name][1:])
         for name, w in weights.items():
             if w is None:
                 continue
@@ -680,6 +726,8 @@ class MoELayer(nn.Module):
             raise TypeError(f"MoELayer expects a torch.Tensor, got {type(hidden_states).__name__}")
         autocast = _autocast_dtype(hidden_states.device) is not None
         self._check(hidden_states, weights, autocast)
+        if self.expert_parallel:
+            return self._ep_forward(hidden_states, weights, return_router_logits)
         shape, dtype = hidden_states.shape, hidden_states.dtype
         x = hidden_states.reshape(-1, self.config.hidden)
         compute = (
@@ -715,6 +763,33 @@ class MoELayer(nn.Module):
         if return_router_logits:
             return out, outs[1]
         return out
+
+    def _ep_forward(self, hidden_states, weights, return_router_logits: bool):
+        """The expert-parallel layer on the CPU path, in f32: the stages on this rank, the
+        rows moved between them by torch.distributed."""
+        from .distributed import (  # noqa: PLC0415
+            EPSpec,
+            TorchExchange,
+            ep_layer_apply,
+            ep_layer_for,
+        )
+
+        if hidden_states.device.type != "cpu":
+            raise NotImplementedError(
+                "MoELayer(ep_group=...) runs on the CPU path: the CUDA path has no stage "
+                "entry points yet (docs/distributed.md)"
+            )
+        shape, dtype = hidden_states.shape, hidden_states.dtype
+        x = hidden_states.reshape(-1, self.config.hidden).float().contiguous()
+        bound = self.options.max_tokens
+        capacity = self.ep_capacity or bound * self.config.top_k
+        ep = EPSpec(self.ep_size, capacity, self.ep_overflow).validate(self.config)
+        layer = ep_layer_for(self.config, ep, bound)
+        weights = {n: None if w is None else w.float().contiguous() for n, w in weights.items()}
+        out, logits = ep_layer_apply(layer, TorchExchange(self.ep_group), x, weights)
+        self.last_dropped = layer.dropped
+        out = out.to(dtype).reshape(shape)
+        return (out, logits) if return_router_logits else out
 
     def memory_plan(self, tokens: int, gpu_tflops: float = 780.0):
         """The activation memory plan of this layer for `tokens` tokens in bf16 (the GPU

@@ -1772,6 +1772,16 @@ func.func @layer_ep_overflow_without_size(%x: tensor<37x48xf32>, %wr: tensor<48x
 
 // -----
 
+// The capacity of an expert-parallel layer is ep_capacity.
+func.func @layer_ep_capacity_factor(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{is expert-parallel and has a capacity_factor; its capacity is ep_capacity, the rows a rank sends to one rank}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, capacity_factor = 1.25 : f64, ep_capacity = 64, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
 func.func @layer_ep_size_not_dividing(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
   // expected-error @+1 {{ep_size (3) must divide the number of experts (8)}}
   %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_size = 3, routing = #moe.routing<scoring = softmax, top_k = 2>}

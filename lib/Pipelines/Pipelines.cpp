@@ -157,6 +157,9 @@ mlir::moe::buildMoETrainingPipeline(OpPassManager &pm,
                            options.kernelConfigs.end());
   pm.addPass(moe_gpu::createMoEGPUSelectKernels(selection));
   pm.addPass(createMoEFoldAdds());
+  // An expert-parallel layer becomes stages between its collectives, each
+  // compiled and planned as a function of its own (nothing else changes).
+  pm.addPass(createMoEEPStages());
   // The one placement of the step's memory: the conversion allocates at its
   // offsets, and the report (memory-report) shows what runs.
   MoEPlanMemoryOptions memory;

@@ -873,8 +873,10 @@ def check_index_inputs(name: str, checks: Sequence[IndexCheck], arrays: Sequence
                 offsets = np.asarray(arrays[check.ends]).reshape(-1)
                 end = int(np.clip(offsets[-1], 0, a.size)) if offsets.size else a.size
                 used, unused = a[:end], a[end:]
-                if bound is not None and unused.size and (
-                    unused.min() < -1 or unused.max() >= bound
+                if (
+                    bound is not None
+                    and unused.size
+                    and (unused.min() < -1 or unused.max() >= bound)
                 ):
                     bad = unused[(unused < -1) | (unused >= bound)][0]
                     fail(check, f"holds token id {bad} in an unused row, neither -1 nor a token")

@@ -551,3 +551,182 @@ def gather_experts(layer, group=None) -> Dict[str, object]:
         dist.all_gather(parts, local, group=group)
         state[name] = torch.cat(parts, 0)
     return state
+
+
+# =========================================================================== the GPU path
+
+
+class GPUEPLayer:
+    """An expert-parallel layer compiled by moe-compile (NAME.so linked with libmoe_runtime,
+    and NAME.json): its forward and backward are stages (entry points `NAME_forward_stage0`,
+    ...), run here on torch's current CUDA stream with the rows moved between them by
+    `torch.distributed.all_to_all_single` (NCCL) on the same stream.
+
+    - `forward(inputs, group)`: `inputs` the forward's arguments by name ("arg0", ... or the
+      layer's "x", "w_router", ...), this rank's expert weights; returns every result of the
+      training forward by name ("result0" out, "result1" logits, then the saved tensors as
+      "saved0", ...);
+    - `backward(saved, cotangents, group)`: `saved` what forward returned, `cotangents`
+      {"d_result0": d_out, "d_result1": d_logits}; returns the gradients by the backward's
+      results ("d_arg0", ...).
+
+    Synchronisation: none but the capacity check of `overflow="error"` (one integer read a
+    dispatch, after an all-reduce); `"drop"` reads nothing."""
+
+    def __init__(self, so_path: str, manifest_path: Optional[str] = None):
+        import ctypes
+        import json
+        import os
+
+        from . import gpu
+
+        manifest_path = manifest_path or os.path.splitext(so_path)[0] + ".json"
+        with open(manifest_path, encoding="utf-8") as f:
+            data = json.load(f)
+        entries = data.get("entry_points", {})
+        if "forward_stage0" not in entries:
+            raise ValueError(f"{manifest_path}: not an expert-parallel layer (no forward_stage0)")
+        self.name = data.get("name", "")
+        self.layer = data.get("layer", {})
+        self.entries: Dict[str, "gpu.EntryPoint"] = {}
+        self.ep: Dict[str, dict] = {}
+        lib = ctypes.CDLL(os.path.abspath(so_path))
+        self._fns = {}
+        for kind, raw in entries.items():
+            entry = gpu._parse_entry(kind, raw)
+            self.entries[kind] = entry
+            self.ep[kind] = dict(raw.get("ep", {}))
+            fn = getattr(lib, entry.symbol)
+            fn.restype = ctypes.c_int
+            tokens = [ctypes.c_int64] if entry.max_tokens else []
+            fn.argtypes = [ctypes.c_void_p, *tokens] + [ctypes.c_void_p] * len(entry.params)
+            self._fns[kind] = fn
+        for sym, res, args in (
+            ("moeGetLastErrorMessage", ctypes.c_char_p, []),
+            ("moeStatusString", ctypes.c_char_p, [ctypes.c_int]),
+        ):
+            f = getattr(lib, sym, None)
+            if f is not None:
+                f.restype, f.argtypes = res, args
+                self._fns[sym] = f
+        first = self.ep["forward_stage0"]
+        self.ep_size = int(first["size"])
+        self.capacity = int(first["capacity"])
+        self.max_tokens = self.entries["forward_stage0"].max_tokens
+        self.dropped = None
+
+    def _stages(self, half: str) -> List[str]:
+        count = int(self.ep[f"{half}_stage0"]["stages"])
+        return [f"{half}_stage{i}" for i in range(count)]
+
+    def _call(self, kind: str, inputs: List, tokens: Optional[int]):
+        import ctypes
+
+        import torch
+
+        from . import gpu
+
+        entry = self.entries[kind]
+        if entry.max_tokens:
+            entry = entry.at(tokens)
+        specs_in = entry.by_role("input")
+        outputs = [
+            torch.empty(p.shape, dtype=gpu.torch_dtype(p.dtype), device="cuda")
+            for p in entry.by_role("output")
+        ]
+        for value, spec in zip(inputs, specs_in):
+            gpu.check_tensor(value, spec, entry.symbol, require_cuda=True)
+        stream = torch.cuda.current_stream().cuda_stream or gpu.CU_STREAM_LEGACY
+        ptrs = [ctypes.c_void_p(t.data_ptr() or None) for t in [*inputs, *outputs]]
+        extra = [ctypes.c_int64(tokens)] if self.entries[kind].max_tokens else []
+        status = self._fns[kind](ctypes.c_void_p(stream), *extra, *ptrs)
+        if status != 0:
+            message = self._fns["moeGetLastErrorMessage"]()
+            raise RuntimeError(
+                f"{entry.symbol} failed: status {status}: "
+                f"{message.decode('utf-8', 'replace') if message else ''}"
+            )
+        return outputs
+
+    def _run(self, half: str, args: List, group, tokens: Optional[int]) -> Tuple[List, List]:
+        import torch
+        import torch.distributed as dist
+
+        kinds = self._stages(half)
+        info = self.ep[kinds[0]]
+        collectives, overflows = info["collectives"], info["overflows"]
+        values = {f"arg{i}": a for i, a in enumerate(args)}
+        results: Dict[int, object] = {}
+        dropped = []
+
+        def exchange(t):
+            out = torch.empty_like(t)
+            dist.all_to_all_single(
+                out.view(-1).view(torch.uint8),
+                t.contiguous().view(-1).view(torch.uint8),
+                group=group,
+            )
+            return out
+
+        for index, kind in enumerate(kinds):
+            stage = self.ep[kind]
+            outputs = self._call(kind, [values[n] for n in stage["inputs"]], tokens)
+            for name, value in zip(stage["outputs"], outputs):
+                if name.startswith("result"):
+                    results[int(name[len("result") :])] = value
+                else:
+                    values[name] = value
+            if index == len(kinds) - 1:
+                break
+            c = index
+            if collectives[c] == "dispatch":
+                over = values[f"dropped{c}"]
+                dropped.append(over)
+                if overflows[c] == "error":
+                    worst = over.max().to(torch.int64).reshape(1)
+                    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+                    if int(worst.item()) > 0:
+                        raise CapacityError(
+                            f"{self.name}: expert-parallel dispatch {c} needs more than its "
+                            f"capacity of {self.capacity} rows from one rank to one rank "
+                            f"(this rank: {over.tolist()} past it): raise ep_capacity or "
+                            f"compile with overflow='drop'"
+                        )
+                values[f"received{c}"] = exchange(values[f"send{c}"])
+                values[f"received_counts{c}"] = exchange(values[f"send_counts{c}"])
+            else:
+                values[f"returned{c}"] = exchange(values[f"send{c}"])
+        out = [
+            values[source] if source.startswith("arg") else results[k]
+            for k, source in enumerate(info["results"])
+        ]
+        return out, dropped
+
+    def _tokens(self, x) -> Optional[int]:
+        if not self.max_tokens:
+            return None
+        tokens = int(x.shape[0])
+        if not 1 <= tokens <= self.max_tokens:
+            raise ValueError(
+                f"the token count T = {tokens} is outside [1, {self.max_tokens}], the bound "
+                f"the layer was compiled for"
+            )
+        return tokens
+
+    def forward(self, args: Sequence, group=None) -> List:
+        """The training forward's results in order (out, logits, then the saved tensors)."""
+        out, self.dropped = self._run("forward", list(args), group, self._tokens(args[0]))
+        return out
+
+    def backward(self, saved: Sequence, d_out, d_logits, group=None) -> List:
+        """The gradients of the arguments `gradient_args` names, in that order."""
+        out, _ = self._run("backward", [*saved, d_out, d_logits], group, self._tokens(d_out))
+        return out
+
+    @property
+    def num_saved(self) -> int:
+        return int(self.ep["forward_stage0"]["num_saved"])
+
+    @property
+    def gradient_args(self) -> List[int]:
+        return [int(i) for i in self.ep["backward_stage0"]["gradient_args"]]

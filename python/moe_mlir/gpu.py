@@ -263,10 +263,13 @@ def _parse_entry(kind: str, raw: Any) -> EntryPoint:
         if p.name in seen:
             raise ValueError(f"manifest: {where} lists the parameter {p.name!r} twice")
         seen.add(p.name)
-    allowed = {
-        "forward": ("input", "output", "saved"),
-        "backward": ("saved", "cotangent", "gradient"),
-    }[kind]
+    if "_stage" in kind:  # a stage of an expert-parallel layer (moe_mlir.distributed)
+        allowed = ("input", "output")
+    else:
+        allowed = {
+            "forward": ("input", "output", "saved"),
+            "backward": ("saved", "cotangent", "gradient"),
+        }[kind]
     for p in params:
         if p.role not in allowed:
             raise ValueError(
@@ -316,6 +319,11 @@ class Manifest:
         layer = _need(data, "layer", Mapping, "the manifest")
         entries = _need(data, "entry_points", Mapping, "the manifest")
         if "forward" not in entries:
+            if "forward_stage0" in entries:
+                raise ValueError(
+                    "manifest: an expert-parallel layer (entry points forward_stage0, ...): "
+                    "load it with moe_mlir.distributed.GPUEPLayer"
+                )
             raise ValueError("manifest: entry_points has no 'forward'")
         forward = _parse_entry("forward", entries["forward"])
         backward = (

@@ -23,6 +23,9 @@
 #   dynamic   gpu/dynamic-check.sh: the layers of dynamic token count (inputs/build-dynamic-
 #             layers.sh) bitwise against those compiled for exactly T, the sweep, T outside
 #             the bound refused, a CUDA graph of a step, the speed ratios;
+#   ep        gpu/ep-check.sh: the expert-parallel benchmark layers over one rank (inputs/
+#             build-ep-layers.sh), their stages run with NCCL between them, against the same
+#             layers unsplit: forward bitwise, gradients within tolerance, the speed ratio;
 #   torch     gpu/torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
 #   long      gpu/torch-check.sh --only build,long: the largest T in 4 GiB of activations,
@@ -70,7 +73,7 @@ parse_options --deadline=deadline=570 -- "$@"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
 check_steps "$steps" ops sanitize layer variants torch long offload gaps offload-compiled \
-  energy ncu tensor floor liger dynamic
+  energy ncu tensor floor liger dynamic ep
 mkdir -p "$out/session"
 deadline_start "$deadline"
 report=$out/session.txt
@@ -140,6 +143,8 @@ for step in ${steps//,/ }; do
     [ $found = 1 ] || echo "== variants: no gpu-inputs-*/layers to run" | tee -a "$report" ;;
   dynamic)
     run_step dynamic "${MOE_DYNAMIC_LIMIT:-300}" bash "$root/scripts/gpu/dynamic-check.sh" ;;
+  ep)
+    run_step ep "${MOE_EP_LIMIT:-300}" bash "$root/scripts/gpu/ep-check.sh" ;;
   torch)
     run_step torch 330 bash "$root/scripts/gpu/torch-check.sh" --deadline $(($(seconds_left) - 20)) ;;
   long)

@@ -47,7 +47,7 @@
 // OFFLOAD: llvm.call @mgpuMoeAwaitPrefetch(
 // OFFLOAD: @moe_gemm_{{[a-z0-9_]+}}::@moe_gemm_
 // CONTRADICT: error: moe-training-pipeline: offload=always contradicts policy=keep
-// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 94]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
+// BUDGET: moe-training-pipeline-gpu.mlir:[[# @LINE + 96]]:1: error: memory-budget 1024 B (9.54e-07 GiB) cannot be met with policy=auto: the smallest budget it can meet is 6532 B (6.08e-06 GiB)
 
 // The report is of what the GPU path runs: after moe-fold-adds (backward's
 // add is gone into the router's dx), y alone in forward's arena and the
@@ -66,6 +66,7 @@
 // DUMP-OPTIONS-NEXT: moe-offload{prefetch=early},
 // DUMP-OPTIONS-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
 // DUMP-OPTIONS-NEXT: moe-fold-adds,
+// DUMP-OPTIONS-NEXT: moe-ep-stages,
 // DUMP-OPTIONS-NEXT: moe-plan-memory{alignment=256 memory-report=-},
 // DUMP-OPTIONS-NEXT: convert-moe-to-gpu{library=},
 
@@ -79,6 +80,7 @@
 // DUMP-NEXT: moe-offload{prefetch=early},
 // DUMP-NEXT: moe-gpu-select-kernels{chip=sm_90a {{.*}}},
 // DUMP-NEXT: moe-fold-adds,
+// DUMP-NEXT: moe-ep-stages,
 // DUMP-NEXT: moe-plan-memory{alignment=256 memory-report=},
 // DUMP-NEXT: convert-moe-to-gpu{library=},
 // DUMP-NEXT: inline{

@@ -213,6 +213,29 @@ std::string layerSummary(DictionaryAttr layer) {
   return text;
 }
 
+/// What a stage's parameters are, for the header: "forward (stage 0 of 3):
+/// its arguments arg0, arg1; then it gives send0 (the rows for each rank) ...".
+std::string stageSummary(const EntryPointInfo &entry) {
+  auto names = [&](StringRef key) {
+    SmallVector<std::string> out;
+    if (auto array = entry.stage.getAs<ArrayAttr>(key))
+      for (Attribute attr : array)
+        if (auto text = dyn_cast<StringAttr>(attr))
+          out.push_back(text.str());
+    return llvm::join(out, ", ");
+  };
+  auto integer = [&](StringRef key) -> int64_t {
+    auto value = entry.stage.getAs<IntegerAttr>(key);
+    return value ? value.getInt() : 0;
+  };
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << StringRef(entry.kind).split('_').first << " (stage " << integer("stage")
+     << " of " << integer("stages") << ", docs/distributed.md): it takes "
+     << names("inputs") << "; it gives " << names("outputs") << ".";
+  return text;
+}
+
 std::string makeHeader(StringRef cName, ArrayRef<EntryPointInfo> entries,
                        DictionaryAttr layer, StringRef input,
                        StringRef fileName) {
@@ -252,7 +275,9 @@ std::string makeHeader(StringRef cName, ArrayRef<EntryPointInfo> entries,
      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
   for (const EntryPointInfo &entry : entries) {
     os << "\n/* " << entry.kind << ": ";
-    if (entry.kind == "forward")
+    if (entry.stage)
+      os << "a stage of the expert-parallel " << stageSummary(entry) << " */\n";
+    else if (entry.kind == "forward")
       os << "inputs, results, then the tensors backward needs that are not "
             "inputs. */\n";
     else
@@ -370,6 +395,37 @@ void writeGPULimits(llvm::json::OStream &j) {
   j.objectEnd();
 }
 
+/// A stage's moe.gpu.ep_stage (strings, integers, arrays of them) as an
+/// object.
+void writeStage(llvm::json::OStream &j, DictionaryAttr stage) {
+  auto value = [&](Attribute attr) {
+    if (auto text = dyn_cast<StringAttr>(attr))
+      j.value(text.getValue());
+    else if (auto integer = dyn_cast<IntegerAttr>(attr))
+      j.value(integer.getInt());
+    else
+      j.value(nullptr);
+  };
+  j.objectBegin();
+  for (NamedAttribute attr : stage) {
+    j.attributeBegin(attr.getName().getValue());
+    if (auto array = dyn_cast<ArrayAttr>(attr.getValue()))
+      j.array([&] {
+        for (Attribute element : array)
+          value(element);
+      });
+    else if (auto ints = dyn_cast<DenseI64ArrayAttr>(attr.getValue()))
+      j.array([&] {
+        for (int64_t element : ints.asArrayRef())
+          j.value(element);
+      });
+    else
+      value(attr.getValue());
+    j.attributeEnd();
+  }
+  j.objectEnd();
+}
+
 std::string makeManifest(StringRef cName, ArrayRef<EntryPointInfo> entries,
                          DictionaryAttr layer, int64_t numSMs) {
   std::string text;
@@ -392,6 +448,11 @@ std::string makeManifest(StringRef cName, ArrayRef<EntryPointInfo> entries,
         j.attribute("workspace_bytes", entry.workspaceBytes);
         if (entry.maxTokens > 0)
           j.attribute("max_tokens", entry.maxTokens);
+        if (entry.stage) {
+          j.attributeBegin("ep");
+          writeStage(j, entry.stage);
+          j.attributeEnd();
+        }
         j.attributeArray("params", [&] {
           for (const EntryParam &param : entry.params)
             j.object([&] {

@@ -37,9 +37,45 @@ std::string getString(DictionaryAttr dict, StringRef key) {
 }
 
 /// The attributes an entry point carries and its host function loses.
-constexpr StringLiteral kEntryAttrs[] = {kGPUEntryAttr,  kGPULayerNameAttr,
-                                         kGPUParamsAttr, kGPUWorkspaceBytesAttr,
-                                         kGPULayerAttr,  kGPUMaxTokensAttr};
+constexpr StringLiteral kEntryAttrs[] = {
+    kGPUEntryAttr, kGPULayerNameAttr, kGPUParamsAttr, kGPUWorkspaceBytesAttr,
+    kGPULayerAttr, kGPUMaxTokensAttr, kGPUEPStageAttr};
+
+/// Where an entry point of kind `kind` goes among a layer's: forward, then
+/// backward; an expert-parallel layer's forward stages in order, then its
+/// backward's. std::nullopt for a kind that is no entry point ("plain").
+std::optional<std::pair<int, int64_t>> entryOrder(StringRef kind) {
+  constexpr StringLiteral kHalves[] = {"forward", "backward"};
+  for (auto [rank, name] : llvm::enumerate(kHalves)) {
+    if (kind == name)
+      return std::make_pair(static_cast<int>(rank), int64_t{-1});
+    int64_t index;
+    StringRef rest = kind;
+    if (rest.consume_front(name) && rest.consume_front("_stage") &&
+        !rest.getAsInteger(10, index) && index >= 0)
+      return std::make_pair(static_cast<int>(rank), index);
+  }
+  return std::nullopt;
+}
+
+/// The entry-point host functions of `module` (public ones, or every one
+/// with `internal`), in entryOrder.
+SmallVector<LLVM::LLVMFuncOp> entryFunctions(ModuleOp module, bool internal) {
+  SmallVector<std::pair<std::pair<int, int64_t>, LLVM::LLVMFuncOp>> found;
+  for (auto func : module.getOps<LLVM::LLVMFuncOp>()) {
+    auto kind = func->getAttrOfType<StringAttr>(kGPUEntryAttr);
+    if (!kind || (!internal && (func.isPrivate() ||
+                                func.getLinkage() == LLVM::Linkage::Internal)))
+      continue;
+    if (std::optional<std::pair<int, int64_t>> order =
+            entryOrder(kind.getValue()))
+      found.push_back({*order, func});
+  }
+  llvm::stable_sort(
+      found, [](const auto &a, const auto &b) { return a.first < b.first; });
+  return llvm::to_vector(
+      llvm::map_range(found, [](const auto &entry) { return entry.second; }));
+}
 
 class EntryPointBuilder {
 public:
@@ -262,19 +298,17 @@ struct MoEGPUBuildEntryPointsPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    // The forward and backward host functions, forward first.
+    // The forward and backward host functions (or their stages), forward
+    // first.
     SmallVector<EntryPointInfo, 2> entries;
-    for (StringRef wanted : {"forward", "backward"})
-      for (auto func : module.getOps<LLVM::LLVMFuncOp>()) {
-        auto kind = func->getAttrOfType<StringAttr>(kGPUEntryAttr);
-        if (!kind || kind.getValue() != wanted)
-          continue;
-        FailureOr<EntryPointInfo> entry = readEntryPoint(func);
-        if (failed(entry))
-          return signalPassFailure();
-        entries.push_back(std::move(*entry));
-      }
-    if (entries.empty() || entries.front().kind != "forward") {
+    for (LLVM::LLVMFuncOp func : entryFunctions(module, /*internal=*/true)) {
+      FailureOr<EntryPointInfo> entry = readEntryPoint(func);
+      if (failed(entry))
+        return signalPassFailure();
+      entries.push_back(std::move(*entry));
+    }
+    if (entries.empty() || (entries.front().kind != "forward" &&
+                            entries.front().kind != "forward_stage0")) {
       module.emitError("moe-gpu-build-entry-points: no moe layer function to "
                        "compile (a func.func of moe ops on tensors)");
       return signalPassFailure();
@@ -339,6 +373,7 @@ FailureOr<EntryPointInfo> mlir::moe::readEntryPoint(LLVM::LLVMFuncOp func) {
   entry.layerName = layerName.str();
   entry.workspaceBytes = workspace.getInt();
   entry.layer = func->getAttrOfType<DictionaryAttr>(kGPULayerAttr);
+  entry.stage = func->getAttrOfType<DictionaryAttr>(kGPUEPStageAttr);
   if (auto bound = func->getAttrOfType<IntegerAttr>(kGPUMaxTokensAttr))
     entry.maxTokens = bound.getInt();
   for (Attribute attr : params) {
@@ -400,15 +435,9 @@ std::string mlir::moe::describeEntryParam(const EntryParam &param) {
 
 SmallVector<EntryPointInfo, 2> mlir::moe::getEntryPoints(ModuleOp module) {
   SmallVector<EntryPointInfo, 2> entries;
-  for (StringRef wanted : {"forward", "backward"})
-    for (auto func : module.getOps<LLVM::LLVMFuncOp>()) {
-      auto kind = func->getAttrOfType<StringAttr>(kGPUEntryAttr);
-      if (!kind || kind.getValue() != wanted || func.isPrivate() ||
-          func.getLinkage() == LLVM::Linkage::Internal)
-        continue;
-      if (FailureOr<EntryPointInfo> entry = readEntryPoint(func);
-          succeeded(entry))
-        entries.push_back(std::move(*entry));
-    }
+  for (LLVM::LLVMFuncOp func : entryFunctions(module, /*internal=*/false))
+    if (FailureOr<EntryPointInfo> entry = readEntryPoint(func);
+        succeeded(entry))
+      entries.push_back(std::move(*entry));
   return entries;
 }

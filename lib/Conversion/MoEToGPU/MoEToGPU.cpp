@@ -353,6 +353,10 @@ struct FunctionPlan {
   func::FuncOp func;
   EntryKind kind = EntryKind::Plain;
   std::string layerName;
+  /// A stage of an expert-parallel forward or backward: its entry name
+  /// ("forward_stage0") and moe.ep_* attributes.
+  std::string stageEntry;
+  DictionaryAttr stage;
   SmallVector<Param> inputs;
   /// One per result of `func`; std::nullopt for a dropped result (a saved
   /// forward argument).
@@ -415,6 +419,25 @@ FailureOr<FunctionPlan> planFunction(func::FuncOp func, SymbolTable &symbols) {
     plan.layerName = name.drop_back(strlen("_backward")).str();
   } else {
     plan.layerName = name.str();
+  }
+  // A stage of an expert-parallel forward or backward (moe-ep-stages): a
+  // plain function whose entry point is named after its place.
+  if (auto of = func->getAttrOfType<StringAttr>("moe.ep_stage_of")) {
+    auto index = func->getAttrOfType<IntegerAttr>("moe.ep_stage");
+    for (StringRef half : {"forward", "backward"})
+      if (index && of.getValue().ends_with(("_" + half).str())) {
+        plan.layerName = of.getValue().drop_back(half.size() + 1).str();
+        plan.stageEntry = (half + "_stage" + Twine(index.getInt())).str();
+      }
+    SmallVector<NamedAttribute> entries;
+    for (NamedAttribute attr : func->getAttrs())
+      if (attr.getName().getValue().starts_with("moe.ep_"))
+        entries.push_back(
+            NamedAttribute(StringAttr::get(func.getContext(),
+                                           attr.getName().getValue().drop_front(
+                                               strlen("moe.ep_"))),
+                           attr.getValue()));
+    plan.stage = DictionaryAttr::get(func.getContext(), entries);
   }
 
   auto refuseHost = [&](Type t) {
@@ -1711,7 +1734,12 @@ LogicalResult convertFunction(FunctionPlan &plan,
 
   func::FuncOp host = ctx.host;
   Builder attrs(context);
-  host->setAttr(kGPUEntryAttr, attrs.getStringAttr(entryName(plan.kind)));
+  host->setAttr(kGPUEntryAttr,
+                attrs.getStringAttr(plan.stageEntry.empty()
+                                        ? entryName(plan.kind).str()
+                                        : plan.stageEntry));
+  if (plan.stage)
+    host->setAttr(kGPUEPStageAttr, plan.stage);
   host->setAttr(kGPULayerNameAttr, attrs.getStringAttr(plan.layerName));
   host->setAttr(kGPUParamsAttr,
                 attrs.getArrayAttr(llvm::map_to_vector(

@@ -40,7 +40,7 @@ struct EntryParam {
 /// What a function's moe.gpu.* attributes record.
 struct EntryPointInfo {
   LLVM::LLVMFuncOp func;
-  /// "forward" or "backward".
+  /// "forward" or "backward", or a stage of either ("forward_stage0").
   std::string kind;
   std::string layerName;
   SmallVector<EntryParam, 8> params;
@@ -50,6 +50,8 @@ struct EntryPointInfo {
   int64_t maxTokens = 0;
   /// The forward's layer configuration (moe.gpu.layer); null otherwise.
   DictionaryAttr layer;
+  /// A stage's moe.gpu.ep_stage; null otherwise.
+  DictionaryAttr stage;
 };
 
 /// The moe.gpu.* attributes of `func`; failure (reported at `func`) where
@@ -65,7 +67,8 @@ std::string cIdentifier(StringRef name);
 std::string describeEntryParam(const EntryParam &param);
 
 /// The entry points moe-gpu-build-entry-points made in `module`, forward
-/// first; empty where it made none.
+/// first (forward, backward; or the forward's stages, then the backward's);
+/// empty where it made none.
 SmallVector<EntryPointInfo, 2> getEntryPoints(ModuleOp module);
 
 /// The moeStatus codes an entry point returns for a bad pointer

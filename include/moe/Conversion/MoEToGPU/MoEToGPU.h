@@ -12,8 +12,9 @@
 
 namespace mlir::moe {
 
-/// "forward" (`@f_forward`), "backward" (`@f_backward`) or "plain" (a
-/// function without a training pair).
+/// "forward" (`@f_forward`), "backward" (`@f_backward`), "plain" (a
+/// function without a training pair), or a stage of an expert-parallel
+/// forward or backward (moe-ep-stages): "forward_stage0", "backward_stage1".
 constexpr llvm::StringLiteral kGPUEntryAttr = "moe.gpu.entry";
 /// The name of the layer function `@f`, the prefix of the C entry points.
 constexpr llvm::StringLiteral kGPULayerNameAttr = "moe.gpu.layer_name";
@@ -35,6 +36,10 @@ constexpr llvm::StringLiteral kGPUMaxTokensAttr = "moe.gpu.max_tokens";
 /// scoring, renormalize, num_groups, topk_groups, scaling_factor, has_bias,
 /// shared_n) and `inputs`, the argument holding each layer input.
 constexpr llvm::StringLiteral kGPULayerAttr = "moe.gpu.layer";
+/// On a stage of an expert-parallel function: the moe.ep_* attributes
+/// moe-ep-stages gave it (what its parameters are, its collectives, where
+/// the function's results come from), without their `moe.ep_` prefix.
+constexpr llvm::StringLiteral kGPUEPStageAttr = "moe.gpu.ep_stage";
 
 } // namespace mlir::moe
 

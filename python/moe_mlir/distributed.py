@@ -43,6 +43,11 @@ from .cpu import (
 
 __all__ = [
     "EPSpec",
+    "GPUEPLayer",
+    "ep_layer_for",
+    "ep_layer_apply",
+    "gather_experts",
+    "load_balancing_loss",
     "EP_PRE_PASSES",
     "Exchange",
     "LocalExchange",
@@ -590,12 +595,15 @@ class GPUEPLayer:
         self.layer = data.get("layer", {})
         self.entries: Dict[str, "gpu.EntryPoint"] = {}
         self.ep: Dict[str, dict] = {}
+        # Each stage's workspace at the bound (the manifest's), by entry point.
+        self.workspace_bytes: Dict[str, int] = {}
         lib = ctypes.CDLL(os.path.abspath(so_path))
         self._fns = {}
         for kind, raw in entries.items():
             entry = gpu._parse_entry(kind, raw)
             self.entries[kind] = entry
             self.ep[kind] = dict(raw.get("ep", {}))
+            self.workspace_bytes[kind] = int(raw.get("workspace_bytes", 0))
             fn = getattr(lib, entry.symbol)
             fn.restype = ctypes.c_int
             tokens = [ctypes.c_int64] if entry.max_tokens else []

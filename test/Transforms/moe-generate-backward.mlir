@@ -322,3 +322,45 @@ func.func @ep_gather_elsewhere(%x: tensor<?x16xf32>, %ids: tensor<?xi32>, %off: 
       : tensor<?x16xf32>, tensor<9xi32> -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
   return %recv : tensor<32x16xf32>
 }
+
+// -----
+
+// A collective in a checkpoint region is never run again in backward: what
+// backward reads of it (the rows received) is saved, while the expert FFN
+// beside it is recomputed.
+// CHECK-LABEL: func.func @ep_checkpoint_backward(
+// CHECK-SAME: %{{.*}}: tensor<32x16xf32> {moe.saved = "moe.ep_dispatch.received"}
+// CHECK: moe.expert_ffn
+// CHECK-NOT: moe.ep_dispatch {{.*}} gather
+// CHECK: moe.ep_dispatch %{{.*}}, %{{.*}} {capacity = 16 : i64, ep_size = 2 : i64, overflow = #moe.ep_overflow<drop>}
+// CHECK-NOT: moe.ep_dispatch {{.*}} gather
+// CHECK: return
+func.func @ep_checkpoint(%x: tensor<4x16xf32>, %wr: tensor<16x8xf32>,
+                         %wgu: tensor<4x16x24xf32>, %wd: tensor<4x12x16xf32>)
+    -> tensor<4x16xf32> {
+  %w, %e, %logits = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<4x16xf32>, tensor<16x8xf32> -> tensor<4x2xf32>, tensor<4x2xi32>, tensor<4x8xf32>
+  %ids, %off, %rows = moe.dispatch %e {num_experts = 8 : i64}
+      : tensor<4x2xi32> -> tensor<8xi32>, tensor<9xi32>, tensor<4x2xi32>
+  %yq, %qids = moe.checkpoint (%x, %off, %ids, %wgu, %wd)
+      : (tensor<4x16xf32>, tensor<9xi32>, tensor<8xi32>, tensor<4x16x24xf32>,
+         tensor<4x12x16xf32>) -> (tensor<32x16xf32>, tensor<32xi32>) {
+  ^bb0(%a: tensor<4x16xf32>, %o: tensor<9xi32>, %i: tensor<8xi32>,
+       %g: tensor<4x16x24xf32>, %d: tensor<4x12x16xf32>):
+    %recv, %counts, %dropped = moe.ep_dispatch %a, %o gather(%i : tensor<8xi32>)
+        {capacity = 16 : i64, ep_size = 2 : i64}
+        : tensor<4x16xf32>, tensor<9xi32> -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+    %q, %qo = moe.ep_queues %counts {capacity = 16 : i64}
+        : tensor<2x4xi32> -> tensor<32xi32>, tensor<5xi32>
+    %y, %h = moe.expert_ffn %recv, %q, %qo, %g, %d {activation = #moe.activation<swiglu>}
+        : tensor<32x16xf32>, tensor<32xi32>, tensor<5xi32>, tensor<4x16x24xf32>,
+          tensor<4x12x16xf32> -> tensor<32x16xf32>, tensor<32x24xf32>
+    moe.yield %y, %q : tensor<32x16xf32>, tensor<32xi32>
+  }
+  %back = moe.scatter_rows %yq, %qids : tensor<32x16xf32>, tensor<32xi32> -> tensor<32x16xf32>
+  %yg = moe.ep_combine %back, %off {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<32x16xf32>, tensor<9xi32> -> tensor<8x16xf32>
+  %out = moe.combine %yg, %w, %rows
+      : tensor<8x16xf32>, tensor<4x2xf32>, tensor<4x2xi32> -> tensor<4x16xf32>
+  return %out : tensor<4x16xf32>
+}

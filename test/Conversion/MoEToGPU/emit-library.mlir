@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}5c28c2b0fbaf24a648563da805c82fa8e22ed8c04969735a769b0f80ec79d491{{$}}
+// DIGEST: {{^}}6daf5f02ff4e2540d6fe6e730302627da066e56c46d7fc9464107e89443ac8fb{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.
@@ -18,10 +18,14 @@
 // CHECK: gpu.module @moe_kernels
 // CHECK: gpu.func @moe_gemm_up_gather(
 // CHECK: gpu.func @moe_add(
+// CHECK: gpu.func @moe_gather_rows(
+// CHECK: gpu.func @moe_ep_queue_fill(
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(
 // CHECK: func.func private @__moe_gpu_router_grad_acc(
+// CHECK: func.func private @__moe_gpu_ep_pack(
+// CHECK: func.func private @__moe_gpu_scatter_rows(
 
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16(
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16_s2(

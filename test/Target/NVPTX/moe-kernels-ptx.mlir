@@ -216,4 +216,25 @@
 // CHECK-DAG: st.global.b16
 // CHECK-DAG: ld.global.v4.b32
 // CHECK-DAG: st.global.v4.b32
+// The expert-parallel row moves: a block a row, 16-byte copies or zeros; the
+// row sources of scatter_rows and ep_unpack by an atomic max (the last index
+// in order wins).
+// CHECK-LABEL: .entry moe_gather_rows(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-DAG: ld.global.v4.b32
+// CHECK-DAG: st.global.v4.b32
+// CHECK-DAG: st.global.v4.b32 {{.*}}, {0, 0, 0, 0};
+// CHECK-LABEL: .entry moe_invert_rows(
+// CHECK: atom.global.max.s32
+// CHECK-LABEL: .entry moe_ep_pack_rows(
+// CHECK: .maxntid 128, 1, 1
+// CHECK-LABEL: .entry moe_ep_unpack_rows(
+// CHECK: atom.global.max.s32
+// CHECK-LABEL: .entry moe_ep_unpack_sum(
+// CHECK-DAG: ld.global.v4.b32
+// CHECK-DAG: st.global.v4.b32
+// CHECK-LABEL: .entry moe_ep_queue_plan(
+// CHECK: bar.sync
+// CHECK-LABEL: .entry moe_ep_queue_fill(
+// CHECK: .maxntid 128, 1, 1
 // CHECK-NOT: .entry

@@ -38,5 +38,12 @@
 // CHECK-DAG: Compiling entry function 'moe_repack_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_repack_f32' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_add' for 'sm_90a'
-// COUNT-COUNT-29: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// CHECK-DAG: Compiling entry function 'moe_gather_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_invert_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_ep_pack_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_ep_unpack_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_ep_unpack_sum' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_ep_queue_plan' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_ep_queue_fill' for 'sm_90a'
+// COUNT-COUNT-36: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

@@ -155,6 +155,8 @@ public:
   /// scheduled GEMM.
   std::pair<Value, Value> tileCounter();
   void dealloc(Value buf);
+  /// Fills `buf` with `value` (of its element type), on the token.
+  void memset(Value buf, Value value);
 
   /// The tensor map of B = W for `g`'s TMA boxes.
   Value weightMap(const kernels::GemmTraits &g, const GemmValues &v);
@@ -238,6 +240,12 @@ void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
                                const HostGemms &gemms = {});
 void buildRouterGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
                          const HostGemms &gemms = {});
+// HostExpertParallel.cpp
+void buildEPPackHost(OpBuilder &b, ModuleOp module, bool gather);
+void buildEPUnpackHost(OpBuilder &b, ModuleOp module, bool reduce);
+void buildEPQueuesHost(OpBuilder &b, ModuleOp module);
+void buildGatherRowsHost(OpBuilder &b, ModuleOp module);
+void buildScatterRowsHost(OpBuilder &b, ModuleOp module);
 
 } // namespace mlir::moe::host
 

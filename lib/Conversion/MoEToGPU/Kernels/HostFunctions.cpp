@@ -211,6 +211,12 @@ void HostFunctionBuilder::dealloc(Value buf) {
               .getAsyncToken();
 }
 
+void HostFunctionBuilder::memset(Value buf, Value value) {
+  token = gpu::MemsetOp::create(b, loc, b.getType<gpu::AsyncTokenType>(),
+                                ValueRange{token}, buf, value)
+              .getAsyncToken();
+}
+
 // The tensor maps' boxes: 64 columns (128 bytes, the span of the 128B
 // swizzle) by the rows of a tile.
 static constexpr int64_t kBoxColumns = hopper::kSwizzleRowElements;
@@ -740,7 +746,8 @@ struct VariantRole {
 
 /// A host function of the library: its builder, and its GEMM roles in the
 /// order it runs them. The functions with roles have variants (another
-/// config for a role); the others (dispatch, combine, add) have none.
+/// config for a role); the others (dispatch, combine, add, the
+/// expert-parallel ones) have none.
 struct HostEntry {
   StringLiteral name;
   HostBuildFn build;
@@ -749,7 +756,7 @@ struct HostEntry {
 
 /// The host functions in the library's order: the forward and backward ones,
 /// then the accumulating ones (the calls of the ops that moe-fold-adds gave
-/// an accumulate operand).
+/// an accumulate operand), then those of the expert-parallel ops.
 const std::vector<HostEntry> &hostEntries() {
   static const SmallVector<VariantRole, 4> kExpertGradRoles = {
       {"dact", LibraryGemm::DactGather},
@@ -831,6 +838,41 @@ const std::vector<HostEntry> &hostEntries() {
        },
        {{"dx", LibraryGemm::RowsKBf16, /*accumulating=*/true},
         {"dw", LibraryGemm::WgradRows}}},
+      {"__moe_gpu_ep_pack",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildEPPackHost(b, m, /*gather=*/false);
+       },
+       {}},
+      {"__moe_gpu_ep_pack_gather",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildEPPackHost(b, m, /*gather=*/true);
+       },
+       {}},
+      {"__moe_gpu_ep_unpack",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildEPUnpackHost(b, m, /*reduce=*/false);
+       },
+       {}},
+      {"__moe_gpu_ep_unpack_reduce",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildEPUnpackHost(b, m, /*reduce=*/true);
+       },
+       {}},
+      {"__moe_gpu_ep_queues",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildEPQueuesHost(b, m);
+       },
+       {}},
+      {"__moe_gpu_gather_rows",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildGatherRowsHost(b, m);
+       },
+       {}},
+      {"__moe_gpu_scatter_rows",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildScatterRowsHost(b, m);
+       },
+       {}},
   };
   return entries;
 }

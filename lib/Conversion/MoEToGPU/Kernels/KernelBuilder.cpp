@@ -52,6 +52,13 @@ constexpr KernelEntry kKernels[] = {
     {"moe_repack_bf16", kernels::buildRepackBf16Kernel},
     {"moe_repack_f32", kernels::buildRepackF32Kernel},
     {"moe_add", kernels::buildAddKernel},
+    {"moe_gather_rows", kernels::buildGatherRowsKernel},
+    {"moe_invert_rows", kernels::buildInvertRowsKernel},
+    {"moe_ep_pack_rows", kernels::buildEPPackRowsKernel},
+    {"moe_ep_unpack_rows", kernels::buildEPUnpackRowsKernel},
+    {"moe_ep_unpack_sum", kernels::buildEPUnpackSumKernel},
+    {"moe_ep_queue_plan", kernels::buildEPQueuePlanKernel},
+    {"moe_ep_queue_fill", kernels::buildEPQueueFillKernel},
 };
 
 } // namespace

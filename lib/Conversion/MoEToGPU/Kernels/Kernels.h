@@ -60,6 +60,14 @@ void buildSumSplitsBf16Kernel(OpBuilder &b, Location loc);
 void buildDWeightsKernel(OpBuilder &b, Location loc);
 void buildRepackBf16Kernel(OpBuilder &b, Location loc);
 void buildRepackF32Kernel(OpBuilder &b, Location loc);
+// ExpertParallel.cpp
+void buildGatherRowsKernel(OpBuilder &b, Location loc);
+void buildInvertRowsKernel(OpBuilder &b, Location loc);
+void buildEPPackRowsKernel(OpBuilder &b, Location loc);
+void buildEPUnpackRowsKernel(OpBuilder &b, Location loc);
+void buildEPUnpackSumKernel(OpBuilder &b, Location loc);
+void buildEPQueuePlanKernel(OpBuilder &b, Location loc);
+void buildEPQueueFillKernel(OpBuilder &b, Location loc);
 // Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp
 /// The grouped GEMM of `config`, named gemmKernelName(config).
 void buildGemmKernel(OpBuilder &b, Location loc,

@@ -105,7 +105,16 @@ SmallVector<Value> getDataValues(Operation *op) {
   else if (isa<arith::AddFOp>(op)) {
     add(op->getOperands());
     add(op->getResults());
-  }
+  } else if (auto ep = dyn_cast<EPDispatchOp>(op))
+    add(ValueRange{ep.getSource(), ep.getReceived()});
+  else if (auto ep = dyn_cast<EPPackOp>(op))
+    add(ValueRange{ep.getSource(), ep.getSend()});
+  else if (auto ep = dyn_cast<EPCombineOp>(op))
+    add(ValueRange{ep.getRows(), ep.getResult()});
+  else if (auto ep = dyn_cast<EPUnpackOp>(op))
+    add(ValueRange{ep.getReturned(), ep.getResult()});
+  else if (isa<GatherRowsOp, ScatterRowsOp>(op))
+    add(ValueRange{op->getOperand(0), op->getResult(0)});
   return values;
 }
 
@@ -131,6 +140,9 @@ SmallVector<std::pair<StringRef, int64_t>> getTiledSizes(Operation *op) {
         {{"d", dim(shared.getX(), 1)}, {"m", dim(shared.getWDown(), 0)}});
   else if (auto grad = dyn_cast<SharedExpertGradOp>(op))
     sizes.append({{"d", dim(grad.getX(), 1)}, {"m", dim(grad.getWDown(), 0)}});
+  else if (isa<EPDispatchOp, EPPackOp, EPCombineOp, EPUnpackOp, GatherRowsOp,
+               ScatterRowsOp>(op))
+    sizes.push_back({"d", dim(op->getOperand(0), 1)});
   return sizes;
 }
 
@@ -161,6 +173,30 @@ bool isTokenShaped(Value value) {
   if (llvm::any_of(type.getShape().drop_front(), ShapedType::isDynamic))
     return false;
   return !type.isDynamicDim(0) || getRowsPerToken(value).value_or(0) > 0;
+}
+
+/// The ranks of an expert-parallel collective (moe.ep_dispatch,
+/// moe.ep_combine), 0 for any other op.
+int64_t getCollectiveRanks(Operation *op) {
+  if (auto ep = dyn_cast<EPDispatchOp>(op))
+    return static_cast<int64_t>(ep.getEpSize());
+  if (auto ep = dyn_cast<EPCombineOp>(op))
+    return static_cast<int64_t>(ep.getEpSize());
+  return 0;
+}
+
+/// The experts E of an expert-parallel op: offsets' E + 1, or the received
+/// counts' S * (E / S); 0 for any other op.
+int64_t getEPExperts(Operation *op) {
+  auto size = [](Value value) -> int64_t {
+    auto type = cast<ShapedType>(value.getType());
+    return type.hasStaticShape() ? type.getNumElements() : 0;
+  };
+  if (isa<EPDispatchOp, EPPackOp, EPCombineOp, EPUnpackOp>(op))
+    return size(op->getOperand(1)) - 1;
+  if (auto queues = dyn_cast<EPQueuesOp>(op))
+    return size(queues.getReceivedCounts());
+  return 0;
 }
 
 /// Emits an error at `op` if this version cannot run it on the GPU. The
@@ -203,10 +239,18 @@ LogicalResult checkSupported(Operation *op) {
                            "of a training backward (moe-offload)");
     return success();
   }
+  // With one rank a collective is its local half; with more the function
+  // must be split at it first.
+  if (int64_t ranks = getCollectiveRanks(op); ranks > 1)
+    return op->emitOpError()
+           << "is a collective over " << ranks
+           << " ranks: split the function with moe-ep-stages before "
+              "lowering it to the GPU";
   bool isAdd = isa<arith::AddFOp>(op);
-  if (!isAdd &&
-      !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp, CombineOp,
-           ExpertCombineGradOp, SharedExpertGradOp, RouterGradOp>(op))
+  if (!isAdd && !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp,
+                     CombineOp, ExpertCombineGradOp, SharedExpertGradOp,
+                     RouterGradOp, EPDispatchOp, EPCombineOp, EPPackOp,
+                     EPUnpackOp, EPQueuesOp, GatherRowsOp, ScatterRowsOp>(op))
     return op->emitError() << "'" << op->getName()
                            << "' on tensors is not supported on the GPU path";
   // Static shapes, but for a leading dimension that follows a token count
@@ -254,6 +298,7 @@ LogicalResult checkSupported(Operation *op) {
   if (auto dispatch = dyn_cast<DispatchOp>(op))
     experts =
         cast<ShapedType>(dispatch->getResult(1).getType()).getDimSize(0) - 1;
+  experts = std::max(experts, getEPExperts(op));
   if (experts > gpu_contract::kMaxExperts)
     return op->emitError("the GPU path runs at most ")
            << gpu_contract::kMaxExperts << " experts, got " << experts;
@@ -1602,6 +1647,81 @@ public:
   }
 };
 
+/// moe.ep_pack, and moe.ep_dispatch of one rank (its all-to-all is the
+/// identity): `__moe_gpu_ep_pack`, `_gather` with token ids. The overflow
+/// rule is the caller's, from `dropped`.
+template <typename OpTy>
+class LowerEPSend : public HostCallPattern<OpTy> {
+public:
+  using HostCallPattern<OpTy>::HostCallPattern;
+
+  void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
+                HostCall &call) const override {
+    HostFunctionBuilder &h = this->ctx.h;
+    call.addOperands();
+    call.args.append({h.index(static_cast<int64_t>(op.getEpSize())),
+                      h.index(static_cast<int64_t>(op.getCapacity()))});
+    call.addResults();
+    call.callExactly(op.getTokenIds() ? "__moe_gpu_ep_pack_gather"
+                                      : "__moe_gpu_ep_pack");
+  }
+};
+
+/// moe.ep_unpack, and moe.ep_combine of one rank: `__moe_gpu_ep_unpack`,
+/// `_reduce` with rows_of. A result of dynamic row count has the rows its
+/// buffer was given (T * k, offsets[E] after a dropless dispatch).
+template <typename OpTy>
+class LowerEPReturn : public HostCallPattern<OpTy> {
+public:
+  using HostCallPattern<OpTy>::HostCallPattern;
+
+  void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
+                HostCall &call) const override {
+    HostFunctionBuilder &h = this->ctx.h;
+    call.addOperands();
+    call.args.append({h.index(static_cast<int64_t>(op.getEpSize())),
+                      h.index(static_cast<int64_t>(op.getCapacity()))});
+    call.addResults();
+    call.callExactly(op.getRowsOf() ? "__moe_gpu_ep_unpack_reduce"
+                                    : "__moe_gpu_ep_unpack");
+  }
+};
+
+/// moe.ep_queues: `__moe_gpu_ep_queues`.
+class LowerEPQueues : public HostCallPattern<EPQueuesOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(EPQueuesOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.args.push_back(ctx.h.index(static_cast<int64_t>(op.getCapacity())));
+    call.addResults();
+    call.callExactly("__moe_gpu_ep_queues");
+  }
+};
+
+/// moe.gather_rows and moe.scatter_rows: the host function `callee` on the
+/// op's operands and result.
+template <typename OpTy>
+class LowerRows : public HostCallPattern<OpTy> {
+public:
+  LowerRows(const TypeConverter &typeConverter, HostCallContext &ctx,
+            StringRef callee)
+      : HostCallPattern<OpTy>(typeConverter, ctx), callee(callee) {}
+
+  void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addResults();
+    call.callExactly(callee);
+  }
+
+private:
+  /// A string literal's.
+  StringRef callee;
+};
+
 /// arith.addf on tensors: `__moe_gpu_add` on their flattened buffers (an add
 /// that moe-fold-adds folded is gone).
 class LowerAdd : public HostCallPattern<arith::AddFOp> {
@@ -1694,6 +1814,13 @@ void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
       typeConverter, ctx, "__moe_gpu_expert_combine_grad");
   patterns.add<LowerFFNGrad<SharedExpertGradOp>>(
       typeConverter, ctx, "__moe_gpu_shared_expert_grad");
+  patterns.add<LowerEPSend<EPPackOp>, LowerEPSend<EPDispatchOp>,
+               LowerEPReturn<EPUnpackOp>, LowerEPReturn<EPCombineOp>,
+               LowerEPQueues>(typeConverter, ctx);
+  patterns.add<LowerRows<GatherRowsOp>>(typeConverter, ctx,
+                                        "__moe_gpu_gather_rows");
+  patterns.add<LowerRows<ScatterRowsOp>>(typeConverter, ctx,
+                                         "__moe_gpu_scatter_rows");
 }
 
 /// Replaces `plan.func` with a host function on device memrefs: plans it

@@ -284,3 +284,65 @@ func.func @bytes_wrap(%x: tensor<4611686018427387904x64xbf16>, %wr: tensor<64x4x
          tensor<4611686018427387904x4xf32>
   return %l : tensor<4611686018427387904x4xf32>
 }
+
+// -----
+
+// A collective over several ranks runs as the stages moe-ep-stages splits
+// the function into; only of one rank is it its local half.
+func.func @ep_dispatch_collective(%x: tensor<32x64xbf16>, %offs: tensor<9xi32>)
+    -> (tensor<64x64xbf16>, tensor<2x4xi32>, tensor<2xi32>) {
+  // expected-error @+1 {{'moe.ep_dispatch' op is a collective over 2 ranks: split the function with moe-ep-stages before lowering it to the GPU}}
+  %r, %c, %d = moe.ep_dispatch %x, %offs {capacity = 32 : i64, ep_size = 2 : i64}
+      : tensor<32x64xbf16>, tensor<9xi32> -> tensor<64x64xbf16>, tensor<2x4xi32>, tensor<2xi32>
+  return %r, %c, %d : tensor<64x64xbf16>, tensor<2x4xi32>, tensor<2xi32>
+}
+
+// -----
+
+func.func @ep_combine_collective(%rows: tensor<64x64xbf16>, %offs: tensor<9xi32>,
+                                 %rows_of: tensor<16x2xi32>) -> tensor<16x64xbf16> {
+  // expected-error @+1 {{'moe.ep_combine' op is a collective over 4 ranks: split the function with moe-ep-stages before lowering it to the GPU}}
+  %y = moe.ep_combine %rows, %offs reduce(%rows_of : tensor<16x2xi32>)
+      {capacity = 16 : i64, ep_size = 4 : i64}
+      : tensor<64x64xbf16>, tensor<9xi32> -> tensor<16x64xbf16>
+  return %y : tensor<16x64xbf16>
+}
+
+// -----
+
+func.func @ep_pack_f32(%x: tensor<64x64xf32>, %offs: tensor<9xi32>)
+    -> (tensor<48x64xf32>, tensor<2x4xi32>, tensor<2xi32>) {
+  // expected-error @+1 {{the GPU path runs bf16 data only, got 'tensor<64x64xf32>'}}
+  %s, %c, %d = moe.ep_pack %x, %offs {capacity = 24 : i64, ep_size = 2 : i64}
+      : tensor<64x64xf32>, tensor<9xi32> -> tensor<48x64xf32>, tensor<2x4xi32>, tensor<2xi32>
+  return %s, %c, %d : tensor<48x64xf32>, tensor<2x4xi32>, tensor<2xi32>
+}
+
+// -----
+
+func.func @gather_rows_width(%src: tensor<48x40xbf16>, %ids: tensor<48xi32>) -> tensor<48x40xbf16> {
+  // expected-error @+1 {{the GPU kernels need d to be a multiple of 64, got 40}}
+  %g = moe.gather_rows %src, %ids : tensor<48x40xbf16>, tensor<48xi32> -> tensor<48x40xbf16>
+  return %g : tensor<48x40xbf16>
+}
+
+// -----
+
+func.func @ep_queues_experts(%counts: tensor<2x1024xi32>) -> (tensor<64xi32>, tensor<1025xi32>) {
+  // expected-error @+1 {{the GPU path runs at most 1024 experts, got 2048}}
+  %ids, %offs = moe.ep_queues %counts {capacity = 32 : i64}
+      : tensor<2x1024xi32> -> tensor<64xi32>, tensor<1025xi32>
+  return %ids, %offs : tensor<64xi32>, tensor<1025xi32>
+}
+
+// -----
+
+// Without rows_of or a dispatch nothing says how many rows a token the
+// unpacked rows are.
+func.func @ep_unpack_rows_unknown(%ret: tensor<96x64xbf16>, %offs: tensor<9xi32>)
+    -> tensor<?x64xbf16> attributes {moe.max_tokens = 256 : i64} {
+  // expected-error @+1 {{the GPU path needs static shapes but for the token count, got 'tensor<?x64xbf16>'}}
+  %y = moe.ep_unpack %ret, %offs {capacity = 48 : i64, ep_size = 2 : i64}
+      : tensor<96x64xbf16>, tensor<9xi32> -> tensor<?x64xbf16>
+  return %y : tensor<?x64xbf16>
+}

@@ -94,6 +94,50 @@ OPS = {
         ("d_wr", B2),
     ],
     "add": [("a", BF1), ("b", BF1), ("out", BF1)],
+    # the local expert-parallel ops (moe.ep_pack, ep_unpack, ep_queues, gather_rows,
+    # scatter_rows)
+    "ep_pack": [
+        ("source", B2),
+        ("offsets", I1),
+        ("ep_size", "index"),
+        ("capacity", "index"),
+        ("send", B2),
+        ("send_counts", I2),
+        ("dropped", I1),
+    ],
+    "ep_pack_gather": [
+        ("source", B2),
+        ("offsets", I1),
+        ("token_ids", I1),
+        ("ep_size", "index"),
+        ("capacity", "index"),
+        ("send", B2),
+        ("send_counts", I2),
+        ("dropped", I1),
+    ],
+    "ep_unpack": [
+        ("returned", B2),
+        ("offsets", I1),
+        ("ep_size", "index"),
+        ("capacity", "index"),
+        ("result", B2),
+    ],
+    "ep_unpack_reduce": [
+        ("returned", B2),
+        ("offsets", I1),
+        ("rows_of", I2),
+        ("ep_size", "index"),
+        ("capacity", "index"),
+        ("result", B2),
+    ],
+    "ep_queues": [
+        ("received_counts", I2),
+        ("capacity", "index"),
+        ("token_ids", I1),
+        ("offsets", I1),
+    ],
+    "gather_rows": [("source", B2), ("indices", I1), ("result", B2)],
+    "scatter_rows": [("source", B2), ("indices", I1), ("result", B2)],
 }
 # The accumulating host functions: the result added to what its buffer holds.
 OPS["combine_acc"] = OPS["combine"]

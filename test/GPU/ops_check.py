@@ -477,6 +477,346 @@ def run_shared(lib, T, d, m):
     return ok
 
 
+# --------------------------------------------------------------------------- expert parallelism
+# The local expert-parallel ops against references that follow the CPU library's rules
+# (lib/Conversion/MoEToLinalg/MoECPULibrary.mlir) to the letter, bounds checks included, so
+# that hostile offsets and indices are compared too. Rows are copies and the reduce one f32
+# sum in slot order: every result is compared bit for bit.
+
+
+def ep_blocks(offsets, ranks, cap):
+    """The local experts El and each rank's (first row, rows, kept rows) of `offsets`."""
+    off = [int(v) for v in offsets.tolist()]
+    local = max(len(off) - 1, 0) // ranks
+    blocks = []
+    for s in range(ranks):
+        lo, hi = off[s * local], off[(s + 1) * local]
+        n = max(hi - lo, 0)
+        blocks.append((lo, n, min(n, cap)))
+    return off, local, blocks
+
+
+def ref_ep_pack(source, offsets, token_ids, ranks, cap):
+    source = source.cpu()
+    off, local, blocks = ep_blocks(offsets, ranks, cap)
+    ids = None if token_ids is None else token_ids.tolist()
+    n_ids = source.shape[0] if ids is None else len(ids)
+    send = torch.zeros(ranks * cap, source.shape[1], dtype=source.dtype)
+    counts = torch.zeros(ranks, local, dtype=torch.int32)
+    dropped = torch.zeros(ranks, dtype=torch.int32)
+    dst, src = [], []
+    for s, (lo, n, kept) in enumerate(blocks):
+        dropped[s] = n - kept
+        end = lo + kept
+        for e in range(local):
+            g = s * local + e
+            counts[s, e] = max(min(off[g + 1], end) - min(off[g], end), 0)
+        for j in range(kept):
+            i = lo + j
+            if 0 <= i < n_ids:
+                t = i if ids is None else ids[i]
+                if 0 <= t < source.shape[0]:
+                    dst.append(s * cap + j)
+                    src.append(t)
+    send[dst] = source[src]
+    return send, counts, dropped
+
+
+def ref_ep_unpack(returned, offsets, ranks, cap, rows):
+    returned = returned.cpu()
+    _, _, blocks = ep_blocks(offsets, ranks, cap)
+    where = {}  # result row -> returned row, the later rank's where blocks overlap
+    for s, (lo, _, kept) in enumerate(blocks):
+        for j in range(kept):
+            r, i = lo + j, s * cap + j
+            if 0 <= r < rows and 0 <= i < returned.shape[0]:
+                where[r] = i
+    out = torch.zeros(rows, returned.shape[1], dtype=returned.dtype)
+    if where:
+        out[list(where)] = returned[list(where.values())]
+    return out
+
+
+def ref_ep_unpack_reduce(returned, offsets, rows_of, ranks, cap):
+    tokens, k = rows_of.shape
+    unpacked = ref_ep_unpack(returned, offsets, ranks, cap, tokens * k).float()
+    rows_of = rows_of.cpu().long()
+    out = torch.zeros(tokens, returned.shape[1])
+    for j in range(k):  # slot order, in f32
+        r = rows_of[:, j]
+        kept = (r >= 0) & (r < tokens * k)
+        out[kept] += unpacked[r[kept]]
+    return out.to(torch.bfloat16)
+
+
+def ref_ep_queues(counts, cap):
+    """A rank's counts past C (which a valid exchange never has) are cut at C."""
+    ranks, local = counts.shape
+    c = counts.tolist()
+    ids = torch.full((ranks * cap,), -1, dtype=torch.int32)
+    offsets = torch.zeros(local + 1, dtype=torch.int32)
+    take = [[0] * local for _ in range(ranks)]
+    start = [[0] * local for _ in range(ranks)]
+    for s in range(ranks):
+        used = 0
+        for e in range(local):
+            take[s][e] = min(max(c[s][e], 0), cap - used)
+            start[s][e] = s * cap + used
+            used += take[s][e]
+    pos = 0
+    for e in range(local):
+        for s in range(ranks):
+            n = take[s][e]
+            ids[pos : pos + n] = torch.arange(start[s][e], start[s][e] + n, dtype=torch.int32)
+            pos += n
+        offsets[e + 1] = pos
+    return ids, offsets
+
+
+def ref_gather_rows(source, indices):
+    source, idx = source.cpu(), indices.cpu().long()
+    out = torch.zeros(idx.numel(), source.shape[1], dtype=source.dtype)
+    ok = (idx >= 0) & (idx < source.shape[0])
+    out[ok] = source[idx[ok]]
+    return out
+
+
+def ref_scatter_rows(source, indices, rows):
+    source, idx = source.cpu(), indices.cpu().tolist()
+    where = {}  # the later index wins
+    for i, v in enumerate(idx[: source.shape[0]]):
+        if 0 <= v < rows:
+            where[v] = i
+    out = torch.zeros(rows, source.shape[1], dtype=source.dtype)
+    if where:
+        out[list(where)] = source[list(where.values())]
+    return out
+
+
+def bits(t):
+    return t.cpu().view(torch.int16) if t.dtype == torch.bfloat16 else t.cpu()
+
+
+def ep_routing(T, k, E, ranks, mode):
+    """moe.dispatch's token ids, offsets and rows for `mode`: random, skewed (every pick among
+    rank 0's experts, the other ranks' blocks empty), or all-to-one (every token's first pick
+    is expert 0)."""
+    local = E // ranks
+    if mode == "skewed":
+        ex = distinct_picks(T, local, k)
+    elif mode == "all-to-one":
+        ex = torch.cat(
+            [torch.zeros(T, 1, dtype=torch.long, device=DEV), 1 + distinct_picks(T, E - 1, k - 1)],
+            dim=1,
+        )
+    else:
+        ex = distinct_picks(T, E, k)
+    return ref_dispatch(ex.to(torch.int32), E)
+
+
+def ep_capacity(offsets, ranks, kind):
+    """A capacity above every block, exactly the largest, or half of it (rows dropped)."""
+    _, _, blocks = ep_blocks(offsets, ranks, 1 << 30)
+    largest = max(n for _, n, _ in blocks)
+    return {"larger": largest + 3, "exact": max(largest, 1), "exceeded": max(largest // 2, 1)}[kind]
+
+
+def run_ep_pack(lib, T, d, E, k, ranks, mode, kind, gather):
+    tag = f"ep_pack{'_gather' if gather else ''} T={T} d={d} E={E} k={k} S={ranks} {mode} {kind}"
+    tid, off, _ = ep_routing(T, k, E, ranks, mode)
+    cap = ep_capacity(off, ranks, kind)
+    source = bf(T, d) if gather else bf(T * k, d)
+    send = torch.full((ranks * cap, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    counts = torch.full((ranks, E // ranks), -7, dtype=torch.int32, device=DEV)
+    dropped = torch.full((ranks,), -7, dtype=torch.int32, device=DEV)
+    if gather:
+        lib.call("ep_pack_gather", source, off, tid, ranks, cap, send, counts, dropped)
+    else:
+        lib.call("ep_pack", source, off, ranks, cap, send, counts, dropped)
+    rs, rc, rd = ref_ep_pack(source, off, tid if gather else None, ranks, cap)
+    ok = check_exact(f"{tag} send bitwise", bits(send), bits(rs))
+    ok &= check_exact(f"{tag} send_counts", counts, rc)
+    ok &= check_exact(f"{tag} dropped", dropped, rd)
+    if kind != "exceeded":
+        ok &= check_exact(f"{tag} nothing dropped", dropped, torch.zeros_like(rd))
+    return ok
+
+
+def run_ep_unpack(lib, T, d, E, k, ranks, mode, kind, extra_rows=0):
+    """ep_unpack into T * k (+ extra_rows: zero rows past offsets[E]) rows, and with reduce
+    over the dispatch's rows, a few slots of which are -1 or out of range (they add nothing)."""
+    tag = f"ep_unpack T={T} d={d} E={E} k={k} S={ranks} {mode} {kind}"
+    _, off, rows = ep_routing(T, k, E, ranks, mode)
+    cap = ep_capacity(off, ranks, kind)
+    returned = bf(ranks * cap, d)
+    R = T * k + extra_rows
+    out = torch.full((R, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("ep_unpack", returned, off, ranks, cap, out)
+    ok = check_exact(f"{tag} bitwise", bits(out), bits(ref_ep_unpack(returned, off, ranks, cap, R)))
+    rows_of = rows.clone()
+    flat = rows_of.view(-1)
+    flat[::7] = -1
+    flat[3::11] = T * k + 5
+    flat[5::13] = -9
+    red = torch.full((T, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("ep_unpack_reduce", returned, off, rows_of, ranks, cap, red)
+    ref = ref_ep_unpack_reduce(returned, off, rows_of, ranks, cap)
+    ok &= check_exact(f"{tag} reduce bitwise (f32 in slot order)", bits(red), bits(ref))
+    return ok
+
+
+def run_ep_hostile(lib):
+    """Offsets that no dispatch gives (negative, decreasing, past the rows), token ids and
+    indices outside their sources: zero rows or nothing, as the CPU path, and no access out of
+    bounds (compute-sanitizer's memcheck runs these under --quick)."""
+    T, d, E, k, ranks, cap = 11, 64, 8, 2, 2, 6
+    R = T * k
+    off = torch.tensor([0, 3, -4, 9, 30, 30, 2, 25, 40], dtype=torch.int32, device=DEV)
+    tid = torch.randint(-3, T + 3, (R,), dtype=torch.int32, device=DEV)
+    x = bf(T, d)
+    send = torch.full((ranks * cap, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    counts = torch.full((ranks, E // ranks), -7, dtype=torch.int32, device=DEV)
+    dropped = torch.full((ranks,), -7, dtype=torch.int32, device=DEV)
+    lib.call("ep_pack_gather", x, off, tid, ranks, cap, send, counts, dropped)
+    rs, rc, rd = ref_ep_pack(x, off, tid, ranks, cap)
+    ok = check_exact("ep hostile pack_gather send bitwise", bits(send), bits(rs))
+    ok &= check_exact("ep hostile pack_gather send_counts", counts, rc)
+    ok &= check_exact("ep hostile pack_gather dropped", dropped, rd)
+    rows = bf(R, d)
+    lib.call("ep_pack", rows, off, ranks, cap, send, counts, dropped)
+    rs, rc, rd = ref_ep_pack(rows, off, None, ranks, cap)
+    ok &= check_exact("ep hostile pack send bitwise", bits(send), bits(rs))
+    returned = bf(ranks * cap, d)
+    out = torch.full((R, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("ep_unpack", returned, off, ranks, cap, out)
+    ref = ref_ep_unpack(returned, off, ranks, cap, R)
+    ok &= check_exact("ep hostile unpack bitwise", bits(out), bits(ref))
+    rows_of = torch.randint(-5, R + 5, (T, k), dtype=torch.int32, device=DEV)
+    red = torch.full((T, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("ep_unpack_reduce", returned, off, rows_of, ranks, cap, red)
+    ref = ref_ep_unpack_reduce(returned, off, rows_of, ranks, cap)
+    ok &= check_exact("ep hostile unpack_reduce bitwise", bits(red), bits(ref))
+    # counts past C and negative ones
+    cnt = torch.tensor([[3, -2, 9, 1], [0, 0, 0, 7]], dtype=torch.int32, device=DEV)
+    ids = torch.full((ranks * cap,), 77, dtype=torch.int32, device=DEV)
+    qoff = torch.full((5,), 77, dtype=torch.int32, device=DEV)
+    lib.call("ep_queues", cnt, cap, ids, qoff)
+    ri, ro = ref_ep_queues(cnt.cpu(), cap)
+    ok &= check_exact("ep hostile queues token_ids", ids, ri)
+    ok &= check_exact("ep hostile queues offsets", qoff, ro)
+    idx = torch.tensor([0, -1, 5, 11, -7, 2**31 - 1, 3, 3, 10], dtype=torch.int32, device=DEV)
+    src = bf(11, d)
+    g = torch.full((idx.numel(), d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("gather_rows", src, idx, g)
+    ok &= check_exact("ep hostile gather_rows bitwise", bits(g), bits(ref_gather_rows(src, idx)))
+    s9 = bf(idx.numel(), d)
+    sc = torch.full((12, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("scatter_rows", s9, idx, sc)
+    ref = ref_scatter_rows(s9, idx, 12)
+    ok &= check_exact(
+        "ep hostile scatter_rows bitwise (the later of two indices wins)", bits(sc), bits(ref)
+    )
+    return ok
+
+
+def run_ep_queues(lib, ranks, local, cap, mode):
+    """Random counts whose rows sum to at most C each (the exchange's), with empty experts and
+    empty ranks; or a full rank (its counts sum to C)."""
+    tag = f"ep_queues S={ranks} El={local} C={cap} {mode}"
+    g = torch.Generator().manual_seed(ranks * 1000 + local)
+    counts = torch.zeros(ranks, local, dtype=torch.int32)
+    for s in range(ranks):
+        if mode == "sparse" and s % 2:
+            continue  # a rank that sent nothing
+        total = cap if mode == "full" else int(torch.randint(0, cap + 1, (1,), generator=g))
+        cuts = torch.sort(torch.randint(0, total + 1, (local - 1,), generator=g)).values
+        edges = torch.cat([torch.tensor([0]), cuts, torch.tensor([total])])
+        counts[s] = torch.diff(edges).to(torch.int32)
+        if mode == "sparse":
+            counts[s, ::3] = 0
+    ids = torch.full((ranks * cap,), 77, dtype=torch.int32, device=DEV)
+    offs = torch.full((local + 1,), 77, dtype=torch.int32, device=DEV)
+    lib.call("ep_queues", counts.to(DEV), cap, ids, offs)
+    ri, ro = ref_ep_queues(counts, cap)
+    ok = check_exact(f"{tag} offsets", offs, ro)
+    ok &= check_exact(f"{tag} token_ids", ids, ri)
+    return ok
+
+
+def run_rows(lib, N, M, d):
+    """gather_rows of M rows from N (some -1), and scatter_rows back of distinct indices."""
+    tag = f"rows N={N} M={M} d={d}"
+    src = bf(N, d)
+    idx = torch.randint(0, N, (M,), dtype=torch.int32, device=DEV)
+    idx[::5] = -1
+    g = torch.full((M, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("gather_rows", src, idx, g)
+    ok = check_exact(f"gather_{tag} bitwise", bits(g), bits(ref_gather_rows(src, idx)))
+    # distinct targets among N rows, some -1
+    dest = torch.randperm(N, device=DEV)[:M].to(torch.int32) if M <= N else None
+    if dest is not None:
+        dest[1::4] = -1
+        sc = torch.full((N, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+        lib.call("scatter_rows", g, dest, sc)
+        ok &= check_exact(f"scatter_{tag} bitwise", bits(sc), bits(ref_scatter_rows(g, dest, N)))
+    return ok
+
+
+def run_ep_chain(lib, T, d, E, k, ranks, kind):
+    """What a one-rank step runs, ep_size S blocks on one GPU: dispatch, pack, the queues
+    over the packed rows (the exchange is the identity), the expert rows gathered and
+    scattered back, unpack and its reduce; timed once as a sanity check of the row moves'
+    bandwidth (not a benchmark)."""
+    tag = f"ep chain T={T} d={d} E={E} k={k} S={ranks} {kind}"
+    tid, off, rows = ep_routing(T, k, E, ranks, "random")
+    cap = ep_capacity(off, ranks, kind)
+    x = bf(T, d)
+    local = E // ranks
+    send = torch.empty(ranks * cap, d, dtype=torch.bfloat16, device=DEV)
+    counts = torch.empty(ranks, local, dtype=torch.int32, device=DEV)
+    dropped = torch.empty(ranks, dtype=torch.int32, device=DEV)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    lib.call("ep_pack_gather", x, off, tid, ranks, cap, send, counts, dropped)
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end)
+    rs, rc, rd = ref_ep_pack(x, off, tid, ranks, cap)
+    ok = check_exact(f"{tag} send bitwise", bits(send), bits(rs))
+    ok &= check_exact(f"{tag} send_counts", counts, rc)
+    # the counts of rank s's rows for its own experts: each rank's block as its queues
+    for s in range(min(ranks, 2)):
+        c = counts[s : s + 1].contiguous()
+        ids = torch.empty(cap, dtype=torch.int32, device=DEV)
+        qoff = torch.empty(local + 1, dtype=torch.int32, device=DEV)
+        lib.call("ep_queues", c, cap, ids, qoff)
+        ri, ro = ref_ep_queues(c.cpu(), cap)
+        ok &= check_exact(f"{tag} queues of rank {s}", ids, ri)
+        blk = send[s * cap : (s + 1) * cap].contiguous()
+        q = torch.empty(cap, d, dtype=torch.bfloat16, device=DEV)
+        lib.call("gather_rows", blk, ids, q)
+        back = torch.empty(cap, d, dtype=torch.bfloat16, device=DEV)
+        lib.call("scatter_rows", q, ids, back)
+        ok &= check_exact(
+            f"{tag} rank {s} gathered and scattered back bitwise",
+            bits(back),
+            bits(ref_scatter_rows(ref_gather_rows(blk, ids), ids, cap)),
+        )
+    out = torch.empty(T * k, d, dtype=torch.bfloat16, device=DEV)
+    lib.call("ep_unpack", send, off, ranks, cap, out)
+    ok &= check_exact(
+        f"{tag} unpack bitwise", bits(out), bits(ref_ep_unpack(send, off, ranks, cap, T * k))
+    )
+    red = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    lib.call("ep_unpack_reduce", send, off, rows, ranks, cap, red)
+    ok &= check_exact(
+        f"{tag} reduce bitwise", bits(red), bits(ref_ep_unpack_reduce(send, off, rows, ranks, cap))
+    )
+    moved = 2 * ranks * cap * d * 2  # the send rows read and written, about
+    print(f"INFO {tag}: ep_pack_gather {ms:.3f} ms, {moved / ms / 1e6:.0f} GB/s", flush=True)
+    return ok
+
+
 CONFIGS = {  # docs/benchmarks.md: T, d, n, E, k, scoring, renormalize, groups, topk_groups, scaling
     "mixtral-8x7b": (16384, 4096, 14336, 8, 2, 0, True, 1, 1, 1.0),
     "olmoe-1b-7b": (16384, 2048, 1024, 64, 8, 0, False, 1, 1, 1.0),
@@ -712,6 +1052,31 @@ def main():
         # (128, 64), and an expert with none
         ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
         ("empty-t0", lambda: run_empty(lib)),
+        # the local expert-parallel ops: 1, 2 and 4 ranks, with and without gather, capacity
+        # above every block, exactly the largest and exceeded, an empty rank (skewed), T = 1
+        ("ep-pack", lambda: run_ep_pack(lib, 37, 128, 8, 2, 2, "random", "larger", True)),
+        ("ep-pack-rows", lambda: run_ep_pack(lib, 37, 128, 8, 2, 4, "random", "exact", False)),
+        (
+            "ep-pack-exceeded",
+            lambda: run_ep_pack(lib, 37, 192, 8, 4, 2, "random", "exceeded", True),
+        ),
+        ("ep-pack-skewed", lambda: run_ep_pack(lib, 37, 128, 8, 2, 4, "skewed", "exceeded", True)),
+        ("ep-pack-one-rank", lambda: run_ep_pack(lib, 37, 64, 4, 2, 1, "random", "exact", False)),
+        ("ep-pack-t1", lambda: run_ep_pack(lib, 1, 64, 4, 2, 2, "random", "larger", True)),
+        ("ep-unpack", lambda: run_ep_unpack(lib, 37, 128, 8, 2, 2, "random", "larger", 5)),
+        ("ep-unpack-exceeded", lambda: run_ep_unpack(lib, 37, 192, 8, 4, 4, "random", "exceeded")),
+        ("ep-unpack-skewed", lambda: run_ep_unpack(lib, 37, 128, 8, 2, 2, "skewed", "exceeded")),
+        (
+            "ep-unpack-all-to-one",
+            lambda: run_ep_unpack(lib, 37, 64, 8, 2, 4, "all-to-one", "exact"),
+        ),
+        ("ep-queues", lambda: run_ep_queues(lib, 4, 2, 24, "random")),
+        ("ep-queues-full", lambda: run_ep_queues(lib, 2, 8, 33, "full")),
+        ("ep-queues-sparse", lambda: run_ep_queues(lib, 8, 16, 40, "sparse")),
+        ("ep-queues-wide", lambda: run_ep_queues(lib, 1, 300, 1000, "random")),
+        ("ep-rows", lambda: run_rows(lib, 53, 40, 128)),
+        ("ep-rows-wide", lambda: run_rows(lib, 17, 17, 1088)),
+        ("ep-hostile", lambda: run_ep_hostile(lib)),
     ]
     if lib.has("router_grad_acc"):
         # dx += the router's part by TMA reduce-add boxes: T below a tile (37) and a
@@ -737,6 +1102,10 @@ def main():
             # the most experts the GPU path runs (convert-moe-to-gpu refuses more): the
             # dispatch's shared-memory counts and the GEMMs' expert table are full
             ("ffn-1024-experts", lambda: run_ffn(lib, 600, 128, 64, 1024, 4, "random")),
+            # the expert-parallel ops at a layer's size: most experts, many ranks
+            ("ep-queues-1024", lambda: run_ep_queues(lib, 16, 64, 512, "random")),
+            ("ep-chain", lambda: run_ep_chain(lib, 4096, 2048, 64, 8, 8, "exact")),
+            ("ep-chain-exceeded", lambda: run_ep_chain(lib, 2048, 4096, 256, 8, 16, "exceeded")),
         ]
     if args.bench:
         steps = [

@@ -7,7 +7,10 @@
 #   - mixtral-8x7b-ep2 and -ep4: mixtral-8x7b over 2 and 4 ranks (4 and 2 experts a rank) at
 #     T = 4096 tokens a rank, capacity 4096 * 2 (never exceeded) and 2048 (exceeded by a
 #     skewed routing, overflow = drop), for the runs on several GPUs
-#     (scripts/gpu/ep-multi-gpu.sh).
+#     (scripts/gpu/ep-multi-gpu.sh);
+#   - example-ep1: build-layers.sh's example layer (d=128, n=128, E=4, k=2, T dynamic up to
+#     64) over one rank, capacity 64 * 2: the C++ example's (examples/cpp/ep_example.cpp),
+#     against gpu-inputs/layers/example, the same source without ep_size.
 # The generated .mlir files go to gpu-inputs/ep/mlir/.
 #
 #   bash scripts/inputs/build-ep-layers.sh [--out DIR]
@@ -40,6 +43,9 @@ log=$out/build-ep-inputs.log
 import os, re, sys
 
 folder, root = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(root, "python"))
+from moe_mlir.config import LayerConfig
+from moe_mlir.mlir_text import layer_mlir
 
 
 def expert_parallel(text, experts, size, capacity, overflow="error", tokens=None):
@@ -83,6 +89,13 @@ for example, tokens, k, experts in (
                   expert_parallel(text, experts, size, 4096 * k, tokens=4096), example)
             write(f"{example}-ep{size}-drop",
                   expert_parallel(text, experts, size, 2048, "drop", tokens=4096), example)
+
+# The same config, name and bound as build-layers.sh's "example": only ep_size and
+# ep_capacity differ, so the two objects link into one program (NAME_forward beside
+# NAME_forward_stage0, ...).
+example = layer_mlir(LayerConfig(37, 128, 128, 4, 2, renormalize=True, dtype="bf16"),
+                     "example", 64)
+write("example-ep1", expert_parallel(example, 4, 1, 64 * 2), "build-layers.sh's example")
 PY
 
 for src in "$mlir"/*.mlir; do

@@ -1,4 +1,4 @@
-"""Expert parallelism on the CPU path: one layer's experts over the ranks of a group
+"""Expert parallelism: one layer's experts over the ranks of a torch.distributed group
 (docs/distributed.md).
 
 An expert-parallel layer (`moe.layer` with `ep_size`, from `layer_mlir(..., ep=EPSpec(...))`)
@@ -11,9 +11,12 @@ group of one.
   (rank r: experts `[r * E / S, (r + 1) * E / S)`), at most `capacity` rows sent from one rank
   to one rank a step; past it, `overflow="error"` (the default) raises on every rank and
   `"drop"` drops the rows past the capacity (their results are zero rows).
-- `EPLayer(config, ep)`: `forward(args, exchange)`, `backward(saved, d_out, d_logits,
-  exchange)` and `layer(args, exchange)` on this rank's tokens and expert weights
+- `EPLayer(config, ep)` (the CPU path): `forward(args, exchange)`, `backward(saved, d_out,
+  d_logits, exchange)` and `layer(args, exchange)` on this rank's tokens and expert weights
   (`shard_experts` cuts them from the whole layer's).
+- `GPUEPLayer(NAME.so)`: the stages moe-compile built, on torch's CUDA stream, NCCL between.
+- PyTorch: `ep_layer_apply` (autograd over an `EPLayer`, which `MoELayer(ep_group=...)` uses),
+  `gather_experts`, `load_balancing_loss` over the group.
 
 Synchronisation: the rows and counts travel as fixed-size blocks (C rows and E / S counts a
 rank), so no split size is read on the host. With `overflow="error"` each dispatch adds one

@@ -98,29 +98,6 @@ example = layer_mlir(LayerConfig(37, 128, 128, 4, 2, renormalize=True, dtype="bf
 write("example-ep1", expert_parallel(example, 4, 1, 64 * 2), "build-layers.sh's example")
 PY
 
-for src in "$mlir"/*.mlir; do
-  name=$(basename "$src" .mlir)
-  start=$(date +%s)
-  echo "== $compile $src -o $layers/$name" >>"$log"
-  if (cd "$root" && timeout 900 "$compile" "$src" -o "$layers/$name") >>"$log" 2>&1 &&
-    [ -s "$layers/$name.o" ] && [ -s "$layers/$name.json" ]; then
-    pass "$name ($(($(date +%s) - start)) s, $name.o $(du -k "$layers/$name.o" | cut -f1) KiB)"
-  else
-    fail "$name: moe-compile failed or wrote no .o/.json (log: $log)"
-    tail -5 "$log" | sed 's/^/    /'
-  fi
-done
-
 . "$root/scripts/inputs/stamp.sh"
-{
-  inputs_stamp "$root" "$build"
-  echo "compiler: $compile"
-  (cd "$layers" && ls -l)
-} >"$out/INPUTS.txt"
-total_kib=$(du -sk "$out" | cut -f1)
-if [ "$total_kib" -gt $((limit_mib * 1024)) ]; then
-  fail "$out holds $((total_kib / 1024)) MiB, over the ${limit_mib} MiB limit"
-else
-  echo "$out: $((total_kib / 1024)) MiB of ${limit_mib} MiB"
-fi
+compile_sources "$compile" "$build" "$root" "$mlir" "$layers" "$log" "$out" "$limit_mib"
 finish

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # What a folder of prebuilt GPU inputs was built from, for its INPUTS.txt: sourced by
-# scripts/inputs/build-layers.sh and scripts/inputs/build-torch-cache.sh (the LLVM machine), so that
+# scripts/inputs/build-*.sh (the LLVM machine), so that
 # both spell the "kernel library:" line that scripts/gpu/torch-check.sh compares alike.
 #
 #   . "$root/scripts/inputs/stamp.sh"
@@ -17,4 +17,36 @@ inputs_stamp() {
   # shellcheck disable=SC2012 # the kernel files' names are hashes
   echo "kernel library: $(ls "$build/share/moe_mlir/kernels" 2>/dev/null | tr '\n' ' ')"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+
+# compile_sources COMPILE BUILD ROOT MLIR_DIR LAYERS_DIR LOG OUT LIMIT_MIB: moe-compile each
+# MLIR_DIR/NAME.mlir into LAYERS_DIR/NAME (a pass or fail line each, scripts/common.sh), then
+# OUT/INPUTS.txt (inputs_stamp, the compiler, the layers) and a fail line when OUT is over
+# LIMIT_MIB; the callers (build-dynamic-layers.sh, build-ep-layers.sh) end with `finish`.
+compile_sources() {
+  local compile=$1 build=$2 root=$3 mlir=$4 layers=$5 log=$6 out=$7 limit_mib=$8
+  local src name start total_kib
+  for src in "$mlir"/*.mlir; do
+    name=$(basename "$src" .mlir)
+    start=$(date +%s)
+    echo "== $compile $src -o $layers/$name" >>"$log"
+    if (cd "$root" && timeout 900 "$compile" "$src" -o "$layers/$name") >>"$log" 2>&1 &&
+      [ -s "$layers/$name.o" ] && [ -s "$layers/$name.json" ]; then
+      pass "$name ($(($(date +%s) - start)) s, $name.o $(du -k "$layers/$name.o" | cut -f1) KiB)"
+    else
+      fail "$name: moe-compile failed or wrote no .o/.json (log: $log)"
+      tail -5 "$log" | sed 's/^/    /'
+    fi
+  done
+  {
+    inputs_stamp "$root" "$build"
+    echo "compiler: $compile"
+    (cd "$layers" && ls -l)
+  } >"$out/INPUTS.txt"
+  total_kib=$(du -sk "$out" | cut -f1)
+  if [ "$total_kib" -gt $((limit_mib * 1024)) ]; then
+    fail "$out holds $((total_kib / 1024)) MiB, over the ${limit_mib} MiB limit"
+  else
+    echo "$out: $((total_kib / 1024)) MiB of ${limit_mib} MiB"
+  fi
 }

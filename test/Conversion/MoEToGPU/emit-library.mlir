@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}6daf5f02ff4e2540d6fe6e730302627da066e56c46d7fc9464107e89443ac8fb{{$}}
+// DIGEST: {{^}}9cfde441aa937c7e05d369cc15af30b73cc28a6e29a16e64c8d2ad608cb0611b{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.
@@ -20,12 +20,16 @@
 // CHECK: gpu.func @moe_add(
 // CHECK: gpu.func @moe_gather_rows(
 // CHECK: gpu.func @moe_ep_queue_fill(
+// CHECK: gpu.func @moe_scale_rows(
+// CHECK: gpu.func @moe_token_sum(
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(
 // CHECK: func.func private @__moe_gpu_router_grad_acc(
 // CHECK: func.func private @__moe_gpu_ep_pack(
 // CHECK: func.func private @__moe_gpu_scatter_rows(
+// CHECK: func.func private @__moe_gpu_combine_grad(
+// CHECK: func.func private @__moe_gpu_expert_ffn_grad(
 
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16(
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16_s2(

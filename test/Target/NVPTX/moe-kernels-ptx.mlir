@@ -237,4 +237,17 @@
 // CHECK: bar.sync
 // CHECK-LABEL: .entry moe_ep_queue_fill(
 // CHECK: .maxntid 128, 1, 1
+// The unfused combine and expert FFN backward: dy rows scaled from dout in
+// 16-byte vectors, d_weights a warp a slot summed by xor shuffles, and dx
+// from per-token row lists (an atomic exchange a row) summed in row order.
+// CHECK-LABEL: .entry moe_scale_rows(
+// CHECK-DAG: ld.global.v4.b32
+// CHECK-DAG: st.global.v4.b32
+// CHECK-LABEL: .entry moe_row_dots(
+// CHECK: shfl.sync.bfly.b32
+// CHECK-LABEL: .entry moe_link_rows(
+// CHECK: atom.global.exch.b32
+// CHECK-LABEL: .entry moe_token_sum(
+// CHECK-DAG: ld.global.v4.b32
+// CHECK-DAG: st.global.v4.b32
 // CHECK-NOT: .entry

@@ -45,5 +45,9 @@
 // CHECK-DAG: Compiling entry function 'moe_ep_unpack_sum' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_ep_queue_plan' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_ep_queue_fill' for 'sm_90a'
-// COUNT-COUNT-36: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// CHECK-DAG: Compiling entry function 'moe_scale_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_row_dots' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_link_rows' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_token_sum' for 'sm_90a'
+// COUNT-COUNT-40: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

@@ -34,11 +34,14 @@ struct ExpertValues {
 };
 
 /// dA (with dSwiGLU, and dS for routed experts), dX_e, dW_down and
-/// dW_gate_up of one grouped FFN (ffn_backward).
+/// dW_gate_up of one grouped FFN (ffn_backward). dout's rows are the queue's
+/// (read by rows) unless `experts` gathers them by token; x's are gathered by
+/// `xIds` where given (the routed experts' token ids), else in order.
 void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
                  Value e, Value wguf, Value wdf, Value hf, Value m, Value d,
                  Value n, Value dxe, Value dwguf, Value dwdf,
-                 std::optional<ExpertValues> experts, const HostGemms &gemms) {
+                 std::optional<ExpertValues> experts, Value xIds,
+                 const HostGemms &gemms) {
   Value one = h.c(1);
   Value two = h.c(2);
   Value twoN = h.mul(n, two);
@@ -129,9 +132,9 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
   gateUp.ldc = twoN;
   gateUp.rows = m;
   launchWgrad(h,
-              gemms.get("dw_gate_up", queue ? LibraryGemm::WgradGatherA
-                                            : LibraryGemm::WgradRows),
-              &GemmValues::ids, queue, gateUp);
+              gemms.get("dw_gate_up", xIds ? LibraryGemm::WgradGatherA
+                                           : LibraryGemm::WgradRows),
+              &GemmValues::ids, xIds, gateUp);
   h.dealloc(dh);
   h.dealloc(wa);
 }
@@ -190,7 +193,7 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
   Value dwdf = h.flat(h.arg("d_wd"));
   ffnBackward(h, xf, doutf, h.arg("offsets"), e, wguf, wdf, hf, r, d, n, dxe,
               dwguf, dwdf, ExpertValues{h.arg("token_ids"), wrow, dspart, nt},
-              gemms);
+              h.arg("token_ids"), gemms);
   Value dweightBlocks = h.ceil(tk, kThreads);
   Value dweightsf = h.flat(h.arg("d_weights"));
   h.launch("moe_dweights", dweightBlocks, one, one,
@@ -202,6 +205,102 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
   h.dealloc(dxe);
   h.dealloc(dspart);
   h.dealloc(wrow);
+  h.finish();
+}
+
+void mlir::moe::host::buildExpertFfnGradHost(OpBuilder &b, ModuleOp module,
+                                             const HostGemms &gemms) {
+  Type bf16 = b.getBF16Type(), i32 = b.getI32Type();
+  HostFunctionBuilder h(b, module, ("expert_ffn_grad" + gemms.suffix()).str(),
+                        {{"x", buffer(bf16, 2)},
+                         {"token_ids", buffer(i32)},
+                         {"offsets", buffer(i32)},
+                         {"wgu", buffer(bf16, 3)},
+                         {"wd", buffer(bf16, 3)},
+                         {"h", buffer(bf16, 2)},
+                         {"dy", buffer(bf16, 2)},
+                         {"act", i32},
+                         {"dx", buffer(bf16, 2)},
+                         {"d_wgu", buffer(bf16, 3)},
+                         {"d_wd", buffer(bf16, 3)}});
+  Value one = h.c(1);
+  Value xRows = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value r = h.dim(h.arg("token_ids"), 0);
+  Value e = h.dim(h.arg("wd"), 0);
+  Value n = h.dim(h.arg("wd"), 1);
+  Value dxeSize = h.mul(r, d);
+  Value dxe = h.alloc(h.grid(dxeSize), bf16);
+  Value xf = h.flat(h.arg("x"));
+  Value dyf = h.flat(h.arg("dy"));
+  Value wguf = h.flat(h.arg("wgu"));
+  Value wdf = h.flat(h.arg("wd"));
+  Value hf = h.flat(h.arg("h"));
+  Value dwguf = h.flat(h.arg("d_wgu"));
+  Value dwdf = h.flat(h.arg("d_wd"));
+  // The fused function's GEMMs with dy in queue order as dA's A (no gather,
+  // no routing weight, no dS) and x gathered by the token ids.
+  ffnBackward(h, xf, dyf, h.arg("offsets"), e, wguf, wdf, hf, r, d, n, dxe,
+              dwguf, dwdf, std::nullopt, h.arg("token_ids"), gemms);
+  // dx[t]: the rows of token t in row order, from per-token lists.
+  Value head = h.alloc(h.grid(xRows), i32);
+  Value none = h.cI32(-1);
+  h.memset(head, none);
+  Value count = h.alloc(h.grid(xRows), i32);
+  Value zero = h.cI32(0);
+  h.memset(count, zero);
+  Value next = h.alloc(h.grid(r), i32);
+  Value numOffsets = h.dim(h.arg("offsets"), 0);
+  Value rowBlocks = h.ceil(r, kThreads);
+  h.launch("moe_link_rows", h.grid(rowBlocks), one, one,
+           {h.arg("token_ids"), h.arg("offsets"), numOffsets, r, xRows, head,
+            count, next});
+  Value dxf = h.flat(h.arg("dx"));
+  h.launch("moe_token_sum", h.grid(xRows), one, one,
+           {dxe, head, count, next, r, xRows, d, dxf});
+  h.dealloc(next);
+  h.dealloc(count);
+  h.dealloc(head);
+  h.dealloc(dxe);
+  h.finish();
+}
+
+void mlir::moe::host::buildCombineGradHost(OpBuilder &b, ModuleOp module) {
+  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
+  HostFunctionBuilder h(b, module, "combine_grad",
+                        {{"dout", buffer(bf16, 2)},
+                         {"weights", buffer(f32, 2)},
+                         {"rows", buffer(i32, 2)},
+                         {"y", buffer(bf16, 2)},
+                         {"dy", buffer(bf16, 2)},
+                         {"d_weights", buffer(f32, 2)}});
+  Value one = h.c(1);
+  Value t = h.dim(h.arg("dout"), 0);
+  Value d = h.dim(h.arg("dout"), 1);
+  Value k = h.dim(h.arg("rows"), 1);
+  Value tk = h.mul(t, k);
+  Value numY = h.dim(h.arg("y"), 0);
+  Value numDy = h.dim(h.arg("dy"), 0);
+  Value rowsf = h.flat(h.arg("rows"));
+  Value wf = h.flat(h.arg("weights"));
+  Value doutf = h.flat(h.arg("dout"));
+  // The slot that owns each row of dy (the later of two), -1 for none.
+  Value sources = h.alloc(h.grid(numDy), i32);
+  Value none = h.cI32(-1);
+  h.memset(sources, none);
+  Value slotBlocks = h.ceil(tk, kThreads);
+  h.launch("moe_invert_rows", h.grid(slotBlocks), one, one,
+           {rowsf, tk, numDy, sources});
+  Value dyf = h.flat(h.arg("dy"));
+  h.launch("moe_scale_rows", h.grid(numDy), one, one,
+           {doutf, wf, sources, tk, k, numDy, d, dyf});
+  // A warp a slot.
+  Value dotBlocks = h.ceil(tk, kThreads / 32);
+  Value yf = h.flat(h.arg("y"));
+  Value dwf = h.flat(h.arg("d_weights"));
+  h.launch("moe_row_dots", h.grid(dotBlocks), one, one,
+           {doutf, yf, rowsf, tk, k, numY, d, dwf});
+  h.dealloc(sources);
   h.finish();
 }
 
@@ -233,7 +332,7 @@ void mlir::moe::host::buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
   Value dwguf = h.flat(h.arg("d_wgu"));
   Value dwdf = h.flat(h.arg("d_wd"));
   ffnBackward(h, xf, dyf, offs, one, wguf, wdf, hf, t, d, m, dxf, dwguf, dwdf,
-              std::nullopt, gemms);
+              std::nullopt, Value(), gemms);
   h.dealloc(offs);
   h.finish();
 }

@@ -238,6 +238,9 @@ void buildExpertCombineGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
                                 const HostGemms &gemms = {});
 void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
                                const HostGemms &gemms = {});
+void buildExpertFfnGradHost(OpBuilder &b, ModuleOp module,
+                            const HostGemms &gemms = {});
+void buildCombineGradHost(OpBuilder &b, ModuleOp module);
 void buildRouterGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
                          const HostGemms &gemms = {});
 // HostExpertParallel.cpp

@@ -756,7 +756,8 @@ struct HostEntry {
 
 /// The host functions in the library's order: the forward and backward ones,
 /// then the accumulating ones (the calls of the ops that moe-fold-adds gave
-/// an accumulate operand), then those of the expert-parallel ops.
+/// an accumulate operand), then those of the expert-parallel ops and of the
+/// unfused combine and expert FFN backward (the expert-parallel layer's).
 const std::vector<HostEntry> &hostEntries() {
   static const SmallVector<VariantRole, 4> kExpertGradRoles = {
       {"dact", LibraryGemm::DactGather},
@@ -873,6 +874,19 @@ const std::vector<HostEntry> &hostEntries() {
          host::buildScatterRowsHost(b, m);
        },
        {}},
+      {"__moe_gpu_combine_grad",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildCombineGradHost(b, m);
+       },
+       {}},
+      {"__moe_gpu_expert_ffn_grad",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertFfnGradHost(b, m, g);
+       },
+       {{"dact", LibraryGemm::DactRows},
+        {"dx", LibraryGemm::RowsKBf16},
+        {"dw_down", LibraryGemm::WgradRows},
+        {"dw_gate_up", LibraryGemm::WgradGatherA}}},
   };
   return entries;
 }

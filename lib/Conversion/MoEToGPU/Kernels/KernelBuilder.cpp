@@ -59,6 +59,10 @@ constexpr KernelEntry kKernels[] = {
     {"moe_ep_unpack_sum", kernels::buildEPUnpackSumKernel},
     {"moe_ep_queue_plan", kernels::buildEPQueuePlanKernel},
     {"moe_ep_queue_fill", kernels::buildEPQueueFillKernel},
+    {"moe_scale_rows", kernels::buildScaleRowsKernel},
+    {"moe_row_dots", kernels::buildRowDotsKernel},
+    {"moe_link_rows", kernels::buildLinkRowsKernel},
+    {"moe_token_sum", kernels::buildTokenSumKernel},
 };
 
 } // namespace

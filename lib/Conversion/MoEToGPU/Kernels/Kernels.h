@@ -68,6 +68,11 @@ void buildEPUnpackRowsKernel(OpBuilder &b, Location loc);
 void buildEPUnpackSumKernel(OpBuilder &b, Location loc);
 void buildEPQueuePlanKernel(OpBuilder &b, Location loc);
 void buildEPQueueFillKernel(OpBuilder &b, Location loc);
+// SplitBackward.cpp
+void buildScaleRowsKernel(OpBuilder &b, Location loc);
+void buildRowDotsKernel(OpBuilder &b, Location loc);
+void buildLinkRowsKernel(OpBuilder &b, Location loc);
+void buildTokenSumKernel(OpBuilder &b, Location loc);
 // Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp
 /// The grouped GEMM of `config`, named gemmKernelName(config).
 void buildGemmKernel(OpBuilder &b, Location loc,

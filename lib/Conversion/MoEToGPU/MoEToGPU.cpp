@@ -99,6 +99,12 @@ SmallVector<Value> getDataValues(Operation *op) {
     add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
                    grad.getDy(), grad.getDx(), grad.getDWGateUp(),
                    grad.getDWDown()});
+  else if (auto grad = dyn_cast<ExpertFFNGradOp>(op))
+    add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
+                   grad.getDy(), grad.getDx(), grad.getDWGateUp(),
+                   grad.getDWDown()});
+  else if (auto grad = dyn_cast<CombineGradOp>(op))
+    add(ValueRange{grad.getDout(), grad.getY(), grad.getDy()});
   else if (auto grad = dyn_cast<RouterGradOp>(op))
     add(ValueRange{grad.getX(), grad.getRouterWeight(), grad.getDx(),
                    grad.getDRouterWeight()});
@@ -135,6 +141,10 @@ SmallVector<std::pair<StringRef, int64_t>> getTiledSizes(Operation *op) {
         {{"d", dim(experts.getX(), 1)}, {"n", dim(experts.getWDown(), 1)}});
   else if (auto grad = dyn_cast<ExpertCombineGradOp>(op))
     sizes.append({{"d", dim(grad.getX(), 1)}, {"n", dim(grad.getWDown(), 1)}});
+  else if (auto grad = dyn_cast<ExpertFFNGradOp>(op))
+    sizes.append({{"d", dim(grad.getX(), 1)}, {"n", dim(grad.getWDown(), 1)}});
+  else if (auto grad = dyn_cast<CombineGradOp>(op))
+    sizes.push_back({"d", dim(grad.getDout(), 1)});
   else if (auto shared = dyn_cast<SharedExpertOp>(op))
     sizes.append(
         {{"d", dim(shared.getX(), 1)}, {"m", dim(shared.getWDown(), 0)}});
@@ -211,12 +221,6 @@ LogicalResult checkSupported(Operation *op) {
   if (isa<AuxLossOp, AuxLossGradOp>(op))
     return op->emitError() << op->getName()
                            << " is not supported on the GPU path yet";
-  if (isa<CombineGradOp, ExpertFFNGradOp>(op))
-    return op->emitError()
-           << op->getName()
-           << " is not supported on the GPU path: only the fused "
-              "moe.expert_combine_grad is (moe.combine must read the expert "
-              "outputs directly)";
   if (auto offload = dyn_cast<OffloadOp>(op)) {
     // The copy goes into the forward's out-parameter for the saved tensor.
     auto func = op->getParentOfType<func::FuncOp>();
@@ -247,10 +251,11 @@ LogicalResult checkSupported(Operation *op) {
            << " ranks: split the function with moe-ep-stages before "
               "lowering it to the GPU";
   bool isAdd = isa<arith::AddFOp>(op);
-  if (!isAdd && !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp,
-                     CombineOp, ExpertCombineGradOp, SharedExpertGradOp,
-                     RouterGradOp, EPDispatchOp, EPCombineOp, EPPackOp,
-                     EPUnpackOp, EPQueuesOp, GatherRowsOp, ScatterRowsOp>(op))
+  if (!isAdd &&
+      !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp, CombineOp,
+           ExpertCombineGradOp, SharedExpertGradOp, RouterGradOp, CombineGradOp,
+           ExpertFFNGradOp, EPDispatchOp, EPCombineOp, EPPackOp, EPUnpackOp,
+           EPQueuesOp, GatherRowsOp, ScatterRowsOp>(op))
     return op->emitError() << "'" << op->getName()
                            << "' on tensors is not supported on the GPU path";
   // Static shapes, but for a leading dimension that follows a token count
@@ -918,6 +923,9 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
           })
           .Case([](SharedExpertGradOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_shared_expert_grad"};
+          })
+          .Case([](ExpertFFNGradOp) -> SmallVector<StringRef> {
+            return {"__moe_gpu_expert_ffn_grad"};
           })
           .Default([](Operation *) { return SmallVector<StringRef>(); });
   llvm::erase_if(callees, [](StringRef callee) {
@@ -1647,6 +1655,19 @@ public:
   }
 };
 
+/// moe.combine_grad: `__moe_gpu_combine_grad`.
+class LowerCombineGrad : public HostCallPattern<CombineGradOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(CombineGradOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.addResults();
+    call.callExactly("__moe_gpu_combine_grad");
+  }
+};
+
 /// moe.ep_pack, and moe.ep_dispatch of one rank (its all-to-all is the
 /// identity): `__moe_gpu_ep_pack`, `_gather` with token ids. The overflow
 /// rule is the caller's, from `dropped`.
@@ -1814,6 +1835,9 @@ void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
       typeConverter, ctx, "__moe_gpu_expert_combine_grad");
   patterns.add<LowerFFNGrad<SharedExpertGradOp>>(
       typeConverter, ctx, "__moe_gpu_shared_expert_grad");
+  patterns.add<LowerFFNGrad<ExpertFFNGradOp>>(typeConverter, ctx,
+                                              "__moe_gpu_expert_ffn_grad");
+  patterns.add<LowerCombineGrad>(typeConverter, ctx);
   patterns.add<LowerEPSend<EPPackOp>, LowerEPSend<EPDispatchOp>,
                LowerEPReturn<EPUnpackOp>, LowerEPReturn<EPCombineOp>,
                LowerEPQueues>(typeConverter, ctx);

@@ -52,28 +52,28 @@ func.func @aux_loss_grad(%l: tensor<37x4xf32>, %e: tensor<37x2xi32>, %dlb: tenso
 
 // -----
 
-func.func @combine_grad(%dout: tensor<37x64xbf16>, %w: tensor<37x2xf32>, %rows: tensor<37x2xi32>,
-                        %y: tensor<74x64xbf16>) -> (tensor<74x64xbf16>, tensor<37x2xf32>) {
-  // expected-error @+1 {{moe.combine_grad is not supported on the GPU path: only the fused moe.expert_combine_grad is}}
+func.func @combine_grad(%dout: tensor<37x48xbf16>, %w: tensor<37x2xf32>, %rows: tensor<37x2xi32>,
+                        %y: tensor<74x48xbf16>) -> (tensor<74x48xbf16>, tensor<37x2xf32>) {
+  // expected-error @+1 {{the GPU kernels need d to be a multiple of 64, got 48}}
   %dy, %dw = moe.combine_grad %dout, %w, %rows, %y
-      : tensor<37x64xbf16>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x64xbf16>
-      -> tensor<74x64xbf16>, tensor<37x2xf32>
-  return %dy, %dw : tensor<74x64xbf16>, tensor<37x2xf32>
+      : tensor<37x48xbf16>, tensor<37x2xf32>, tensor<37x2xi32>, tensor<74x48xbf16>
+      -> tensor<74x48xbf16>, tensor<37x2xf32>
+  return %dy, %dw : tensor<74x48xbf16>, tensor<37x2xf32>
 }
 
 // -----
 
-func.func @expert_ffn_grad(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
-                           %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
-                           %h: tensor<74x128xbf16>, %dy: tensor<74x64xbf16>)
-    -> (tensor<37x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>) {
-  // expected-error @+1 {{moe.expert_ffn_grad is not supported on the GPU path: only the fused moe.expert_combine_grad is}}
+func.func @expert_ffn_grad(%x: tensor<37x64xf32>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
+                           %wgu: tensor<4x64x128xf32>, %wd: tensor<4x64x64xf32>,
+                           %h: tensor<74x128xf32>, %dy: tensor<74x64xf32>)
+    -> (tensor<37x64xf32>, tensor<4x64x128xf32>, tensor<4x64x64xf32>) {
+  // expected-error @+1 {{the GPU path runs bf16 data only, got 'tensor<37x64xf32>'}}
   %dx, %dwgu, %dwd = moe.expert_ffn_grad %x, %ids, %offsets, %wgu, %wd, %h, %dy
       {activation = #moe.activation<swiglu>}
-      : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x128xbf16>,
-        tensor<4x64x64xbf16>, tensor<74x128xbf16>, tensor<74x64xbf16>
-      -> tensor<37x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>
-  return %dx, %dwgu, %dwd : tensor<37x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>
+      : tensor<37x64xf32>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x128xf32>,
+        tensor<4x64x64xf32>, tensor<74x128xf32>, tensor<74x64xf32>
+      -> tensor<37x64xf32>, tensor<4x64x128xf32>, tensor<4x64x64xf32>
+  return %dx, %dwgu, %dwd : tensor<37x64xf32>, tensor<4x64x128xf32>, tensor<4x64x64xf32>
 }
 
 // -----

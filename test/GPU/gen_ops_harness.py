@@ -138,6 +138,29 @@ OPS = {
     ],
     "gather_rows": [("source", B2), ("indices", I1), ("result", B2)],
     "scatter_rows": [("source", B2), ("indices", I1), ("result", B2)],
+    # the unfused backward of the combine and the routed experts (the expert-parallel
+    # layer's: moe.combine_grad, moe.expert_ffn_grad)
+    "combine_grad": [
+        ("dout", B2),
+        ("weights", F2),
+        ("rows", I2),
+        ("y", B2),
+        ("dy", B2),
+        ("d_weights", F2),
+    ],
+    "expert_ffn_grad": [
+        ("x", B2),
+        ("token_ids", I1),
+        ("offsets", I1),
+        ("wgu", B3),
+        ("wd", B3),
+        ("h", B2),
+        ("dy", B2),
+        ("act", "i32"),
+        ("dx", B2),
+        ("d_wgu", B3),
+        ("d_wd", B3),
+    ],
 }
 # The accumulating host functions: the result added to what its buffer holds.
 OPS["combine_acc"] = OPS["combine"]

@@ -817,6 +817,136 @@ def run_ep_chain(lib, T, d, E, k, ranks, kind):
     return ok
 
 
+def run_combine_grad(lib, T, d, E, k, mode, extra_rows=0):
+    """combine_grad over the dispatch's rows (skewed: every pick among half the experts), a few slots of which are dropped (-1) or out of
+    range (nobody owns their row): dy bitwise (one rounding of w * dout), rows nobody owns
+    zero, d_weights against an f32 dot, zero for those slots; the same bits twice."""
+    tag = f"combine_grad T={T} d={d} E={E} k={k} {mode}"
+    _, _, rows = ep_routing(T, k, E, 2, mode)
+    rows = rows.clone()
+    flat = rows.view(-1)
+    flat[::7] = -1
+    flat[3::11] = T * k + extra_rows + 5
+    flat[5::13] = -9
+    R = T * k + extra_rows
+    dout, y = bf(T, d), bf(R, d)
+    w = torch.rand(T, k, device=DEV)
+    dy = torch.full((R, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    dw = torch.full((T, k), float("nan"), device=DEV)
+    lib.call("combine_grad", dout, w, rows, y, dy, dw)
+    ref_dy = torch.zeros(R, d, dtype=torch.bfloat16, device=DEV)
+    ref_dw = torch.zeros(T, k, device=DEV)
+    for t in range(T):
+        for j in range(k):
+            r = int(rows[t, j])
+            if 0 <= r < R:
+                ref_dy[r] = (w[t, j] * dout[t].float()).to(torch.bfloat16)
+                ref_dw[t, j] = (dout[t].float() * y[r].float()).sum()
+    ok = check_exact(f"{tag} dy bitwise", bits(dy), bits(ref_dy))
+    ok &= check(f"{tag} d_weights", rel(dw, ref_dw), 1e-5)
+    none = (rows < 0) | (rows >= R)
+    ok &= check_exact(f"{tag} d_weights of dropped slots", dw[none], torch.zeros_like(dw[none]))
+    dy2, dw2 = torch.empty_like(dy), torch.empty_like(dw)
+    lib.call("combine_grad", dout, w, rows, y, dy2, dw2)
+    ok &= check_exact(
+        f"{tag} bitwise twice",
+        torch.cat([bits(dy2).flatten().float(), dw2.cpu().flatten()]),
+        torch.cat([bits(dy).flatten().float(), dw.cpu().flatten()]),
+    )
+    return ok
+
+
+def run_expert_ffn_grad(lib, T, d, n, E, k, mode, ep=False):
+    """expert_ffn_grad from dy in queue order against fp32 autograd on the same queues, H from
+    the GPU's forward. Without ep, x is the tokens and the queue the dispatch's (a token's k
+    rows summed in row order); with ep, x is the received rows [S * C, d] and each queue row
+    one of them, half the experts' rows dropped past offsets[E] (token id -1) and x rows
+    that no queue row reads (their dx zero)."""
+    tag = f"expert_ffn_grad T={T} d={d} n={n} E={E} k={k} {mode}{' ep' if ep else ''}"
+    tid, off, _ = ep_routing(T, k, E, 2, mode)
+    if ep:
+        # the queue keeps the first half of each expert's rows, renumbered; its rows read
+        # distinct rows of x, which has extra ones
+        keep = [(int(off[e]), (int(off[e + 1]) - int(off[e]) + 1) // 2) for e in range(E)]
+        counts = torch.tensor([c for _, c in keep], device=DEV)
+        off = torch.zeros(E + 1, dtype=torch.int32, device=DEV)
+        off[1:] = torch.cumsum(counts, 0).to(torch.int32)
+        kept = int(off[E])
+        X = T * k + 3
+        tid = torch.full((T * k,), -1, dtype=torch.int32, device=DEV)
+        tid[:kept] = torch.randperm(X, device=DEV)[:kept].to(torch.int32)
+    else:
+        X = T
+    R = tid.numel()
+    x = bf(X, d)
+    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    h = torch.zeros(R, 2 * n, dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn_h", x, tid, off, wgu, wd, 0, h)
+    dy = bf(R, d)
+    dx = torch.full((X, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, 0, dx, dwgu, dwd)
+    xr = x.float().requires_grad_()
+    wgur = wgu.float().requires_grad_()
+    wdr = wd.float().requires_grad_()
+    loss = torch.zeros((), device=DEV)
+    for e in range(E):
+        lo, hi = int(off[e]), int(off[e + 1])
+        if hi == lo:
+            continue
+        he = xr[tid[lo:hi].long()] @ wgur[e]
+        a = torch.nn.functional.silu(he[:, :n]) * he[:, n:]
+        loss = loss + ((a @ wdr[e]) * dy[lo:hi].float()).sum()
+    loss.backward()
+    ok = check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
+    ok &= check(f"{tag} d_w_gate_up", rel(dwgu, wgur.grad), 2e-2)
+    ok &= check(f"{tag} d_w_down", rel(dwd, wdr.grad), 2e-2)
+    if ep:
+        unread = torch.ones(X, dtype=torch.bool, device=DEV)
+        unread[tid[: int(off[E])].long()] = False
+        ok &= check_exact(
+            f"{tag} dx of unread rows zero", bits(dx[unread]), bits(torch.zeros_like(dx[unread]))
+        )
+    dx2, dwgu2, dwd2 = torch.empty_like(dx), torch.empty_like(dwgu), torch.empty_like(dwd)
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, 0, dx2, dwgu2, dwd2)
+    ok &= check_exact(
+        f"{tag} bitwise twice",
+        torch.cat([dx2.flatten(), dwgu2.flatten(), dwd2.flatten()]).view(torch.int16),
+        torch.cat([dx.flatten(), dwgu.flatten(), dwd.flatten()]).view(torch.int16),
+    )
+    return ok
+
+
+def run_split_vs_fused(lib, T, d, n, E, k, mode):
+    """combine_grad then expert_ffn_grad against the fused expert_combine_grad on the same
+    inputs: the weight gradients and dx within bf16 rounding of dy, d_weights likewise."""
+    tag = f"split backward vs fused T={T} d={d} n={n} E={E} k={k} {mode}"
+    tid, off, rows = ep_routing(T, k, E, 2, mode)
+    R = T * k
+    x = bf(T, d)
+    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(R, 2 * n, dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)
+    w = torch.rand(T, k, device=DEV)
+    dout = bf(T, d)
+    dy = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
+    dw = torch.empty(T, k, device=DEV)
+    lib.call("combine_grad", dout, w, rows, y, dy, dw)
+    dx, dwgu, dwd = torch.empty_like(x), torch.empty_like(wgu), torch.empty_like(wd)
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, 0, dx, dwgu, dwd)
+    fdx, fdw = torch.empty_like(x), torch.empty_like(dw)
+    fdwgu, fdwd = torch.empty_like(wgu), torch.empty_like(wd)
+    lib.call(
+        "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, fdx, fdw, fdwgu, fdwd
+    )
+    ok = check(f"{tag} dx", rel(dx, fdx), 2e-2)
+    ok &= check(f"{tag} d_weights", rel(dw, fdw), 2e-2)
+    ok &= check(f"{tag} d_w_gate_up", rel(dwgu, fdwgu), 2e-2)
+    ok &= check(f"{tag} d_w_down", rel(dwd, fdwd), 2e-2)
+    return ok
+
+
 CONFIGS = {  # docs/benchmarks.md: T, d, n, E, k, scoring, renormalize, groups, topk_groups, scaling
     "mixtral-8x7b": (16384, 4096, 14336, 8, 2, 0, True, 1, 1, 1.0),
     "olmoe-1b-7b": (16384, 2048, 1024, 64, 8, 0, False, 1, 1, 1.0),
@@ -1077,6 +1207,21 @@ def main():
         ("ep-rows", lambda: run_rows(lib, 53, 40, 128)),
         ("ep-rows-wide", lambda: run_rows(lib, 17, 17, 1088)),
         ("ep-hostile", lambda: run_ep_hostile(lib)),
+        # the unfused backward of the combine and the routed experts (the expert-parallel
+        # layer's): dropped and out-of-range slots, rows nobody owns, skewed routing with
+        # empty experts, T = 1, d and n of partial tiles, x of the received rows
+        ("combine-grad", lambda: run_combine_grad(lib, 37, 128, 8, 2, "random", 5)),
+        ("combine-grad-skewed", lambda: run_combine_grad(lib, 37, 192, 8, 4, "skewed")),
+        ("combine-grad-t1", lambda: run_combine_grad(lib, 1, 64, 4, 2, "random", 3)),
+        ("ffn-grad", lambda: run_expert_ffn_grad(lib, 37, 128, 128, 4, 2, "random")),
+        ("ffn-grad-skewed", lambda: run_expert_ffn_grad(lib, 37, 256, 192, 6, 2, "skewed")),
+        ("ffn-grad-t1", lambda: run_expert_ffn_grad(lib, 1, 128, 64, 4, 2, "random")),
+        ("ffn-grad-ep", lambda: run_expert_ffn_grad(lib, 37, 128, 128, 4, 2, "random", True)),
+        (
+            "ffn-grad-ep-skewed",
+            lambda: run_expert_ffn_grad(lib, 37, 192, 128, 8, 2, "skewed", True),
+        ),
+        ("split-vs-fused", lambda: run_split_vs_fused(lib, 37, 128, 128, 4, 2, "random")),
     ]
     if lib.has("router_grad_acc"):
         # dx += the router's part by TMA reduce-add boxes: T below a tile (37) and a
@@ -1106,6 +1251,15 @@ def main():
             ("ep-queues-1024", lambda: run_ep_queues(lib, 16, 64, 512, "random")),
             ("ep-chain", lambda: run_ep_chain(lib, 4096, 2048, 64, 8, 8, "exact")),
             ("ep-chain-exceeded", lambda: run_ep_chain(lib, 2048, 4096, 256, 8, 16, "exceeded")),
+            ("ffn-grad-big", lambda: run_expert_ffn_grad(lib, 1000, 1536, 704, 8, 2, "random")),
+            (
+                "ffn-grad-big-ep",
+                lambda: run_expert_ffn_grad(lib, 1000, 1536, 704, 8, 2, "all-to-one", True),
+            ),
+            (
+                "split-vs-fused-big",
+                lambda: run_split_vs_fused(lib, 1000, 1536, 704, 8, 2, "skewed"),
+            ),
         ]
     if args.bench:
         steps = [

@@ -33,6 +33,7 @@
 #include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Export.h"
 
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/IR/LLVMContext.h"
@@ -211,6 +212,56 @@ std::string layerSummary(DictionaryAttr layer) {
     os << "\n";
   }
   return text;
+}
+
+/// The layer configuration of an expert-parallel layer, whose forward
+/// stages each see a part of it (the router in the first, the experts in
+/// the next): each key from the first stage that gives it (a non-zero number,
+/// a non-empty string), and each input named by the argument of the layer
+/// function that the stage's own argument is (its moe.ep_inputs).
+DictionaryAttr mergeStageLayers(ArrayRef<EntryPointInfo> entries) {
+  Builder b(entries.front().layer.getContext());
+  llvm::MapVector<StringAttr, Attribute> merged;
+  llvm::MapVector<StringAttr, Attribute> inputs;
+  auto given = [](Attribute value) {
+    if (auto integer = dyn_cast<IntegerAttr>(value))
+      return integer.getValue() != 0;
+    if (auto text = dyn_cast<StringAttr>(value))
+      return !text.getValue().empty();
+    return true;
+  };
+  for (const EntryPointInfo &entry : entries) {
+    if (!entry.layer || !StringRef(entry.kind).starts_with("forward_stage"))
+      continue;
+    auto stageInputs = entry.stage.getAs<ArrayAttr>("inputs");
+    for (NamedAttribute attr : entry.layer) {
+      if (attr.getName() == "inputs") {
+        for (NamedAttribute input : cast<DictionaryAttr>(attr.getValue())) {
+          StringRef own = cast<StringAttr>(input.getValue()).getValue();
+          unsigned position;
+          if (!stageInputs || !own.consume_front("arg") ||
+              own.getAsInteger(10, position) || position >= stageInputs.size())
+            continue;
+          inputs.insert({input.getName(), stageInputs[position]});
+        }
+        continue;
+      }
+      auto it = merged.find(attr.getName());
+      if (it == merged.end())
+        merged.insert({attr.getName(), attr.getValue()});
+      else if (!given(it->second) && given(attr.getValue()))
+        it->second = attr.getValue();
+    }
+  }
+  SmallVector<NamedAttribute> entriesOut;
+  for (auto &[name, value] : merged)
+    entriesOut.push_back(NamedAttribute(name, value));
+  SmallVector<NamedAttribute> inputList;
+  for (auto &[name, value] : inputs)
+    inputList.push_back(NamedAttribute(name, value));
+  entriesOut.push_back(
+      b.getNamedAttr("inputs", b.getDictionaryAttr(inputList)));
+  return b.getDictionaryAttr(entriesOut);
 }
 
 /// What a stage's parameters are, for the header: "forward (stage 0 of 3):
@@ -768,7 +819,8 @@ int compile() {
   if (entries.empty())
     return fail("unexpected compiler output: no entry points");
   std::string cName = cIdentifier(entries.front().layerName);
-  DictionaryAttr layer = entries.front().layer;
+  DictionaryAttr layer =
+      entries.front().stage ? mergeStageLayers(entries) : entries.front().layer;
   for (EntryPointInfo &entry : entries)
     for (StringRef attr :
          {moe::kGPUEntryAttr, moe::kGPULayerNameAttr, moe::kGPUParamsAttr,

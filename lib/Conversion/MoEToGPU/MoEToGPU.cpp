@@ -2167,13 +2167,19 @@ struct ConvertMoEToGPUPass
     if (failedAny)
       return signalPassFailure();
 
-    // @f computes what @f_forward computes, less the saved set.
+    // @f computes what @f_forward computes, less the saved set; so do the
+    // stages of @f (moe-ep-stages) beside those of @f_forward.
     std::vector<FunctionPlan> plans;
     for (func::FuncOp func : functions) {
       auto forward =
           symbols.lookup<func::FuncOp>((func.getSymName() + "_forward").str());
-      if (forward && forward->hasAttr(kNumSavedAttr) &&
-          SymbolTable::symbolKnownUseEmpty(func, module)) {
+      bool trained = forward && forward->hasAttr(kNumSavedAttr);
+      if (auto of = func->getAttrOfType<StringAttr>("moe.ep_stage_of")) {
+        auto firstStage = symbols.lookup<func::FuncOp>(
+            (of.getValue() + "_forward_stage0").str());
+        trained = firstStage && firstStage->hasAttr("moe.ep_num_saved");
+      }
+      if (trained && SymbolTable::symbolKnownUseEmpty(func, module)) {
         symbols.erase(func);
         continue;
       }

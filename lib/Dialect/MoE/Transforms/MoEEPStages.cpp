@@ -68,7 +68,7 @@ private:
   SmallVector<Operation *> collectives;
   DenseMap<Operation *, unsigned> stageOfOp;
   std::vector<Stage> stages;
-  /// Carried values and their numbers; the stage that returns each.
+  /// Carried values and their numbers (carryJ).
   llvm::MapVector<Value, unsigned> carries;
 };
 

@@ -241,10 +241,24 @@ bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
       (ShapedType::isDynamic(tokens) || bytes.ConsumeBool()))
     maxTokens = builder.getI64IntegerAttr(
         bytes.PickValueInArray<int64_t>({1, 64, 4096, 1073741824}));
-  auto layer = moe::LayerOp::create(
-      builder, loc, out, logits, args[0], args[1], bias, wGateUp, wDown,
-      sharedGateUp, sharedDown, routing,
-      moe::ActivationAttr::get(context, activation), capacity, maxTokens);
+  // Expert parallelism now and then: sizes that divide E or not, a capacity
+  // missing, tiny or huge, the overflow rule given or not.
+  IntegerAttr epSize, epCapacity;
+  moe::EPOverflowAttr epOverflow;
+  if (bytes.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    epSize = builder.getI64IntegerAttr(
+        bytes.PickValueInArray<int64_t>({1, 2, 3, 4}));
+    if (bytes.ConsumeIntegralInRange<int>(0, 7) != 0)
+      epCapacity = builder.getI64IntegerAttr(
+          bytes.PickValueInArray<int64_t>({1, 64, 1073741824}));
+    if (bytes.ConsumeBool())
+      epOverflow = moe::EPOverflowAttr::get(context, moe::EPOverflow::drop);
+  }
+  auto layer =
+      moe::LayerOp::create(builder, loc, out, logits, args[0], args[1], bias,
+                           wGateUp, wDown, sharedGateUp, sharedDown, routing,
+                           moe::ActivationAttr::get(context, activation),
+                           capacity, maxTokens, epSize, epCapacity, epOverflow);
   SmallVector<Value> returned = {layer.getOut()};
   if (returnLogits)
     returned.push_back(layer.getRouterLogits());

@@ -1063,6 +1063,18 @@ def token_rows(
     }
 
 
+def tokens_within(x, max_tokens: int) -> int:
+    """T of a call with x (numpy or torch, T its leading size); a ValueError outside
+    [1, max_tokens], the bound the layer was compiled for."""
+    tokens = int(np.shape(x)[0]) if np.ndim(x) >= 1 else 0
+    if not 1 <= tokens <= max_tokens:
+        raise ValueError(
+            f"the token count T = {tokens} is outside [1, {max_tokens}], the bound "
+            f"the layer was compiled for"
+        )
+    return tokens
+
+
 class CompiledLayer:
     """One `moe.layer` (from a LayerConfig) through `moe-decompose`, `moe-generate-backward`
     and the CPU pipeline.
@@ -1117,14 +1129,7 @@ class CompiledLayer:
             )
 
     def _tokens(self, x: np.ndarray) -> int:
-        """T of a call with x; a ValueError outside [1, max_tokens]."""
-        tokens = int(np.shape(x)[0]) if np.ndim(x) >= 1 else 0
-        if not 1 <= tokens <= self.max_tokens:
-            raise ValueError(
-                f"the token count T = {tokens} is outside [1, {self.max_tokens}], the bound "
-                f"the layer was compiled for"
-            )
-        return tokens
+        return tokens_within(x, self.max_tokens)
 
     def _run(self, fname: str, args: Sequence[np.ndarray], tokens: Optional[int]):
         function = self.module[fname]

@@ -42,6 +42,7 @@ from .cpu import (
     compile_mlir,
     parse_functions,
     run_opt,
+    tokens_within,
 )
 
 __all__ = [
@@ -402,15 +403,7 @@ class EPLayer:
         return list(args)
 
     def _tokens(self, x: np.ndarray) -> Optional[int]:
-        if self.max_tokens is None:
-            return None
-        tokens = int(np.shape(x)[0]) if np.ndim(x) >= 1 else 0
-        if not 1 <= tokens <= self.max_tokens:
-            raise ValueError(
-                f"the token count T = {tokens} is outside [1, {self.max_tokens}], the bound "
-                f"the layer was compiled for"
-            )
-        return tokens
+        return None if self.max_tokens is None else tokens_within(x, self.max_tokens)
 
     def _run(self, kind: str, args, exchange: Exchange, tokens: Optional[int]):
         results, self.dropped = self.functions[kind](args, exchange, tokens)
@@ -714,15 +707,7 @@ class GPUEPLayer:
         return out, dropped
 
     def _tokens(self, x) -> Optional[int]:
-        if not self.max_tokens:
-            return None
-        tokens = int(x.shape[0])
-        if not 1 <= tokens <= self.max_tokens:
-            raise ValueError(
-                f"the token count T = {tokens} is outside [1, {self.max_tokens}], the bound "
-                f"the layer was compiled for"
-            )
-        return tokens
+        return tokens_within(x, self.max_tokens) if self.max_tokens else None
 
     def forward(self, args: Sequence, group=None) -> List:
         """The training forward's results in order (out, logits, then the saved tensors)."""

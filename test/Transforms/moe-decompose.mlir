@@ -137,3 +137,49 @@ func.func @expert_parallel(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
         tensor<4x12x16xf32> -> tensor<?x16xf32>, tensor<?x8xf32>
   return %out, %logits : tensor<?x16xf32>, tensor<?x8xf32>
 }
+
+// -----
+
+// A chunked expert-parallel layer is compiled for one chunk: a step of up to
+// 100 tokens runs as chunks of at most 32, so the function's bound is the
+// chunk's and the step's is recorded beside it. The capacity (8 rows from one
+// rank to one rank) is a chunk's.
+// CHECK-LABEL: func.func @chunked
+// CHECK-SAME: attributes {moe.ep_step_tokens = 100 : i64, moe.max_tokens = 32 : i64}
+// CHECK: moe.ep_dispatch
+// CHECK-SAME: {capacity = 8 : i64, ep_size = 2 : i64}
+// CHECK-SAME: -> tensor<16x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+// CHECK: moe.ep_combine
+func.func @chunked(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
+                   %wgu: tensor<4x16x24xf32>, %wd: tensor<4x12x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x8xf32>) {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 100,
+       ep_size = 2, ep_capacity = 8, ep_chunk_tokens = 32,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x16xf32>, tensor<16x8xf32>, tensor<4x16x24xf32>,
+        tensor<4x12x16xf32> -> tensor<?x16xf32>, tensor<?x8xf32>
+  return %out, %logits : tensor<?x16xf32>, tensor<?x8xf32>
+}
+
+// -----
+
+// Two layers of one function share its chunk as well as its bound.
+func.func @two_chunks(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
+                      %wgu: tensor<4x16x24xf32>, %wd: tensor<4x12x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x16xf32>) {
+  %a, %la = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 100,
+       ep_size = 2, ep_capacity = 8, ep_chunk_tokens = 32,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x16xf32>, tensor<16x8xf32>, tensor<4x16x24xf32>,
+        tensor<4x12x16xf32> -> tensor<?x16xf32>, tensor<?x8xf32>
+  // expected-error @+1 {{has max_tokens = 32 but its function's moe.max_tokens is 32 and moe.ep_step_tokens is 100 (the layers of one function share one bound and chunk)}}
+  %b, %lb = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, max_tokens = 32,
+       ep_size = 2, ep_capacity = 8,
+       routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x16xf32>, tensor<16x8xf32>, tensor<4x16x24xf32>,
+        tensor<4x12x16xf32> -> tensor<?x16xf32>, tensor<?x8xf32>
+  return %a, %b : tensor<?x16xf32>, tensor<?x16xf32>
+}

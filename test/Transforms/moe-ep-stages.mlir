@@ -60,6 +60,39 @@ func.func @ep(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
 
 // -----
 
+// A function compiled for one chunk of a step: each stage keeps the chunk's
+// bound and the step's, which the runtime splits into chunks.
+// CHECK-LABEL: func.func @chunk_stage0(
+// CHECK-SAME: moe.ep_stage = 0 : i64, moe.ep_stage_of = "chunk", moe.ep_stages = 3 : i64, moe.ep_step_tokens = 100 : i64, moe.max_tokens = 32 : i64
+// CHECK-LABEL: func.func @chunk_stage1(
+// CHECK-SAME: moe.ep_step_tokens = 100 : i64, moe.max_tokens = 32 : i64
+// CHECK-LABEL: func.func @chunk_stage2(
+// CHECK-SAME: moe.ep_step_tokens = 100 : i64, moe.max_tokens = 32 : i64
+func.func @chunk(%x: tensor<?x16xf32>, %wr: tensor<16x8xf32>,
+              %wgu: tensor<4x16x24xf32>, %wd: tensor<4x12x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x8xf32>) attributes {moe.ep_step_tokens = 100 : i64, moe.max_tokens = 32 : i64} {
+  %w, %e, %logits = moe.router %x, %wr {routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x16xf32>, tensor<16x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>, tensor<?x8xf32>
+  %ids, %off, %rows = moe.dispatch %e {num_experts = 8 : i64}
+      : tensor<?x2xi32> -> tensor<?xi32>, tensor<9xi32>, tensor<?x2xi32>
+  %recv, %counts, %dropped = moe.ep_dispatch %x, %off gather(%ids : tensor<?xi32>)
+      {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<?x16xf32>, tensor<9xi32> -> tensor<32x16xf32>, tensor<2x4xi32>, tensor<2xi32>
+  %qids, %qoff = moe.ep_queues %counts {capacity = 16 : i64}
+      : tensor<2x4xi32> -> tensor<32xi32>, tensor<5xi32>
+  %y, %h = moe.expert_ffn %recv, %qids, %qoff, %wgu, %wd {activation = #moe.activation<swiglu>}
+      : tensor<32x16xf32>, tensor<32xi32>, tensor<5xi32>, tensor<4x16x24xf32>,
+        tensor<4x12x16xf32> -> tensor<32x16xf32>, tensor<32x24xf32>
+  %back = moe.scatter_rows %y, %qids : tensor<32x16xf32>, tensor<32xi32> -> tensor<32x16xf32>
+  %yg = moe.ep_combine %back, %off {capacity = 16 : i64, ep_size = 2 : i64}
+      : tensor<32x16xf32>, tensor<9xi32> -> tensor<?x16xf32>
+  %out = moe.combine %yg, %w, %rows
+      : tensor<?x16xf32>, tensor<?x2xf32>, tensor<?x2xi32> -> tensor<?x16xf32>
+  return %out, %logits : tensor<?x16xf32>, tensor<?x8xf32>
+}
+
+// -----
+
 // A training pair's contract moves to its stages; an argument returned as it
 // is comes from the caller and the dropped count from the stage that packs;
 // rows received and sent straight back make a stage of their own; a combine

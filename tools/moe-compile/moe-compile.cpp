@@ -284,6 +284,13 @@ std::string stageSummary(const EntryPointInfo &entry) {
   os << StringRef(entry.kind).split('_').first << " (stage " << integer("stage")
      << " of " << integer("stages") << ", docs/distributed.md): it takes "
      << names("inputs") << "; it gives " << names("outputs") << ".";
+  // A chunked layer's entry points serve one chunk; the caller splits the
+  // step and runs the stages once a chunk.
+  if (int64_t step = integer("step_tokens"))
+    os << " Called once a chunk: a step of up to " << step
+       << " tokens runs as ceil(" << step << " / " << entry.maxTokens
+       << ") chunks of at most " << entry.maxTokens
+       << " tokens, each its own dispatch and combine.";
   return text;
 }
 

@@ -243,7 +243,7 @@ bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
         bytes.PickValueInArray<int64_t>({1, 64, 4096, 1073741824}));
   // Expert parallelism now and then: sizes that divide E or not, a capacity
   // missing, tiny or huge, the overflow rule given or not.
-  IntegerAttr epSize, epCapacity;
+  IntegerAttr epSize, epCapacity, epChunkTokens;
   moe::EPOverflowAttr epOverflow;
   if (bytes.ConsumeIntegralInRange<int>(0, 3) == 0) {
     epSize = builder.getI64IntegerAttr(
@@ -254,11 +254,15 @@ bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
     if (bytes.ConsumeBool())
       epOverflow = moe::EPOverflowAttr::get(context, moe::EPOverflow::drop);
   }
-  auto layer =
-      moe::LayerOp::create(builder, loc, out, logits, args[0], args[1], bias,
-                           wGateUp, wDown, sharedGateUp, sharedDown, routing,
-                           moe::ActivationAttr::get(context, activation),
-                           capacity, maxTokens, epSize, epCapacity, epOverflow);
+  // Chunks now and then, with or without ep_size, beside a bound or not.
+  if (bytes.ConsumeIntegralInRange<int>(0, 5) == 0)
+    epChunkTokens = builder.getI64IntegerAttr(
+        bytes.PickValueInArray<int64_t>({1, 16, 4096, 1073741824}));
+  auto layer = moe::LayerOp::create(
+      builder, loc, out, logits, args[0], args[1], bias, wGateUp, wDown,
+      sharedGateUp, sharedDown, routing,
+      moe::ActivationAttr::get(context, activation), capacity, maxTokens,
+      epSize, epCapacity, epOverflow, epChunkTokens);
   SmallVector<Value> returned = {layer.getOut()};
   if (returnLogits)
     returned.push_back(layer.getRouterLogits());

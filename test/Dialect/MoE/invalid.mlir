@@ -1838,6 +1838,58 @@ func.func @layer_ep_size_not_dividing_logits(%x: tensor<37x48xf32>, %wr: tensor<
 
 // -----
 
+func.func @layer_ep_chunk_without_size(%x: tensor<?x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<8x48x80xf32>, %wd: tensor<8x40x48xf32>) {
+  // expected-error @+1 {{has ep_chunk_tokens but no ep_size}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_chunk_tokens = 16, max_tokens = 64, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x8xf32>, tensor<8x48x80xf32>, tensor<8x40x48xf32> -> tensor<?x48xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_chunk_static_tokens(%x: tensor<37x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{has ep_chunk_tokens and a static token count T = 37; chunks need a dynamic T (tensor<?x...>) with max_tokens, the step's bound}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_chunk_tokens = 16, ep_size = 2, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<37x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<37x48xf32>, tensor<37x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_chunk_past_step(%x: tensor<?x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{has ep_chunk_tokens = 65, more than max_tokens = 64 (a chunk is part of a step)}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_chunk_tokens = 65, ep_size = 2, max_tokens = 64, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<?x48xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @layer_ep_chunk_zero(%x: tensor<?x48xf32>, %wr: tensor<48x8xf32>, %wgu: tensor<4x48x80xf32>, %wd: tensor<4x40x48xf32>) {
+  // expected-error @+1 {{attribute 'ep_chunk_tokens' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 1}}
+  %out, %l = moe.layer %x, %wr, %wgu, %wd {activation = #moe.activation<swiglu>, ep_capacity = 64, ep_chunk_tokens = 0, ep_size = 2, max_tokens = 64, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x8xf32>, tensor<4x48x80xf32>, tensor<4x40x48xf32> -> tensor<?x48xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+// The step's bound of a chunked function: an i64 beside the chunk's, no
+// smaller than it.
+// expected-error @+1 {{'moe.ep_step_tokens' must be an i64 on a function with 'moe.max_tokens' (a chunk's bound), and no smaller than it, got 16 : i64}}
+func.func @step_below_chunk() attributes {moe.ep_step_tokens = 16 : i64, moe.max_tokens = 32 : i64} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'moe.ep_step_tokens' must be an i64 on a function with 'moe.max_tokens'}}
+func.func @step_without_chunk() attributes {moe.ep_step_tokens = 16 : i64} {
+  return
+}
+
+// -----
+
 // Checked whatever E is, here dynamic.
 func.func @layer_ep_rows_overflow(%x: tensor<37x48xf32>, %wr: tensor<48x?xf32>, %wgu: tensor<?x48x80xf32>, %wd: tensor<?x40x48xf32>) {
   // expected-error @+1 {{ep_size * ep_capacity (4 * 2147483646) exceeds the i32 row index range}}

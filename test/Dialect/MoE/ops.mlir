@@ -260,6 +260,31 @@ func.func @layer_expert_parallel_dynamic(%x: tensor<?x48xf32>, %wr: tensor<48x8x
   return %out : tensor<?x48xf32>
 }
 
+// A step of up to 4096 tokens in chunks of at most 1024, 256 rows from one
+// rank to one rank a chunk.
+// CHECK-LABEL: func.func @layer_expert_parallel_chunked
+// CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, ep_capacity = 256 : i64, ep_chunk_tokens = 1024 : i64, ep_size = 8 : i64, max_tokens = 4096 : i64, routing = #moe.routing<scoring = softmax, top_k = 2>} : tensor<?x48xf32>
+// GENERIC-LABEL: sym_name = "layer_expert_parallel_chunked"
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, ep_capacity = 256 : i64, ep_chunk_tokens = 1024 : i64, ep_size = 8 : i64, max_tokens = 4096 : i64, operandSegmentSizes
+func.func @layer_expert_parallel_chunked(%x: tensor<?x48xf32>, %wr: tensor<48x8xf32>,
+                                         %wgu: tensor<1x48x80xf32>, %wd: tensor<1x40x48xf32>)
+    -> tensor<?x48xf32> {
+  %out, %logits = moe.layer %x, %wr, %wgu, %wd
+      {activation = #moe.activation<swiglu>, ep_capacity = 256, ep_chunk_tokens = 1024,
+       ep_size = 8, max_tokens = 4096, routing = #moe.routing<scoring = softmax, top_k = 2>}
+      : tensor<?x48xf32>, tensor<48x8xf32>, tensor<1x48x80xf32>, tensor<1x40x48xf32>
+        -> tensor<?x48xf32>, tensor<?x8xf32>
+  return %out : tensor<?x48xf32>
+}
+
+// A function compiled for one chunk of a step: the step's bound beside the
+// chunk's.
+// CHECK-LABEL: func.func @chunk_function
+// CHECK-SAME: attributes {moe.ep_step_tokens = 4096 : i64, moe.max_tokens = 1024 : i64}
+func.func @chunk_function() attributes {moe.ep_step_tokens = 4096 : i64, moe.max_tokens = 1024 : i64} {
+  return
+}
+
 // The forward of one rank: pack x by token ids (gather), the rows received,
 // their queues, the local experts, the rows back to the received layout, the
 // rows home in expert order.

@@ -23,6 +23,19 @@ void MoEDialect::initialize() {
 
 LogicalResult MoEDialect::verifyOperationAttribute(Operation *op,
                                                    NamedAttribute attr) {
+  if (attr.getName() == kEPStepTokensAttr) {
+    auto step = dyn_cast<IntegerAttr>(attr.getValue());
+    std::optional<int64_t> chunk = getMaxTokens(op);
+    if (!isa<FunctionOpInterface>(op) || !step ||
+        !step.getType().isSignlessInteger(64) || !chunk ||
+        step.getInt() < *chunk)
+      return op->emitOpError()
+             << "'" << kEPStepTokensAttr
+             << "' must be an i64 on a function with '" << kMaxTokensAttr
+             << "' (a chunk's bound), and no smaller than it, got "
+             << attr.getValue();
+    return success();
+  }
   if (attr.getName() != kMaxTokensAttr)
     return success();
   auto bound = dyn_cast<IntegerAttr>(attr.getValue());

@@ -334,6 +334,21 @@ LogicalResult LayerOp::verify() {
                          << " (a static T is its own bound)";
   if (failed(matchLocalExperts()))
     return failure();
+  // A chunk holds up to ep_chunk_tokens of a step's tokens, so its count
+  // varies and the layer's T must be dynamic.
+  if (std::optional<int64_t> chunk = getEpChunkTokens()) {
+    if (!epSize)
+      return emitOpError("has ep_chunk_tokens but no ep_size");
+    if (!ShapedType::isDynamic(tokens))
+      return emitOpError()
+             << "has ep_chunk_tokens and a static token count T = " << tokens
+             << "; chunks need a dynamic T (tensor<?x...>) with "
+                "max_tokens, the step's bound";
+    if (maxTokens && *chunk > *maxTokens)
+      return emitOpError() << "has ep_chunk_tokens = " << *chunk
+                           << ", more than max_tokens = " << *maxTokens
+                           << " (a chunk is part of a step)";
+  }
   if (epSize && product(*epSize, *getEpCapacity()) > kMaxIndex)
     return emitOpError() << "ep_size * ep_capacity (" << *epSize << " * "
                          << *getEpCapacity()

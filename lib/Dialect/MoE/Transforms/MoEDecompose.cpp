@@ -43,20 +43,36 @@ LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
         "cannot be decomposed: the number of experts must be static");
 
   // A dynamic token count's bound goes to the function, which every plan
-  // after this reads; two layers of one function share it.
-  if (std::optional<int64_t> bound = layer.getMaxTokens();
-      bound && xType.isDynamicDim(0)) {
+  // after this reads; two layers of one function share it. A chunked layer's
+  // function serves one chunk: its bound is the chunk's, and the step's is
+  // recorded beside it for the runtime that splits the step.
+  if (std::optional<int64_t> step = layer.getMaxTokens();
+      step && xType.isDynamicDim(0)) {
     Operation *func = layer->getParentOfType<FunctionOpInterface>();
     if (!func)
       return layer.emitOpError("with a dynamic token count must be in a "
                                "function, which records its max_tokens");
+    std::optional<int64_t> chunk = layer.getEpChunkTokens();
+    int64_t bound = chunk.value_or(*step);
     std::optional<int64_t> recorded = getMaxTokens(func);
-    if (recorded && *recorded != *bound)
-      return layer.emitOpError()
-             << "has max_tokens = " << *bound << " but its function's "
-             << kMaxTokensAttr << " is " << *recorded
-             << " (the layers of one function share one bound)";
-    func->setAttr(kMaxTokensAttr, rewriter.getI64IntegerAttr(*bound));
+    auto recordedStep = func->getAttrOfType<IntegerAttr>(kEPStepTokensAttr);
+    if (recorded && (*recorded != bound ||
+                     static_cast<bool>(recordedStep) != chunk.has_value() ||
+                     (recordedStep && recordedStep.getInt() != *step))) {
+      InFlightDiagnostic diag = layer.emitOpError()
+                                << "has max_tokens = " << *step;
+      if (chunk)
+        diag << " and ep_chunk_tokens = " << *chunk;
+      diag << " but its function's " << kMaxTokensAttr << " is " << *recorded;
+      if (recordedStep)
+        diag << " and " << kEPStepTokensAttr << " is " << recordedStep.getInt();
+      diag << " (the layers of one function share one bound"
+           << (chunk || recordedStep ? " and chunk)" : ")");
+      return diag;
+    }
+    func->setAttr(kMaxTokensAttr, rewriter.getI64IntegerAttr(bound));
+    if (chunk)
+      func->setAttr(kEPStepTokensAttr, rewriter.getI64IntegerAttr(*step));
   }
 
   Location loc = layer.getLoc();

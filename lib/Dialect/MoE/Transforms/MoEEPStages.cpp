@@ -269,8 +269,9 @@ LogicalResult StageSplitter::split(SymbolTable &symbols) {
     s.func->setAttr("moe.ep_size", b.getI64IntegerAttr(epSize));
     s.func->setAttr("moe.ep_capacity", b.getI64IntegerAttr(capacity));
     s.func->setAttr("moe.ep_results", b.getArrayAttr(results));
-    if (Attribute bound = func->getAttr(kMaxTokensAttr))
-      s.func->setAttr(kMaxTokensAttr, bound);
+    for (StringRef name : {kMaxTokensAttr, kEPStepTokensAttr})
+      if (Attribute bound = func->getAttr(name))
+        s.func->setAttr(name, bound);
     if (Attribute numSaved = func->getAttr(kNumSavedAttr))
       s.func->setAttr("moe.ep_num_saved", numSaved);
     if (Attribute gradientArgs = func->getAttr("moe.gradient_args"))

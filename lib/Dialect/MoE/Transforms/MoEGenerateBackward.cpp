@@ -524,8 +524,9 @@ struct MoEGenerateBackwardPass
                                moduleBuilder.getFunctionType({}, {}));
       backward.setVisibility(func.getVisibility());
       // The clone keeps the bound on a dynamic token count; backward gets it.
-      if (Attribute bound = func->getAttr(kMaxTokensAttr))
-        backward->setAttr(kMaxTokensAttr, bound);
+      for (StringRef name : {kMaxTokensAttr, kEPStepTokensAttr})
+        if (Attribute bound = func->getAttr(name))
+          backward->setAttr(name, bound);
       symbols.insert(forward);
       symbols.insert(backward);
 

@@ -24,6 +24,11 @@ namespace mlir::moe {
 /// @f_forward and @f_backward); every plan is made at it.
 constexpr llvm::StringLiteral kMaxTokensAttr = "moe.max_tokens";
 
+/// On a function compiled for one chunk of an expert-parallel step (moe.layer's
+/// ep_chunk_tokens): the bound of the step's token count, which the runtime
+/// splits into chunks of at most moe.max_tokens tokens.
+constexpr llvm::StringLiteral kEPStepTokensAttr = "moe.ep_step_tokens";
+
 /// The bound of `func` (its moe.max_tokens), if it has one.
 std::optional<int64_t> getMaxTokens(Operation *func);
 

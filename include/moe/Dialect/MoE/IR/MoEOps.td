@@ -77,6 +77,14 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     its capacity is `ep_capacity`. `moe-decompose` then emits `moe.ep_dispatch` and
     `moe.ep_combine` around the local experts.
 
+    `ep_chunk_tokens` (c, with `ep_size` and a dynamic T) splits a step of up
+    to `max_tokens` tokens into `ceil(max_tokens / c)` chunks of at most c
+    tokens, each with its own dispatch and combine, so the runtime can move one
+    chunk's rows while another's experts run, and every buffer is a chunk's:
+    `ep_capacity` is then the rows one rank sends to one rank a chunk.
+    `moe-decompose` compiles the layer for one chunk: the function's
+    `moe.max_tokens` is c and `moe.ep_step_tokens` the step's bound.
+
     ```mlir
     %out, %logits = moe.layer %x, %w_router, %w_gate_up, %w_down
         {activation = #moe.activation<swiglu>,
@@ -99,7 +107,8 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>]>>:$max_tokens,
     OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<65536>]>>:$ep_size,
     OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<2147483646>]>>:$ep_capacity,
-    OptionalAttr<MoE_EPOverflowAttr>:$ep_overflow
+    OptionalAttr<MoE_EPOverflowAttr>:$ep_overflow,
+    OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>]>>:$ep_chunk_tokens
   );
   let results = (outs MoE_Activations:$out, MoE_F32Matrix:$router_logits);
   let assemblyFormat = [{

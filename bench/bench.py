@@ -33,6 +33,13 @@ runs through Liger-Kernel's fused MoE (`LigerFusedMoEFunction`: gather fused int
 GEMM, SwiGLU in the epilogue) behind the Mixtral block's own router, for the softmax layers;
 its Triton autotuning runs in a first, untimed step.
 
+With --peer sonic (the pip package sonic-moe, CuTe-DSL kernels; bench/sonic.py) a sonicmoe.MoE
+given our weights in its layout (gate/up rows interleaved) runs the softmax layers; its first step
+(the JIT compile) is untimed and checks its output and every gradient against an fp32 reference
+with its own routing (docs/benchmarks.md's tolerances); a peer that fails it is not timed.
+--sonic-shapes also runs SonicMoE's own benchmark shapes (DIR/sonic-..., built by
+scripts/dev/build-sonic-inputs.sh), ours, HF and SonicMoE on each.
+
 Prints a short table last and writes JSON to $OUT (or --out). Exit 1 when a layer failed to run
 or its sample check failed, 2 on bad usage.
 
@@ -360,9 +367,9 @@ def bench_recompute(
 
 def best_peer_ms(entry: Dict[str, Any]) -> Optional[float]:
     """The fastest step time of the peers that do a configuration's work, None if none ran:
-    Liger and the HF block, which is DeepseekV3MoE (hf_full) where it ran beside the Mixtral
+    Liger, SonicMoE and the HF block, which is DeepseekV3MoE (hf_full) where it ran beside the Mixtral
     block without a shared expert or group router (hf)."""
-    names = ("hf_full" if "hf_full" in entry else "hf", "liger")
+    names = ("hf_full" if "hf_full" in entry else "hf", "liger", "sonic")
     times = [
         entry[p]["median_ms"]
         for p in names
@@ -551,9 +558,49 @@ def time_peer(
         log(f"  {label} failed: {entry[key + '_error']}")
         return None
     entry[key] = res
+    if "median_ms" not in res:  # not timed: a peer whose check failed
+        return None
     res["tflops"] = tflops(flops or entry["useful_flops"], res["median_ms"])
     if "ours" in entry:
         entry[f"ours_over_{key}_time"] = entry["ours"]["median_ms"] / res["median_ms"]
+    return res
+
+
+# --------------------------------------------------------------------------- SonicMoE
+
+
+def bench_sonic(torch, cfg, args, device, timer: Timer, opts) -> Dict[str, Any]:
+    """SonicMoE's step (bench/sonic.py): the first, untimed, JIT-compiles and is checked against
+    the fp32 reference; timed only when the check passes (else res has no median_ms)."""
+    import sonic
+
+    T, d = cfg.tokens, cfg.hidden
+    block = sonic.SonicBlock(torch, cfg, args)
+    x = args["x"].detach().clone().requires_grad_(True)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(opts.seed + 1)
+    d_out = torch.randn((T, d), generator=gen, device=device).to(torch.bfloat16)
+    flags = sonic.routing_flags(cfg)
+    res: Dict[str, Any] = {
+        "implementation": "sonic-moe moe_TC_softmax_topk_layer (sonicmoe.MoE's weights)",
+        "is_softmax_over_topk": flags[0],
+        "norm_topk_probs": flags[1],
+    }
+    started = time.time()
+    res["check"] = block.check(x, d_out, args)
+    timer.sync()
+    res["jit_and_check_s"] = time.time() - started
+    if not res["check"]["ok"]:
+        block = x = d_out = None
+        return res
+
+    def clear():
+        for w in block.parameters():
+            w.grad = None
+        x.grad = None
+
+    measure_peer(torch, timer, opts, lambda: block(x), clear, d_out, res)
+    block = x = d_out = None  # frees them; the closures above name them
     return res
 
 
@@ -621,8 +668,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--peer",
         action="append",
         default=[],
-        choices=["liger"],
-        help="also time this peer (liger: liger-kernel's fused MoE)",
+        choices=["liger", "sonic"],
+        help="also time this peer (liger: liger-kernel's fused MoE; sonic: sonic-moe, "
+        "checked against the fp32 reference first)",
+    )
+    p.add_argument(
+        "--sonic-shapes",
+        action="store_true",
+        help="also run SonicMoE's own benchmark shapes (DIR/sonic-*, bench/sonic.py SHAPES; "
+        "built by scripts/dev/build-sonic-inputs.sh)",
     )
     p.add_argument(
         "--gaps",
@@ -647,6 +701,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     layers = opts.layer or [
         os.path.join(opts.layers_dir, n) for n in DEFAULT_LAYERS + ROUTED_LAYERS
     ]
+    if opts.sonic_shapes:
+        import sonic
+
+        layers += [os.path.join(opts.layers_dir, n) for n in sonic.SHAPES]
     layers = [path[:-3] if path.endswith(".so") else path for path in layers]
 
     from check_layer import import_torch
@@ -814,6 +872,37 @@ def main(argv: Optional[List[str]] = None) -> int:
                     )
             if "liger_skipped" in entry:
                 log(f"  Liger skipped: {entry['liger_skipped']}")
+        if "sonic" in opts.peer and args is not None:
+            import sonic
+
+            why = sonic.applies(cfg)
+            if why:
+                entry["sonic_skipped"] = why
+            elif opts.deadline and time.time() - started > opts.deadline:
+                entry["sonic_skipped"] = f"deadline of {opts.deadline:.0f} s reached"
+            else:
+                log("  SonicMoE (JIT compile and check first) ...")
+                sm = time_peer(
+                    entry,
+                    "sonic",
+                    "SonicMoE",
+                    lambda cfg=cfg, args=args: bench_sonic(torch, cfg, args, device, timer, opts),
+                )
+                chk = entry.get("sonic", {}).get("check", {})
+                if chk:
+                    log(
+                        "  SonicMoE check "
+                        + ("ok" if chk["ok"] else "FAILED, not timed")
+                        + ": "
+                        + ", ".join(f"{k} {v:.2e}" for k, v in chk.items() if isinstance(v, float))
+                    )
+                if sm:
+                    log(
+                        f"  SonicMoE: {sm['median_ms']:.2f} ms, {sm['tflops']:.0f} TFLOP/s "
+                        f"(JIT and check {sm['jit_and_check_s']:.0f} s)"
+                    )
+            if "sonic_skipped" in entry:
+                log(f"  SonicMoE skipped: {entry['sonic_skipped']}")
         best = best_peer_ms(entry)
         if "ours_recompute" in entry and best is not None:
             entry["best_peer_over_recompute_time"] = best / entry["ours_recompute"]["median_ms"]
@@ -897,6 +986,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{best / e.get('ours', {}).get('median_ms', math.nan):.2f}x; saved "
                 f"{fmt_gib(e['liger'].get('saved_bytes_torch'))} GiB"
             )
+    for e in report["configs"]:
+        if "sonic" in e and "median_ms" in e["sonic"]:
+            best = best_peer_ms(e)
+            log(
+                f"{e['name']}: SonicMoE {e['sonic']['median_ms']:.2f} ms "
+                f"({e['sonic']['tflops']:.0f} TFLOP/s), ours/SonicMoE "
+                f"{e.get('ours_over_sonic_time', math.nan):.2f}, best peer / ours "
+                f"{best / e.get('ours', {}).get('median_ms', math.nan):.2f}x; saved "
+                f"{fmt_gib(e['sonic'].get('saved_bytes_torch'))} GiB"
+            )
+        elif "sonic" in e:
+            log(f"{e['name']}: SonicMoE not timed: its check failed ({e['sonic']['check']})")
+        elif "sonic_skipped" in e or "sonic_error" in e:
+            log(f"{e['name']}: SonicMoE not run: {e.get('sonic_skipped') or e['sonic_error']}")
     log(f"json: {path}")
     ran = sum(1 for e in report["configs"] if "skipped" not in e)
     log(f"{ran - failures} passed, {failures} failed")

@@ -59,7 +59,17 @@
 #             with bench.py --peer liger: Liger-Kernel's fused MoE beside ours and HF in one
 #             run, on MOE_LIGER_LAYERS (default qwen3-30b-a3b,olmoe-1b-7b: its Triton
 #             autotuning takes 2-4 minutes a configuration; not MOE_BENCH_LAYERS, which is
-#             the layer step's).
+#             the layer step's);
+#   sonic     SonicMoE (sonic-moe) beside ours and HF in one bench.py run (bench.py --peer sonic:
+#             checked against the fp32 reference before it is timed), on MOE_SONIC_LAYERS
+#             (default the four; SonicMoE's own shapes by name, bench/sonic.py SHAPES) of
+#             gpu-inputs/sonic (scripts/dev/build-sonic-inputs.sh), its wheels from .whl/
+#             (scripts/dev/fetch-peer-wheels.sh) installed into /tmp/site; carry gpu-inputs/sonic
+#             and .whl, not the whole gpu-inputs (64 MiB a call);
+#   user-path moe_mlir.hf.from_hf_block (weights shared and copied) against the bare compiled
+#             layer it runs, on MOE_USER_PATH_CONFIGS (default the four): the ratios, bitwise
+#             equality and the profiler's extra kernels and calls (bench/user_path.py, its layers
+#             from gpu-inputs/sonic/torch-cache).
 # After a step that runs out of its time (a hang, most likely) the rest are skipped.
 # Output in $OUT: session.txt (each step's summary lines and time) and session.tgz (every
 # log and JSON).
@@ -73,7 +83,7 @@ parse_options --deadline=deadline=570 -- "$@"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
 check_steps "$steps" ops sanitize layer variants torch long offload gaps offload-compiled \
-  energy ncu tensor floor liger dynamic ep
+  energy ncu tensor floor liger dynamic ep sonic user-path
 mkdir -p "$out/session"
 deadline_start "$deadline"
 report=$out/session.txt
@@ -194,6 +204,26 @@ for step in ${steps//,/ }; do
       PYTHONPATH=/tmp/site MOE_BENCH_PEERS=liger \
       MOE_BENCH_LAYERS=\${MOE_LIGER_LAYERS:-qwen3-30b-a3b,olmoe-1b-7b} bash '$root/scripts/gpu/layer-check.sh' \
       --only build,bench --deadline $(($(seconds_left) - 20))" ;;
+  sonic)
+    # the wheels (the big libs recompressed: fetch-peer-wheels.sh), then the bench step
+    run_step sonic "${MOE_SONIC_LIMIT:-480}" bash -c "set -e; site=/tmp/site; mkdir -p \$site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target \$site '$root'/.whl/{sonic_moe,quack_kernels,nvidia_cutlass_dsl-,apache_tvm_ffi,torch_c_dlpack_ext,einops}*.whl
+      [ -d \$site/nvidia_cutlass_dsl/python_packages ] ||
+        xz -dc '$root/.whl/cutlass-dsl-libs.tar.xz' | tar -xf - -C \$site
+      export PYTHONPATH=\$site:\$site/nvidia_cutlass_dsl/python_packages
+      python3 -c 'import sonicmoe, cutlass; print(\"sonicmoe\", sonicmoe.__version__, \"cutlass\", cutlass.__version__)'
+      MOE_GPU_INPUTS='$root/gpu-inputs/sonic' MOE_BENCH_PEERS=sonic \
+        MOE_BENCH_LAYERS=\${MOE_SONIC_LAYERS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3} \
+        bash '$root/scripts/gpu/layer-check.sh' --only build,bench --deadline $(($(seconds_left) - 20))" ;;
+  user-path)
+    run_step user-path "${MOE_USER_PATH_LIMIT:-360}" bash -c "set -e; . '$root/scripts/common.sh'
+      lib=\${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}/runtime/lib
+      [ -f \$lib/libmoe_runtime.so ] || gpu_build_runtime \$(dirname \$lib) /dev/stdout \
+        -DMOE_RUNTIME_BUILD_SMOKE=OFF -- moe_runtime
+      MOE_RUNTIME_LIB=\$lib/libmoe_runtime.so MOE_MLIR_PREBUILT='$root/gpu-inputs/sonic/torch-cache' \
+        MOE_MLIR_CACHE=/tmp/moe-user-path-cache python3 '$root/bench/user_path.py' \
+        --configs \${MOE_USER_PATH_CONFIGS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3}" ;;
   *) echo "gpu/session.sh: unknown step $step" | tee -a "$report"; status=1 ;;
   esac
 done

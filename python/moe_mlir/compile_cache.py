@@ -16,6 +16,10 @@ that scripts/inputs/build-torch-cache.sh fills on the LLVM machine), then `$MOE_
 `~/.cache/moe_mlir`), the only one written. Builds go to a temporary folder renamed into place, so
 two processes building the same entry do not see half of it.
 
+An expert-parallel layer (`BuildOptions.ep`, a `distributed.EPSpec`) is keyed by its EPSpec
+too (its layer text holds ep_size, ep_capacity, ...): its `sm_90a` entry is the stages of one
+rank, run by `distributed.GPUEPLayer` (`load_gpu_ep_layer`).
+
 CPU entries hold `layer.mlir`, `tensor.mlir` (after the pre-passes), `module.mlir` (LLVM dialect)
 and `module.so`. `sm_90a` entries hold `moe-compile`'s NAME.o, NAME.h, NAME.json; NAME.o is linked
 with libmoe_runtime into NAME.so on the machine that runs it (`link_gpu_layer`, into the writable
@@ -60,6 +64,8 @@ __all__ = [
     "build_gpu_entry",
     "find_gpu_entry",
     "link_gpu_layer",
+    "load_gpu_ep_layer",
+    "moe_compile_command",
     "NoCompilerError",
     "Progress",
 ]
@@ -91,9 +97,16 @@ class BuildOptions:
     num_sms: int = 0
     # GEMM kernel parameters (moe-compile --kernel-config), "[OP.]ROLE:KEY=VALUE[:...]".
     kernel_configs: Tuple[str, ...] = ()
+    # The GPU's SMs (moe-compile --num-sms; 0: the chip's, 132 for sm_90a).
+    num_sms: int = 0
+    # GEMM kernel parameters (moe-compile --kernel-config), "[OP.]ROLE:KEY=VALUE[:...]".
+    kernel_configs: Tuple[str, ...] = ()
     # A dynamic token count up to this bound (moe.layer's max_tokens): one layer for every
     # T in [1, max_tokens]; config.tokens is then unused. None: the static config.tokens.
     max_tokens: Optional[int] = None
+    # Expert parallelism (a moe_mlir.distributed.EPSpec): the layer of one rank, its stages
+    # entry points of their own (sm_90a only; the CPU path's is distributed.EPLayer).
+    ep: Optional[Any] = None
 
     def __post_init__(self):
         # Both go into a pass option string: a value with a space or an '=' would carry
@@ -127,6 +140,14 @@ class BuildOptions:
             or self.max_tokens < 1
         ):
             raise ValueError(f"max_tokens must be a positive integer, not {self.max_tokens!r}")
+        if self.ep is not None:
+            from .distributed import EPSpec  # noqa: PLC0415
+
+            if not isinstance(self.ep, EPSpec):
+                raise TypeError(
+                    f"ep must be a moe_mlir.distributed.EPSpec, not {type(self.ep).__name__}"
+                )
+            self.ep.validate()
 
     def as_dict(self) -> Dict[str, Any]:
         # Options at their defaults are left out, so that adding one keeps the keys of the
@@ -140,6 +161,14 @@ class BuildOptions:
             data["kernel_configs"] = list(self.kernel_configs)
         if self.max_tokens is None:
             del data["max_tokens"]
+        if self.ep is None:
+            del data["ep"]
+        else:  # unset fields left out, so that a field added later keeps the keys
+            data["ep"] = {
+                f.name: getattr(self.ep, f.name)
+                for f in dataclasses.fields(self.ep)
+                if getattr(self.ep, f.name) is not None
+            }
         return data
 
 
@@ -190,7 +219,7 @@ def config_key(config: LayerConfig, target: str, options: BuildOptions) -> str:
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     config = _keyed(config, options)
-    text = layer_mlir(config, layer_name(config), options.max_tokens)
+    text = layer_mlir(config, layer_name(config), options.max_tokens, ep=options.ep)
     h = hashlib.sha256(_config_digest(config, target, options).encode())
     h.update(text.encode())
     return h.hexdigest()[:24]
@@ -350,6 +379,8 @@ def _build(
         f"{name} (T={config.tokens} d={config.hidden} n={config.ffn} E={config.experts} "
         f"k={config.top_k}, {config.dtype}) for {target}"
     )
+    if options.ep is not None:
+        what += f", expert-parallel ({options.ep})"
     try:
         with Progress(what) as progress:
             builder(tmp, name, progress)
@@ -399,6 +430,11 @@ def get_cpu_layer(config: LayerConfig, options: BuildOptions = BuildOptions()):
     mlir-translate and clang. Raises NoCompilerError when neither is possible."""
     from . import cpu  # noqa: PLC0415
 
+    if options.ep is not None:
+        raise ValueError(
+            "the CPU path's expert-parallel layer is moe_mlir.distributed.EPLayer "
+            "(ep_layer_for), not a compile-cache entry"
+        )
     ckey = config_key(config, "cpu", options)
     tool = _find_moe_opt()
     entry = _lookup("cpu", ckey, tool_key(tool) if tool else None)
@@ -472,16 +508,9 @@ def build_gpu_entry(
 
     def build(folder: Path, name: str, progress: Progress) -> None:
         src = folder / "layer.mlir"
-        src.write_text(layer_mlir(config, name, options.max_tokens))
+        src.write_text(layer_mlir(config, name, options.max_tokens, ep=options.ep))
         progress.step = "moe-compile"
-        cmd = [tool, str(src), "-o", str(folder / name)]
-        if options.policy != "auto":
-            cmd.append(f"--policy={options.policy}")
-        if options.memory_budget is not None:
-            cmd.append(f"--memory-budget={options.memory_budget}")
-        if options.num_sms:
-            cmd.append(f"--num-sms={options.num_sms}")
-        cmd += [f"--kernel-config={c}" for c in options.kernel_configs]
+        cmd = moe_compile_command(tool, str(src), str(folder / name), options)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             from .cpu import CompileError  # noqa: PLC0415
@@ -489,6 +518,20 @@ def build_gpu_entry(
             raise CompileError("moe-compile", cmd, proc.returncode, proc.stderr or proc.stdout)
 
     return _build("sm_90a", ckey, tkey, config, options, tool, build)
+
+
+def moe_compile_command(tool: str, source: str, out: str, options: BuildOptions) -> List[str]:
+    """The moe-compile command line of an sm_90a entry: the layer's source (an expert-parallel
+    one's holds ep_size, ep_capacity, ...) and the options moe-compile takes as flags."""
+    cmd = [tool, source, "-o", out]
+    if options.policy != "auto":
+        cmd.append(f"--policy={options.policy}")
+    if options.memory_budget is not None:
+        cmd.append(f"--memory-budget={options.memory_budget}")
+    if options.num_sms:
+        cmd.append(f"--num-sms={options.num_sms}")
+    cmd += [f"--kernel-config={c}" for c in options.kernel_configs]
+    return cmd
 
 
 def find_gpu_entry(config: LayerConfig, options: BuildOptions = BuildOptions()) -> CacheEntry:
@@ -557,3 +600,12 @@ def link_gpu_layer(entry: CacheEntry) -> Tuple[str, str]:
             raise CompileError("link", cmd, proc.returncode, proc.stderr or proc.stdout)
         os.replace(tmp, so)
     return str(so), str(manifest)
+
+
+def load_gpu_ep_layer(entry: CacheEntry):
+    """The `distributed.GPUEPLayer` of an expert-parallel sm_90a entry (NAME.o linked here as
+    link_gpu_layer does). Needs a CUDA driver."""
+    from .distributed import GPUEPLayer  # noqa: PLC0415
+
+    so, manifest = link_gpu_layer(entry)
+    return GPUEPLayer(so, manifest)

@@ -230,8 +230,8 @@ def replace_moe_blocks(
     Raises ValueError when the model has no MoE block. `memory_budget` ("2GiB", bytes as an
     int): the activation plan of each layer (docs/memory.md), on CUDA and the CPU.
     `layer_options` go to each MoELayer: `ep_group=group, max_tokens=N` (and `ep_capacity`,
-    `ep_overflow`) make each layer expert-parallel, holding this rank's experts
-    (docs/distributed.md)."""
+    `ep_overflow`, `ep_chunk_tokens`) make each layer expert-parallel, holding this rank's
+    experts, on CUDA or the CPU as the model is (docs/distributed.md)."""
     found: List[Tuple[str, nn.Module]] = []
     unsupported: List[str] = []
     for name, module in model.named_modules():

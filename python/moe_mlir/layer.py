@@ -497,6 +497,128 @@ def _backward(ctx, grads):
 layer_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+# --------------------------------------------------------------------------- expert parallelism
+
+
+def _ep_spec(
+    config: LayerConfig,
+    size: int,
+    max_tokens: int,
+    capacity: Optional[int],
+    overflow: str,
+    chunk_tokens: Optional[int],
+):
+    """The EPSpec of an expert-parallel MoELayer: the capacity defaults to the rows of a
+    chunk (or of the step), `chunk_tokens * k`, which no routing exceeds."""
+    from .distributed import EPSpec  # noqa: PLC0415
+
+    if chunk_tokens is not None:
+        if (
+            isinstance(chunk_tokens, bool)
+            or not isinstance(chunk_tokens, int)
+            or not 1 <= chunk_tokens <= max_tokens
+        ):
+            raise ValueError(
+                f"ep_chunk_tokens must be an integer in [1, max_tokens = {max_tokens}], "
+                f"got {chunk_tokens!r}"
+            )
+        if "chunk_tokens" not in {f.name for f in dataclasses.fields(EPSpec)}:
+            raise NotImplementedError(
+                "ep_chunk_tokens needs moe_mlir.distributed.EPSpec.chunk_tokens, which this "
+                "version of moe_mlir does not have"
+            )
+    if capacity is None:
+        capacity = (chunk_tokens or max_tokens) * config.top_k
+    fields = {"chunk_tokens": chunk_tokens} if chunk_tokens is not None else {}
+    return EPSpec(size, capacity, overflow, **fields).validate(config)
+
+
+class _EPKernel:
+    """The sm_90a entry of one expert-parallel layer (config, EPSpec, bound), found or built
+    when made; its GPUEPLayer (a CUDA driver needed) loaded at the first call."""
+
+    def __init__(self, config: LayerConfig, options: cc.BuildOptions):
+        self.config = dataclasses.replace(config, tokens=options.max_tokens, dtype="bf16")
+        self.arg_names = self.config.arg_names()
+        self.entry = cc.find_gpu_entry(self.config, options)
+        self._layer = None
+
+    def layer(self):
+        if self._layer is None:
+            layer = cc.load_gpu_ep_layer(self.entry)
+            # The stages take the layer function's arguments in order (arg0, ...); the
+            # manifest names them by their roles in the op.
+            inputs = layer.layer.get("inputs", {})
+            if inputs and len(inputs) != len(self.arg_names):
+                raise ValueError(
+                    f"{self.entry.path}: {len(inputs)} inputs, expected "
+                    f"{len(self.arg_names)} ({', '.join(self.arg_names)})"
+                )
+            self._layer = layer
+        return self._layer
+
+
+_EP_KERNELS: Dict[str, _EPKernel] = {}
+
+
+def gpu_ep_kernel(config: LayerConfig, options: cc.BuildOptions) -> _EPKernel:
+    """The expert-parallel sm_90a layer of `config` and `options` (its `ep` and bound
+    `max_tokens` set), one a process: compiled with moe-compile here, or the prebuilt entry of
+    $MOE_MLIR_PREBUILT (moe_mlir.compile_cache)."""
+    if options.ep is None or options.max_tokens is None:
+        raise ValueError("an expert-parallel layer's options need ep and max_tokens")
+    key = LayerSpec(config, options).key()
+    with _LOCK:
+        kernel = _EP_KERNELS.get(key)
+        if kernel is None:
+            kernel = _EP_KERNELS[key] = _EPKernel(config, options)
+    return kernel
+
+
+class _GPUEPFunction(torch.autograd.Function):
+    """Forward and backward of a GPUEPLayer (or anything with its `forward(args, group)`,
+    `backward(saved, d_out, d_logits, group)` and `gradient_args`): out and logits from x and
+    this rank's weights, in the layer function's argument order. What forward returns after
+    out and logits goes back to backward as it is."""
+
+    @staticmethod
+    def forward(ctx, runner, group, x, *weights):
+        results = runner.forward([x, *weights], group)
+        out, logits = results[0], results[1]
+        ctx.runner, ctx.group, ctx.count = runner, group, 1 + len(weights)
+        ctx.device = x.device
+        ctx.state = results[2:]
+        ctx.out_meta = (out.shape, out.dtype, logits.shape, logits.dtype)
+        ctx.set_materialize_grads(False)
+        return out, logits
+
+    @staticmethod
+    def backward(ctx, d_out, d_logits):
+        # Every rank runs the backward's collectives, whichever cotangents it has.
+        out_shape, out_dtype, logits_shape, logits_dtype = ctx.out_meta
+        if d_out is None:
+            d_out = torch.zeros(out_shape, dtype=out_dtype, device=ctx.device)
+        if d_logits is None:
+            d_logits = torch.zeros(logits_shape, dtype=logits_dtype, device=ctx.device)
+        d_out = _aligned(d_out.to(out_dtype))
+        d_logits = _aligned(d_logits.to(logits_dtype))
+        grads = ctx.runner.backward(ctx.state, d_out, d_logits, ctx.group)
+        by_arg = dict(zip(ctx.runner.gradient_args, grads))
+        return (None, None, *[by_arg.get(i) for i in range(ctx.count)])
+
+
+def gpu_ep_apply(runner, group, x: torch.Tensor, weights, arg_names: Sequence[str]):
+    """out, logits of an expert-parallel layer's stages (`runner`, a GPUEPLayer) on x and
+    this rank's weights ({name: tensor}), differentiable in each; `arg_names` the layer
+    function's arguments ("x" first)."""
+    if arg_names[0] != "x":
+        raise ValueError(f"the layer's first argument is {arg_names[0]!r}, not x")
+    missing = [n for n in arg_names[1:] if weights.get(n) is None]
+    if missing:
+        raise ValueError(f"missing layer arguments {missing}")
+    return _GPUEPFunction.apply(runner, group, x, *[weights[n] for n in arg_names[1:]])
+
+
 # --------------------------------------------------------------------------- the module
 
 
@@ -525,11 +647,18 @@ class MoELayer(nn.Module):
     those alone; `moe_mlir.distributed.gather_experts` gives the whole layer's. Each rank's
     tokens are routed over all E experts, and their rows move to the experts' ranks and back
     through torch.distributed (`all_to_all_single`). `ep_capacity`: the rows one rank may
-    send to one rank a step (default: max_tokens * k, never exceeded); `ep_overflow`:
-    "error" (the default) or "drop" past it. `max_tokens` is needed: every rank compiles the
-    same bound, and a larger T raises. The router's and shared expert's gradients are this
-    rank's tokens' alone: reduce them over the ranks with DDP/FSDP as for any parameter.
-    CPU tensors only: the CUDA path has no stage entry points yet."""
+    send to one rank a step, or a chunk (default: (ep_chunk_tokens or max_tokens) * k, never
+    exceeded); `ep_overflow`: "error" (the default: CapacityError on every rank) or "drop"
+    past it (`last_dropped`: the rows each dispatch dropped for each rank). `ep_chunk_tokens`:
+    the step is processed in chunks of at most that many tokens, each with its own dispatch.
+    `max_tokens` is needed: every rank compiles the same bound, and a larger T raises. The
+    router's and shared expert's gradients are this rank's tokens' alone: reduce them over
+    the ranks with DDP/FSDP as for any parameter. CUDA tensors (bf16, or under
+    torch.autocast) run the layer's sm_90a stages (`moe_mlir.distributed.GPUEPLayer`, from
+    the compile cache like the layer above, keyed by the EPSpec too) on torch's current
+    stream and device with NCCL between them, `last_dropped` a CUDA tensor; CPU tensors the
+    CPU path in f32 (gloo), `last_dropped` a NumPy array. `policy="offload"` is refused on
+    CUDA, and torch.compile does not trace the layer (the exchange is Python)."""
 
     def __init__(
         self,
@@ -543,6 +672,7 @@ class MoELayer(nn.Module):
         ep_group=None,
         ep_capacity: Optional[int] = None,
         ep_overflow: str = "error",
+        ep_chunk_tokens: Optional[int] = None,
         init_std: float = 0.02,
         device=None,
         dtype: Optional[torch.dtype] = None,
@@ -555,9 +685,17 @@ class MoELayer(nn.Module):
         config.validate()
         self.ep_group, self.ep_size, self.ep_rank = None, 1, 0
         self.ep_capacity, self.ep_overflow = ep_capacity, ep_overflow
+        self.ep_chunk_tokens = ep_chunk_tokens
+        self.ep_spec = None
         self.expert_parallel = ep_group is not None
+        if not self.expert_parallel and (
+            ep_capacity is not None or ep_chunk_tokens is not None or ep_overflow != "error"
+        ):
+            raise ValueError(
+                "ep_capacity, ep_overflow and ep_chunk_tokens need ep_group (expert parallelism)"
+            )
         if ep_group is not None:
-            self._init_ep(config, ep_group, ep_capacity, ep_overflow)
+            self._init_ep(config, ep_group)
         if policy not in ("auto", "keep", "recompute", "offload"):
             raise ValueError(
                 f"policy must be 'auto', 'keep', 'recompute' or 'offload', got {policy!r}"
@@ -572,10 +710,14 @@ class MoELayer(nn.Module):
             kernel_configs=tuple(kernel_configs),
             max_tokens=max_tokens,
         )
-        if self.expert_parallel and max_tokens is None:
-            raise ValueError(
-                "MoELayer(ep_group=...) needs max_tokens: every rank must compile the same "
-                "bound, whose rows travel between them in blocks of a fixed size"
+        if self.expert_parallel:
+            if max_tokens is None:
+                raise ValueError(
+                    "MoELayer(ep_group=...) needs max_tokens: every rank must compile the same "
+                    "bound, whose rows travel between them in blocks of a fixed size"
+                )
+            self.ep_spec = _ep_spec(
+                config, self.ep_size, max_tokens, ep_capacity, ep_overflow, ep_chunk_tokens
             )
         self.spec_key = register_spec(LayerSpec(config, self.options))
         # What the CUDA path refuses, decided here: the forward, which torch.compile traces,
@@ -610,10 +752,8 @@ class MoELayer(nn.Module):
             for p in self.parameters():
                 p.normal_(0.0, init_std)
 
-    def _init_ep(self, config: LayerConfig, group, capacity, overflow) -> None:
+    def _init_ep(self, config: LayerConfig, group) -> None:
         import torch.distributed as dist  # noqa: PLC0415
-
-        from .distributed import EPSpec  # noqa: PLC0415
 
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -623,8 +763,6 @@ class MoELayer(nn.Module):
         self.ep_group = None if isinstance(group, str) and group == "default" else group
         self.ep_size = dist.get_world_size(self.ep_group)
         self.ep_rank = dist.get_rank(self.ep_group)
-        # The capacity is checked when a bound gives its default; the rest now.
-        EPSpec(self.ep_size, capacity or 1, overflow).validate(config)
 
     def extra_repr(self) -> str:
         c = self.config
@@ -765,31 +903,77 @@ class MoELayer(nn.Module):
         return out
 
     def _ep_forward(self, hidden_states, weights, return_router_logits: bool):
-        """The expert-parallel layer on the CPU path, in f32: the stages on this rank, the
-        rows moved between them by torch.distributed."""
-        from .distributed import (  # noqa: PLC0415
-            EPSpec,
-            TorchExchange,
-            ep_layer_apply,
-            ep_layer_for,
-        )
+        """The expert-parallel layer: its stages on this rank, the rows moved between them by
+        torch.distributed. CUDA: the sm_90a stages in bf16 (GPUEPLayer, NCCL); the CPU: the
+        CPU path in f32 (EPLayer, gloo)."""
+        from .cpu import tokens_within  # noqa: PLC0415
 
-        if hidden_states.device.type != "cpu":
-            raise NotImplementedError(
-                "MoELayer(ep_group=...) runs on the CPU path: the CUDA path has no stage "
-                "entry points yet (docs/distributed.md)"
-            )
         shape, dtype = hidden_states.shape, hidden_states.dtype
-        x = hidden_states.reshape(-1, self.config.hidden).float().contiguous()
+        x = hidden_states.reshape(-1, self.config.hidden)
         bound = self.options.max_tokens
-        capacity = self.ep_capacity or bound * self.config.top_k
-        ep = EPSpec(self.ep_size, capacity, self.ep_overflow).validate(self.config)
-        layer = ep_layer_for(self.config, ep, bound)
-        weights = {n: None if w is None else w.float().contiguous() for n, w in weights.items()}
-        out, logits = ep_layer_apply(layer, TorchExchange(self.ep_group), x, weights)
-        self.last_dropped = layer.dropped
+        tokens_within(x, bound)  # before anything compiles
+        if x.device.type == "cuda":
+            out, logits = self._ep_forward_cuda(x, weights)
+        else:
+            from .distributed import (  # noqa: PLC0415
+                TorchExchange,
+                ep_layer_apply,
+                ep_layer_for,
+            )
+
+            layer = ep_layer_for(self.config, self.ep_spec, bound)
+            x = x.float().contiguous()
+            weights = {n: None if w is None else w.float().contiguous() for n, w in weights.items()}
+            out, logits = ep_layer_apply(layer, TorchExchange(self.ep_group), x, weights)
+            self.last_dropped = layer.dropped
         out = out.to(dtype).reshape(shape)
         return (out, logits) if return_router_logits else out
+
+    def _ep_forward_cuda(self, x: torch.Tensor, weights):
+        """The sm_90a stages of this rank (bf16) on torch's current stream, NCCL between them;
+        `self.last_dropped` a CUDA int32 tensor [dispatches, ep_size] (no host read)."""
+        if self.options.policy == "offload":
+            raise NotImplementedError(
+                "MoELayer(ep_group=...) on CUDA does not offload (policy='offload'): "
+                "moe-compile offloads no tensor of an expert-parallel layer's stages; use "
+                "policy='auto', 'keep' or 'recompute'"
+            )
+        kernel = gpu_ep_kernel(self.config, self.gpu_ep_options())
+        current = torch.cuda.current_device()
+        if x.device.index is not None and x.device.index != current:
+            raise ValueError(
+                f"MoELayer(ep_group=...): the input is on {x.device} but the current CUDA "
+                f"device is cuda:{current}; the stages and NCCL run on the current device "
+                f"(torch.cuda.set_device({x.device.index}))"
+            )
+        runner = kernel.layer()
+        # Outside autocast's own region, so the casts are not themselves autocast.
+        with torch.autocast("cuda", enabled=False):
+            x = _aligned(x.to(GPU_DTYPE).contiguous())
+            weights = {
+                n: (
+                    w
+                    if w is None
+                    else _aligned(w if n == "router_bias" else w.to(GPU_DTYPE).contiguous())
+                )
+                for n, w in weights.items()
+            }
+        out, logits = gpu_ep_apply(runner, self.ep_group, x, weights, kernel.arg_names)
+        dropped = runner.dropped
+        if isinstance(dropped, (list, tuple)):
+            dropped = (
+                torch.stack([d.reshape(-1) for d in dropped])
+                if dropped
+                else torch.zeros((0, self.ep_size), dtype=torch.int32, device=x.device)
+            )
+        self.last_dropped = dropped
+        return out, logits
+
+    def gpu_ep_options(self) -> cc.BuildOptions:
+        """The build options of this expert-parallel layer's sm_90a entry (its EPSpec and
+        bound): with `dataclasses.replace(config, tokens=max_tokens, dtype="bf16")` what the
+        compile cache keys it by."""
+        return dataclasses.replace(self.options, ep=self.ep_spec)
 
     def memory_plan(self, tokens: int, gpu_tflops: float = 780.0):
         """The activation memory plan of this layer for `tokens` tokens in bf16 (the GPU
@@ -802,8 +986,26 @@ class MoELayer(nn.Module):
 
     def compile_for(self, tokens: int, device="cpu") -> int:
         """Compiles (or loads from the cache) the layer that serves `tokens` tokens on
-        `device` now, rather than at the first forward; returns its bound."""
-        return kernel_for(self.spec_key, int(tokens), torch.device(device)).bound
+        `device` now, rather than at the first forward; returns its bound. On "cuda" it needs
+        no GPU (the kernels are loaded at the first forward): the LLVM machine prebuilds the
+        GPU machine's cache entries with it."""
+        device = torch.device(device)
+        if not self.expert_parallel:
+            return kernel_for(self.spec_key, int(tokens), device).bound
+        from .cpu import tokens_within  # noqa: PLC0415
+
+        bound = self.options.max_tokens
+        tokens_within(torch.empty(int(tokens), 0), bound)
+        if device.type == "cuda":
+            check_gpu_config(self.config)
+            gpu_ep_kernel(self.config, self.gpu_ep_options())
+        elif device.type == "cpu":
+            from .distributed import ep_layer_for  # noqa: PLC0415
+
+            ep_layer_for(self.config, self.ep_spec, bound)
+        else:
+            raise ValueError(f"moe_mlir runs layers on CUDA or the CPU, not on {device.type}")
+        return bound
 
 
 def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:

@@ -10,11 +10,17 @@
 #         within tolerance, at T = 1, 37 and 64;
 #   bench/ep_staged.py with a NCCL group of one rank on the benchmark layers: the staged
 #         forward bitwise against the unsplit one, the gradients within tolerance, and the
-#         speed ratio.
+#         speed ratio;
+#   torch bench/ep_layer_check.py: MoELayer(ep_group=NCCL group of one rank, max_tokens=...)
+#         on CUDA in bf16 against the non-EP MoELayer with the same weights (out and logits
+#         bitwise, gradients within 2e-2): a small layer (T = 256 and 100, autocast, a
+#         capacity met, exceeded with "error" and "drop"), mixtral-8x7b at T = 16384, and a
+#         two-layer Mixtral through replace_moe_blocks; its layers come prebuilt in
+#         gpu-inputs/ep/torch-cache.tar.xz, unpacked into $MOE_LAYER_BUILD_DIR/ep-torch-cache.
 #   bash scripts/gpu/ep-check.sh [--only NAME[,NAME...]]
-# NAME: cpp, or a configuration of ep_staged.py (default: all of them).
-# Output in $OUT (default /tmp/moe-gpu-out): ep_staged.json and the logs; the last line
-# "N passed, M failed", the sum of both.
+# NAME: cpp, torch, or a configuration of ep_staged.py (default: all of them).
+# Output in $OUT (default /tmp/moe-gpu-out): ep_staged.json, ep_layer_check.json and the logs;
+# the last line "N passed, M failed", the sum of all.
 # Environment: MOE_LAYER_BUILD_DIR (default /tmp/moe-layer-build), PYTHON (default python3).
 # shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
@@ -37,7 +43,7 @@ done
 
 configs=()
 for name in ${only//,/ }; do
-  [ "$name" = cpp ] || configs+=("$name")
+  [ "$name" = cpp ] || [ "$name" = torch ] || configs+=("$name")
 done
 total_passed=0
 total_failed=0
@@ -81,6 +87,26 @@ if [ -z "$only" ] || [ ${#configs[@]} -gt 0 ]; then
   echo "== bench/ep_staged.py"
   "$python" "$root/bench/ep_staged.py" "${args[@]}" 2>&1 | tee "$out/ep_staged.log"
   count "$out/ep_staged.log" "${PIPESTATUS[0]}"
+fi
+if [ -z "$only" ] || wants torch; then
+  tarball=$root/gpu-inputs/ep/torch-cache.tar.xz
+  cache=$work/ep-torch-cache
+  echo "== bench/ep_layer_check.py: MoELayer(ep_group=...) on CUDA against MoELayer"
+  rm -rf "$cache"
+  # tarfile, not tar -J: the machine may have no xz.
+  if [ -f "$tarball" ] && "$python" -c 'import sys, tarfile
+kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' "$tarball" "$cache/prebuilt"; then
+    # No compiler here: every layer from the prebuilt entries, linked into $cache/run.
+    MOE_COMPILE=none MOE_MLIR_PREBUILT="$cache/prebuilt" MOE_MLIR_CACHE="$cache/run" \
+      MOE_RUNTIME_LIB="$work/runtime/lib/libmoe_runtime.so" MOE_MLIR_QUIET=1 \
+      timeout -k 10 400 "$python" "$root/bench/ep_layer_check.py" --out "$out" 2>&1 |
+      tee "$out/ep_layer_check.log"
+    count "$out/ep_layer_check.log" "${PIPESTATUS[0]}"
+  else
+    echo "FAIL no $tarball (or it did not unpack): run scripts/inputs/build-ep-layers.sh"
+    total_failed=$((total_failed + 1))
+  fi
 fi
 echo "$total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]

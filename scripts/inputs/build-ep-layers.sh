@@ -11,11 +11,15 @@
 #   - example-ep1: build-layers.sh's example layer (d=128, n=128, E=4, k=2, T dynamic up to
 #     64) over one rank, capacity 64 * 2: the C++ example's (examples/cpp/ep_example.cpp),
 #     against gpu-inputs/layers/example, the same source without ep_size.
-# The generated .mlir files go to gpu-inputs/ep/mlir/.
+# The generated .mlir files go to gpu-inputs/ep/mlir/. And torch-cache.tar.xz: the compile-cache
+# entries (MOE_MLIR_CACHE layout) of bench/ep_layer_check.py, MoELayer(ep_group=...) on CUDA
+# against the non-EP MoELayer (bench/ep_layer_check.py --prebuild; xz-compressed, as the
+# entries share their kernels: nine entries, 5.2 MiB, take 0.14 MiB);
+# scripts/gpu/ep-check.sh --only torch unpacks it.
 #
 #   bash scripts/inputs/build-ep-layers.sh [--out DIR]
 # Environment: MOE_BUILD_DIR (default build), MOE_COMPILE (default $MOE_BUILD_DIR/bin/moe-compile),
-# PYTHON (default python3).
+# PYTHON (default python3; the torch-cache step: default /usr/bin/python3, with torch).
 # Last line: "N passed, M failed"; exit code non-zero on any failure.
 # shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 
@@ -34,7 +38,7 @@ no_positional
 
 layers=$out/layers
 mlir=$out/mlir
-rm -rf "$layers" "$mlir"
+rm -rf "$layers" "$mlir" "$out/torch-cache.tar.xz"
 mkdir -p "$layers" "$mlir"
 log=$out/build-ep-inputs.log
 : >"$log"
@@ -97,6 +101,22 @@ example = layer_mlir(LayerConfig(37, 128, 128, 4, 2, renormalize=True, dtype="bf
                      "example", 64)
 write("example-ep1", expert_parallel(example, 4, 1, 64 * 2), "build-layers.sh's example")
 PY
+
+# MoELayer(ep_group=...)'s entries, built through MoELayer itself so that their keys are the
+# ones the run looks up.
+torch_python=${PYTHON:-/usr/bin/python3}
+cache=$(mktemp -d)
+start=$(date +%s)
+echo "== $torch_python bench/ep_layer_check.py --prebuild $cache" >>"$log"
+if MOE_COMPILE="$compile" MOE_MLIR_QUIET=1 "$torch_python" "$root/bench/ep_layer_check.py" \
+  --prebuild "$cache" --out "$cache/report" >>"$log" 2>&1 &&
+  tar -C "$cache" -cJf "$out/torch-cache.tar.xz" sm_90a >>"$log" 2>&1; then
+  pass "torch-cache.tar.xz ($(($(date +%s) - start)) s, $(find "$cache/sm_90a" -name meta.json | wc -l) entries, $(du -sk "$cache/sm_90a" | cut -f1) KiB in $(du -k "$out/torch-cache.tar.xz" | cut -f1) KiB)"
+else
+  fail "bench/ep_layer_check.py --prebuild (log: $log)"
+  tail -5 "$log" | sed 's/^/    /'
+fi
+rm -rf "$cache"
 
 . "$root/scripts/inputs/stamp.sh"
 compile_sources "$compile" "$build" "$root" "$mlir" "$layers" "$log" "$out" "$limit_mib"

@@ -1,5 +1,6 @@
 """`MoELayer(ep_group=...)`, `replace_moe_blocks(model, ep_group=...)`, `gather_experts` and
-`load_balancing_loss` on 2 ranks of a gloo group (torch.multiprocessing), CPU path, f32.
+`load_balancing_loss` on 2 ranks of a gloo group (torch.multiprocessing), CPU path, f32; and what
+of the CUDA path runs without a GPU.
 
 Each rank builds the same whole layer (same seed) and the expert-parallel one holding its
 experts; on its own tokens the expert-parallel output equals the whole layer's bitwise, x's
@@ -12,6 +13,7 @@ each rank gives the original model's loss on that rank's batch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import traceback
@@ -201,3 +203,238 @@ def test_bad_use():
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         MoELayer(config, ep_group="default", max_tokens=16)
     np.testing.assert_equal(dist.is_initialized(), False)
+
+
+# --------------------------------------------------------------------------- the CUDA path
+
+
+class _CPURunner:
+    """GPUEPLayer's interface (forward(args, group) -> [out, logits, state...],
+    backward(state, d_out, d_logits, group), gradient_args, dropped) over the CPU path's
+    EPLayer of one rank: what the CUDA branch's autograd function drives, here on CPU
+    tensors. `opaque`: forward returns its saved state as one object after out and logits
+    (as a chunked step does), which must come back to backward as it is."""
+
+    class State:
+        def __init__(self, saved):
+            self.saved = saved
+
+    def __init__(self, layer, opaque: bool):
+        from moe_mlir.distributed import LocalExchange
+
+        self.layer, self.opaque, self.exchange = layer, opaque, LocalExchange()
+        self.backwards = 0
+
+    @property
+    def gradient_args(self):
+        return list(self.layer.functions["backward"].gradient_args)
+
+    def forward(self, args, group):
+        out, logits, saved = self.layer.forward([a.numpy() for a in args], self.exchange)
+        self.dropped = [torch.from_numpy(d) for d in self.layer.dropped]
+        head = [torch.from_numpy(np.array(out)), torch.from_numpy(np.array(logits))]
+        if self.opaque:
+            self.state = self.State(saved)
+            return head + [self.state]
+        return head + [torch.from_numpy(np.array(s)) for s in saved]
+
+    def backward(self, state, d_out, d_logits, group):
+        self.backwards += 1
+        if self.opaque:
+            assert len(state) == 1 and state[0] is self.state
+            saved = state[0].saved
+        else:
+            saved = [s.numpy() for s in state]
+        grads = self.layer.backward(saved, d_out.numpy(), d_logits.numpy(), self.exchange)
+        return [torch.from_numpy(np.array(grads[n])) for n in self.layer.gradient_names]
+
+
+EP_CONFIG = dict(
+    tokens=0,
+    hidden=16,
+    ffn=12,
+    experts=4,
+    top_k=2,
+    scoring="sigmoid",
+    renormalize=True,
+    router_bias=True,
+    shared_ffn=8,
+)
+
+
+@pytest.mark.parametrize("opaque", [False, True])
+@pytest.mark.parametrize("use_logits", [False, True])
+def test_cuda_branch_autograd_against_the_layer(opaque, use_logits, tmp_path, monkeypatch):
+    """The autograd function of the CUDA branch (layer.gpu_ep_apply) over a runner with
+    GPUEPLayer's interface: out and logits bitwise the non-EP layer's, every gradient within
+    1e-5, each mapped to its argument through gradient_args (the router bias, in the middle
+    of the arguments, has none), the saved state passed back as it is (a list, or one
+    object), a missing d_logits given as zeros."""
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.distributed import EPSpec, ep_layer_for
+    from moe_mlir.layer import MoELayer, gpu_ep_apply
+
+    monkeypatch.setenv("MOE_MLIR_CACHE", str(tmp_path))
+    config = LayerConfig(**EP_CONFIG)
+    torch.manual_seed(3)
+    whole = MoELayer(config, init_std=0.3)
+    with torch.no_grad():
+        whole.router_bias.normal_(0, 0.1)
+    runner = _CPURunner(ep_layer_for(config, EPSpec(1, 16 * 2), 16), opaque)
+    x = torch.randn(11, config.hidden)
+    weights = {
+        n: w.detach().clone().requires_grad_(n != "router_bias")
+        for n, w in whole.layer_weights().items()
+        if w is not None
+    }
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, logits = whole(x1, return_router_logits=True)
+    ep_out, ep_logits = gpu_ep_apply(runner, None, x2, weights, config.arg_names())
+    assert torch.equal(out, ep_out) and torch.equal(logits, ep_logits)
+    g, gl = torch.randn_like(out), torch.randn_like(logits)
+    loss = (out * g).sum() + ((logits * gl).sum() if use_logits else 0)
+    ep_loss = (ep_out * g).sum() + ((ep_logits * gl).sum() if use_logits else 0)
+    loss.backward()
+    ep_loss.backward()
+    assert runner.backwards == 1
+    assert _rel(x2.grad, x1.grad) <= RTOL
+    assert weights["router_bias"].grad is None
+    for name, w in weights.items():
+        if name != "router_bias":
+            assert _rel(w.grad, getattr(whole, name).grad) <= RTOL, name
+    assert [tuple(d.shape) for d in runner.dropped] == [(1,)]
+    with pytest.raises(ValueError, match="missing layer arguments"):
+        gpu_ep_apply(runner, None, x2, {"w_router": weights["w_router"]}, config.arg_names())
+
+
+def test_ep_build_options_and_keys():
+    """An EPSpec in the build options: in the sm_90a key (size, capacity, overflow each
+    change it; unset fields left out), nowhere when absent (the keys of the layers without
+    it stay), refused for a CPU entry; the moe-compile command is the layer's."""
+    from moe_mlir import compile_cache as cc
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.distributed import EPSpec
+
+    config = LayerConfig(64, 64, 64, 4, 2, renormalize=True, dtype="bf16")
+    plain = cc.BuildOptions(max_tokens=64)
+    assert "ep" not in plain.as_dict()
+    ep = cc.BuildOptions(max_tokens=64, ep=EPSpec(2, 128))
+    assert ep.as_dict()["ep"] == {"size": 2, "capacity": 128, "overflow": "error"}
+    keys = {
+        cc.config_key(config, "sm_90a", o)
+        for o in (
+            plain,
+            ep,
+            dataclasses.replace(ep, ep=EPSpec(1, 128)),
+            dataclasses.replace(ep, ep=EPSpec(2, 64)),
+            dataclasses.replace(ep, ep=EPSpec(2, 128, "drop")),
+            dataclasses.replace(ep, max_tokens=32),
+        )
+    }
+    assert len(keys) == 6
+    with pytest.raises(TypeError, match="EPSpec"):
+        cc.BuildOptions(ep=(2, 128))
+    with pytest.raises(ValueError, match="capacity"):
+        cc.BuildOptions(ep=EPSpec(2, 0))
+    with pytest.raises(ValueError, match="EPLayer"):
+        cc.get_cpu_layer(config, ep)
+    cmd = cc.moe_compile_command(
+        "moe-compile", "l.mlir", "out/moe_x", dataclasses.replace(ep, policy="recompute")
+    )
+    assert cmd == ["moe-compile", "l.mlir", "-o", "out/moe_x", "--policy=recompute"]
+
+
+@pytest.fixture
+def one_rank(tmp_path, monkeypatch):
+    """A gloo group of one rank in this process, and an empty compile cache."""
+    monkeypatch.setenv("MOE_MLIR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MOE_MLIR_QUIET", "1")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield tmp_path
+    dist.destroy_process_group()
+
+
+def test_cuda_ep_entry_without_a_gpu(one_rank, monkeypatch):
+    """compile_for(T, "cuda") of an expert-parallel MoELayer builds its sm_90a entry with
+    moe-compile (no GPU needed), keyed by the EPSpec and the bound: the stages' entry points,
+    capacity max_tokens * k; found again without a compiler (the GPU machine's case), and not
+    for another capacity."""
+    import json
+
+    from moe_mlir import compile_cache as cc
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.layer import MoELayer
+
+    if cc.find_moe_compile() is None:
+        pytest.skip("no moe-compile")
+    config = LayerConfig(0, 64, 64, 4, 2, renormalize=True)
+    layer = MoELayer(config, ep_group="default", max_tokens=32)
+    assert layer.compile_for(20, "cuda") == 32
+    options = layer.gpu_ep_options()
+    assert (options.max_tokens, options.ep.size, options.ep.capacity) == (32, 1, 64)
+    at_bound = dataclasses.replace(config, tokens=32, dtype="bf16")
+    entry = cc.build_gpu_entry(at_bound, options)
+    manifest = json.loads((entry.path / f"{entry.name}.json").read_text())
+    stage0 = manifest["entry_points"]["forward_stage0"]
+    assert stage0["ep"]["capacity"] == 64 and stage0["ep"]["size"] == 1
+    assert "ep_capacity = 64" in (entry.path / "layer.mlir").read_text()
+    assert entry.meta["options"]["ep"] == {"size": 1, "capacity": 64, "overflow": "error"}
+    monkeypatch.setenv("MOE_COMPILE", "none")
+    assert cc.find_gpu_entry(at_bound, options).path == entry.path
+    other = dataclasses.replace(options, ep=dataclasses.replace(options.ep, capacity=32))
+    with pytest.raises(cc.NoCompilerError, match="build-torch-cache"):
+        cc.find_gpu_entry(at_bound, other)
+    with pytest.raises(ValueError, match="outside \\[1, 32\\]"):
+        layer.compile_for(33, "cuda")
+
+
+def test_cuda_ep_errors_without_a_gpu(one_rank):
+    """What the CUDA branch refuses before any kernel runs: a dtype other than bf16 (outside
+    autocast), T over max_tokens, policy='offload', a layer the sm_90a path does not run;
+    and the expert-parallel options' own errors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.distributed import EPSpec
+    from moe_mlir.layer import MoELayer
+
+    config = LayerConfig(0, 64, 64, 4, 2, renormalize=True)
+    with FakeTensorMode():
+        layer = MoELayer(
+            config, ep_group="default", max_tokens=16, device="cuda", dtype=torch.bfloat16
+        )
+        with pytest.raises(TypeError, match="bfloat16 only"):
+            layer(torch.empty(4, 64, device="cuda"))
+        with pytest.raises(ValueError, match="outside \\[1, 16\\]"):
+            layer(torch.empty(17, 64, device="cuda", dtype=torch.bfloat16))
+        offload = MoELayer(
+            config,
+            ep_group="default",
+            max_tokens=16,
+            policy="offload",
+            device="cuda",
+            dtype=torch.bfloat16,
+        )
+        with pytest.raises(NotImplementedError, match="offload"):
+            offload(torch.empty(4, 64, device="cuda", dtype=torch.bfloat16))
+        odd = MoELayer(
+            dataclasses.replace(config, ffn=48),
+            ep_group="default",
+            max_tokens=16,
+            device="cuda",
+            dtype=torch.bfloat16,
+        )
+        with pytest.raises(NotImplementedError, match="multiple of 64"):
+            odd(torch.empty(4, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="need ep_group"):
+        MoELayer(config, ep_capacity=8)
+    with pytest.raises(ValueError, match="need ep_group"):
+        MoELayer(config, ep_chunk_tokens=8)
+    with pytest.raises(ValueError, match="needs max_tokens"):
+        MoELayer(config, ep_group="default")
+    for bad in (0, 17, True, 4.0):
+        with pytest.raises(ValueError, match="ep_chunk_tokens"):
+            MoELayer(config, ep_group="default", max_tokens=16, ep_chunk_tokens=bad)
+    layer = MoELayer(config, ep_group="default", max_tokens=16, ep_capacity=5)
+    assert layer.ep_spec == EPSpec(1, 5)
+    assert MoELayer(config, ep_group="default", max_tokens=16).ep_spec == EPSpec(1, 32)

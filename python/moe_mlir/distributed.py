@@ -57,6 +57,7 @@ __all__ = [
     "LocalExchange",
     "TorchExchange",
     "CapacityError",
+    "ChunkedSaved",
     "StagedFunction",
     "EPLayer",
     "shard_experts",
@@ -73,17 +74,26 @@ class CapacityError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class EPSpec:
     """The expert-parallel shape of a layer: `size` ranks, `capacity` rows from one rank to
-    one rank a step, and what happens past it (`overflow`: "error" or "drop")."""
+    one rank a step (a chunk, when chunked), and what happens past it (`overflow`: "error" or
+    "drop"). `chunk_tokens`: run a step of up to max_tokens tokens as chunks of at most this
+    many, each with its own dispatch and combine, one chunk's rows moving while another's
+    experts compute (None: one dispatch a step)."""
 
     size: int
     capacity: int
     overflow: str = "error"
+    chunk_tokens: Optional[int] = None
 
     def validate(self, config: Optional[LayerConfig] = None) -> "EPSpec":
         for name, hi in (("size", 65536), ("capacity", 2**31 - 2)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
                 raise ValueError(f"EPSpec.{name} must be an integer in [1, {hi}], got {value!r}")
+        chunk = self.chunk_tokens
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
+        ):
+            raise ValueError(f"EPSpec.chunk_tokens must be a positive integer, got {chunk!r}")
         if self.overflow not in OVERFLOWS:
             raise ValueError(f"EPSpec.overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
         if self.size * self.capacity > 2**31 - 1:
@@ -128,6 +138,15 @@ class Exchange:
         """The largest `value` of the group's ranks."""
         raise NotImplementedError
 
+    def all_to_all_start(self, blocks: np.ndarray):
+        """Starts `all_to_all(blocks)`; `all_to_all_finish` of what it returns gives the
+        blocks received. Here synchronous; an exchange that can overlaps it with the
+        caller's work."""
+        return self.all_to_all(blocks)
+
+    def all_to_all_finish(self, handle) -> np.ndarray:
+        return handle
+
 
 class LocalExchange(Exchange):
     """A group of one: the all-to-all is the identity."""
@@ -157,6 +176,9 @@ class TorchExchange(Exchange):
         self.rank = dist.get_rank(group)
 
     def all_to_all(self, blocks: np.ndarray) -> np.ndarray:
+        return self.all_to_all_finish(self.all_to_all_start(blocks))
+
+    def all_to_all_start(self, blocks: np.ndarray):
         import torch
 
         blocks = np.ascontiguousarray(blocks)
@@ -164,8 +186,14 @@ class TorchExchange(Exchange):
             raise ValueError(f"all_to_all: {blocks.shape[0]} rows are not {self.size} equal blocks")
         raw = torch.from_numpy(blocks.reshape(-1).view(np.uint8).copy())
         received = torch.empty_like(raw)
-        self._dist.all_to_all_single(received, raw, group=self.group)
-        return received.numpy().view(blocks.dtype).reshape(blocks.shape)
+        work = self._dist.all_to_all_single(received, raw, group=self.group, async_op=True)
+        # The send buffer stays referenced until the work is done.
+        return work, raw, received, blocks.dtype, blocks.shape
+
+    def all_to_all_finish(self, handle) -> np.ndarray:
+        work, _, received, dtype, shape = handle
+        work.wait()
+        return received.numpy().view(dtype).reshape(shape)
 
     def max(self, value: int) -> int:
         import torch
@@ -178,13 +206,6 @@ class TorchExchange(Exchange):
 # =========================================================================== stages
 
 
-def _string_list(sig: FunctionSignature, key: str) -> List[str]:
-    raw = sig.attr(key)
-    if raw is None:
-        raise ValueError(f"@{sig.name} has no {key} attribute (run --moe-ep-stages)")
-    return re.findall(r'"([^"]*)"', raw)
-
-
 @dataclasses.dataclass
 class _Stage:
     name: str
@@ -193,9 +214,234 @@ class _Stage:
     rows: List[Optional[int]]  # rows a token of each result with a dynamic leading size
 
 
+@dataclasses.dataclass
+class _StagePlan:
+    """What the stage attributes of one split function say (the same on both paths)."""
+
+    name: str
+    stages: List[_Stage]
+    kinds: List[str]  # the collective that ends each stage but the last
+    overflows: List[str]
+    results: List[str]  # where each result of the function comes from
+    ep_size: int
+    capacity: int
+    chunk_tokens: int  # the bound of one call (a chunk's; the step's when unchunked)
+    step_tokens: int  # the bound of a step; 0: a static token count
+
+    def expert_side(self, index: int) -> bool:
+        """Whether stage `index` runs on the rows other ranks sent (after a dispatch), rather
+        than on this rank's tokens."""
+        return index > 0 and self.kinds[index - 1] == "dispatch"
+
+    @property
+    def chunks(self) -> int:
+        """Chunks a step runs as: the same on every rank, whatever its T, so that every rank
+        makes the same collectives."""
+        if not self.step_tokens:
+            return 1
+        return -(-self.step_tokens // self.chunk_tokens)
+
+    def split(self, tokens: int) -> List[Tuple[int, int]]:
+        """(start, T) of each chunk of a step of `tokens` tokens: `chunks` near-equal parts,
+        empty ones (T = 0) when a step has fewer tokens than chunks."""
+        n = self.chunks
+        base, extra = divmod(tokens, n)
+        spans, start = [], 0
+        for i in range(n):
+            size = base + (1 if i < extra else 0)
+            spans.append((start, size))
+            start += size
+        return spans
+
+
+class _Backend:
+    """How one path calls stages and moves their rows: the CPU (numpy, an Exchange) or the
+    GPU (torch on the current CUDA stream, torch.distributed)."""
+
+    def call(self, index: int, inputs: List, tokens: int) -> List:
+        raise NotImplementedError
+
+    def skipped(self, index: int) -> List:
+        """The outputs of local stage `index` for a chunk without tokens: zero blocks for a
+        collective, zero rows for a result that follows T, None for the rest."""
+        raise NotImplementedError
+
+    def follows_tokens(self, index: int, output: int) -> bool:
+        raise NotImplementedError
+
+    def start(self, blocks):
+        """Starts the all-to-all of `blocks`; returns what `finish` takes."""
+        raise NotImplementedError
+
+    def finish(self, handle):
+        raise NotImplementedError
+
+    def group_max(self, dropped) -> int:
+        raise NotImplementedError
+
+    def add(self, total, value):
+        raise NotImplementedError
+
+
+def _run_stages(
+    plan: _StagePlan, backend: _Backend, chunks: Sequence[Tuple[List, int]], sum_static: bool
+) -> Tuple[List[List], Dict[int, object], List]:
+    """Runs the stages of `plan` on each chunk (its arguments and T), software-pipelined:
+    the collectives start asynchronously, and a chunk's local stages run while an earlier
+    chunk's rows travel, so one chunk's all-to-all overlaps another's compute. Every rank
+    makes the same collectives in the same order, whatever its T (a chunk without tokens
+    sends zero counts). Returns each chunk's results (in the function's order; None where an
+    empty chunk made none), the static results summed over the chunks when `sum_static`
+    (gradients of weights; then absent from the per-chunk lists), and each dispatch's rows
+    past the capacity summed over the chunks."""
+    n, last = len(chunks), len(plan.stages) - 1
+    values = [{f"arg{i}": a for i, a in enumerate(args)} for args, _ in chunks]
+    produced: List[Dict[int, object]] = [{} for _ in range(n)]
+    static: Dict[int, bool] = {}
+    pending: Dict[Tuple[int, int], List] = {}
+    dropped: Dict[int, object] = {}
+
+    def run(i: int, k: int) -> None:
+        tokens = chunks[i][1]
+        if k > 0:  # the rows of the collective before this stage
+            c = k - 1
+            handles = pending.pop((i, c))
+            if plan.kinds[c] == "dispatch":
+                values[i][f"received{c}"] = backend.finish(handles[0])
+                values[i][f"received_counts{c}"] = backend.finish(handles[1])
+            else:
+                values[i][f"returned{c}"] = backend.finish(handles[0])
+        stage = plan.stages[k]
+        if tokens == 0 and not plan.expert_side(k):
+            outputs = backend.skipped(k)
+        else:
+            try:
+                inputs = [values[i][name] for name in stage.inputs]
+            except KeyError as e:
+                raise ValueError(f"@{stage.name} takes {e.args[0]}, which nothing made") from None
+            if any(v is None for v in inputs):
+                raise ValueError(f"@{stage.name} takes a value an empty chunk did not make")
+            # An expert-side stage's shapes do not follow T; it runs for a chunk without
+            # tokens too, on what the other ranks sent.
+            outputs = backend.call(k, inputs, max(tokens, 1))
+        for j, (oname, value) in enumerate(zip(stage.outputs, outputs)):
+            if oname.startswith("result"):
+                index = int(oname[len("result") :])
+                static[index] = not backend.follows_tokens(k, j)
+                produced[i][index] = value
+            else:
+                values[i][oname] = value
+        if k == last:
+            return
+        c = k
+        if plan.kinds[c] == "dispatch":
+            over = values[i][f"dropped{c}"]
+            dropped[c] = over if c not in dropped else backend.add(dropped[c], over)
+            if plan.overflows[c] == "error":
+                worst = backend.group_max(over)
+                if worst > 0:
+                    where = f" (chunk {i} of {n})" if n > 1 else ""
+                    raise CapacityError(
+                        f"@{plan.name}: expert-parallel dispatch {c}{where} needs more than "
+                        f"its capacity of {plan.capacity} rows from one rank to one rank "
+                        f"(this rank has {_as_list(over)} rows past it for ranks "
+                        f"0..{plan.ep_size - 1}; the worst rank {worst}): raise ep_capacity "
+                        f"or compile with overflow='drop'"
+                    )
+            pending[(i, c)] = [
+                backend.start(values[i][f"send{c}"]),
+                backend.start(values[i][f"send_counts{c}"]),
+            ]
+        else:
+            pending[(i, c)] = [backend.start(values[i][f"send{c}"])]
+
+    # Wavefront order: in wave t chunk i runs stage t - i, the later chunk first so that its
+    # collective is under way while the earlier chunk computes.
+    for t in range(n + last):
+        for i in reversed(range(n)):
+            if 0 <= t - i <= last:
+                run(i, t - i)
+
+    per_chunk: List[List] = []
+    sums: Dict[int, object] = {}
+    for i in range(n):
+        out = []
+        for k, source in enumerate(plan.results):
+            if source.startswith("arg"):
+                out.append(values[i][source])
+                continue
+            value = produced[i].get(k)
+            if sum_static and static.get(k, False):
+                if value is not None:
+                    sums[k] = value if k not in sums else backend.add(sums[k], value)
+                value = None
+            out.append(value)
+        per_chunk.append(out)
+    return per_chunk, sums, [dropped[c] for c in sorted(dropped)]
+
+
+def _as_list(value) -> list:
+    return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+def _string_list(sig: FunctionSignature, key: str) -> List[str]:
+    raw = sig.attr(key)
+    if raw is None:
+        raise ValueError(f"@{sig.name} has no {key} attribute (run --moe-ep-stages)")
+    return re.findall(r'"([^"]*)"', raw)
+
+
+class _NumpyBackend(_Backend):
+    def __init__(self, function: "StagedFunction", exchange: Exchange):
+        self.function, self.exchange = function, exchange
+
+    def _results(self, index: int):
+        return self.function.module[self.function.plan.stages[index].name].signature.results
+
+    def call(self, index: int, inputs: List, tokens: int) -> List:
+        stage = self.function.plan.stages[index]
+        shapes = None
+        if any(r is not None for r in stage.rows):
+            shapes = [
+                t.shape if r is None else (r * tokens, *t.shape[1:])
+                for t, r in zip(self._results(index), stage.rows)
+            ]
+        return list(self.function.module[stage.name](*inputs, result_shapes=shapes))
+
+    def skipped(self, index: int) -> List:
+        out = []
+        for name, t, r in zip(
+            self.function.plan.stages[index].outputs,
+            self._results(index),
+            self.function.plan.stages[index].rows,
+        ):
+            if r is not None:
+                out.append(np.zeros((0, *t.shape[1:]), t.dtype))
+            elif name.startswith(("send", "dropped")):
+                out.append(np.zeros(t.shape, t.dtype))
+            else:
+                out.append(None)
+        return out
+
+    def follows_tokens(self, index: int, output: int) -> bool:
+        return self.function.plan.stages[index].rows[output] is not None
+
+    def start(self, blocks):
+        return self.exchange.all_to_all_start(blocks)
+
+    def finish(self, handle):
+        return self.exchange.all_to_all_finish(handle)
+
+    def group_max(self, dropped) -> int:
+        return self.exchange.max(int(dropped.max()) if dropped.size else 0)
+
+    def add(self, total, value):
+        return total + value
+
+
 class StagedFunction:
     """Function `@name` of a module split by `moe-ep-stages`: its stages run in order on this
-    rank, an `Exchange` moving the rows in between."""
+    rank (once a chunk when the layer is chunked), an `Exchange` moving the rows in between."""
 
     def __init__(
         self,
@@ -212,18 +458,13 @@ class StagedFunction:
         count = first.attr_int("moe.ep_stages")
         self.name = name
         self.module = module
-        self.kinds = _string_list(first, "moe.ep_collectives")
-        self.overflows = _string_list(first, "moe.ep_overflows")
-        self.results = _string_list(first, "moe.ep_results")
-        self.ep_size = first.attr_int("moe.ep_size")
-        self.capacity = first.attr_int("moe.ep_capacity")
-        self.stages: List[_Stage] = []
+        stages: List[_Stage] = []
         for i in range(count):
             sname = f"{name}_stage{i}"
             if sname not in sigs:
                 raise ValueError(f"@{sname} is missing ({count} stages of @{name})")
             sig = sigs[sname]
-            self.stages.append(
+            stages.append(
                 _Stage(
                     sname,
                     _string_list(sig, "moe.ep_inputs"),
@@ -231,70 +472,52 @@ class StagedFunction:
                     (rows or {}).get(sname, [None] * len(sig.results)),
                 )
             )
+        self.plan = _StagePlan(
+            name,
+            stages,
+            _string_list(first, "moe.ep_collectives"),
+            _string_list(first, "moe.ep_overflows"),
+            _string_list(first, "moe.ep_results"),
+            first.attr_int("moe.ep_size"),
+            first.attr_int("moe.ep_capacity"),
+            first.attr_int("moe.max_tokens") or 0,
+            first.attr_int("moe.ep_step_tokens") or 0,
+        )
+        self.ep_size, self.capacity = self.plan.ep_size, self.plan.capacity
         self.num_saved = first.attr_int("moe.ep_num_saved")
         self.gradient_args = first.attr_int_array("moe.ep_gradient_args")
 
-    def __call__(
-        self, args: Sequence[np.ndarray], exchange: Exchange, tokens: Optional[int] = None
-    ) -> Tuple[Tuple[np.ndarray, ...], np.ndarray]:
-        """Runs the stages on `args`; returns the function's results and, for each dispatch,
-        the rows this rank sent past the capacity of each rank (`[dispatches, S]`)."""
+    def run(
+        self,
+        chunks: Sequence[Tuple[Sequence[np.ndarray], int]],
+        exchange: Exchange,
+        sum_static: bool = False,
+    ):
+        """The stages on each chunk's arguments and T (`_run_stages`)."""
         if exchange.size != self.ep_size:
             raise ValueError(
                 f"@{self.name} is compiled for {self.ep_size} ranks but the exchange has "
                 f"{exchange.size}"
             )
-        values: Dict[str, np.ndarray] = {f"arg{i}": np.asarray(a) for i, a in enumerate(args)}
-        results: Dict[int, np.ndarray] = {}
-        dropped: List[np.ndarray] = []
-        for index, stage in enumerate(self.stages):
-            function = self.module[stage.name]
-            try:
-                inputs = [values[n] for n in stage.inputs]
-            except KeyError as e:
-                raise ValueError(f"@{stage.name} takes {e.args[0]}, which nothing made") from None
-            shapes = None
-            if any(r is not None for r in stage.rows):
-                if tokens is None:
-                    raise ValueError(f"@{stage.name} has results that follow T: pass tokens")
-                shapes = [
-                    t.shape if r is None else (r * tokens, *t.shape[1:])
-                    for t, r in zip(function.signature.results, stage.rows)
-                ]
-            outputs = function(*inputs, result_shapes=shapes)
-            for oname, value in zip(stage.outputs, outputs):
-                if oname.startswith("result"):
-                    results[int(oname[len("result") :])] = value
-                else:
-                    values[oname] = value
-            if index == len(self.stages) - 1:
-                break
-            c = index  # the collective that ends this stage
-            if self.kinds[c] == "dispatch":
-                over = values[f"dropped{c}"]
-                dropped.append(over)
-                if self.overflows[c] == "error":
-                    worst = exchange.max(int(over.max()) if over.size else 0)
-                    if worst > 0:
-                        raise CapacityError(
-                            f"@{self.name}: expert-parallel dispatch {c} needs more than its "
-                            f"capacity of {self.capacity} rows from one rank to one rank "
-                            f"(rank {exchange.rank} has {over.tolist()} rows past it for "
-                            f"ranks 0..{self.ep_size - 1}; the worst rank {worst}): raise "
-                            f"ep_capacity or compile with overflow='drop'"
-                        )
-                values[f"received{c}"] = exchange.all_to_all(values[f"send{c}"])
-                values[f"received_counts{c}"] = exchange.all_to_all(values[f"send_counts{c}"])
-            else:
-                values[f"returned{c}"] = exchange.all_to_all(values[f"send{c}"])
-        out = []
-        for k, source in enumerate(self.results):
-            if source.startswith("arg"):
-                out.append(values[source])
-            else:
-                out.append(results[k])
+        chunks = [([np.asarray(a) for a in args], t) for args, t in chunks]
+        per_chunk, sums, dropped = _run_stages(
+            self.plan, _NumpyBackend(self, exchange), chunks, sum_static
+        )
         drops = np.stack(dropped) if dropped else np.zeros((0, self.ep_size), np.int32)
-        return tuple(out), drops
+        return per_chunk, sums, drops
+
+    def __call__(
+        self, args: Sequence[np.ndarray], exchange: Exchange, tokens: Optional[int] = None
+    ) -> Tuple[Tuple[np.ndarray, ...], np.ndarray]:
+        """Runs the stages on `args` as one call (an unchunked layer, or one chunk); returns
+        the function's results and, for each dispatch, the rows this rank sent past the
+        capacity of each rank (`[dispatches, S]`)."""
+        if tokens is None:
+            if any(r is not None for st in self.plan.stages for r in st.rows):
+                raise ValueError(f"@{self.name} has results that follow T: pass tokens")
+            tokens = 1
+        per_chunk, _, drops = self.run([(args, tokens)], exchange)
+        return tuple(per_chunk[0]), drops
 
 
 def _stage_rows(
@@ -347,8 +570,10 @@ class EPLayer:
             )
             rows = {}
             if max_tokens is not None:
+                # A chunk's stages are a step's at a smaller bound: the probe is unchunked.
                 probe = dataclasses.replace(config, tokens=1)
-                rows = _stage_rows(layer_mlir(probe, name, ep=ep), EP_PRE_PASSES, opt_tool)
+                unchunked = dataclasses.replace(ep, chunk_tokens=None)
+                rows = _stage_rows(layer_mlir(probe, name, ep=unchunked), EP_PRE_PASSES, opt_tool)
                 dynamic = {
                     n: [r if not t.is_static else None for r, t in zip(rows[n], s.results)]
                     for n, s in module.signatures.items()
@@ -405,33 +630,98 @@ class EPLayer:
     def _tokens(self, x: np.ndarray) -> Optional[int]:
         return None if self.max_tokens is None else tokens_within(x, self.max_tokens)
 
-    def _run(self, kind: str, args, exchange: Exchange, tokens: Optional[int]):
-        results, self.dropped = self.functions[kind](args, exchange, tokens)
-        return results
+    @property
+    def chunks(self) -> int:
+        """Chunks a step runs as (1 unless compiled with `EPSpec.chunk_tokens`)."""
+        return self.functions["forward"].plan.chunks
+
+    def _forward(self, kind: str, args, exchange: Exchange):
+        function = self.functions[kind]
+        args = self._args(args)
+        tokens = self._tokens(args[0])
+        if function.plan.chunks == 1:
+            res, self.dropped = function(args, exchange, tokens)
+            return res[0], res[1], tuple(res[2:])
+        spans = function.plan.split(tokens)
+        x = np.asarray(args[0])
+        chunks = [([x[a : a + t], *args[1:]], t) for a, t in spans]
+        per_chunk, _, self.dropped = function.run(chunks, exchange)
+        out = np.concatenate([c[0] for c in per_chunk])
+        logits = np.concatenate([c[1] for c in per_chunk])
+        return out, logits, ChunkedSaved(spans, [tuple(c[2:]) for c in per_chunk])
 
     def layer(self, args, exchange: Exchange):
-        args = self._args(args)
-        return self._run("layer", args, exchange, self._tokens(args[0]))
+        out, logits, _ = self._forward("layer", args, exchange)
+        return out, logits
 
     def forward(self, args, exchange: Exchange):
-        args = self._args(args)
-        res = self._run("forward", args, exchange, self._tokens(args[0]))
-        return res[0], res[1], tuple(res[2:])
+        """(out, logits, saved); `saved` is a `ChunkedSaved` when the layer is chunked."""
+        return self._forward("forward", args, exchange)
 
     def backward(
         self,
-        saved: Sequence[np.ndarray],
+        saved,
         d_out: np.ndarray,
         d_logits: np.ndarray,
         exchange: Exchange,
     ) -> Dict[str, np.ndarray]:
-        if len(saved) != self.num_saved:
+        function = self.functions["backward"]
+        chunked = ChunkedSaved.of(saved)
+        if chunked is None:
+            if len(saved) != self.num_saved:
+                raise ValueError(
+                    f"backward takes the {self.num_saved} saved tensors forward returned, "
+                    f"got {len(saved)}"
+                )
+            grads, self.dropped = function([*saved, d_out, d_logits], exchange, self._tokens(d_out))
+            return dict(zip(self.gradient_names, grads))
+        tokens = self._tokens(d_out)
+        chunked.check(tokens, self.num_saved)
+        chunks = [
+            ([*kept, d_out[a : a + t], d_logits[a : a + t]], t)
+            for (a, t), kept in zip(chunked.spans, chunked.saved)
+        ]
+        per_chunk, sums, self.dropped = function.run(chunks, exchange, sum_static=True)
+        grads = {}
+        for k, name in enumerate(self.gradient_names):
+            if k in sums:
+                grads[name] = sums[k]
+            else:
+                grads[name] = np.concatenate([c[k] for c in per_chunk])
+        return grads
+
+
+@dataclasses.dataclass
+class ChunkedSaved:
+    """What the forward of a chunked layer saves for its backward: each chunk's span of the
+    step's tokens (start, T) and its saved tensors (None where a chunk without tokens made
+    none). Pass it back to backward as it is."""
+
+    spans: List[Tuple[int, int]]
+    saved: List[tuple]
+
+    @staticmethod
+    def of(saved) -> Optional["ChunkedSaved"]:
+        """`saved` itself, or the one element of a sequence holding it, or None."""
+        if isinstance(saved, ChunkedSaved):
+            return saved
+        if isinstance(saved, (list, tuple)) and len(saved) == 1:
+            if isinstance(saved[0], ChunkedSaved):
+                return saved[0]
+        return None
+
+    def check(self, tokens: int, num_saved: int) -> None:
+        total = sum(t for _, t in self.spans)
+        if total != tokens:
             raise ValueError(
-                f"backward takes the {self.num_saved} saved tensors forward returned, "
-                f"got {len(saved)}"
+                f"backward has the cotangents of {tokens} tokens but the forward saved {total}"
             )
-        grads = self._run("backward", [*saved, d_out, d_logits], exchange, self._tokens(d_out))
-        return dict(zip(self.gradient_names, grads))
+        for kept in self.saved:
+            if len(kept) != num_saved:
+                raise ValueError(
+                    f"backward takes the {num_saved} saved tensors a chunk's forward "
+                    f"returned, got {len(kept)}"
+                )
 
 
 # =========================================================================== PyTorch
@@ -557,22 +847,85 @@ def gather_experts(layer, group=None) -> Dict[str, object]:
 # =========================================================================== the GPU path
 
 
+class _TorchBackend(_Backend):
+    """The GPU path's stages on torch's current CUDA stream; the all-to-alls through
+    torch.distributed (NCCL) asynchronously, each finish making the stream wait for it."""
+
+    def __init__(self, layer: "GPUEPLayer", kinds: List[str], group):
+        import torch
+        import torch.distributed as dist
+
+        self.layer, self.kinds, self.group = layer, kinds, group
+        self.torch, self.dist = torch, dist
+
+    def _outputs(self, index: int):
+        return self.layer.entries[self.kinds[index]].by_role("output")
+
+    def call(self, index: int, inputs: List, tokens: int) -> List:
+        return self.layer._call(self.kinds[index], inputs, tokens)
+
+    def skipped(self, index: int) -> List:
+        from . import gpu
+
+        out = []
+        for name, spec in zip(self.layer.ep[self.kinds[index]]["outputs"], self._outputs(index)):
+            dtype = gpu.torch_dtype(spec.dtype)
+            if spec.follows_tokens:
+                out.append(self.torch.empty((0, *spec.shape[1:]), dtype=dtype, device="cuda"))
+            elif name.startswith(("send", "dropped")):
+                out.append(self.torch.zeros(spec.shape, dtype=dtype, device="cuda"))
+            else:
+                out.append(None)
+        return out
+
+    def follows_tokens(self, index: int, output: int) -> bool:
+        return self._outputs(index)[output].follows_tokens
+
+    def start(self, blocks):
+        received = self.torch.empty_like(blocks)
+        blocks = blocks.contiguous()
+        work = self.dist.all_to_all_single(
+            received.view(-1).view(self.torch.uint8),
+            blocks.view(-1).view(self.torch.uint8),
+            group=self.group,
+            async_op=True,
+        )
+        return work, received, blocks
+
+    def finish(self, handle):
+        work, received, _ = handle
+        work.wait()
+        return received
+
+    def group_max(self, dropped) -> int:
+        worst = dropped.max().to(self.torch.int64).reshape(1)
+        self.dist.all_reduce(worst, op=self.dist.ReduceOp.MAX, group=self.group)
+        return int(worst.item())
+
+    def add(self, total, value):
+        return total.add_(value)
+
+
 class GPUEPLayer:
     """An expert-parallel layer compiled by moe-compile (NAME.so linked with libmoe_runtime,
     and NAME.json): its forward and backward are stages (entry points `NAME_forward_stage0`,
     ...), run here on torch's current CUDA stream with the rows moved between them by
-    `torch.distributed.all_to_all_single` (NCCL) on the same stream.
+    `torch.distributed.all_to_all_single` (NCCL), started asynchronously and waited for by
+    the stream before the stage that reads them.
 
-    - `forward(inputs, group)`: `inputs` the forward's arguments by name ("arg0", ... or the
-      layer's "x", "w_router", ...), this rank's expert weights; returns every result of the
-      training forward by name ("result0" out, "result1" logits, then the saved tensors as
-      "saved0", ...);
-    - `backward(saved, cotangents, group)`: `saved` what forward returned, `cotangents`
-      {"d_result0": d_out, "d_result1": d_logits}; returns the gradients by the backward's
-      results ("d_arg0", ...).
+    - `forward(args, group)`: `args` the forward's arguments in order (x, the router weight,
+      ..., this rank's expert weights); returns the training forward's results in order: out,
+      logits, then the saved tensors (one `ChunkedSaved` when chunked);
+    - `backward(saved, d_out, d_logits, group)`: `saved` what forward returned after out and
+      logits; returns the gradients of the arguments `gradient_args` names, in that order.
+
+    A chunked layer (`EPSpec.chunk_tokens`; the manifest's `ep.step_tokens`) takes a step of
+    up to `step_tokens` tokens and runs it as `chunks` chunks, pipelined: one chunk's
+    all-to-all runs on NCCL's stream while another's stages compute. The weights' gradients
+    are summed over the chunks, in place.
 
     Synchronisation: none but the capacity check of `overflow="error"` (one integer read a
-    dispatch, after an all-reduce); `"drop"` reads nothing."""
+    dispatch and chunk, after an all-reduce); `"drop"` reads nothing."""
 
     def __init__(self, so_path: str, manifest_path: Optional[str] = None):
         import ctypes
@@ -652,72 +1005,84 @@ class GPUEPLayer:
             )
         return outputs
 
-    def _run(self, half: str, args: List, group, tokens: Optional[int]) -> Tuple[List, List]:
-        import torch
-        import torch.distributed as dist
-
+    def _plan(self, half: str) -> _StagePlan:
         kinds = self._stages(half)
         info = self.ep[kinds[0]]
-        collectives, overflows = info["collectives"], info["overflows"]
-        values = {f"arg{i}": a for i, a in enumerate(args)}
-        results: Dict[int, object] = {}
-        dropped = []
-
-        def exchange(t):
-            out = torch.empty_like(t)
-            dist.all_to_all_single(
-                out.view(-1).view(torch.uint8),
-                t.contiguous().view(-1).view(torch.uint8),
-                group=group,
+        stages = [
+            _Stage(
+                f"{self.name}_{kind}",
+                list(self.ep[kind]["inputs"]),
+                list(self.ep[kind]["outputs"]),
+                [None] * len(self.ep[kind]["outputs"]),
             )
-            return out
-
-        for index, kind in enumerate(kinds):
-            stage = self.ep[kind]
-            outputs = self._call(kind, [values[n] for n in stage["inputs"]], tokens)
-            for name, value in zip(stage["outputs"], outputs):
-                if name.startswith("result"):
-                    results[int(name[len("result") :])] = value
-                else:
-                    values[name] = value
-            if index == len(kinds) - 1:
-                break
-            c = index
-            if collectives[c] == "dispatch":
-                over = values[f"dropped{c}"]
-                dropped.append(over)
-                if overflows[c] == "error":
-                    worst = over.max().to(torch.int64).reshape(1)
-                    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-                    if int(worst.item()) > 0:
-                        raise CapacityError(
-                            f"{self.name}: expert-parallel dispatch {c} needs more than its "
-                            f"capacity of {self.capacity} rows from one rank to one rank "
-                            f"(this rank: {over.tolist()} past it): raise ep_capacity or "
-                            f"compile with overflow='drop'"
-                        )
-                values[f"received{c}"] = exchange(values[f"send{c}"])
-                values[f"received_counts{c}"] = exchange(values[f"send_counts{c}"])
-            else:
-                values[f"returned{c}"] = exchange(values[f"send{c}"])
-        out = [
-            values[source] if source.startswith("arg") else results[k]
-            for k, source in enumerate(info["results"])
+            for kind in kinds
         ]
-        return out, dropped
+        return _StagePlan(
+            self.name,
+            stages,
+            list(info["collectives"]),
+            list(info["overflows"]),
+            list(info["results"]),
+            self.ep_size,
+            self.capacity,
+            self.max_tokens,
+            int(info.get("step_tokens", 0)),
+        )
+
+    def _run(self, half: str, chunks, group, sum_static: bool = False):
+        plan = self._plan(half)
+        return _run_stages(plan, _TorchBackend(self, self._stages(half), group), chunks, sum_static)
 
     def _tokens(self, x) -> Optional[int]:
-        return tokens_within(x, self.max_tokens) if self.max_tokens else None
+        bound = self.step_tokens or self.max_tokens
+        return tokens_within(x, bound) if bound else None
 
     def forward(self, args: Sequence, group=None) -> List:
-        """The training forward's results in order (out, logits, then the saved tensors)."""
-        out, self.dropped = self._run("forward", list(args), group, self._tokens(args[0]))
-        return out
+        """The training forward's results in order (out, logits, then the saved tensors; a
+        chunked layer saves one `ChunkedSaved` instead)."""
+        args = list(args)
+        tokens = self._tokens(args[0])
+        if self.chunks == 1:
+            per_chunk, _, self.dropped = self._run("forward", [(args, tokens or 1)], group)
+            return per_chunk[0]
+        import torch
+
+        spans = self._plan("forward").split(tokens)
+        chunks = [([args[0][a : a + t], *args[1:]], t) for a, t in spans]
+        per_chunk, _, self.dropped = self._run("forward", chunks, group)
+        out = torch.cat([c[0] for c in per_chunk])
+        logits = torch.cat([c[1] for c in per_chunk])
+        return [out, logits, ChunkedSaved(spans, [tuple(c[2:]) for c in per_chunk])]
 
     def backward(self, saved: Sequence, d_out, d_logits, group=None) -> List:
         """The gradients of the arguments `gradient_args` names, in that order."""
-        out, _ = self._run("backward", [*saved, d_out, d_logits], group, self._tokens(d_out))
-        return out
+        tokens = self._tokens(d_out)
+        chunked = ChunkedSaved.of(saved)
+        if chunked is None:
+            chunks = [([*saved, d_out, d_logits], tokens or 1)]
+            per_chunk, _, _ = self._run("backward", chunks, group)
+            return per_chunk[0]
+        import torch
+
+        chunked.check(tokens, self.num_saved)
+        chunks = [
+            ([*kept, d_out[a : a + t], d_logits[a : a + t]], t)
+            for (a, t), kept in zip(chunked.spans, chunked.saved)
+        ]
+        per_chunk, sums, _ = self._run("backward", chunks, group, sum_static=True)
+        return [
+            sums[k] if k in sums else torch.cat([c[k] for c in per_chunk])
+            for k in range(len(per_chunk[0]))
+        ]
+
+    @property
+    def step_tokens(self) -> int:
+        """The bound of a step when chunked, else 0."""
+        return int(self.ep["forward_stage0"].get("step_tokens", 0))
+
+    @property
+    def chunks(self) -> int:
+        return self._plan("forward").chunks
 
     @property
     def num_saved(self) -> int:

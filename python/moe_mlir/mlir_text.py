@@ -106,6 +106,17 @@ def layer_mlir(
         attrs.append(f"ep_size = {ep.size}")
         attrs.append(f"ep_capacity = {ep.capacity}")
         attrs.append(f"ep_overflow = #moe.ep_overflow<{ep.overflow}>")
+        if ep.chunk_tokens is not None:
+            if max_tokens is None:
+                raise ValueError(
+                    "EPSpec.chunk_tokens needs max_tokens: a chunked layer's T is dynamic"
+                )
+            if ep.chunk_tokens > max_tokens:
+                raise ValueError(
+                    f"EPSpec.chunk_tokens ({ep.chunk_tokens}) is more than max_tokens "
+                    f"({max_tokens}): a chunk is part of a step"
+                )
+            attrs.append(f"ep_chunk_tokens = {ep.chunk_tokens}")
     attrs.append(f"routing = {routing_attr(config)}")
 
     operands = "%x, %w_router, %w_gate_up, %w_down"

@@ -11,7 +11,8 @@ its rows per token in slot order, where the single layer sums in row order).
 Cases: random routing; every token on rank 0's experts (the other ranks receive nothing) with
 T = 1 on one rank; the capacity exactly met; the capacity exceeded, raising CapacityError on
 every rank (no rank left waiting) or, with overflow="drop", dropping the rows past it (their
-results zero: the documented result, checked against the layer without the drop).
+results zero: the documented result, checked against the layer without the drop); a step
+in chunks, with ranks whose chunks are empty, and a chunk's capacity exceeded.
 """
 
 from __future__ import annotations
@@ -130,11 +131,11 @@ def reference():
 _LAYERS = {}
 
 
-def _layer(size: int, capacity: int, overflow: str = "error") -> EPLayer:
-    key = (size, capacity, overflow)
+def _layer(size: int, capacity: int, overflow: str = "error", chunk=None) -> EPLayer:
+    key = (size, capacity, overflow, chunk)
     if key not in _LAYERS:
         _LAYERS[key] = EPLayer(
-            CONFIG, EPSpec(size, capacity, overflow), "moe_layer", max_tokens=BOUND
+            CONFIG, EPSpec(size, capacity, overflow, chunk), "moe_layer", max_tokens=BOUND
         )
     return _LAYERS[key]
 
@@ -253,6 +254,64 @@ def cpu_router(reference, args):
     return weights, experts, logits
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_chunked_step(reference, world):
+    """A step in chunks of at most 5 tokens (4 chunks of the bound of 16), each with its
+    own dispatch and a capacity of a chunk's: the same output, bitwise, and gradients as the
+    whole layer. Rank 1 has 2 tokens, so two of its chunks are empty while the other ranks'
+    are not; every rank still makes every collective."""
+    tokens = [BOUND, 2] + [7] * (world - 2)
+    per_rank = _inputs(80 + world, tokens, skew=False)
+    layer = _layer(world, 5 * CONFIG.top_k, chunk=5)
+    assert layer.chunks == 4
+    results = _run(layer, per_rank)
+    _check_against_reference(reference, results, per_rank, world)
+    for rank in range(world):
+        assert not results[rank][1][3].any()
+
+
+def test_chunked_skewed_step(reference):
+    """Every token on rank 0's experts, in chunks: rank 1 receives nothing in any chunk."""
+    per_rank = _inputs(90, [BOUND, 1], skew=True)
+    results = _run(_layer(2, 5 * CONFIG.top_k, chunk=5), per_rank)
+    _check_against_reference(reference, results, per_rank, 2)
+
+
+def test_chunk_capacity_exceeded_raises_on_every_rank():
+    """The capacity is a chunk's: 4 tokens a chunk, all on rank 0's experts, send 8 rows
+    from each rank to rank 0, past a capacity of 7, in chunk 0 already."""
+    per_rank = _inputs(100, [BOUND, BOUND], skew=True)
+    results = _run(_layer(2, 7, chunk=5), per_rank)
+    for rank in range(2):
+        status, message = results[rank]
+        assert status == "capacity", (rank, status)
+        assert "(chunk 0 of 4)" in message and "capacity of 7 rows" in message
+
+
+def test_chunked_world_of_one(reference):
+    """ep_size 1 in this process, chunked, for T from the bound down to 1 (chunks without
+    tokens): the whole layer's output bitwise and its gradients."""
+    layer = EPLayer(
+        CONFIG, EPSpec(1, 5 * CONFIG.top_k, chunk_tokens=5), "moe_layer", max_tokens=BOUND
+    )
+    for t in (BOUND, 11, 2, 1):
+        ((args, cot),) = _inputs(110 + t, [t], skew=False)
+        out, logits, saved = reference.forward(args)
+        grads = reference.backward(saved, cot["d_out"], cot["d_logits"])
+        ep_out, ep_logits, ep_saved = layer.forward(args, LocalExchange())
+        assert [n for _, n in ep_saved.spans] == [
+            t // 4 + (1 if i < t % 4 else 0) for i in range(4)
+        ]
+        ep_grads = layer.backward(ep_saved, cot["d_out"], cot["d_logits"], LocalExchange())
+        np.testing.assert_array_equal(ep_out, out)
+        np.testing.assert_array_equal(ep_logits, logits)
+        for name, grad in grads.items():
+            assert _rel(ep_grads[name], grad) <= RTOL, (t, name)
+        if t > 1:
+            with pytest.raises(ValueError, match="cotangents of"):
+                layer.backward(ep_saved, cot["d_out"][:-1], cot["d_logits"][:-1], LocalExchange())
+
+
 def test_world_of_one_is_the_layer(reference):
     """ep_size 1, in this process: the staged layer against the unsplit one."""
     layer = EPLayer(CONFIG, EPSpec(1, BOUND * CONFIG.top_k), "moe_layer", max_tokens=BOUND)
@@ -282,5 +341,11 @@ def test_bad_use_is_an_error():
         EPLayer(dataclasses.replace(CONFIG, experts=6), EPSpec(4, 8))
     with pytest.raises(ValueError, match="overflow must be one of"):
         EPSpec(2, 8, "ignore").validate()
+    with pytest.raises(ValueError, match="chunk_tokens must be a positive integer"):
+        EPSpec(2, 8, chunk_tokens=0).validate()
+    with pytest.raises(ValueError, match="is more than max_tokens"):
+        EPLayer(CONFIG, EPSpec(2, 8, chunk_tokens=BOUND + 1), max_tokens=BOUND)
+    with pytest.raises(ValueError, match="chunk_tokens needs max_tokens"):
+        EPLayer(CONFIG, EPSpec(2, 8, chunk_tokens=4))
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         TorchExchange()

@@ -15,7 +15,11 @@ stream):
   gradient as <dout, y> where the unsplit one fuses it as <dA, A>, and sums x's rows per token
   in slot order);
 - speed: forward + backward of each, alternating, median of --steps after --warmup, CUDA
-  events; the ratio staged / unsplit, which the issue bounds by 1.03.
+  events; the ratio staged / unsplit, which the issue bounds by 1.03, and each step's peak
+  memory above its inputs;
+- where NAME-ep1-chunk exists (the layer with ep_chunk_tokens: the step in chunks, each its
+  own dispatch, pipelined), the same checks of it against the unsplit layer, its speed and
+  peak reported without a bound.
 
 Prints one line a check and "N passed, M failed" last; JSON to $OUT/ep_staged.json.
 
@@ -63,7 +67,11 @@ def rel(torch, a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def check_and_time(torch, name: str, plain: gpu.CompiledLayer, staged: GPUEPLayer, args) -> None:
+def check_and_time(
+    torch, name: str, plain: gpu.CompiledLayer, staged: GPUEPLayer, args, variant: str = ""
+) -> None:
+    """`variant` "": the staged layer, whose speed the issue bounds; "chunked": the layer in
+    chunks (NAME-ep1-chunk), its speed and peak memory reported beside the unsplit layer's."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     args_list = inputs_of(torch, plain, gen)
     fwd = plain.manifest.forward
@@ -90,11 +98,12 @@ def check_and_time(torch, name: str, plain: gpu.CompiledLayer, staged: GPUEPLaye
     (f, g), (s_out, s_grads) = plain_step(), staged_step()
     torch.cuda.synchronize()
     outs_equal = torch.equal(f["result0"], s_out[0]) and torch.equal(f["result1"], s_out[1])
-    record("forward-bitwise", name, bool(outs_equal))
+    tag = f"{variant}-" if variant else ""
+    record(f"{tag}forward-bitwise", name, bool(outs_equal))
     grad_names = [f"d_arg{i}" for i in staged.gradient_args]
     worst = {n: rel(torch, s, g[n]) for n, s in zip(grad_names, s_grads) if n in g}
     tolerance = 2e-2  # BENCH.md's bf16 gradient tolerance
-    record("gradients", name, all(v <= tolerance for v in worst.values()), rel=worst)
+    record(f"{tag}gradients", name, all(v <= tolerance for v in worst.values()), rel=worst)
 
     times: Dict[str, List[float]] = {"staged": [], "plain": []}
     runs = {"staged": staged_step, "plain": plain_step}
@@ -110,13 +119,24 @@ def check_and_time(torch, name: str, plain: gpu.CompiledLayer, staged: GPUEPLaye
                 times[key].append(start.elapsed_time(end))
     staged_ms, plain_ms = statistics.median(times["staged"]), statistics.median(times["plain"])
     ratio = staged_ms / plain_ms
+    # Each step's peak above what is allocated before it (inputs, weights).
+    peaks = {}
+    for key in ("staged", "plain"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        runs[key]()
+        torch.cuda.synchronize()
+        peaks[key] = torch.cuda.max_memory_allocated() - base
     record(
-        "speed",
+        f"{tag}speed",
         name,
-        ratio <= 1.03,
+        ratio <= 1.03 or bool(variant),
         staged_ms=round(staged_ms, 3),
         plain_ms=round(plain_ms, 3),
         ratio=round(ratio, 4),
+        staged_peak_mib=round(peaks["staged"] / 2**20, 1),
+        plain_peak_mib=round(peaks["plain"] / 2**20, 1),
     )
 
 
@@ -142,7 +162,12 @@ def main() -> int:
             plain = gpu.CompiledLayer(os.path.join(args.dir, name + ".so"))
             staged = GPUEPLayer(os.path.join(args.ep_dir, name + "-ep1.so"))
             check_and_time(torch, name, plain, staged, args)
-            del plain, staged
+            del staged
+            chunked = os.path.join(args.ep_dir, name + "-ep1-chunk.so")
+            if os.path.exists(chunked):
+                torch.cuda.empty_cache()
+                check_and_time(torch, name, plain, GPUEPLayer(chunked), args, "chunked")
+            del plain
         except Exception as e:  # noqa: BLE001
             record("error", name, False, error=f"{type(e).__name__}: {e}"[:400])
             traceback.print_exc()

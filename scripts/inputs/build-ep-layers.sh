@@ -4,6 +4,8 @@
 #   - NAME-ep1: the four benchmark layers of examples/ expert-parallel over one rank
 #     (ep_size 1, capacity T * k, never exceeded): split into stages at their collectives,
 #     run with NCCL between them, against gpu-inputs/layers/NAME, the same layer unsplit;
+#   - mixtral-8x7b-ep1-chunk and olmoe-1b-7b-ep1-chunk: the same with T dynamic up to the
+#     benchmark's, in 4 chunks (ep_chunk_tokens = T / 4, capacity T / 4 * k a chunk);
 #   - mixtral-8x7b-ep2 and -ep4: mixtral-8x7b over 2 and 4 ranks (4 and 2 experts a rank) at
 #     T = 4096 tokens a rank, capacity 4096 * 2 (never exceeded) and 2048 (exceeded by a
 #     skewed routing, overflow = drop), for the runs on several GPUs
@@ -52,10 +54,11 @@ from moe_mlir.config import LayerConfig
 from moe_mlir.mlir_text import layer_mlir
 
 
-def expert_parallel(text, experts, size, capacity, overflow="error", tokens=None):
+def expert_parallel(text, experts, size, capacity, overflow="error", tokens=None, chunk=None):
     """The layer of `text` (E = `experts`) over `size` ranks: its expert weights hold
     E / size experts, and the layer's attributes get ep_size and ep_capacity; with `tokens`,
-    T becomes that."""
+    T becomes that; with `chunk`, T becomes dynamic up to the static T, in chunks of at most
+    `chunk` tokens (ep_chunk_tokens; the capacity is then a chunk's)."""
     local = experts // size
     text, n = re.subn(r"tensor<%dx(\d+)x(\d+)xbf16>" % experts,
                       r"tensor<%dx\1x\2xbf16>" % local, text)
@@ -64,6 +67,10 @@ def expert_parallel(text, experts, size, capacity, overflow="error", tokens=None
         t = int(re.search(r"%x: tensor<(\d+)x", text).group(1))
         text = text.replace(f"tensor<{t}x", f"tensor<{tokens}x")
     extra = f"ep_size = {size}, ep_capacity = {capacity}, "
+    if chunk is not None:
+        t = int(re.search(r"%x: tensor<(\d+)x", text).group(1))
+        text = text.replace(f"tensor<{t}x", "tensor<?x")
+        extra += f"max_tokens = {t}, ep_chunk_tokens = {chunk}, "
     if overflow != "error":
         extra += f"ep_overflow = #moe.ep_overflow<{overflow}>, "
     text, n = re.subn(r"\{activation = ", "{" + extra + "activation = ", text)
@@ -87,6 +94,9 @@ for example, tokens, k, experts in (
     with open(os.path.join(root, "examples", example + ".mlir")) as f:
         text = f.read()
     write(f"{example}-ep1", expert_parallel(text, experts, 1, tokens * k), example)
+    if example in ("mixtral-8x7b", "olmoe-1b-7b"):  # the step in 4 chunks
+        write(f"{example}-ep1-chunk",
+              expert_parallel(text, experts, 1, tokens // 4 * k, chunk=tokens // 4), example)
     if example == "mixtral-8x7b":
         for size in (2, 4):
             write(f"{example}-ep{size}",

@@ -16,7 +16,8 @@ and prints the step time of both (median of --steps after --warmup, CUDA events,
 The cases: `small` (d=256, n=128, E=8, k=2, T = 256 and 100 under a bound of 256) with an f32
 copy under torch.autocast(bf16) (out and gradients bitwise the bf16 layer's), a capacity of
 64 rows met (T = 16: bitwise) and exceeded (T = 256: CapacityError; with overflow="drop",
-`last_dropped` = T k - 64); `deepseek` (sigmoid scores, a router bias, groups, a shared
+`last_dropped` = T k - 64); `chunk` (the small layer with ep_chunk_tokens = 64: four
+chunks, each with its own dispatch, at T = 256, 100 and 3); `deepseek` (sigmoid scores, a router bias, groups, a shared
 expert; T = 200); `mixtral-8x7b` (the benchmark configuration, T = 16384); `hf` (a
 two-layer Mixtral on CUDA with `replace_moe_blocks(ep_group=...)`: the loss within 1e-2 of
 the original model's, the experts' gradients finite and non-zero).
@@ -263,7 +264,8 @@ def hf_case() -> None:
     )
 
 
-CASES = ("small", "capacity", "autocast", "deepseek", "mixtral-8x7b", "hf")
+CASES = ("small", "capacity", "autocast", "chunk", "deepseek", "mixtral-8x7b", "hf")
+CHUNK = 64  # ep_chunk_tokens of the chunk case: 4 chunks of the bound 256
 
 
 def case_layers(case: str, device, dtype) -> List[Any]:
@@ -275,6 +277,9 @@ def case_layers(case: str, device, dtype) -> List[Any]:
         plain, staged = layers(SMALL, 256, device, dtype, ep_capacity=CAPACITY)
         _, drop = layers(SMALL, 256, device, dtype, ep_capacity=CAPACITY, ep_overflow="drop")
         return [(plain, 256), (staged, 256), (drop, 256)]
+    if case == "chunk":
+        _, staged = layers(SMALL, 256, device, dtype, ep_chunk_tokens=CHUNK)
+        return [(staged, 256)]  # the small case's plain layer beside it
     if case == "deepseek":
         return [(layer, 256) for layer in layers(DEEPSEEK, 256, device, dtype)]
     if case == "mixtral-8x7b":
@@ -350,6 +355,11 @@ def main() -> int:
                 capacity_cases()
             elif case == "autocast":
                 autocast_case()
+            elif case == "chunk":
+                plain, staged = layers(SMALL, 256, "cuda", torch.bfloat16, ep_chunk_tokens=CHUNK)
+                for tokens in (256, 100, 3):
+                    compare(f"small ep_chunk_tokens={CHUNK}", plain, staged, tokens)
+                timing(f"small ep_chunk_tokens={CHUNK}", plain, staged, 256, args)
             elif case == "deepseek":
                 plain, staged = layers(DEEPSEEK, 256, "cuda", torch.bfloat16)
                 compare(case, plain, staged, 200)

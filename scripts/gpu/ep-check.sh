@@ -13,9 +13,10 @@
 #         speed ratio;
 #   torch bench/ep_layer_check.py: MoELayer(ep_group=NCCL group of one rank, max_tokens=...)
 #         on CUDA in bf16 against the non-EP MoELayer with the same weights (out and logits
-#         bitwise, gradients within 2e-2): a small layer (T = 256 and 100, autocast, a
-#         capacity met, exceeded with "error" and "drop"), mixtral-8x7b at T = 16384, and a
-#         two-layer Mixtral through replace_moe_blocks; its layers come prebuilt in
+#         bitwise, gradients within 2e-2): a small layer (T = 256 and 100, autocast, in 4
+#         chunks, a capacity met, exceeded with "error" and "drop"), a DeepSeek-V3-like one,
+#         mixtral-8x7b at T = 16384, and a two-layer Mixtral through replace_moe_blocks;
+#         its layers come prebuilt in
 #         gpu-inputs/ep/torch-cache.tar.xz, unpacked into $MOE_LAYER_BUILD_DIR/ep-torch-cache.
 #   bash scripts/gpu/ep-check.sh [--only NAME[,NAME...]]
 # NAME: cpp, torch, or a configuration of ep_staged.py (default: all of them).

@@ -16,7 +16,7 @@
 # The generated .mlir files go to gpu-inputs/ep/mlir/. And torch-cache.tar.xz: the compile-cache
 # entries (MOE_MLIR_CACHE layout) of bench/ep_layer_check.py, MoELayer(ep_group=...) on CUDA
 # against the non-EP MoELayer (bench/ep_layer_check.py --prebuild; xz-compressed, as the
-# entries share their kernels: nine entries, 5.2 MiB, take 0.14 MiB);
+# entries share their kernels: ten entries, 5.8 MiB, take 0.14 MiB);
 # scripts/gpu/ep-check.sh --only torch unpacks it.
 #
 #   bash scripts/inputs/build-ep-layers.sh [--out DIR]

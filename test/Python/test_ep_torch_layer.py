@@ -8,7 +8,8 @@ and the router's gradients are within 1e-5, and each rank's expert gradients are
 layer's summed over both ranks' tokens, cut to its experts. The state_dict holds the local
 experts and `gather_experts` gives back the whole layer's. The group's load-balancing loss
 equals the one of all tokens in one process. A Mixtral model with its MoE blocks replaced on
-each rank gives the original model's loss on that rank's batch.
+each rank (in chunks of 32 tokens) gives the original model's loss on that rank's batch; a
+layer in chunks of 4 tokens is the whole layer too.
 """
 
 from __future__ import annotations
@@ -40,22 +41,19 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / max(float(b.abs().max()), 1e-30))
 
 
-def _layer_case(rank: int) -> dict:
-    from moe_mlir.config import LayerConfig
-    from moe_mlir.distributed import gather_experts, load_balancing_loss
-    from moe_mlir.layer import MoELayer
-
-    config = LayerConfig(tokens=0, hidden=16, ffn=12, experts=4, top_k=2, renormalize=True)
-    torch.manual_seed(0)
-    whole = MoELayer(config)
-    ep = MoELayer(config, ep_group="default", max_tokens=16)
-    local = config.experts // WORLD
+def _local_copy(whole, ep, rank: int) -> None:
+    """ep's weights: whole's, its experts this rank's."""
+    local = whole.config.experts // WORLD
     with torch.no_grad():
         ep.w_router.copy_(whole.w_router)
         ep.w_gate_up.copy_(whole.w_gate_up[rank * local : (rank + 1) * local])
         ep.w_down.copy_(whole.w_down[rank * local : (rank + 1) * local])
-    torch.manual_seed(100 + rank)
-    x = torch.randn(5 + 4 * rank, config.hidden)
+
+
+def _against_whole(whole, ep, x, rank: int):
+    """ep on this rank's tokens x against the whole layer: out and logits bitwise, x's and the
+    router's gradients, and the experts' summed over the ranks."""
+    local = whole.config.experts // WORLD
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     out, logits = whole(x1, return_router_logits=True)
     ep_out, ep_logits = ep(x2, return_router_logits=True)
@@ -72,6 +70,23 @@ def _layer_case(rank: int) -> dict:
         summed = getattr(whole, name).grad.clone()
         dist.all_reduce(summed)
         checks[f"d{name}"] = _rel(getattr(ep, name).grad, summed[rank * local : (rank + 1) * local])
+    return checks, logits, ep_logits
+
+
+def _layer_case(rank: int) -> dict:
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.distributed import gather_experts, load_balancing_loss
+    from moe_mlir.layer import MoELayer
+
+    config = LayerConfig(tokens=0, hidden=16, ffn=12, experts=4, top_k=2, renormalize=True)
+    torch.manual_seed(0)
+    whole = MoELayer(config)
+    ep = MoELayer(config, ep_group="default", max_tokens=16)
+    local = config.experts // WORLD
+    _local_copy(whole, ep, rank)
+    torch.manual_seed(100 + rank)
+    x = torch.randn(5 + 4 * rank, config.hidden)
+    checks, logits, ep_logits = _against_whole(whole, ep, x, rank)
     state = ep.state_dict()
     checks["local_shapes"] = tuple(state["w_gate_up"].shape) == (local, 16, 24)
     full = gather_experts(ep)
@@ -92,6 +107,25 @@ def _layer_case(rank: int) -> dict:
     )
     expect = config.experts * torch.sum(f * probs.mean(0))
     checks["lb"] = _rel(lb, expect)
+    return checks
+
+
+def _chunk_case(rank: int) -> dict:
+    """ep_chunk_tokens=4 under a bound of 16: the step as 4 chunks, each with its own
+    dispatch, capacity 4 * k a chunk by default; on 5 and 9 tokens (chunks of 1 to 3)."""
+    from moe_mlir.config import LayerConfig
+    from moe_mlir.layer import MoELayer
+
+    config = LayerConfig(tokens=0, hidden=16, ffn=12, experts=4, top_k=2, renormalize=True)
+    torch.manual_seed(1)
+    whole = MoELayer(config, init_std=0.2)
+    ep = MoELayer(config, ep_group="default", max_tokens=16, ep_chunk_tokens=4)
+    _local_copy(whole, ep, rank)
+    torch.manual_seed(200 + rank)
+    checks, _, _ = _against_whole(whole, ep, torch.randn(5 + 4 * rank, config.hidden), rank)
+    spec = ep.ep_spec
+    checks["spec"] = (spec.chunk_tokens, spec.capacity) == (4, 8)
+    checks["dropped"] = int(np.asarray(ep.last_dropped).sum()) == 0
     return checks
 
 
@@ -119,7 +153,7 @@ def _hf_case(rank: int) -> dict:
     )
     model = transformers.MixtralForCausalLM(cfg).float()
     ours = copy.deepcopy(model)
-    names = hf.replace_moe_blocks(ours, ep_group="default", max_tokens=64)
+    names = hf.replace_moe_blocks(ours, ep_group="default", max_tokens=64, ep_chunk_tokens=32)
     torch.manual_seed(10 + rank)
     ids = torch.randint(0, 96, (2, 6 + rank))
     ref = model(input_ids=ids, labels=ids).loss
@@ -130,6 +164,7 @@ def _hf_case(rank: int) -> dict:
         "replaced": len(names),
         "loss": _rel(got, ref),
         "local_experts": int(layer.w_gate_up.shape[0]),
+        "chunk_tokens": layer.ep_spec.chunk_tokens,
         "grad": bool(layer.w_gate_up.grad is not None and layer.w_gate_up.grad.abs().sum() > 0),
     }
 
@@ -139,7 +174,7 @@ def _worker(rank, port, queue):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         os.environ.setdefault("MOE_MLIR_QUIET", "1")
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        result = {"layer": _layer_case(rank)}
+        result = {"layer": _layer_case(rank), "chunk": _chunk_case(rank)}
         try:
             import transformers  # noqa: F401
 
@@ -185,12 +220,22 @@ def test_layer_against_whole_layer(results):
         assert checks["lb"] <= 1e-6, (rank, checks["lb"])
 
 
+def test_chunked_layer_against_whole_layer(results):
+    for rank, result in results.items():
+        checks = result["chunk"]
+        assert checks["out_bitwise"] and checks["logits_bitwise"], (rank, checks)
+        for name in ("dx", "dw_router", "dw_gate_up", "dw_down"):
+            assert checks[name] <= RTOL, (rank, name, checks[name])
+        assert checks["spec"] and checks["dropped"], (rank, checks)
+
+
 def test_replace_moe_blocks(results):
     for rank, result in results.items():
         if "hf" not in result:
             pytest.skip("needs transformers")
         checks = result["hf"]
         assert checks["replaced"] == 2 and checks["local_experts"] == 2, checks
+        assert checks["chunk_tokens"] == 32, checks
         assert checks["loss"] <= RTOL, (rank, checks["loss"])
         assert checks["grad"], checks
 

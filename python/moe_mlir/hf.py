@@ -17,11 +17,14 @@ Experts must be SwiGLU (`hidden_act="silu"`). Weights:
 
 - `weights="share"` (default): the new module holds the block's own `gate`, `experts` (and
   `shared_experts`) submodules, so the parameters, their names in `state_dict()`, and any
-  optimizer already holding them stay the same. HF stores them transposed from the compiler's
+  optimizer already holding them stay the same. HF's shapes are transposed from the compiler's
   layout (`gate_up_proj` [E, 2n, d] against our [E, d, 2n]; `down_proj` [E, d, n] against
-  [E, n, d]; the router [E, d] against [d, E]), so each forward makes one contiguous transposed
-  copy of the weights (an autograd op: gradients flow back to the HF parameters). Activations are
-  not copied.
+  [E, n, d]; the router [E, d] against [d, E]), so the block's experts and router weights are
+  stored once, when the layer is made, in the compiler's layout: each keeps its HF shape and
+  values as a transposed view (`gate_up_proj.stride()` is then `(2nd, 1, 2n)`). The layer reads
+  them without a copy each step, and their gradients arrive in the same layout, uncopied.
+  `save_pretrained` writes them contiguous, as always; code that needs HF's own strides calls
+  `.contiguous()`. Activations are not copied.
 - `weights="copy"`: a plain `MoELayer` whose parameters are copied once into the compiler's
   layout; no per-step weight copy, but `state_dict()` keys become `w_router`, `w_gate_up`, ...
 
@@ -144,6 +147,10 @@ class HFMoELayer(MoELayer):
         self.block_type = type(block).__name__
         self.gate = block.gate
         self.experts = block.experts
+        # The compiler's layout in memory, HF's shape in the view: no copy of the weights,
+        # nor of their gradients, each step.
+        for p in (block.experts.gate_up_proj, block.experts.down_proj, block.gate.weight):
+            _store_transposed(p)
         if config.has_shared:
             self.shared_experts = block.shared_experts
         self.top_k = config.top_k
@@ -167,6 +174,15 @@ class HFMoELayer(MoELayer):
             w["shared_gate_up"] = torch.cat([s.gate_proj.weight, s.up_proj.weight], 0).t()
             w["shared_down"] = s.down_proj.weight.t()
         return w
+
+
+def _store_transposed(p: nn.Parameter) -> None:
+    """Stores `p` (the last two dimensions swapped from the compiler's layout) so that its
+    transpose is contiguous; its shape and values stay the same. Already so: nothing."""
+    if p.dim() < 2 or p.transpose(-1, -2).is_contiguous():
+        return
+    with torch.no_grad():
+        p.data = p.data.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
 def from_hf_block(

@@ -154,7 +154,7 @@ for step in ${steps//,/ }; do
   dynamic)
     run_step dynamic "${MOE_DYNAMIC_LIMIT:-300}" bash "$root/scripts/gpu/dynamic-check.sh" ;;
   ep)
-    run_step ep "${MOE_EP_LIMIT:-300}" bash "$root/scripts/gpu/ep-check.sh" ;;
+    run_step ep "${MOE_EP_LIMIT:-540}" bash "$root/scripts/gpu/ep-check.sh" ;;
   torch)
     run_step torch 330 bash "$root/scripts/gpu/torch-check.sh" --deadline $(($(seconds_left) - 20)) ;;
   long)

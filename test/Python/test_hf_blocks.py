@@ -149,6 +149,31 @@ def test_replaced_model_matches(family, weights):
                 assert rel(g_ours[n], g) < 1e-5, n
 
 
+def test_shared_weights_keep_their_values_and_save(tmp_path):
+    """weights="share" stores the experts and router weights in the compiler's layout: the
+    same parameters with the same shapes and values, their transposes contiguous (so the layer
+    reads them without a copy), an optimizer made before still stepping them, and
+    save_pretrained / from_pretrained giving the same weights back."""
+    torch.manual_seed(3)
+    model = make("mixtral").train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    hf.replace_moe_blocks(model)
+    for n, p in model.named_parameters():
+        assert p is params[n], n
+        assert torch.equal(p, before[n]), n
+        if n.endswith(("experts.gate_up_proj", "experts.down_proj", "gate.weight")):
+            assert p.transpose(-1, -2).is_contiguous() and not p.is_contiguous(), n
+    ids = torch.randint(0, 96, (2, 11))
+    loss_and_grads(model, ids)
+    optimizer.step()
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path)
+    for n, p in loaded.named_parameters():
+        assert torch.equal(p, model.get_parameter(n)), n
+
+
 def test_bf16_model_on_the_cpu():
     torch.manual_seed(1)
     model = make("qwen3").bfloat16().train()

@@ -857,6 +857,8 @@ class _TorchBackend(_Backend):
 
         self.layer, self.kinds, self.group = layer, kinds, group
         self.torch, self.dist = torch, dist
+        # A group of one: the all-to-all is the identity, and its copy is skipped.
+        self.alone = dist.get_world_size(group) == 1
 
     def _outputs(self, index: int):
         return self.layer.entries[self.kinds[index]].by_role("output")
@@ -882,6 +884,8 @@ class _TorchBackend(_Backend):
         return self._outputs(index)[output].follows_tokens
 
     def start(self, blocks):
+        if self.alone:
+            return None, blocks, blocks
         received = self.torch.empty_like(blocks)
         blocks = blocks.contiguous()
         work = self.dist.all_to_all_single(
@@ -894,7 +898,8 @@ class _TorchBackend(_Backend):
 
     def finish(self, handle):
         work, received, _ = handle
-        work.wait()
+        if work is not None:
+            work.wait()
         return received
 
     def group_max(self, dropped) -> int:

@@ -323,6 +323,10 @@ def _run_stages(
                 raise ValueError(f"@{stage.name} takes a value an empty chunk did not make")
             # An expert-side stage's shapes do not follow T; it runs for a chunk without
             # tokens too, on what the other ranks sent.
+            if tokens == 0 and any(backend.follows_tokens(k, j) for j in range(len(stage.outputs))):
+                raise ValueError(
+                    f"@{stage.name} runs for every chunk but has results that follow T"
+                )
             outputs = backend.call(k, inputs, max(tokens, 1))
         for j, (oname, value) in enumerate(zip(stage.outputs, outputs)):
             if oname.startswith("result"):
@@ -873,9 +877,11 @@ class _TorchBackend(_Backend):
         for name, spec in zip(self.layer.ep[self.kinds[index]]["outputs"], self._outputs(index)):
             dtype = gpu.torch_dtype(spec.dtype)
             if spec.follows_tokens:
-                out.append(self.torch.empty((0, *spec.shape[1:]), dtype=dtype, device="cuda"))
+                out.append(
+                    self.torch.empty((0, *spec.shape[1:]), dtype=dtype, device=self.layer.device)
+                )
             elif name.startswith(("send", "dropped")):
-                out.append(self.torch.zeros(spec.shape, dtype=dtype, device="cuda"))
+                out.append(self.torch.zeros(spec.shape, dtype=dtype, device=self.layer.device))
             else:
                 out.append(None)
         return out
@@ -931,6 +937,8 @@ class GPUEPLayer:
 
     Synchronisation: none but the capacity check of `overflow="error"` (one integer read a
     dispatch and chunk, after an all-reduce); `"drop"` reads nothing."""
+
+    device = "cuda"  # where the stages' tensors are
 
     def __init__(self, so_path: str, manifest_path: Optional[str] = None):
         import ctypes

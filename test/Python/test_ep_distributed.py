@@ -12,7 +12,9 @@ Cases: random routing; every token on rank 0's experts (the other ranks receive 
 T = 1 on one rank; the capacity exactly met; the capacity exceeded, raising CapacityError on
 every rank (no rank left waiting) or, with overflow="drop", dropping the rows past it (their
 results zero: the documented result, checked against the layer without the drop); a step
-in chunks, with ranks whose chunks are empty, and a chunk's capacity exceeded.
+in chunks, with ranks whose chunks are empty, and a chunk's capacity exceeded. And the GPU
+path's runner (`GPUEPLayer`'s scheduler and torch backend) over the CPU stages on torch
+tensors, bitwise against the CPU runner.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from moe_mlir import cpu  # noqa: E402
 from moe_mlir.config import LayerConfig  # noqa: E402
+from moe_mlir import gpu  # noqa: E402
 from moe_mlir.distributed import (  # noqa: E402
     CapacityError,
     EPLayer,
     EPSpec,
+    GPUEPLayer,
     LocalExchange,
     TorchExchange,
+    _NumpyBackend,
     shard_experts,
 )
 
@@ -349,3 +354,119 @@ def test_bad_use_is_an_error():
         EPLayer(CONFIG, EPSpec(2, 8, chunk_tokens=4))
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         TorchExchange()
+
+
+# =========================================================================== the GPU runner
+
+
+class _StagesOnTorch(GPUEPLayer):
+    """`GPUEPLayer`'s runner (the scheduler, its torch backend, the chunks) over the CPU stages
+    of an `EPLayer`, on CPU tensors, with the manifest entries the GPU layer would have: what
+    the GPU path does between its kernels, checked without a GPU."""
+
+    device = "cpu"
+
+    def __init__(self, layer: EPLayer):  # noqa: D107 (no manifest to read)
+        self.cpu_layer, self.name, self.dropped = layer, layer.name, None
+        self.entries, self.ep = {}, {}
+        for half in ("forward", "backward"):
+            function = layer.functions[half]
+            plan = function.plan
+            for i, stage in enumerate(plan.stages):
+                kind = f"{half}_stage{i}"
+                sig = function.module[stage.name].signature
+                outputs = tuple(
+                    gpu.ParamSpec(
+                        name,
+                        "output",
+                        t.element,
+                        tuple(-1 if d is None else d for d in t.shape),
+                        rows_per_token=r or 0,
+                    )
+                    for name, t, r in zip(stage.outputs, sig.results, stage.rows)
+                )
+                self.entries[kind] = gpu.EntryPoint(kind, stage.name, None, outputs, BOUND)
+                self.ep[kind] = {
+                    "inputs": stage.inputs,
+                    "outputs": stage.outputs,
+                    "collectives": plan.kinds,
+                    "overflows": plan.overflows,
+                    "results": plan.results,
+                    "stages": len(plan.stages),
+                    "size": plan.ep_size,
+                    "capacity": plan.capacity,
+                    "num_saved": function.num_saved,
+                    "gradient_args": function.gradient_args,
+                }
+                if plan.step_tokens:
+                    self.ep[kind]["step_tokens"] = plan.step_tokens
+        self.ep_size, self.capacity = layer.ep.size, self.ep["forward_stage0"]["capacity"]
+        self.max_tokens = layer.functions["forward"].plan.chunk_tokens
+
+    def _call(self, kind, inputs, tokens):
+        half, index = kind.split("_stage")
+        backend = _NumpyBackend(self.cpu_layer.functions[half], None)
+        outs = backend.call(int(index), [t.numpy() for t in inputs], tokens)
+        return [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
+
+
+def _torch_runner_worker(rank, world, port, state, ep, per_rank, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        layer = EPLayer.load(CONFIG, ep, state)
+        args, cot = per_rank[rank]
+        local = shard_experts(args, world, rank)
+        out, logits, saved = layer.forward(local, TorchExchange())
+        grads = layer.backward(saved, cot["d_out"], cot["d_logits"], TorchExchange())
+        runner = _StagesOnTorch(layer)
+        tensors = [torch.from_numpy(local[n]) for n in CONFIG.arg_names()]
+        results = runner.forward(tensors)
+        t_grads = runner.backward(
+            results[2:], torch.from_numpy(cot["d_out"]), torch.from_numpy(cot["d_logits"])
+        )
+        names = [CONFIG.arg_names()[i] for i in runner.gradient_args]
+        same = {
+            "out": bool(np.array_equal(results[0].numpy(), out)),
+            "logits": bool(np.array_equal(results[1].numpy(), logits)),
+            "dropped": bool(
+                np.array_equal(np.stack([d.numpy() for d in runner.dropped]), layer.dropped)
+            ),
+        }
+        for name, g in zip(names, t_grads):
+            same[name] = bool(np.array_equal(g.numpy(), grads[name]))
+        queue.put((rank, "ok", same))
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_gpu_runner_on_cpu_tensors(chunk):
+    """GPUEPLayer's runner, its collectives through torch.distributed on torch tensors, gives
+    bitwise what the CPU path's runner gives, unchunked and in chunks (one rank with two
+    tokens: empty chunks), with rows dropped past a small capacity."""
+    capacity = 5 * CONFIG.top_k if chunk else BOUND * CONFIG.top_k - 3
+    layer = _layer(2, capacity, "drop", chunk=chunk)
+    per_rank = _inputs(120, [BOUND, 2], skew=chunk is None)
+    world, ctx = 2, mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [
+        ctx.Process(
+            target=_torch_runner_worker,
+            args=(r, world, port, layer.state(), layer.ep, per_rank, queue),
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((r, (st, pay)) for r, st, pay in (queue.get(timeout=120) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    for rank, (status, same) in results.items():
+        assert status == "ok", same
+        assert all(same.values()), (rank, same)

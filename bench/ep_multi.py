@@ -24,6 +24,10 @@ its own tokens:
   stages' workspaces, skewed routing, with C = 4096 * k and with the capacity of 2048 (drop),
   beside what the plan predicts (docs/distributed.md, Memory per rank).
 
+With mixtral-8x7b-ep{S}-chunk (the same layer in 4 chunks of 1024 tokens, capacity 1024 * k a
+chunk; pipelined, one chunk's all-to-all overlapping another's experts) the correctness checks,
+its step time beside the unchunked one, and its peak memory under skewed routing, likewise.
+
 Rank 0 prints one line a check and "N passed, M failed"; JSON to $OUT/ep_multi.json.
 """
 
@@ -162,6 +166,8 @@ def main() -> int:
     try:
         staged = GPUEPLayer(os.path.join(args.ep_dir, f"mixtral-8x7b-ep{size}.so"))
         drop = GPUEPLayer(os.path.join(args.ep_dir, f"mixtral-8x7b-ep{size}-drop.so"))
+        chunk_path = os.path.join(args.ep_dir, f"mixtral-8x7b-ep{size}-chunk.so")
+        chunked = GPUEPLayer(chunk_path) if os.path.exists(chunk_path) else None
         reference = gpu.CompiledLayer(args.reference)
         w_router, wgu, wd = weights(torch)
         wgu_local = wgu[rank * local : (rank + 1) * local].contiguous()
@@ -176,9 +182,12 @@ def main() -> int:
             grads = layer.backward(out[2:], d_out, d_logits)
             return out, dict(zip([f"d_arg{i}" for i in layer.gradient_args], grads))
 
-        for mode in ("random", "skewed", "empty"):
+        variants = [("", staged)] + ([("chunked ", chunked)] if chunked else [])
+        for (label, layer), mode in (
+            (v, m) for v in variants for m in ("random", "skewed", "empty")
+        ):
             x = tokens(torch, rank, mode, w_router)
-            out, grads = ours(staged, x)
+            out, grads = ours(layer, x)
             f = reference.forward(dict(zip(names, [x, w_router, wgu, wd])))
             g = reference.backward(f, {"d_result0": d_out, "d_result1": d_logits})
             worst = {"out": rel(out[0], f["result0"])}
@@ -189,7 +198,7 @@ def main() -> int:
                     whole = summed[rank * local : (rank + 1) * local]
                 worst[name] = rel(grads[name], whole)
             ok = all(v <= RTOL for v in worst.values())
-            record(rank, "correct", f"{mode} rank{rank}", ok, rel=worst)
+            record(rank, "correct", f"{label}{mode} rank{rank}", ok, rel=worst)
 
         x = tokens(torch, rank, "random", w_router)
         ours_ms = time_it(torch, lambda: ours(staged, x), args.warmup, args.steps)
@@ -206,6 +215,9 @@ def main() -> int:
             args.warmup,
             args.steps,
         )
+        chunked_ms = (
+            time_it(torch, lambda: ours(chunked, x), args.warmup, args.steps) if chunked else None
+        )
         record(
             rank,
             "speed",
@@ -216,9 +228,14 @@ def main() -> int:
             megatron_ms=round(megatron_ms, 3),
             scaling_efficiency=round(one_gpu_ms / ours_ms, 3),
             megatron_over_ours=round(megatron_ms / ours_ms, 3),
+            chunked_ms=chunked_ms and round(chunked_ms, 3),
+            chunked_over_ours=chunked_ms and round(chunked_ms / ours_ms, 3),
         )
 
-        for label, layer in (("capacity T*k", staged), ("capacity 2048, drop", drop)):
+        memory_runs = [("capacity T*k", staged), ("capacity 2048, drop", drop)]
+        if chunked:
+            memory_runs.append(("4 chunks, capacity 1024*k a chunk", chunked))
+        for label, layer in memory_runs:
             x = tokens(torch, rank, "skewed", w_router)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

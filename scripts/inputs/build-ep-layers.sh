@@ -8,7 +8,8 @@
 #     benchmark's, in 4 chunks (ep_chunk_tokens = T / 4, capacity T / 4 * k a chunk);
 #   - mixtral-8x7b-ep2 and -ep4: mixtral-8x7b over 2 and 4 ranks (4 and 2 experts a rank) at
 #     T = 4096 tokens a rank, capacity 4096 * 2 (never exceeded) and 2048 (exceeded by a
-#     skewed routing, overflow = drop), for the runs on several GPUs
+#     skewed routing, overflow = drop), and -ep2-chunk / -ep4-chunk (in 4 chunks of 1024
+#     tokens, capacity 1024 * 2 a chunk), for the runs on several GPUs
 #     (scripts/gpu/ep-multi-gpu.sh);
 #   - example-ep1: build-layers.sh's example layer (d=128, n=128, E=4, k=2, T dynamic up to
 #     64) over one rank, capacity 64 * 2: the C++ example's (examples/cpp/ep_example.cpp),
@@ -67,9 +68,10 @@ def expert_parallel(text, experts, size, capacity, overflow="error", tokens=None
         t = int(re.search(r"%x: tensor<(\d+)x", text).group(1))
         text = text.replace(f"tensor<{t}x", f"tensor<{tokens}x")
     extra = f"ep_size = {size}, ep_capacity = {capacity}, "
-    if chunk is not None:
-        t = int(re.search(r"%x: tensor<(\d+)x", text).group(1))
-        text = text.replace(f"tensor<{t}x", "tensor<?x")
+    if chunk is not None:  # x, out and the logits; not a weight whose d equals T
+        t, d = map(int, re.search(r"%x: tensor<(\d+)x(\d+)x", text).groups())
+        text = text.replace(f"tensor<{t}x{d}xbf16>", f"tensor<?x{d}xbf16>")
+        text = text.replace(f"tensor<{t}x{experts}xf32>", f"tensor<?x{experts}xf32>")
         extra += f"max_tokens = {t}, ep_chunk_tokens = {chunk}, "
     if overflow != "error":
         extra += f"ep_overflow = #moe.ep_overflow<{overflow}>, "
@@ -103,6 +105,9 @@ for example, tokens, k, experts in (
                   expert_parallel(text, experts, size, 4096 * k, tokens=4096), example)
             write(f"{example}-ep{size}-drop",
                   expert_parallel(text, experts, size, 2048, "drop", tokens=4096), example)
+            write(f"{example}-ep{size}-chunk",
+                  expert_parallel(text, experts, size, 1024 * k, tokens=4096, chunk=1024),
+                  example)
 
 # The same config, name and bound as build-layers.sh's "example": only ep_size and
 # ep_capacity differ, so the two objects link into one program (NAME_forward beside

@@ -3,12 +3,12 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: not moe-compile %t/missing.mlir -o %t/out/missing 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: not moe-compile %t/invalid.mlir -o %t/out/invalid 2>&1 | FileCheck %s --check-prefix=INVALID
-// RUN: not moe-compile %t/gelu.mlir -o %t/out/gelu --format=isa 2>&1 | FileCheck %s --check-prefix=GELU
+// RUN: not moe-compile %t/f32.mlir -o %t/out/f32 --format=isa 2>&1 | FileCheck %s --check-prefix=F32
 // RUN: not moe-compile %t/nolayer.mlir -o %t/out/nolayer --format=isa 2>&1 | FileCheck %s --check-prefix=NOLAYER
 // RUN: not moe-compile %t/two.mlir -o %t/out/two --format=isa 2>&1 | FileCheck %s --check-prefix=TWO
-// RUN: not moe-compile %t/gelu.mlir -o %t/out/x --emit=obj,pdf 2>&1 | FileCheck %s --check-prefix=EMIT
-// RUN: not moe-compile %t/gelu.mlir -o %t/out/x --format=offload 2>&1 | FileCheck %s --check-prefix=FORMAT
-// RUN: not moe-compile %t/gelu.mlir -o %t/out/x --opt-level=7 2>&1 | FileCheck %s --check-prefix=OPT
+// RUN: not moe-compile %t/f32.mlir -o %t/out/x --emit=obj,pdf 2>&1 | FileCheck %s --check-prefix=EMIT
+// RUN: not moe-compile %t/f32.mlir -o %t/out/x --format=offload 2>&1 | FileCheck %s --check-prefix=FORMAT
+// RUN: not moe-compile %t/f32.mlir -o %t/out/x --opt-level=7 2>&1 | FileCheck %s --check-prefix=OPT
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --policy=frugal 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=4GiX 2>&1 | FileCheck %s --check-prefix=UNIT
 // RUN: not moe-compile %S/compile.mlir -o %t/out/x --format=isa --memory-budget=1KiB 2>&1 | FileCheck %s --check-prefix=BUDGET
@@ -27,8 +27,8 @@
 // MISSING: moe-compile: error: cannot read '{{.*}}missing.mlir': {{.*}}
 // INVALID: invalid.mlir:2:8: error: custom op 'moe.frobnicate' is unknown
 // INVALID: moe-compile: error: cannot parse '{{.*}}invalid.mlir'
-// GELU: gelu.mlir:{{[0-9]+}}:{{[0-9]+}}: error: the GPU path runs the swiglu activation only, got gelu
-// GELU: moe-compile: error: compiling '{{.*}}gelu.mlir' failed
+// F32: f32.mlir:{{[0-9]+}}:{{[0-9]+}}: error: the GPU path runs bf16 data only, got 'tensor<37x64xf32>'
+// F32: moe-compile: error: compiling '{{.*}}f32.mlir' failed
 // NOLAYER: nolayer.mlir:0:0: error: moe-gpu-build-entry-points: no moe layer function to compile (a func.func of moe ops on tensors)
 // NOLAYER-NOT: note
 // NOLAYER: moe-compile: error: compiling '{{.*}}nolayer.mlir' failed
@@ -60,16 +60,16 @@ func.func @f(%x: tensor<4x64xbf16>) -> tensor<4x64xbf16> {
   return %0 : tensor<4x64xbf16>
 }
 
-//--- gelu.mlir
-func.func @gelu(%x: tensor<37x64xbf16>, %wr: tensor<64x4xbf16>,
-                %wgu: tensor<4x64x64xbf16>, %wd: tensor<4x64x64xbf16>)
-    -> tensor<37x64xbf16> {
+//--- f32.mlir
+func.func @f32(%x: tensor<37x64xf32>, %wr: tensor<64x4xf32>,
+               %wgu: tensor<4x64x64xf32>, %wd: tensor<4x64x64xf32>)
+    -> tensor<37x64xf32> {
   %out, %logits = moe.layer %x, %wr, %wgu, %wd
       {activation = #moe.activation<gelu>,
        routing = #moe.routing<scoring = softmax, top_k = 2>}
-      : tensor<37x64xbf16>, tensor<64x4xbf16>, tensor<4x64x64xbf16>,
-        tensor<4x64x64xbf16> -> tensor<37x64xbf16>, tensor<37x4xf32>
-  return %out : tensor<37x64xbf16>
+      : tensor<37x64xf32>, tensor<64x4xf32>, tensor<4x64x64xf32>,
+        tensor<4x64x64xf32> -> tensor<37x64xf32>, tensor<37x4xf32>
+  return %out : tensor<37x64xf32>
 }
 
 //--- nolayer.mlir

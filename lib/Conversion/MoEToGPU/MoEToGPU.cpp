@@ -886,11 +886,20 @@ public:
 SmallVector<HostGemmConfig> getChosenConfigs(Operation *op, StringRef base) {
   SmallVector<HostGemmConfig> configs;
   auto kernels = op->getAttrOfType<DictionaryAttr>(moe_gpu::kKernelsAttrName);
-  if (!kernels)
-    return configs;
-  for (const HostGemmConfig &role : libraryHostGemmConfigs(base))
-    if (auto config = kernels.getAs<moe_gpu::GemmConfigAttr>(role.role))
-      configs.push_back({role.role, config.getConfig()});
+  // Without a choice, a non-gated op still runs its activation's up and dact
+  // GEMMs, which the library does not have (gemmRolesOf).
+  SmallVector<moe_gpu::GemmRole> roles = moe_gpu::gemmRolesOf(op);
+  for (const HostGemmConfig &role : libraryHostGemmConfigs(base)) {
+    if (kernels)
+      if (auto config = kernels.getAs<moe_gpu::GemmConfigAttr>(role.role)) {
+        configs.push_back({role.role, config.getConfig()});
+        continue;
+      }
+    for (const moe_gpu::GemmRole &own : roles)
+      if (own.name == role.role &&
+          !moe_gpu::isGatedActivation(own.libraryConfig))
+        configs.push_back({role.role, own.libraryConfig});
+  }
   return configs;
 }
 
@@ -1969,9 +1978,9 @@ using HostVariants =
 /// Whether `a` and `b` compute the same GEMM (they may differ in how).
 bool computesSame(const moe_gpu::GemmConfig &a, const moe_gpu::GemmConfig &b) {
   return a.a == b.a && a.b == b.b && a.gathered == b.gathered &&
-         a.epilogue == b.epilogue && a.storeA == b.storeA &&
-         a.withRouterWeight == b.withRouterWeight && a.withDs == b.withDs &&
-         a.problem == b.problem;
+         a.epilogue == b.epilogue && a.activation == b.activation &&
+         a.storeA == b.storeA && a.withRouterWeight == b.withRouterWeight &&
+         a.withDs == b.withDs && a.problem == b.problem;
 }
 
 /// Each op's `moe_gpu.kernels` (moe-gpu-select-kernels) against the library:
@@ -1989,6 +1998,17 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
               op->getAttrOfType<DictionaryAttr>(moe_gpu::kKernelsAttrName))
         chosen.emplace_back(op, kernels);
     });
+  // A non-gated op runs variants even without a choice (getChosenConfigs).
+  auto nonGated = [](Operation *op) {
+    return llvm::any_of(moe_gpu::gemmRolesOf(op), [](const auto &role) {
+      return !moe_gpu::isGatedActivation(role.libraryConfig);
+    });
+  };
+  for (const FunctionPlan &plan : plans)
+    func::FuncOp(plan.func).walk([&](Operation *op) {
+      if (!op->hasAttr(moe_gpu::kKernelsAttrName) && nonGated(op))
+        chosen.emplace_back(op, DictionaryAttr::get(op->getContext()));
+    });
   if (chosen.empty())
     return success();
   FailureOr<ModuleOp> parsed = library.get(module);
@@ -1998,7 +2018,7 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
   for (auto kernels : parsed->getOps<gpu::GPUModuleOp>())
     kernelModules.emplace_back(kernels);
   for (auto [op, kernels] : chosen) {
-    bool anyOther = false;
+    bool anyOther = nonGated(op);
     for (const moe_gpu::GemmRole &role : moe_gpu::gemmRolesOf(op)) {
       auto config = kernels.getAs<moe_gpu::GemmConfigAttr>(role.name);
       if (!config)
@@ -2020,6 +2040,9 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
         anyOther = true;
         continue;
       }
+      // A non-gated activation's kernels are built with the variants.
+      if (!moe_gpu::isGatedActivation(libraryConfig))
+        continue;
       if (llvm::none_of(kernelModules, [&](SymbolTable &symbols) {
             return symbols.lookup(name) != nullptr;
           }))

@@ -12,18 +12,6 @@ func.func @f32_data(%x: tensor<37x64xf32>, %wr: tensor<64x4xf32>)
 
 // -----
 
-func.func @gelu(%x: tensor<37x64xbf16>, %ids: tensor<74xi32>, %offsets: tensor<5xi32>,
-                %wgu: tensor<4x64x64xbf16>, %wd: tensor<4x64x64xbf16>)
-    -> (tensor<74x64xbf16>, tensor<74x64xbf16>) {
-  // expected-error @+1 {{the GPU path runs the swiglu activation only, got gelu}}
-  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd {activation = #moe.activation<gelu>}
-      : tensor<37x64xbf16>, tensor<74xi32>, tensor<5xi32>, tensor<4x64x64xbf16>,
-        tensor<4x64x64xbf16> -> tensor<74x64xbf16>, tensor<74x64xbf16>
-  return %y, %h : tensor<74x64xbf16>, tensor<74x64xbf16>
-}
-
-// -----
-
 func.func @capacity(%e: tensor<37x2xi32>) -> (tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>) {
   // expected-error @+1 {{the GPU path is dropless: a capacity factor is not supported}}
   %ids, %offsets, %rows = moe.dispatch %e {num_experts = 4 : i64, capacity_factor = 1.25 : f64}

@@ -69,6 +69,7 @@ GemmTraits::GemmTraits(const GemmConfig &unresolved)
   hasW = c.withRouterWeight;
   hasDs = c.withDs;
   storeA = c.storeA;
+  gated = moe_gpu::isGatedActivation(c);
   persistent = moe_gpu::isPersistentEpilogue(epi);
   ws = *c.warpSpecialized;
   threads = moe_gpu::gemmThreads(c);

@@ -68,7 +68,7 @@ void GemmKernelBuilder::writeHalf(const Tile &s, Value stage, int64_t h) {
     return sub(x32, y32);
   };
 
-  if (g.epi == GemmEpilogue::Swiglu) {
+  if (g.epi == GemmEpilogue::Swiglu && g.gated) {
     // Rows tid/8 + 32 j, 16-byte group q = tid%8 of the 64 gate columns (and
     // group q + 8: the same up columns).
     Value half = dimN;
@@ -171,13 +171,17 @@ void GemmKernelBuilder::writeHalf(const Tile &s, Value stage, int64_t h) {
     }
     return;
   }
-  Value obase = outBase(s);
+  // A non-gated activation's tile goes out as a plain one (H, of n columns),
+  // with A = act(H) beside it.
+  bool act = g.epi == GemmEpilogue::Swiglu;
+  Value ldOut = act ? dimN : ldc;
+  Value obase = act ? c(0) : outBase(s);
   Value q = rem(tid, c(16));
   Value l0 = div(tid, c(16));
   Value step;
   {
     Value rows = cI32(16);
-    Value ldc32 = i32(ldc);
+    Value ldc32 = i32(ldOut);
     Value x = mul(ldc32, cI32(2));
     step = wide(rows, x);
   }
@@ -202,24 +206,41 @@ void GemmKernelBuilder::writeHalf(const Tile &s, Value stage, int64_t h) {
   Value colOk = cmp(Pred::ult, col, dimN);
   Value r0 = add(m0, l0);
   Value mleft = left(mEnd, r0);
-  Value p;
+  Value p, ap;
   {
-    Value x = mul(r0, ldc);
+    Value x = mul(r0, ldOut);
     Value y = add(x, col);
     Value first = add(obase, y);
     Value first64 = i64(first);
     Value bytes = mul(first64, cI64(2));
     // M, N and the varlen ends are multiples of 8 here, so a group is all in
     // or out.
-    p = gep1(coutPtr, bytes);
+    p = gep1(act ? houtPtr : coutPtr, bytes);
+    if (act && g.storeA)
+      ap = gep1(aoutPtr, bytes);
   }
   for (int64_t j = 0; j < kBM * (kBN / 2) / kV / kGemmThreads; ++j) {
-    if (j)
+    if (j) {
       p = gep1(p, step);
+      if (ap)
+        ap = gep1(ap, step);
+    }
     Value vec = sload(add(sidx, c(j * 16 * (kBN / 2))));
     Value more = cmp(Pred::sgt, mleft, cI32(16 * j));
     ifBegin(andi(colOk, more));
     gstore(vec, p);
+    if (ap) {
+      // a = act(h) from the bf16-rounded h, as backward sees it.
+      SmallVector<Value> avals;
+      for (int64_t u = 0; u < kV; ++u) {
+        Value he = vector::ExtractOp::create(b, loc, vec, ArrayRef<int64_t>{u});
+        Value h32 = arith::ExtFOp::create(b, loc, f32, he);
+        Value a32 = activationParts(h32, /*withGrad=*/false).first;
+        avals.push_back(arith::TruncFOp::create(b, loc, bf16, a32));
+      }
+      Value av = vector::FromElementsOp::create(b, loc, vec8, avals);
+      gstore(av, ap);
+    }
     ifEnd();
   }
 }
@@ -232,7 +253,7 @@ void GemmKernelBuilder::stageHalf(Value stage, Value acc, int64_t h) {
   Value base = c(h * kBM * kBN / 2);
   Value swz = div(lane, c(4)); // (fragment row) % 8
   SmallVector<std::pair<int64_t, int64_t>> groups;
-  if (g.epi == GemmEpilogue::Swiglu) {
+  if (g.epi == GemmEpilogue::Swiglu && g.gated) {
     for (int64_t q = 0; q < 8; ++q)
       groups.push_back({8 * h + q, q});
     for (int64_t q = 0; q < 8; ++q)
@@ -425,12 +446,115 @@ std::pair<Value, Value> GemmKernelBuilder::siluParts(Value g32) {
   return {sgm, fmul(g32, sgm)};
 }
 
+std::pair<Value, Value> GemmKernelBuilder::activationParts(Value x,
+                                                           bool withGrad) {
+  // (act(x), act'(x)) in f32 of a non-gated activation (act' null without
+  // withGrad), from the library's SFU exp and sigmoid: no libdevice. One
+  // statement an op or constant (the text is pinned).
+  auto call = [&](StringRef name, Value v) {
+    return func::CallOp::create(b, loc, name, TypeRange{f32}, ValueRange{v})
+        .getResult(0);
+  };
+  // p * q + r with r a constant.
+  auto fmaConst = [&](Value p, Value q, double r) {
+    Value rc = cF32(r);
+    return ffma(p, q, rc);
+  };
+  auto mulConst = [&](Value p, double q) {
+    Value qc = cF32(q);
+    return fmul(p, qc);
+  };
+  auto constMinus = [&](double p, Value q) {
+    Value pc = cF32(p);
+    return fsub(pc, q);
+  };
+  switch (g.config.activation) {
+  case moe_gpu::GemmActivation::Swiglu:
+    break;
+  case moe_gpu::GemmActivation::Silu: {
+    // d silu / dx = s + s (x - silu)
+    auto [sgm, silu] = siluParts(x);
+    if (!withGrad)
+      return {silu, Value()};
+    Value xs = fsub(x, silu);
+    Value grad = ffma(sgm, xs, sgm);
+    return {silu, grad};
+  }
+  case moe_gpu::GemmActivation::GeluTanh: {
+    // 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
+    // the derivative s + x s (1 - s) 2u'.
+    constexpr double kTwoSqrt2OverPi = 2.0 * 0.7978845608028654;
+    Value x2 = fmul(x, x);
+    Value c3 = cF32(0.044715);
+    Value inner = fmaConst(x2, c3, 1.0);
+    Value xi = fmul(x, inner);
+    Value u2 = mulConst(xi, kTwoSqrt2OverPi);
+    Value sgm = call("__moe_gpu_sigmoid", u2);
+    Value gelu = fmul(x, sgm);
+    if (!withGrad)
+      return {gelu, Value()};
+    Value c3x3 = cF32(3.0 * 0.044715);
+    Value du = fmaConst(x2, c3x3, 1.0);
+    Value du2 = mulConst(du, kTwoSqrt2OverPi);
+    Value oneMinus = constMinus(1.0, sgm);
+    Value xs = fmul(gelu, oneMinus);
+    Value grad = ffma(xs, du2, sgm);
+    return {gelu, grad};
+  }
+  case moe_gpu::GemmActivation::GeluErf: {
+    // x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)) with erf of |z| by
+    // Abramowitz and Stegun 7.1.26 (error under 1.5e-7); the derivative
+    // Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi).
+    Value zero = cF32(0.0);
+    Value neg =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT, x, zero);
+    Value z = mulConst(x, 0.7071067811865476);
+    Value nz = constMinus(0.0, z);
+    Value az = arith::SelectOp::create(b, loc, neg, nz, z);
+    Value p = cF32(0.3275911);
+    Value den = fmaConst(az, p, 1.0);
+    Value one = cF32(1.0);
+    Value t = arith::DivFOp::create(b, loc, one, den);
+    Value poly = cF32(1.061405429);
+    for (double coefficient :
+         {-1.453152027, 1.421413741, -0.284496736, 0.254829592})
+      poly = fmaConst(poly, t, coefficient);
+    poly = fmul(poly, t);
+    Value z2 = fmul(z, z);
+    Value nz2 = constMinus(0.0, z2);
+    Value e = call("__moe_gpu_exp", nz2);
+    Value erfc = fmul(poly, e);           // 1 - erf|z|
+    Value halfErfc = mulConst(erfc, 0.5); // Phi(-|x|)
+    Value phiPos = constMinus(1.0, halfErfc);
+    Value phi = arith::SelectOp::create(b, loc, neg, halfErfc, phiPos);
+    Value gelu = fmul(x, phi);
+    if (!withGrad)
+      return {gelu, Value()};
+    Value xe = fmul(x, e);
+    Value invSqrt2Pi = cF32(0.3989422804014327);
+    Value grad = ffma(xe, invSqrt2Pi, phi);
+    return {gelu, grad};
+  }
+  }
+  llvm_unreachable("a non-gated activation");
+}
+
 SmallVector<Value> GemmKernelBuilder::dswigluLoads(Value r, Value col) {
   // What the dSwiGLU of row r, columns col + [0, V) of h reads: gate and up
   // as vector<8xbf16> (and w = wrow[r] with routing weights). r and col are
   // in bounds: the caller clamps them, so the loads need no branch.
   Value half = dimN;
   Value hrow;
+  if (!g.gated) { // h [R, n]: one group
+    hrow = mul(r, half);
+    Value idx = add(hrow, col);
+    SmallVector<Value> vals = {
+        vector::LoadOp::create(b, loc, VectorType::get({kV}, bf16), hsaved, idx,
+                               /*nontemporal=*/false, llvm::MaybeAlign(16))};
+    if (g.hasW)
+      vals.push_back(memref::LoadOp::create(b, loc, wrow, r));
+    return vals;
+  }
   {
     Value width = mul(half, c(2));
     hrow = mul(r, width);
@@ -450,7 +574,7 @@ SmallVector<Value> GemmKernelBuilder::dswigluLoads(Value r, Value col) {
 }
 
 SmallVector<Type> GemmKernelBuilder::dswigluLoadTypes() {
-  SmallVector<Type> types(2, VectorType::get({kV}, bf16));
+  SmallVector<Type> types(g.gated ? 2 : 1, VectorType::get({kV}, bf16));
   if (g.hasW)
     types.push_back(f32);
   return types;
@@ -461,6 +585,12 @@ GemmKernelBuilder::DswigluRow GemmKernelBuilder::dswigluWiden(Value r,
   // (hrow, w, gate, up) of row r from dswigluLoads' values: w = 1 without
   // routing weights.
   DswigluRow row;
+  if (!g.gated) { // gs holds h
+    row.w = g.hasW ? raw[1] : cF32(1.0);
+    row.hrow = mul(r, dimN);
+    row.gs = bf16x8ToF32(raw[0]);
+    return row;
+  }
   row.w = g.hasW ? raw[2] : cF32(1.0);
   Value width = mul(dimN, c(2));
   row.hrow = mul(r, width);
@@ -489,6 +619,24 @@ Value GemmKernelBuilder::dswigluGroup(Value r, Value col, ArrayRef<Value> aAccs,
   };
   SmallVector<Value> dgs, dus, was;
   Value part = cF32(0.0);
+  if (!g.gated) {
+    // dH = w dA act'(h), w*a = w act(h), dS += dA act(h).
+    for (int64_t u = 0; u < kV; ++u) {
+      auto [a, dact] = activationParts(loaded.gs[u], /*withGrad=*/true);
+      Value da = fmul(aAccs[u], w);
+      dgs.push_back(bf(fmul(da, dact)));
+      was.push_back(bf(fmul(w, a)));
+      part = ffma(aAccs[u], a, part);
+    }
+    ifBegin(ok);
+    vstore(dgs, add(loaded.hrow, col), dh);
+    {
+      Value x = mul(r, half);
+      vstore(was, add(x, col), wa);
+    }
+    ifEnd();
+    return select(ok, part, cF32(0.0));
+  }
   for (int64_t u = 0; u < kV; ++u) {
     Value gu = loaded.gs[u], uu = loaded.us[u];
     auto [sgm, silu] = siluParts(gu);

@@ -46,6 +46,8 @@ struct GemmTraits {
   moe_gpu::BOperand b;
   moe_gpu::GemmEpilogue epi;
   bool varlenM, gatherA, gatherB, hasW, hasDs, storeA;
+  /// The activation is SwiGLU (H holds gate and up columns).
+  bool gated;
   bool persistent, ws, tmaB, tmaRowsA, tmaRowsB;
   bool bulkStore, tmaStore, tmaStoreRows, reduceStore, dynamic, idleSkip;
   int64_t threads, stages, ringBytes, stageCBytes, cumOffset;
@@ -207,6 +209,7 @@ private:
   void tmaStoreBoxes(const Tile &s, Value stagePtr);
   void bulkStoreRows(const Tile &s, Value stagePtr);
   std::pair<Value, Value> siluParts(Value g32);
+  std::pair<Value, Value> activationParts(Value x, bool withGrad);
   SmallVector<Value> dswigluLoads(Value r, Value col);
   SmallVector<Type> dswigluLoadTypes();
   struct DswigluRow {

@@ -42,16 +42,19 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
                  Value n, Value dxe, Value dwguf, Value dwdf,
                  std::optional<ExpertValues> experts, Value xIds,
                  const HostGemms &gemms) {
+  const GemmTraits &dact = gemms.get("dact", experts ? LibraryGemm::DactGather
+                                                     : LibraryGemm::DactRows);
   Value one = h.c(1);
   Value two = h.c(2);
-  Value twoN = h.mul(n, two);
-  Value dhSize = h.mul(m, twoN);
+  // dH's width (and W_gate_up's): gate and up columns for SwiGLU, n for a
+  // non-gated activation.
+  Value hWidth =
+      moe_gpu::isGatedActivation(dact.config) ? h.mul(n, two) : Value(n);
+  Value dhSize = h.mul(m, hWidth);
   Value dh = h.alloc(dhSize, h.bf16());
   Value waSize = h.mul(m, n);
   Value wa = h.alloc(h.grid(waSize), h.bf16());
 
-  const GemmTraits &dact = gemms.get("dact", experts ? LibraryGemm::DactGather
-                                                     : LibraryGemm::DactRows);
   GemmValues v;
   v.offsets = offs;
   v.numExperts = e;
@@ -86,12 +89,12 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
     dv.offsets = offs;
     dv.numExperts = e;
     dv.amat = dh;
-    dv.lda = twoN;
+    dv.lda = hWidth;
     dv.bmat = wguf;
-    dv.ldb = twoN;
+    dv.ldb = hWidth;
     dv.dimM = m;
     dv.dimN = d;
-    dv.dimK = twoN;
+    dv.dimK = hWidth;
     dv.cout = dxe;
     dv.ldc = d;
     SmallVector<Value> args = gemmArgs(h, dxGemm, dv);
@@ -124,12 +127,12 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
   gateUp.amat = x;
   gateUp.lda = d;
   gateUp.bmat = dh;
-  gateUp.ldb = twoN;
+  gateUp.ldb = hWidth;
   gateUp.dimM = d;
-  gateUp.dimN = twoN;
+  gateUp.dimN = hWidth;
   gateUp.dimK = h.c(0);
   gateUp.cout = dwguf;
-  gateUp.ldc = twoN;
+  gateUp.ldc = hWidth;
   gateUp.rows = m;
   launchWgrad(h,
               gemms.get("dw_gate_up", xIds ? LibraryGemm::WgradGatherA

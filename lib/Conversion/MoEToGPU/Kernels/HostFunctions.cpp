@@ -577,25 +577,32 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
                 Value n, bool gathered, const HostGemms &gemms) {
   Value one = h.c(1);
   Value two = h.c(2);
+  // A non-gated activation's up GEMM (its H-only form too) reads W [E, d, n]
+  // and writes H and A of n columns each.
+  const GemmTraits &upA =
+      gemms.get("up", gathered ? LibraryGemm::UpGather : LibraryGemm::UpRows);
+  const GemmTraits &upH =
+      gemms.get("up", gathered ? LibraryGemm::UpGatherH : LibraryGemm::UpRowsH);
+  bool gated = moe_gpu::isGatedActivation(yf ? upA.config : upH.config);
   GemmValues v;
   v.offsets = offs;
   v.numExperts = e;
   v.amat = x;
   v.lda = d;
   v.bmat = wguf;
-  v.ldb = h.mul(n, two);
+  v.ldb = gated ? h.mul(n, two) : n;
   v.dimM = m;
   v.dimN = n;
   v.dimK = d;
   v.hout = hf;
   v.ids = ids;
-  // An up tile covers half a tile of gate and up columns each.
+  // A gated up tile covers half a tile of gate and up columns each.
   auto upTiles = [&](const GemmTraits &up) {
-    return h.varlenTiles(m, up.config.tileM, e, n, up.config.tileN / 2);
+    return h.varlenTiles(m, up.config.tileM, e, n,
+                         gated ? up.config.tileN / 2 : up.config.tileN);
   };
   if (!yf) {
-    const GemmTraits &up = gemms.get("up", gathered ? LibraryGemm::UpGatherH
-                                                    : LibraryGemm::UpRowsH);
+    const GemmTraits &up = upH;
     auto [mtiles, ntiles] = upTiles(up);
     SmallVector<Value> args = gemmArgs(h, up, v);
     h.launchGemm(up, mtiles, ntiles, one, args);
@@ -604,8 +611,7 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   Value size = h.mul(m, n);
   Value a = h.alloc(h.grid(size), h.bf16());
   v.aout = a;
-  const GemmTraits &up =
-      gemms.get("up", gathered ? LibraryGemm::UpGather : LibraryGemm::UpRows);
+  const GemmTraits &up = upA;
   {
     auto [mtiles, ntiles] = upTiles(up);
     SmallVector<Value> args = gemmArgs(h, up, v);

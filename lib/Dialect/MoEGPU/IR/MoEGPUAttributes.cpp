@@ -118,11 +118,11 @@ GemmConfig GemmConfig::resolved() const {
 }
 
 static auto asTuple(const GemmConfig &c) {
-  return std::tie(c.a, c.b, c.gathered, c.epilogue, c.storeA,
-                  c.withRouterWeight, c.withDs, c.accumulate, c.problem,
-                  c.tileM, c.tileN, c.tileK, c.stages, c.warpSpecialized,
-                  c.producerRegisters, c.consumerRegisters, c.schedule,
-                  c.idleSkip, c.groupM, c.rowsTma, c.store, c.dactUnroll);
+  return std::tie(
+      c.a, c.b, c.gathered, c.epilogue, c.storeA, c.withRouterWeight, c.withDs,
+      c.accumulate, c.problem, c.tileM, c.tileN, c.tileK, c.stages,
+      c.warpSpecialized, c.producerRegisters, c.consumerRegisters, c.schedule,
+      c.idleSkip, c.groupM, c.rowsTma, c.store, c.dactUnroll, c.activation);
 }
 
 bool GemmConfig::operator==(const GemmConfig &other) const {
@@ -199,8 +199,12 @@ std::string mlir::moe_gpu::gemmKernelName(const GemmConfig &config) {
     os << "up_" << a;
     if (!c.storeA) // H alone, for its recomputation in backward
       os << "_h";
+    if (!isGatedActivation(c))
+      os << "_" << stringifyEnum(c.activation);
   } else if (c.epilogue == GemmEpilogue::Dswiglu) {
     os << "dact_" << a;
+    if (!isGatedActivation(c))
+      os << "_" << stringifyEnum(c.activation);
     if (c.b == BOperand::WMn)
       os << "_bmn";
     // The routed experts' kernel (gather) scales by w and writes dS; the
@@ -313,9 +317,20 @@ mlir::moe_gpu::verifyGemmConfig(const GemmConfig &config,
     return emitError() << "gathered = " << stringifyEnum(c.gathered)
                        << " needs problem = varlen_k (varlen_m gathers by "
                           "a = gather)";
-  if (c.epilogue == GemmEpilogue::Swiglu && c.b != BOperand::WMnSwiglu)
+  bool gated = isGatedActivation(c);
+  if (!gated && c.epilogue != GemmEpilogue::Swiglu &&
+      c.epilogue != GemmEpilogue::Dswiglu)
+    return emitError() << "activation = " << stringifyEnum(c.activation)
+                       << " needs epilogue = swiglu or dswiglu, got "
+                       << stringifyEnum(c.epilogue);
+  if (c.epilogue == GemmEpilogue::Swiglu && gated && c.b != BOperand::WMnSwiglu)
     return emitError() << "epilogue = swiglu needs b = w_mn_swiglu (gate and "
                           "up columns in one tile), got b = "
+                       << stringifyEnum(c.b);
+  if (c.epilogue == GemmEpilogue::Swiglu && !gated && c.b != BOperand::WMn)
+    return emitError() << "epilogue = swiglu with activation = "
+                       << stringifyEnum(c.activation)
+                       << " (not gated) needs b = w_mn, got b = "
                        << stringifyEnum(c.b);
   if (c.b == BOperand::WMnSwiglu && c.epilogue != GemmEpilogue::Swiglu)
     return emitError() << "b = w_mn_swiglu (gate and up columns in one tile) "
@@ -456,7 +471,7 @@ LogicalResult GemmConfigAttr::verify(
     int64_t tileM, int64_t tileN, int64_t tileK, int64_t stages,
     bool warpSpecialized, int64_t producerRegisters, int64_t consumerRegisters,
     TileSchedule schedule, bool idleSkip, int64_t groupM, bool rowsTma,
-    StorePath store, int64_t dactUnroll) {
+    StorePath store, int64_t dactUnroll, GemmActivation activation) {
   GemmConfig c;
   c.a = a;
   c.b = b;
@@ -480,6 +495,7 @@ LogicalResult GemmConfigAttr::verify(
   c.rowsTma = rowsTma;
   c.store = store;
   c.dactUnroll = dactUnroll;
+  c.activation = activation;
   return verifyGemmConfig(c, emitError);
 }
 
@@ -507,6 +523,7 @@ GemmConfig GemmConfigAttr::getConfig() const {
   c.rowsTma = getRowsTma();
   c.store = getStore();
   c.dactUnroll = getDactUnroll();
+  c.activation = getActivation();
   return c;
 }
 
@@ -550,6 +567,7 @@ enum class Key {
   RowsTma,
   Store,
   DactUnroll,
+  Activation,
   Count
 };
 
@@ -560,7 +578,7 @@ constexpr StringLiteral kKeyNames[] = {
     "tile",        "stages",     "warp_specialized",
     "registers",   "schedule",   "idle_skip",
     "group_m",     "rows_tma",   "store",
-    "dact_unroll",
+    "dact_unroll", "activation",
 };
 static_assert(std::size(kKeyNames) == static_cast<size_t>(Key::Count),
               "one name a key");
@@ -680,6 +698,8 @@ Attribute GemmConfigAttr::parse(AsmParser &parser, Type) {
       return parseOptionalValue(parser, c.store);
     case Key::DactUnroll:
       return parser.parseInteger(c.dactUnroll);
+    case Key::Activation:
+      return parseEnumValue(parser, c.activation);
     case Key::Count:
       break;
     }
@@ -736,6 +756,8 @@ void GemmConfigAttr::print(AsmPrinter &printer) const {
   if (*c.store != *d.store)
     os << ", store = " << stringifyEnum(*c.store);
   integer("dact_unroll", c.dactUnroll, d.dactUnroll);
+  if (c.activation != d.activation)
+    os << ", activation = " << stringifyEnum(c.activation);
   os << ">";
 }
 

@@ -22,14 +22,42 @@ int64_t dimOf(Value value, unsigned dim) {
   return type.getDimSize(dim);
 }
 
+/// The GEMM activation of an expert FFN op's `activation` (gelu is the erf
+/// form): the up and dact roles of a non-gated one run it.
+GemmActivation gemmActivationOf(moe::Activation activation) {
+  switch (activation) {
+  case moe::Activation::swiglu:
+    return GemmActivation::Swiglu;
+  case moe::Activation::silu:
+    return GemmActivation::Silu;
+  case moe::Activation::gelu:
+    return GemmActivation::GeluErf;
+  }
+  llvm_unreachable("an activation");
+}
+
+/// `config` (an up or dact GEMM) for `op`'s activation.
+GemmConfig withActivation(GemmConfig config, Operation *op) {
+  auto attr = op->getAttrOfType<moe::ActivationAttr>("activation");
+  if (!attr)
+    return config;
+  config.activation = gemmActivationOf(attr.getValue());
+  if (config.epilogue == GemmEpilogue::Swiglu && !isGatedActivation(config))
+    config.b = BOperand::WMn;
+  return config;
+}
+
 } // namespace
 
 SmallVector<GemmRole> mlir::moe_gpu::gemmRolesOf(Operation *op) {
   using moe::ExpertCombineGradOp, moe::ExpertFFNOp, moe::RouterGradOp,
       moe::RouterOp, moe::SharedExpertGradOp, moe::SharedExpertOp;
   using G = LibraryGemm;
-  auto role = [](StringLiteral name, LibraryGemm gemm) {
-    return GemmRole{name, libraryGemmConfig(gemm)};
+  auto role = [&](StringLiteral name, LibraryGemm gemm) {
+    GemmConfig config = libraryGemmConfig(gemm);
+    if (name == "up" || name == "dact")
+      config = withActivation(config, op);
+    return GemmRole{name, config};
   };
   // The H-only host functions run when nothing reads y (H recomputed).
   auto readsY = [](Operation *ffn) { return !ffn->getResult(0).use_empty(); };

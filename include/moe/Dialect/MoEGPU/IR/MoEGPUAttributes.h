@@ -60,6 +60,8 @@ struct GemmConfig {
   std::optional<bool> rowsTma;
   std::optional<StorePath> store;
   int64_t dactUnroll = 4;
+  /// The swiglu and dswiglu epilogues' function; swiglu is the gated one.
+  GemmActivation activation = GemmActivation::Swiglu;
 
   /// This config with every unset parameter at its default.
   GemmConfig resolved() const;
@@ -71,6 +73,11 @@ struct GemmConfig {
   bool operator==(const GemmConfig &other) const;
   bool operator!=(const GemmConfig &other) const { return !(*this == other); }
 };
+
+/// Whether `config` runs the gated activation (SwiGLU): H holds gate and up.
+inline bool isGatedActivation(const GemmConfig &config) {
+  return config.activation == GemmActivation::Swiglu;
+}
 
 /// The bf16 epilogues run persistent kernels: CTAs walk the tiles.
 bool isPersistentEpilogue(GemmEpilogue epilogue);

@@ -50,6 +50,10 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
       `tma_boxes` (the default for warp-specialized store_bf16 and gathered
       store_bf16_w); `threads` for the other persistent ones.
     - `dact_unroll` (4): the dSwiGLU epilogue's rows a warp loads ahead.
+    - `activation` (`swiglu`): the function of the `swiglu` and `dswiglu`
+      epilogues. `swiglu` is gated (H holds gate and up, A = silu(gate) *
+      up; the up GEMM's b = w_mn_swiglu); `silu`, `gelu_tanh` and `gelu_erf`
+      are not (A = act(H) element-wise, H as wide as A; b = w_mn).
 
     The persistent kernels' CTA count is not a parameter: it is the chip's
     SM count, a launch decision.
@@ -90,7 +94,9 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
     AttrParameter<"bool", "the non-gathered rows by TMA">:$rows_tma,
     MoEGPU_EnumParameter<MoEGPU_StorePath,
         "ring, threads, bulk_rows, tma_boxes">:$store,
-    AttrParameter<"int64_t", "dSwiGLU rows loaded ahead">:$dact_unroll
+    AttrParameter<"int64_t", "dSwiGLU rows loaded ahead">:$dact_unroll,
+    MoEGPU_EnumParameter<MoEGPU_GemmActivation,
+        "swiglu, silu, gelu_tanh, gelu_erf">:$activation
   );
   let builders = [
     AttrBuilder<(ins "const GemmConfig &":$config), [{
@@ -99,7 +105,8 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
                    c.withRouterWeight, c.withDs, c.accumulate, c.problem,
                    c.tileM, c.tileN, c.tileK, *c.stages, *c.warpSpecialized,
                    c.producerRegisters, c.consumerRegisters, c.schedule,
-                   *c.idleSkip, c.groupM, *c.rowsTma, *c.store, c.dactUnroll);
+                   *c.idleSkip, c.groupM, *c.rowsTma, *c.store, c.dactUnroll,
+                   c.activation);
     }]>
   ];
   let hasCustomAssemblyFormat = 1;

@@ -45,6 +45,14 @@ def MoEGPU_GemmEpilogue : MoEGPU_I32Enum<"GemmEpilogue",
       I32EnumAttrCase<"Dswiglu", 4, "dswiglu">
     ]>;
 
+def MoEGPU_GemmActivation : MoEGPU_I32Enum<"GemmActivation",
+    "the expert FFN's activation in the swiglu and dswiglu epilogues", [
+      I32EnumAttrCase<"Swiglu", 0, "swiglu">,
+      I32EnumAttrCase<"Silu", 1, "silu">,
+      I32EnumAttrCase<"GeluTanh", 2, "gelu_tanh">,
+      I32EnumAttrCase<"GeluErf", 3, "gelu_erf">
+    ]>;
+
 def MoEGPU_GemmProblem : MoEGPU_I32Enum<"GemmProblem",
     "which dimension varies from expert to expert", [
       I32EnumAttrCase<"VarlenM", 0, "varlen_m">,

@@ -157,9 +157,10 @@ def make_batches(vocab: int, batch: int, seq: int, steps: int, seed: int):
     return out
 
 
-def train(model, batches, lr: float, device, warmup: int, autocast: bool = False):
+def train(model, batches, lr: float, device, warmup: int, autocast: bool = False, hook=None):
     """AdamW over the batches; per-step losses, tokens/s after `warmup` steps, peak bytes.
-    `autocast`: mixed precision, the forward under torch.autocast(bf16) (f32 parameters)."""
+    `autocast`: mixed precision, the forward under torch.autocast(bf16) (f32 parameters).
+    `hook(step, model, ids)`, when given, runs before each step's forward (0-based step)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     cuda = torch.device(device).type == "cuda"
     if cuda:
@@ -174,6 +175,8 @@ def train(model, batches, lr: float, device, warmup: int, autocast: bool = False
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
         ids = ids.to(device)
+        if hook is not None:
+            hook(step, model, ids)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()

@@ -28,6 +28,11 @@
 #             layers unsplit: forward bitwise, gradients within tolerance, the speed ratio;
 #   torch     gpu/torch-check.sh (MoELayer, torch.compile, autocast, 50 AdamW steps against
 #             HF in bf16 and mixed precision, with the f32 model as the reference);
+#   fidelity  gpu/torch-check.sh --only build,fidelity: bench/train_fidelity.py, ours and HF
+#             against the model all in f32 over 5 seeds, bf16 and mixed precision (MOE_FIDELITY:
+#             the models, MODEL@SEEDS for some seeds, default mixtral,qwen3; about 10 minutes
+#             for all, so two calls: MOE_FIDELITY=mixtral,qwen3@3-4, then qwen3@0-2; then
+#             bench/train_fidelity.py --merge over the calls' session.tgz here);
 #   long      gpu/torch-check.sh --only build,long: the largest T in 4 GiB of activations,
 #             ours against HF (bench/long_context.py; gpu-inputs/long-context);
 #   offload   gpu/torch-check.sh --only build,offload: H offloaded in a stack of deepseek-v3
@@ -82,8 +87,8 @@ parse_options --deadline=deadline=570 -- "$@"
 [ ${#positional[@]} -le 1 ] || die "one comma-separated list of steps (see --help)"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
-check_steps "$steps" ops sanitize layer variants torch long offload gaps offload-compiled \
-  energy ncu tensor floor liger dynamic ep sonic user-path
+check_steps "$steps" ops sanitize layer variants torch fidelity long offload gaps \
+  offload-compiled energy ncu tensor floor liger dynamic ep sonic user-path
 mkdir -p "$out/session"
 deadline_start "$deadline"
 report=$out/session.txt
@@ -157,6 +162,9 @@ for step in ${steps//,/ }; do
     run_step ep "${MOE_EP_LIMIT:-540}" bash "$root/scripts/gpu/ep-check.sh" ;;
   torch)
     run_step torch 330 bash "$root/scripts/gpu/torch-check.sh" --deadline $(($(seconds_left) - 20)) ;;
+  fidelity)
+    run_step fidelity "${MOE_FIDELITY_STEP_LIMIT:-560}" bash "$root/scripts/gpu/torch-check.sh" \
+      --only build,fidelity --deadline $(($(seconds_left) - 20)) ;;
   long)
     run_step long 300 bash "$root/scripts/gpu/torch-check.sh" --only build,long \
       --deadline $(($(seconds_left) - 20)) ;;

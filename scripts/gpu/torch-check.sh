@@ -21,7 +21,17 @@
 #           long_context.py --prebuild) against HF grouped_mm (measured), long_context.json;
 #   offload bench/offload_stack.py --run gpu-inputs/offload (not in the default steps): a
 #           stack of deepseek-v3 layers with H kept and with H offloaded (policy="offload"),
-#           the share of the copy time hidden, bitwise equality; offload_stack.json.
+#           the share of the copy time hidden, bitwise equality; offload_stack.json;
+#   fidelity bench/train_fidelity.py (not in the default steps; the train step's models and
+#           layers): ours, HF grouped_mm and HF eager against the model all in f32, 5 seeds,
+#           bf16 and mixed precision; one process an item of MOE_FIDELITY (MODEL or
+#           MODEL@SEEDS, comma-separated; default mixtral,qwen3), precisions
+#           MOE_FIDELITY_PRECISIONS (default bf16,amp); each writes its parts after every seed
+#           to $OUT/fidelity (fidelity-MODEL-PRECISION.json), then a merge of them there
+#           (train_fidelity.json, train_fidelity.png). The whole run is about 10 minutes on an
+#           H200 (train_fidelity.py --estimate), so it takes two calls (MOE_FIDELITY=
+#           mixtral,qwen3@3-4, then qwen3@0-2) and bench/train_fidelity.py --merge here over
+#           their session.tgz files.
 # Output in $OUT (default /tmp/moe-torch-out): gpu-torch-check.log, summary.txt ("N passed,
 # M failed" last), {bf16,amp}/train_check.json and train_check.png.
 #
@@ -36,7 +46,7 @@ out=${OUT:-/tmp/moe-torch-out}
 work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-torch-build}
 parse_options --only=only=build,layer,train --steps=steps=50 --deadline=deadline=560 -- "$@"
 no_positional
-check_steps "$only" build layer train long offload
+check_steps "$only" build layer train long offload fidelity
 
 mkdir -p "$work"
 gpu_check_start gpu-torch-check.log
@@ -112,6 +122,31 @@ if wants long; then
 fi
 if wants offload; then
   prebuilt_step "offload stack" offload_stack.py offload stack.json 'layers; keep'
+fi
+if wants fidelity; then
+  items=${MOE_FIDELITY:-mixtral,qwen3}
+  for item in ${items//,/ }; do
+    model=${item%%@*}
+    seeds=0-4
+    [[ $item == *@* ]] && seeds=${item#*@}
+    mark=$(lines)
+    # each seed's parts are written as it ends: a process cut off keeps the seeds it finished
+    run "${MOE_FIDELITY_LIMIT:-540}" "train_fidelity.py --model $model --seeds $seeds" \
+      "$python" "$root/bench/train_fidelity.py" --device cuda --model "$model" \
+      --precision "${MOE_FIDELITY_PRECISIONS:-bf16,amp}" --seeds "$seeds" --steps "$steps" \
+      --out "$out/fidelity"
+    rc=$?
+    since "$mark" | grep -E '^estimate |^(mixtral|qwen3) +(bf16|amp) ' | sed 's/^/  /' |
+      tee -a "$out/summary.txt"
+    verdict "training fidelity ($model, seeds $seeds)" "$mark" $rc "log: gpu-torch-check.log"
+  done
+  # every part in the folder together (the table and train_fidelity.png); the verdicts are the
+  # runs' above, each over its own seeds
+  mark=$(lines)
+  run 120 "train_fidelity.py --merge" "$python" "$root/bench/train_fidelity.py" \
+    --merge "$out/fidelity" --out "$out/fidelity"
+  since "$mark" | grep -E '^(mixtral|qwen3) +(bf16|amp) |^furthest' | sed 's/^/  /' |
+    tee -a "$out/summary.txt"
 fi
 note "elapsed $(($(date +%s) - start)) s; log: $log"
 finish

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prebuilds, here (the LLVM machine), the moe_mlir compile-cache entries that
 # scripts/gpu/torch-check.sh needs on the GPU machine (which has no LLVM): the sm_90a layers of
-# bench/train_check.py's two training models (T = batch x seq, read from the models) and its
+# bench/train_check.py's two training models (T = batch x seq, read from the models; also the
+# layers of bench/train_fidelity.py, which trains the same models, in both precisions) and its
 # --layer-check layers, compiled with build/bin/moe-compile into
 #   gpu-inputs/torch-cache/sm_90a/<config key>/<compiler key>/   (NAME.o NAME.h NAME.json meta.json)
 # (the MOE_MLIR_CACHE layout, docs/python.md); and, when gpu-inputs/layers exists

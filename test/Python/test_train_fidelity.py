@@ -1,0 +1,195 @@
+"""bench/train_fidelity.py: the statistic and the pass rule on synthetic loss curves (passing,
+failing, at the bound, non-finite, all at the reference), the parameter groups of the gradient
+table, merging parts seed by seed; and the whole run at tiny size on the CPU path (two seeds,
+both precisions, the drift table, JSON and PNG, the resumed run, a merge from a .tgz and one
+that lacks a seed). The statistic needs no torch; the run skips without torch and
+transformers (CI installs them: there a missing one fails)."""
+
+import json
+import math
+import os
+import random
+import sys
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+try:
+    import train_fidelity as tf
+finally:
+    sys.path.pop(0)
+
+
+def curves(seeds=5, steps=50, seed=0):
+    """A falling loss curve per seed with bf16-like noise around it."""
+    rng = random.Random(seed)
+    return [
+        [4.0 * math.exp(-t / 30) + 5.0 + 0.05 * s + rng.gauss(0, 1e-3) for t in range(steps)]
+        for s in range(seeds)
+    ]
+
+
+def offset(ref, scale, seed):
+    """`ref` with |noise| of mean about `scale` added (random sign), per step."""
+    rng = random.Random(seed)
+    return [[x + rng.choice((-1, 1)) * scale * rng.uniform(0.5, 1.5) for x in c] for c in ref]
+
+
+def test_the_statistic_passes_and_fails():
+    ref = curves()
+    gm = offset(ref, 4e-3, 1)
+    losses = {"fp32": ref, "grouped_mm": gm, "eager": offset(ref, 5e-3, 2)}
+    # Ours as far as HF: passes, ratio near 1, its interval within the seeds' ratios.
+    s = tf.fidelity_stats(dict(losses, moe_mlir=offset(ref, 4e-3, 3)))
+    assert s["passed"] and 0.8 < s["ratio"] < 1.2
+    lo, hi = s["ratio_interval"]
+    assert min(s["ratio_per_seed"]) <= lo <= s["ratio"] <= hi <= max(s["ratio_per_seed"])
+    assert 1.0 < s["eager_ratio"] < 1.5
+    d = s["mean_abs_to_fp32"]
+    want = sum(abs(x - y) for c, r in zip(gm, ref) for x, y in zip(c, r)) / (5 * 50)
+    assert d["grouped_mm"] == pytest.approx(want, rel=1e-12)
+    assert len(s["per_step_abs_to_fp32"]["moe_mlir"]["mean"]) == 50
+    # Ours twice as far: fails, and every seed says so.
+    s = tf.fidelity_stats(dict(losses, moe_mlir=offset(ref, 8e-3, 3)))
+    assert not s["passed"] and 1.7 < s["ratio"] < 2.3
+    assert s["ratio_interval"][0] > 1.1 and all(r > 1.1 for r in s["ratio_per_seed"])
+    # A NaN in one of ours' steps fails, whatever the rest.
+    bad = [list(c) for c in losses["grouped_mm"]]
+    bad[2][40] = math.nan
+    s = tf.fidelity_stats(dict(losses, moe_mlir=bad))
+    assert not s["passed"] and s["ratio"] == math.inf
+    # Everything at the reference (as on the CPU path in f32): 0 / 0 is 1, a pass.
+    s = tf.fidelity_stats({k: ref for k in ("fp32", "moe_mlir", "grouped_mm", "eager")})
+    assert s["passed"] and s["ratio"] == 1.0 and s["mean_abs_to_fp32"]["moe_mlir"] == 0.0
+    with pytest.raises(ValueError, match="seeds"):
+        tf.fidelity_stats(dict(losses, moe_mlir=ref[:4]))
+
+
+def test_the_pass_rule():
+    assert tf.passes(1.1e-3, 1e-3) and tf.passes(1.0999e-3, 1e-3)
+    assert not tf.passes(1.1002e-3, 1e-3)
+    assert tf.passes(0.0, 0.0) and not tf.passes(1e-9, 0.0)
+    assert tf.passes(1e-9, 0.0, atol=1e-6) and tf.passes(2e-3, 1e-3, threshold=2.0)
+    assert not tf.passes(math.nan, 1e-3) and not tf.passes(1e-3, math.inf)
+    assert tf.ratio(0.0, 0.0) == 1.0 and tf.ratio(1.0, 0.0) == math.inf
+    assert tf.mean_abs_diff([1.0, 2.0], [1.5, 1.0]) == 0.75
+    assert tf.mean_abs_diff([1.0], [1.0, 2.0]) == math.inf
+    assert tf.parse_seeds("0-4") == [0, 1, 2, 3, 4] and tf.parse_seeds("3,1-2,3") == [1, 2, 3]
+    for bad in ("", "a", "4-2", "1-"):
+        with pytest.raises(ValueError):
+            tf.parse_seeds(bad)
+
+
+def test_parameter_groups_and_merging():
+    assert tf.param_group("model.layers.3.mlp.gate.weight") == ("router", 3)
+    assert tf.param_group("model.layers.0.mlp.experts.down_proj") == ("experts.down", 0)
+    assert tf.param_group("model.layers.1.self_attn.k_proj.weight") == ("attn.k", 1)
+    assert tf.param_group("model.layers.1.self_attn.q_norm.weight") == ("attn.q_norm", 1)
+    assert tf.param_group("model.layers.2.post_attention_layernorm.weight") == ("norm.moe", 2)
+    assert tf.param_group("lm_head.weight") == ("lm_head", None)
+    assert tf.param_group("model.embed_tokens.weight") == ("embed", None)
+
+    def part(seeds, settings=1):
+        return {
+            "kind": "train_fidelity_part",
+            "model": "mixtral",
+            "precision": "bf16",
+            "settings": {"s": settings},
+            "seeds": {str(s): {"tag": s} for s in seeds},
+            "drift": None,
+        }
+
+    parts, notes = tf.combine_parts(
+        [("a", part([0, 1])), ("b", part([1, 2])), ("c", part([3], settings=2))]
+    )
+    (p,) = parts.values()
+    assert sorted(p["seeds"]) == ["0", "1", "2"] and p["sources"] == ["a", "b"]
+    assert len(notes) == 2 and "seed 1" in notes[0] and "settings" in notes[1]
+
+
+def test_estimate_splits_the_run():
+    """The estimate that makes the GPU step run one model a call: the whole run is over 8
+    minutes, each model's part under."""
+    full = {m: tf.estimate_seconds(m, ["bf16", "amp"], 5, 50) for m in ("mixtral", "qwen3")}
+    assert sum(e["total"] for e in full.values()) - tf.START_S > 480
+    assert full["qwen3"]["total"] > full["mixtral"]["total"] > 0
+    assert tf.step_flops("qwen3", "full") > tf.step_flops("mixtral", "full") > 1e12
+
+
+def test_tiny_run_on_the_cpu(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the machine
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("needs torch and transformers (scripts/install-deps.sh installs them)")
+    import train_check as tc
+
+    # test_hf_blocks.py's cache: its training check compiles the same tiny layers
+    monkeypatch.setenv("MOE_MLIR_CACHE", str(tmp_path_factory.getbasetemp() / "hf_cache"))
+    monkeypatch.delenv("MOE_MLIR_PREBUILT", raising=False)
+    monkeypatch.setenv("MOE_MLIR_QUIET", "1")
+    # A clone of the f32 base model is train_check.build_model's model.
+    base = tc.build_model("qwen3", "tiny", "eager", 0, torch.device("cpu"), torch.float32)
+    want = tc.build_model("qwen3", "tiny", "grouped_mm", 0, torch.device("cpu"), torch.bfloat16)
+    got = tf.clone_model(base, "grouped_mm", torch.bfloat16)
+    assert got.config._experts_implementation == "grouped_mm"
+    assert base.config._experts_implementation == "eager"
+    for (n, a), (_, b) in zip(want.state_dict().items(), got.state_dict().items()):
+        assert a.dtype == b.dtype and torch.equal(a, b), n
+
+    out = tmp_path / "out"
+    argv = [
+        "--size", "tiny", "--device", "cpu", "--model", "mixtral", "--seeds", "0-1",
+        "--steps", "2", "--drift-step", "2", "--atol", "1e-3", "--out", str(out),
+    ]  # fmt: skip
+    assert tf.main(argv) == 0
+    data = json.loads((out / "train_fidelity.json").read_text())
+    assert data["passed"] and [(p["model"], p["precision"]) for p in data["parts"]] == [
+        ("mixtral", "bf16"),
+        ("mixtral", "amp"),
+    ]
+    for p in data["parts"]:
+        s = p["stats"]
+        assert p["seeds"] == [0, 1] and s["seeds"] == 2 and p["passed"]
+        assert set(s["mean_abs_to_fp32"]) == {"moe_mlir", "grouped_mm", "eager"}
+        assert all(len(p["mean_loss"][k]) == 2 for k in ("fp32", "moe_mlir"))
+        drift = p["drift"]
+        assert drift["step"] == 2 and drift["seed"] == 0
+        for impl in ("moe_mlir", "grouped_mm", "eager", "fp32_grouped_mm"):
+            groups = drift["groups"][impl]
+            for g in ("router", "experts.gate", "experts.up", "experts.down", "attn.q", "lm_head"):
+                assert math.isfinite(groups[g]), (impl, g)
+            assert sorted(drift["layers"][impl]["router"]) == ["0", "1"]
+    amp = data["parts"][1]
+    # Under autocast the bf16 runs differ from f32, a little; in f32 (the CPU's bf16 part)
+    # ours is within f32 rounding of the reference.
+    assert 0 < amp["stats"]["mean_abs_to_fp32"]["grouped_mm"] < 5e-2
+    assert data["parts"][0]["stats"]["mean_abs_to_fp32"]["moe_mlir"] < 1e-4
+    assert 0 < amp["drift"]["groups"]["moe_mlir"]["experts.down"] < 5e-2
+    for name in ("train_fidelity.png", "fidelity-mixtral-bf16.png", "fidelity-mixtral-amp.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # Run again: the seeds come from the part files, nothing trains.
+    capsys.readouterr()
+    assert tf.main(argv) == 0
+    log = capsys.readouterr().out
+    assert "seeds ['0', '1'] from" in log and "seed 0:" not in log
+    # A merge from a session archive; one that expects a third seed fails.
+    with tarfile.open(tmp_path / "session.tgz", "w:gz") as tar:
+        tar.add(out, arcname="session/fidelity")
+    merged = tmp_path / "merged"
+    assert tf.main(["--merge", str(tmp_path / "session.tgz"), "--seeds", "0-1",
+                    "--atol", "1e-3", "--out", str(merged)]) == 0  # fmt: skip
+    again = json.loads((merged / "train_fidelity.json").read_text())
+    assert [p["stats"]["ratio"] for p in again["parts"]] == [
+        p["stats"]["ratio"] for p in data["parts"]
+    ]
+    assert tf.main(["--merge", str(out), "--seeds", "0-2", "--out", str(merged)]) == 1
+    assert json.loads((merged / "train_fidelity.json").read_text())["parts"][0][
+        "missing_seeds"
+    ] == [2]
+    assert tf.main(["--merge", str(tmp_path / "nothing"), "--out", str(merged)]) == 2
+    assert tf.main(["--model", "llama"]) == 2 and tf.main(["--precision", "fp8"]) == 2

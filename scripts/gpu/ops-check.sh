@@ -2,7 +2,7 @@
 # Op-level checks of the GPU library on an H200 (CUDA 13, CMake, ninja, torch; no LLVM).
 #   Here (LLVM 22 machine):  bash scripts/inputs/build-ops-harness.sh      -> gpu-inputs/ops/ops.o
 #   GPU machine:             bash scripts/gpu/ops-check.sh [--quick] [--sanitize] [--bench=CONFIGS]
-#                              [--ops=DIR]
+#                              [--ops=DIR] [--nongated]
 # Builds runtime/ standalone, links DIR/ops.o (default gpu-inputs/ops; another DIR holds a
 # variant of the library, built by inputs/build-ops-harness.sh DIR CONFIG...) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
@@ -16,6 +16,11 @@
 # in one untimed step instead (speed of light, warp states, scheduler, memory, sampled
 # stalls) into ncu.txt and ncu-raw.csv, and for each REGEX2 in MOE_NCU_SOURCE the SASS
 # with its stall samples into source-REGEX2.csv.
+# With --nongated, the libraries of the non-gated experts instead, DIR/silu, DIR/gelu_erf and
+# DIR/gelu_tanh (inputs/build-ops-harness.sh --nongated): their expert host functions, forward
+# and backward, against torch's silu and gelu (erf, tanh), each within 240 s, and with
+# --sanitize under the tools too (--quick shapes). A DIR's VARIANT file says its activation
+# (ops_check.py --variant), so --ops=DIR/silu checks one of them alone.
 # Logs to $OUT (default /tmp/moe-gpu-out).
 # shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
@@ -27,7 +32,7 @@ mkdir -p "$out"
 gpu_path_setup
 export PYTHONUNBUFFERED=1
 parse_options --quick:quick=--quick --sanitize:sanitize=1 --bench=bench \
-  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu -- "$@"
+  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu --nongated:nongated=1 -- "$@"
 no_positional
 log="$out/ops.log"
 {
@@ -43,10 +48,46 @@ if [ ! -f "$build/lib/libmoe_runtime.so" ]; then
     exit 1
   fi
 fi
-so="$build/ops-$(basename "$ops").so"
-g++ -shared -o "$so" "$ops/ops.o" -L"$build/lib" -lmoe_runtime \
-  -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link ops.so" | tee -a "$log"; exit 1; }
+# link DIR: DIR/ops.o with the runtime into $build/ops-NAME.so
+link() {
+  so="$build/ops-$(basename "$1").so"
+  g++ -shared -o "$so" "$1/ops.o" -L"$build/lib" -lmoe_runtime \
+    -Wl,-rpath,"$build/lib" >>"$log" 2>&1 || { echo "FAIL link $1/ops.o" | tee -a "$log"; return 1; }
+}
+# the activation that DIR's library was built with (ops_check.py reads its VARIANT)
+variant=()
+[ -f "$ops/VARIANT" ] && variant=(--variant "$ops/VARIANT")
 status=0
+if [ "$nongated" = 1 ]; then
+  [ -z "$bench" ] && [ -z "$ncu" ] || die "--nongated checks; it times nothing (no --bench, --ncu)"
+  found=0
+  for act in silu gelu_erf gelu_tanh; do
+    dir=$ops/$act
+    if [ ! -f "$dir/ops.o" ]; then
+      echo "FAIL $act: no $dir/ops.o (inputs/build-ops-harness.sh --nongated)" | tee -a "$log"
+      status=1
+      continue
+    fi
+    found=1
+    { echo "== $act: $(cat "$dir/VARIANT" 2>/dev/null)"; } | tee -a "$log"
+    link "$dir" || { status=1; continue; }
+    timeout 240 python3 "$root/test/GPU/ops_check.py" --lib "$so" --variant "$dir/VARIANT" \
+      ${quick:+"$quick"} --json "$out/ops-$act.json" 2>&1 | tee -a "$log" || status=1
+    [ "$sanitize" = 1 ] || continue
+    for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+      echo "== compute-sanitizer $tool on $act (--quick)" | tee -a "$log"
+      timeout "${MOE_SANITIZE_TOOL_LIMIT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        python3 -u "$root/test/GPU/ops_check.py" --lib "$so" --variant "$dir/VARIANT" --quick \
+        >"$out/sanitize-$act-$tool.log" 2>&1
+      rc=$?
+      tail -3 "$out/sanitize-$act-$tool.log" | tee -a "$log"
+      [ $rc -eq 0 ] || { echo "FAIL $act $tool rc=$rc" | tee -a "$log"; status=1; }
+    done
+  done
+  [ $found = 1 ] || status=1
+  exit $status
+fi
+link "$ops" || exit 1
 if [ -n "$bench" ] && [ -n "$ncu" ]; then
   # every launch matching REGEX in one untimed step of each config; the report keeps
   # the sampled stalls per SASS instruction (source-REGEX2.csv: the first launch of each
@@ -55,7 +96,7 @@ if [ -n "$bench" ] && [ -n "$ncu" ]; then
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section SourceCounters --export "$out/ncu" --force-overwrite \
-    python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" --reps 0 \
+    python3 "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" --bench "$bench" --reps 0 \
     >"$out/ncu-run.txt" 2>&1
   rc=$?
   ncu --import "$out/ncu.ncu-rep" --page details --print-details all >"$out/ncu.txt" 2>&1
@@ -69,12 +110,12 @@ if [ -n "$bench" ] && [ -n "$ncu" ]; then
   exit $rc
 fi
 if [ -n "$bench" ]; then
-  timeout 500 python3 "$root/test/GPU/ops_check.py" --lib "$so" --bench "$bench" ${MOE_PROFILE:+--profile} \
+  timeout 500 python3 "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" --bench "$bench" ${MOE_PROFILE:+--profile} \
     ${MOE_ENERGY:+--energy "$MOE_ENERGY"} \
     --json "$out/bench.json" 2>&1 | tee -a "$log"
   exit $?
 fi
-timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" ${quick:+"$quick"} --json "$out/ops.json" \
+timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" ${quick:+"$quick"} --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
   # every op at the small shapes of --quick (every kernel runs)
@@ -82,7 +123,7 @@ if [ "$sanitize" = 1 ]; then
     echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
     # -u: after a timeout the log ends at the check that was running
     timeout "${MOE_SANITIZE_TOOL_LIMIT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      python3 -u "$root/test/GPU/ops_check.py" --lib "$so" --quick \
+      python3 -u "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" --quick \
       >"$out/sanitize-$tool.log" 2>&1
     rc=$?
     tail -3 "$out/sanitize-$tool.log" | tee -a "$log"

@@ -7,9 +7,23 @@
 # ([OP.]ROLE:KEY=VALUE[:...], e.g. expert_ffn.down:stages=2, docs/dialect.md) build its
 # host functions with those GEMM configs under the library's names, so that a variant is
 # timed beside the default library in one GPU run (gpu/ops-check.sh --ops=DIR).
+#   bash scripts/inputs/build-ops-harness.sh --nongated [DIR]
+# builds the libraries of the non-gated experts (docs/gpu-kernels.md section 2.2.1) into
+# DIR/silu, DIR/gelu_erf and DIR/gelu_tanh (DIR default gpu-inputs/ops), each with its
+# activation's up and dact GEMMs (CONFIGs up:b=w_mn:activation=ACT dact:activation=ACT), which
+# gpu/ops-check.sh --nongated checks.
 set -euo pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+if [ "${1:-}" = --nongated ]; then
+  [ $# -le 2 ] || die "--nongated takes one DIR at most (see --help)"
+  base=$(realpath -m "${2:-$root/gpu-inputs/ops}")
+  for act in silu gelu_erf gelu_tanh; do
+    bash "${BASH_SOURCE[0]}" "$base/$act" "up:b=w_mn:activation=$act" "dact:activation=$act"
+  done
+  du -sk "$base"/silu "$base"/gelu_erf "$base"/gelu_tanh
+  exit 0
+fi
 case "${1:-}" in -h | --help) usage ;; -*) die "unknown option $1 (see --help)" ;; esac
 bin=/usr/lib/llvm-22/bin
 dir=$(realpath -m "${1:-$root/gpu-inputs/ops}")

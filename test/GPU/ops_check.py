@@ -7,6 +7,13 @@ against an fp32 PyTorch reference, op by op, on random data.
 The library is ops_harness.mlir (gen_ops_harness.py) lowered by moe-opt/mlir-opt, translated
 to an object and linked with libmoe_runtime into a shared library. Tolerances: docs/benchmarks.md
 (relative Frobenius error 1e-2 for forward outputs, 2e-2 for gradients; NaN never passes).
+
+A library built with a non-gated activation (build-ops-harness.sh DIR up:b=w_mn:activation=ACT
+dact:activation=ACT, ACT silu, gelu_erf or gelu_tanh; docs/gpu-kernels.md section 2.2.1) has
+W_gate_up [E, d, n], H [R, n] and A = act(H): --activation ACT, or --variant DIR/VARIANT (the
+build script's record of its configs), checks its expert host functions against
+torch.nn.functional.silu / gelu(approximate="none") / gelu(approximate="tanh"); the other
+ops are the library's and are not run again.
 """
 
 import argparse
@@ -28,6 +35,75 @@ DEV = "cuda"
 PROFILE = False
 ENERGY_S = 0.0  # --energy: seconds of each op back to back under NVML's energy counter
 RESULTS = []
+# The library's expert activation (--activation, --variant) and the `act` argument its host
+# functions take (docs/gpu-path.md: the op's moe.activation; gelu_tanh has none, its library
+# is built from a kernel config): SwiGLU is gated, W_gate_up and H 2n wide.
+ACTIVATIONS = ("swiglu", "silu", "gelu_erf", "gelu_tanh")
+ACT_CODES = {"swiglu": 0, "gelu_erf": 1, "gelu_tanh": 1, "silu": 2}
+ACT = "swiglu"
+ACT_CODE = 0
+# The steps a non-gated library runs: those of the expert FFNs, forward and backward.
+EXPERT_STEPS = ("ffn", "shared", "split-vs-fused", "empty")
+
+
+def set_activation(act):
+    global ACT, ACT_CODE
+    if act not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {act!r}")
+    ACT, ACT_CODE = act, ACT_CODES[act]
+
+
+def act_ref(h, act=None):
+    """A = act(H) in fp32: SwiGLU silu(gate) * up of H's halves, the others elementwise."""
+    act = act or ACT
+    h = h.float()
+    if act == "swiglu":
+        n = h.shape[-1] // 2
+        return torch.nn.functional.silu(h[..., :n]) * h[..., n:]
+    if act == "silu":
+        return torch.nn.functional.silu(h)
+    if act == "gelu_erf":
+        return torch.nn.functional.gelu(h, approximate="none")
+    if act == "gelu_tanh":
+        return torch.nn.functional.gelu(h, approximate="tanh")
+    raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {act!r}")
+
+
+def up_width(n, act=None):
+    """Columns of W_gate_up and H for an FFN of width n: 2n gated (SwiGLU), else n."""
+    return 2 * n if (act or ACT) == "swiglu" else n
+
+
+def activation_of_variant(text):
+    """The expert activation of a library from its VARIANT file ("library: moe-opt
+    --moe-gpu-emit-library[=configs=C,...]"): swiglu without an `activation=`, else the one
+    that its up and dact configs both set (a library whose forward and backward disagree
+    has no reference, and is refused)."""
+    configs = []
+    for line in text.splitlines():
+        _, sep, value = line.partition("--moe-gpu-emit-library=configs=")
+        if sep:
+            configs += [c.strip() for c in value.split(",") if c.strip()]
+    found = {}  # role -> activations
+    for config in configs:
+        head, *pairs = config.split(":")
+        role = head.rpartition(".")[2]
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key == "activation":
+                found.setdefault(role, set()).add(value)
+    if not found:
+        return "swiglu"
+    acts = set().union(*found.values())
+    if len(acts) != 1 or set(found) != {"up", "dact"}:
+        raise ValueError(
+            "the library's up and dact configs must set one activation, both of them: "
+            + ", ".join(f"{r}: {sorted(a)}" for r, a in sorted(found.items()))
+        )
+    act = acts.pop()
+    if act not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {act!r} in the library's configs")
+    return act
 
 
 def desc_type(rank):
@@ -150,18 +226,19 @@ def ref_dispatch(experts, E):
 
 
 def ref_ffn(x, token_ids, offsets, wgu, wd):
-    """fp32 grouped SwiGLU FFN on the queues: returns y [R,d], h [R,2n]."""
+    """fp32 grouped FFN of the library's activation on the queues: returns y [R,d] and h
+    [R,2n] (SwiGLU) or [R,n] (silu, gelu)."""
     R = token_ids.numel()
     n = wd.shape[1]
     y = torch.zeros(R, x.shape[1], device=x.device)
-    h = torch.zeros(R, 2 * n, device=x.device)
+    h = torch.zeros(R, up_width(n), device=x.device)
     for e in range(wgu.shape[0]):
         lo, hi = int(offsets[e]), int(offsets[e + 1])
         if hi == lo:
             continue
         xe = x[token_ids[lo:hi].long()]
         he = xe @ wgu[e]
-        a = torch.nn.functional.silu(he[:, :n]) * he[:, n:]
+        a = act_ref(he)
         h[lo:hi] = he
         y[lo:hi] = a @ wd[e]
     return y, h
@@ -251,16 +328,16 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     ok, ex, tid, off, rows = run_dispatch(lib, T, k, E, mode)
     R = T * k
     x = bf(T, d)
-    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    wgu, wd = bf(E, d, up_width(n), std=0.02), bf(E, n, d, std=0.02)
     y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
-    h = torch.empty(R, 2 * n, dtype=torch.bfloat16, device=DEV)
-    lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)
+    h = torch.empty(R, up_width(n), dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, ACT_CODE, y, h)
     ry, rh = ref_ffn(x.float(), tid, off, wgu.float(), wd.float())
     ok &= check(f"{tag} h", rel(h, rh), 1e-2)
     ok &= check(f"{tag} y", rel(y, ry), 1e-2)
     # H alone (a recomputation in backward): the same bits as the full FFN's H
     h_only = torch.full_like(h, float("nan"))
-    lib.call("expert_ffn_h", x, tid, off, wgu, wd, 0, h_only)
+    lib.call("expert_ffn_h", x, tid, off, wgu, wd, ACT_CODE, h_only)
     ok &= check_exact(
         f"{tag} h only (recompute) bitwise", h_only.view(torch.int16), h.view(torch.int16)
     )
@@ -286,7 +363,9 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     dw = torch.empty(T, k, device=DEV)
     dwgu = torch.empty_like(wgu)
     dwd = torch.empty_like(wd)
-    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx, dw, dwgu, dwd)
+    lib.call(
+        "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, ACT_CODE, dx, dw, dwgu, dwd
+    )
     # fp32 autograd reference on the same queues and weights
     xr = x.float().requires_grad_()
     wgur = wgu.float().requires_grad_()
@@ -296,7 +375,7 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     for e in range(E):
         lo, hi = int(off[e]), int(off[e + 1])
         he = xr[tid[lo:hi].long()] @ wgur[e]
-        a = torch.nn.functional.silu(he[:, :n]) * he[:, n:]
+        a = act_ref(he)
         yy.append(a @ wdr[e])
     yall = torch.cat(yy)
     o = (yall[rows.long()] * wr_[..., None]).sum(1)
@@ -307,7 +386,9 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     ok &= check(f"{tag} d_w_down", rel(dwd, wdr.grad), 2e-2)
     dx2 = torch.empty_like(dx)
     dwgu2 = torch.empty_like(dwgu)
-    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dx2, dw, dwgu2, dwd)
+    lib.call(
+        "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, ACT_CODE, dx2, dw, dwgu2, dwd
+    )
     ok &= check_exact(
         f"{tag} backward bitwise",
         torch.cat([dx2.flatten(), dwgu2.flatten()]).view(torch.int16),
@@ -330,7 +411,7 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
             wd,
             h,
             dout,
-            0,
+            ACT_CODE,
             dx_acc,
             dw3,
             dwgu3,
@@ -387,7 +468,7 @@ def run_empty(lib):
     """T = 0: every op runs on empty tensors without an error and without touching memory."""
     d, n, E, k = 128, 128, 4, 2
     x = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
-    wr, wgu, wd = bf(d, E, std=0.02), bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    wr, wgu, wd = bf(d, E, std=0.02), bf(E, d, up_width(n), std=0.02), bf(E, n, d, std=0.02)
     w = torch.empty(0, k, device=DEV)
     ex = torch.empty(0, k, dtype=torch.int32, device=DEV)
     lg = torch.empty(0, E, device=DEV)
@@ -397,14 +478,16 @@ def run_empty(lib):
     rows = torch.empty(0, k, dtype=torch.int32, device=DEV)
     lib.call("dispatch", ex, tid, off, rows)
     y = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
-    h = torch.empty(0, 2 * n, dtype=torch.bfloat16, device=DEV)
-    lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)
+    h = torch.empty(0, up_width(n), dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, ACT_CODE, y, h)
     out = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
     lib.call("combine", y, w, rows, out)
     dx = torch.empty(0, d, dtype=torch.bfloat16, device=DEV)
     dw = torch.empty(0, k, device=DEV)
     dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
-    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, out, 0, dx, dw, dwgu, dwd)
+    lib.call(
+        "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, out, ACT_CODE, dx, dw, dwgu, dwd
+    )
     dxr, dwr = torch.empty(0, d, dtype=torch.bfloat16, device=DEV), torch.empty_like(wr)
     lib.call("router_grad", x, wr, lg, ex, dw, torch.empty(0, 0, device=DEV), 0, 1, 1.0, dxr, dwr)
     ok = check_exact("T=0 offsets all zero", off, torch.zeros(E + 1, dtype=torch.int32, device=DEV))
@@ -451,18 +534,18 @@ def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling, accumulate=False)
 def run_shared(lib, T, d, m):
     tag = f"shared T={T} d={d} m={m}"
     x = bf(T, d)
-    wgu, wd = bf(d, 2 * m, std=0.02), bf(m, d, std=0.02)
+    wgu, wd = bf(d, up_width(m), std=0.02), bf(m, d, std=0.02)
     y = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
-    h = torch.empty(T, 2 * m, dtype=torch.bfloat16, device=DEV)
-    lib.call("shared_expert", x, wgu, wd, 0, y, h)
+    h = torch.empty(T, up_width(m), dtype=torch.bfloat16, device=DEV)
+    lib.call("shared_expert", x, wgu, wd, ACT_CODE, y, h)
     xr = x.float().requires_grad_()
     wgur, wdr = wgu.float().requires_grad_(), wd.float().requires_grad_()
     hr = xr @ wgur
-    yr = (torch.nn.functional.silu(hr[:, :m]) * hr[:, m:]) @ wdr
+    yr = act_ref(hr) @ wdr
     ok = check(f"{tag} h", rel(h, hr.detach()), 1e-2)
     ok &= check(f"{tag} y", rel(y, yr.detach()), 1e-2)
     h_only = torch.full_like(h, float("nan"))
-    lib.call("shared_expert_h", x, wgu, wd, 0, h_only)
+    lib.call("shared_expert_h", x, wgu, wd, ACT_CODE, h_only)
     ok &= check_exact(
         f"{tag} h only (recompute) bitwise", h_only.view(torch.int16), h.view(torch.int16)
     )
@@ -470,7 +553,7 @@ def run_shared(lib, T, d, m):
     (yr * dy.float()).sum().backward()
     dx = torch.empty_like(x)
     dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
-    lib.call("shared_expert_grad", x, wgu, wd, h, dy, 0, dx, dwgu, dwd)
+    lib.call("shared_expert_grad", x, wgu, wd, h, dy, ACT_CODE, dx, dwgu, dwd)
     ok &= check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
     ok &= check(f"{tag} d_w_gate_up", rel(dwgu, wgur.grad), 2e-2)
     ok &= check(f"{tag} d_w_down", rel(dwd, wdr.grad), 2e-2)
@@ -879,13 +962,13 @@ def run_expert_ffn_grad(lib, T, d, n, E, k, mode, ep=False):
         X = T
     R = tid.numel()
     x = bf(X, d)
-    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
-    h = torch.zeros(R, 2 * n, dtype=torch.bfloat16, device=DEV)
-    lib.call("expert_ffn_h", x, tid, off, wgu, wd, 0, h)
+    wgu, wd = bf(E, d, up_width(n), std=0.02), bf(E, n, d, std=0.02)
+    h = torch.zeros(R, up_width(n), dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn_h", x, tid, off, wgu, wd, ACT_CODE, h)
     dy = bf(R, d)
     dx = torch.full((X, d), float("nan"), dtype=torch.bfloat16, device=DEV)
     dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
-    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, 0, dx, dwgu, dwd)
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, ACT_CODE, dx, dwgu, dwd)
     xr = x.float().requires_grad_()
     wgur = wgu.float().requires_grad_()
     wdr = wd.float().requires_grad_()
@@ -895,7 +978,7 @@ def run_expert_ffn_grad(lib, T, d, n, E, k, mode, ep=False):
         if hi == lo:
             continue
         he = xr[tid[lo:hi].long()] @ wgur[e]
-        a = torch.nn.functional.silu(he[:, :n]) * he[:, n:]
+        a = act_ref(he)
         loss = loss + ((a @ wdr[e]) * dy[lo:hi].float()).sum()
     loss.backward()
     ok = check(f"{tag} dx", rel(dx, xr.grad), 2e-2)
@@ -908,7 +991,7 @@ def run_expert_ffn_grad(lib, T, d, n, E, k, mode, ep=False):
             f"{tag} dx of unread rows zero", bits(dx[unread]), bits(torch.zeros_like(dx[unread]))
         )
     dx2, dwgu2, dwd2 = torch.empty_like(dx), torch.empty_like(dwgu), torch.empty_like(dwd)
-    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, 0, dx2, dwgu2, dwd2)
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, ACT_CODE, dx2, dwgu2, dwd2)
     ok &= check_exact(
         f"{tag} bitwise twice",
         torch.cat([dx2.flatten(), dwgu2.flatten(), dwd2.flatten()]).view(torch.int16),
@@ -924,21 +1007,35 @@ def run_split_vs_fused(lib, T, d, n, E, k, mode):
     tid, off, rows = ep_routing(T, k, E, 2, mode)
     R = T * k
     x = bf(T, d)
-    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    wgu, wd = bf(E, d, up_width(n), std=0.02), bf(E, n, d, std=0.02)
     y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
-    h = torch.empty(R, 2 * n, dtype=torch.bfloat16, device=DEV)
-    lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)
+    h = torch.empty(R, up_width(n), dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, ACT_CODE, y, h)
     w = torch.rand(T, k, device=DEV)
     dout = bf(T, d)
     dy = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
     dw = torch.empty(T, k, device=DEV)
     lib.call("combine_grad", dout, w, rows, y, dy, dw)
     dx, dwgu, dwd = torch.empty_like(x), torch.empty_like(wgu), torch.empty_like(wd)
-    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, 0, dx, dwgu, dwd)
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, ACT_CODE, dx, dwgu, dwd)
     fdx, fdw = torch.empty_like(x), torch.empty_like(dw)
     fdwgu, fdwd = torch.empty_like(wgu), torch.empty_like(wd)
     lib.call(
-        "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, fdx, fdw, fdwgu, fdwd
+        "expert_combine_grad",
+        x,
+        tid,
+        off,
+        rows,
+        w,
+        wgu,
+        wd,
+        h,
+        dout,
+        ACT_CODE,
+        fdx,
+        fdw,
+        fdwgu,
+        fdwd,
     )
     ok = check(f"{tag} dx", rel(dx, fdx), 2e-2)
     ok &= check(f"{tag} d_weights", rel(dw, fdw), 2e-2)
@@ -960,7 +1057,7 @@ def bench(lib, name, reps=5):
     T, d, n, E, k, scoring, renorm, G, TG, scaling = CONFIGS[name]
     R = T * k
     x, wr = bf(T, d), bf(d, E, std=0.02)
-    wgu, wd = bf(E, d, 2 * n, std=0.02), bf(E, n, d, std=0.02)
+    wgu, wd = bf(E, d, up_width(n), std=0.02), bf(E, n, d, std=0.02)
     bias = torch.rand(E, device=DEV) * 0.1 if scoring == 1 else torch.empty(0, device=DEV)
     w = torch.empty(T, k, device=DEV)
     ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
@@ -969,7 +1066,7 @@ def bench(lib, name, reps=5):
     off = torch.empty(E + 1, dtype=torch.int32, device=DEV)
     rows = torch.empty(T, k, dtype=torch.int32, device=DEV)
     y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
-    h = torch.empty(R, 2 * n, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(R, up_width(n), dtype=torch.bfloat16, device=DEV)
     out = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
     dout = bf(T, d)
     dx, dxr, dxs = (torch.empty(T, d, dtype=torch.bfloat16, device=DEV) for _ in range(3))
@@ -985,12 +1082,26 @@ def bench(lib, name, reps=5):
             ),
         ),
         ("dispatch", lambda: lib.call("dispatch", ex, tid, off, rows)),
-        ("expert_ffn", lambda: lib.call("expert_ffn", x, tid, off, wgu, wd, 0, y, h)),
+        ("expert_ffn", lambda: lib.call("expert_ffn", x, tid, off, wgu, wd, ACT_CODE, y, h)),
         ("combine", lambda: lib.call("combine", y, w, rows, out)),
         (
             "expert_combine_grad",
             lambda: lib.call(
-                "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, 0, dxs, dw, dwgu, dwd
+                "expert_combine_grad",
+                x,
+                tid,
+                off,
+                rows,
+                w,
+                wgu,
+                wd,
+                h,
+                dout,
+                ACT_CODE,
+                dxs,
+                dw,
+                dwgu,
+                dwd,
             ),
         ),
         (
@@ -1054,11 +1165,12 @@ def bench(lib, name, reps=5):
         gaps(name, ops)
     med = {k_: sorted(v)[len(v) // 2] if v else float("nan") for k_, v in times.items()}
     total = sum(med.values())
-    # the useful FLOPs of the ops that have them: 18 T k d n + 6 T d E in all
+    # the useful FLOPs of the ops that have them: 18 T k d n + 6 T d E in all (SwiGLU)
     op_flops = {
         "router": 2 * T * d * E,
-        "expert_ffn": 6 * T * k * d * n,
-        "expert_combine_grad": 12 * T * k * d * n,
+        # up (2n or n columns) and down: 2 T k d (w + n), w = up_width(n); backward twice that
+        "expert_ffn": 2 * T * k * d * (up_width(n) + n),
+        "expert_combine_grad": 4 * T * k * d * (up_width(n) + n),
         "router_grad": 4 * T * d * E,
     }
     flops = sum(op_flops.values())
@@ -1132,9 +1244,32 @@ def main():
         metavar="SECONDS",
         help="with --bench: each op SECONDS back to back under NVML's energy counter",
     )
+    ap.add_argument(
+        "--activation",
+        choices=ACTIVATIONS,
+        help="the library's expert activation (default: from --variant, else swiglu)",
+    )
+    ap.add_argument(
+        "--variant",
+        metavar="FILE",
+        help="the VARIANT file build-ops-harness.sh wrote beside the library's ops.o",
+    )
     args = ap.parse_args()
     if not args.energy >= 0:
         ap.error(f"--energy must be 0 or more seconds, not {args.energy}")
+    act = "swiglu"
+    if args.variant:
+        try:
+            with open(args.variant) as f:
+                act = activation_of_variant(f.read())
+        except (OSError, ValueError) as exc:
+            ap.error(f"--variant {args.variant}: {exc}")
+    if args.activation:
+        if args.variant and args.activation != act:
+            ap.error(f"--activation {args.activation}, but {args.variant} builds {act}")
+        act = args.activation
+    set_activation(act)
+    print(f"activation: {ACT}", flush=True)
     global PROFILE, ENERGY_S
     PROFILE = args.profile
     ENERGY_S = args.energy
@@ -1181,6 +1316,12 @@ def main():
         # k-step of a weight gradient with 1-4 wgmma of rows (5, 30, 40, 61) or whole
         # (128, 64), and an expert with none
         ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
+        # a non-gated up tile is 256 columns of H: n = 320 is one and a 64-column tail (a
+        # SwiGLU tile 128 of gate and up each: two and a tail); d of 3 k-steps, k = 3
+        ("ffn-n320", lambda: run_ffn(lib, 53, 192, 320, 6, 3, "skewed")),
+        ("ffn-n320-all-to-one", lambda: run_ffn(lib, 53, 192, 320, 6, 3, "all-to-one")),
+        ("shared-m320", lambda: run_shared(lib, 53, 192, 320)),
+        ("ffn-grad-n320", lambda: run_expert_ffn_grad(lib, 53, 192, 320, 6, 3, "skewed")),
         ("empty-t0", lambda: run_empty(lib)),
         # the local expert-parallel ops: 1, 2 and 4 ranks, with and without gather, capacity
         # above every block, exactly the largest and exceeded, an empty rank (skewed), T = 1
@@ -1261,6 +1402,8 @@ def main():
                 lambda: run_split_vs_fused(lib, 1000, 1536, 704, 8, 2, "skewed"),
             ),
         ]
+    if ACT != "swiglu":
+        steps = [s for s in steps if s[0].startswith(EXPERT_STEPS)]
     if args.bench:
         steps = [
             (f"bench-{b}", (lambda b=b: bench(lib, b, args.reps))) for b in args.bench.split(",")

@@ -14,6 +14,10 @@
 #   offload   check_layer.py on layers compiled with H offloaded (--policy=offload), then
 #             bench/offload_compiled.py: stacks of them against the kept layers (JSON in
 #             $OUT/offload/);
+#   nongated  the non-gated experts' layers (silu-t37, gelu-shared-t37: bench/check_layer.py
+#             with every routing; silu-shared-dyn, gelu-dyn: test/GPU/dynamic_layer_check.py at
+#             T = 1, 37 and 64, every routing) against the torch reference, forward and
+#             backward (not among the default steps);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
 #             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
@@ -39,7 +43,7 @@ work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}
 parse_options --only=only=build,example,check,sanitize,bench --quick:quick=1 \
   --deadline=deadline=530 -- "$@"
 no_positional
-check_steps "$only" build example check sanitize bench recompute offload
+check_steps "$only" build example check sanitize bench recompute offload nongated
 
 mkdir -p "$work"
 gpu_check_start gpu-layer-check.log
@@ -64,7 +68,8 @@ read -r -a bench_layers <<<"${bench_list//,/ }"
 lib=$work/runtime/lib
 
 # ---------------------------------------------------------------- build
-if wants build || wants example || wants check || wants sanitize || wants bench || wants offload; then
+if wants build || wants example || wants check || wants sanitize || wants bench || wants offload ||
+  wants nongated; then
   if [ ! -d "$layers_dir" ]; then
     fail "no $layers_dir: run scripts/inputs/build-layers.sh on the LLVM machine and carry gpu-inputs"
     finish
@@ -219,6 +224,32 @@ if wants offload; then
   run $((remaining > 150 ? remaining - 30 : 120)) "offload_compiled.py" "$python" \
     "$root/bench/offload_compiled.py" --layers "$layers_dir" --out "$out/offload"
   verdict "offload_compiled.py" "$mark" $? "log: gpu-layer-check.log"
+fi
+
+# ---------------------------------------------------------------- nongated
+# SiLU and GELU (erf) experts, W_gate_up [E, d, n] (docs/gpu-kernels.md section 2.2.1): the
+# static layers by check_layer.py, the dynamic-T ones at several T by dynamic_layer_check.py
+if wants nongated; then
+  routing=all
+  [ "$quick" = 1 ] && routing=random
+  mkdir -p "$out/nongated"
+  check_layers 150 "check_layer.py nongated" "log: gpu-layer-check.log" \
+    silu-t37 gelu-shared-t37 -- --routing "$routing" --out "$out/nongated" \
+    --json-name check_layer_nongated.json
+  dyn=()
+  for name in silu-shared-dyn gelu-dyn; do
+    if have "$name"; then
+      dyn+=(--layer "$layers_dir/$name")
+    else
+      fail "dynamic_layer_check.py $name: $name.so or $name.json missing"
+    fi
+  done
+  if [ ${#dyn[@]} -gt 0 ]; then
+    mark=$(lines)
+    run 150 "dynamic_layer_check.py nongated" "$python" "$root/test/GPU/dynamic_layer_check.py" \
+      "${dyn[@]}" --routing "$routing" --json "$out/nongated/dynamic_layer_check.json"
+    verdict "dynamic_layer_check.py nongated" "$mark" $? "log: gpu-layer-check.log"
+  fi
 fi
 
 # ---------------------------------------------------------------- sanitize

@@ -13,7 +13,12 @@
 #   - NAME-recompute: the four benchmark layers with H recomputed in backward
 #     (moe-compile --policy=recompute);
 #   - NAME-offload: the same with H offloaded to pinned host memory (--policy=offload), and
-#     sigmoid-groups-shared-offload (both H offloaded, a shared expert's too).
+#     sigmoid-groups-shared-offload (both H offloaded, a shared expert's too);
+#   - the non-gated experts (docs/gpu-kernels.md section 2.2.1), W_gate_up [E, d, n]:
+#     silu-t37 (T=37, d=256, n=192, E=6, k=2, softmax, renormalised), gelu-shared-t37 (T=37,
+#     d=192, n=320, E=8, k=3, sigmoid + bias, renormalised, shared expert m=192, gelu (erf)),
+#     silu-shared-dyn (d=128, n=128, E=4, k=2, shared expert m=128, T dynamic up to 64) and
+#     gelu-dyn (d=256, n=192, E=8, k=2, softmax, T dynamic up to 64).
 # The generated .mlir files go to gpu-inputs/mlir/. gpu-inputs/ must stay under 60 MiB (the
 # device tool carries at most 64 MiB): the script fails when it does not.
 #
@@ -66,9 +71,18 @@ layers = {
     "deepseek-v3-routed": LayerConfig(8192, 7168, 2048, 256, 8, scoring="sigmoid",
                                       renormalize=True, router_bias=True, num_groups=8,
                                       topk_groups=4, scaling_factor=2.5, dtype="bf16"),
+    # non-gated experts: n-wide W_gate_up and H, A = act(H)
+    "silu-t37": LayerConfig(37, 256, 192, 6, 2, renormalize=True, activation="silu",
+                            dtype="bf16"),
+    "gelu-shared-t37": LayerConfig(37, 192, 320, 8, 3, scoring="sigmoid", renormalize=True,
+                                   router_bias=True, shared_ffn=192, activation="gelu",
+                                   dtype="bf16"),
+    "silu-shared-dyn": LayerConfig(37, 128, 128, 4, 2, renormalize=True, shared_ffn=128,
+                                   activation="silu", dtype="bf16"),
+    "gelu-dyn": LayerConfig(37, 256, 192, 8, 2, activation="gelu", dtype="bf16"),
 }
 # Layers of dynamic token count: the bound.
-bounds = {"example": 64}
+bounds = {"example": 64, "silu-shared-dyn": 64, "gelu-dyn": 64}
 for name, cfg in layers.items():
     fn = name.replace("-", "_")
     with open(os.path.join(folder, name + ".mlir"), "w") as f:
@@ -81,7 +95,8 @@ sources=()
 for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   sources+=("$root/examples/$example.mlir")
 done
-for name in small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny example deepseek-v3-routed; do
+for name in small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny example deepseek-v3-routed \
+  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn; do
   sources+=("$mlir/$name.mlir")
 done
 

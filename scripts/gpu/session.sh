@@ -71,6 +71,16 @@
 #             gpu-inputs/sonic (scripts/dev/build-sonic-inputs.sh), its wheels from .whl/
 #             (scripts/dev/fetch-peer-wheels.sh) installed into /tmp/site; carry gpu-inputs/sonic
 #             and .whl, not the whole gpu-inputs (64 MiB a call);
+#   megablocks  MegaBlocks' dMoE beside ours (bench/megablocks_peer.py, issue 35): megablocks,
+#             stanford-stk and grouped_gemm built from .whl/megablocks (scripts/dev/
+#             build-megablocks.sh; skipped when /tmp/site already imports them, as on a warm
+#             machine), the layers of gpu-inputs/megablocks linked (scripts/inputs/
+#             build-megablocks-inputs.sh), then one process a MegaBlocks implementation
+#             (MOE_MEGABLOCKS_IMPLS, default "grouped sparse": a fault in the patched sparse
+#             path cannot take the grouped numbers with it), each timing ours beside it on
+#             MOE_MEGABLOCKS_CONFIGS (default the four and the grid at MOE_MEGABLOCKS_TOKENS,
+#             default 32768), within MOE_MEGABLOCKS_LIMIT seconds (default 560); carry
+#             .whl/megablocks and gpu-inputs/megablocks;
 #   user-path moe_mlir.hf.from_hf_block (weights shared and copied) against the bare compiled
 #             layer it runs, on MOE_USER_PATH_CONFIGS (default the four): the ratios, bitwise
 #             equality and the profiler's extra kernels and calls (bench/user_path.py, its layers
@@ -88,7 +98,7 @@ parse_options --deadline=deadline=570 -- "$@"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
 check_steps "$steps" ops sanitize layer variants torch fidelity long offload gaps \
-  offload-compiled energy ncu tensor floor liger dynamic ep sonic user-path
+  offload-compiled energy ncu tensor floor liger dynamic ep sonic megablocks user-path
 mkdir -p "$out/session"
 deadline_start "$deadline"
 report=$out/session.txt
@@ -224,6 +234,30 @@ for step in ${steps//,/ }; do
       MOE_GPU_INPUTS='$root/gpu-inputs/sonic' MOE_BENCH_PEERS=sonic \
         MOE_BENCH_LAYERS=\${MOE_SONIC_LAYERS:-mixtral-8x7b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3} \
         bash '$root/scripts/gpu/layer-check.sh' --only build,bench --deadline $(($(seconds_left) - 20))" ;;
+  megablocks)
+    # build (or reuse /tmp/site), link, then each implementation in its own process, each
+    # with an even share of what is left as bench/megablocks_peer.py's --deadline
+    mb_limit=${MOE_MEGABLOCKS_LIMIT:-560}
+    [ "$mb_limit" -lt "$(seconds_left)" ] || mb_limit=$(seconds_left)
+    MOE_STEP_LIMIT=$mb_limit run_step megablocks "$mb_limit" bash -c "set -e; site=/tmp/site
+      if ! PYTHONPATH=\$site python3 -c 'import torch, megablocks_ops, grouped_gemm, megablocks.layers.dmoe' \
+        2>/dev/null; then
+        bash '$root/scripts/dev/build-megablocks.sh' \$site
+      fi
+      MOE_GPU_INPUTS='$root/gpu-inputs/megablocks' bash '$root/scripts/gpu/layer-check.sh' --only build \
+        --deadline 240 || echo 'layer-check.sh --only build failed: the bench skips what did not link'
+      export PYTHONPATH=\$site
+      impls=(\${MOE_MEGABLOCKS_IMPLS:-grouped sparse})
+      i=\${#impls[@]}
+      rc=0
+      for impl in \${impls[@]}; do
+        share=\$(( (MOE_STEP_LIMIT - SECONDS - 20) / i - 45 ))
+        i=\$((i - 1))
+        python3 '$root/bench/megablocks_peer.py' --impl \$impl --layers-dir '$root/gpu-inputs/megablocks/layers' \
+          --tokens \${MOE_MEGABLOCKS_TOKENS:-32768} --configs \"\${MOE_MEGABLOCKS_CONFIGS:-}\" \
+          --deadline \$(( share > 30 ? share : 30 )) --json-name megablocks-\$impl.json || rc=1
+      done
+      exit \$rc" ;;
   user-path)
     run_step user-path "${MOE_USER_PATH_LIMIT:-360}" bash -c "set -e; . '$root/scripts/common.sh'
       lib=\${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}/runtime/lib

@@ -14,6 +14,10 @@
 #             MOE_SANITIZE_LIMIT: the step's seconds, default 200; MOE_SANITIZE_TOOL_LIMIT:
 #             each tool's, default 200);
 #   layer     gpu/layer-check.sh --only build,example,check,bench,recompute;
+#   nongated  the non-gated (SiLU, GELU) experts: gpu/ops-check.sh --nongated (their host
+#             functions against PyTorch, on gpu-inputs/ops/{silu,gelu_erf,gelu_tanh}, built by
+#             inputs/build-ops-harness.sh --nongated), then gpu/layer-check.sh --only
+#             build,nongated (their small layers against the torch reference);
 #   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled with
 #             other kernel configs: inputs/build-layers.sh --out gpu-inputs-NAME --
 #             --kernel-config=ROLE:KEY=VALUE, or against another library file with
@@ -71,7 +75,7 @@
 #             gpu-inputs/sonic (scripts/dev/build-sonic-inputs.sh), its wheels from .whl/
 #             (scripts/dev/fetch-peer-wheels.sh) installed into /tmp/site; carry gpu-inputs/sonic
 #             and .whl, not the whole gpu-inputs (64 MiB a call);
-#   megablocks  MegaBlocks' dMoE beside ours (bench/megablocks_peer.py, issue 35): megablocks,
+#   megablocks  MegaBlocks' dMoE beside ours (bench/megablocks_peer.py): megablocks,
 #             stanford-stk and grouped_gemm built from .whl/megablocks (scripts/dev/
 #             build-megablocks.sh; skipped when /tmp/site already imports them, as on a warm
 #             machine), the layers of gpu-inputs/megablocks linked (scripts/inputs/
@@ -97,7 +101,7 @@ parse_options --deadline=deadline=570 -- "$@"
 [ ${#positional[@]} -le 1 ] || die "one comma-separated list of steps (see --help)"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
-check_steps "$steps" ops sanitize layer variants torch fidelity long offload gaps \
+check_steps "$steps" ops sanitize layer nongated variants torch fidelity long offload gaps \
   offload-compiled energy ncu tensor floor liger dynamic ep sonic megablocks user-path
 mkdir -p "$out/session"
 deadline_start "$deadline"
@@ -153,6 +157,10 @@ for step in ${steps//,/ }; do
       --ops="$root/${MOE_SANITIZE_OPS:-gpu-inputs/ops}" ;;
   layer)
     run_step layer 300 bash "$root/scripts/gpu/layer-check.sh" --only build,example,check,bench,recompute \
+      --deadline $(($(seconds_left) - 20)) ;;
+  nongated)
+    run_step nongated-ops 360 bash "$root/scripts/gpu/ops-check.sh" --nongated
+    run_step nongated-layers 200 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated \
       --deadline $(($(seconds_left) - 20)) ;;
   variants)
     found=0

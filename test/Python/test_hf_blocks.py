@@ -6,6 +6,7 @@ transformers (scripts/install-deps.sh): there a missing one fails instead of ski
 
 import copy
 import os
+import re
 import sys
 
 import pytest
@@ -206,12 +207,318 @@ def test_unsupported_blocks_and_models():
             self.experts = torch.nn.ModuleList()
 
     holder = torch.nn.Sequential(Odd())
-    with pytest.raises(NotImplementedError, match=r"unsupported MoE blocks: 0 \(Odd\)"):
+    with pytest.raises(NotImplementedError, match=r"unsupported MoE blocks: 0 \(Odd: "):
         hf.replace_moe_blocks(holder)
     with pytest.raises(ValueError, match="no supported"):
         hf.replace_moe_blocks(holder, strict=False)
     with pytest.raises(ValueError, match="weights must be"):
         hf.from_hf_block(make("olmoe").model.layers[0].mlp, weights="view")
+
+
+# Tiny configs of the other transformers families: (model_type, config overrides, model class
+# when not AutoModelForCausalLM). Selection biases are randomised after construction.
+TINY = dict(
+    COMMON, head_dim=8, intermediate_size=40, moe_intermediate_size=16, num_experts_per_tok=2
+)
+_DS = dict(
+    n_routed_experts=8,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    num_key_value_heads=4,
+)
+MORE_FAMILIES = {
+    "minimax": ("minimax", dict(num_local_experts=4, layer_types=["full_attention"] * 2), None),
+    "flex_olmo": ("flex_olmo", dict(num_experts=8, norm_topk_prob=False), None),
+    "mellum": ("mellum", dict(num_experts=8), None),
+    "qwen3_vl_moe": (
+        "qwen3_vl_moe",
+        dict(num_experts=8),
+        ("Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel"),
+    ),
+    "qwen3_omni_moe": (
+        "qwen3_omni_moe",
+        dict(num_experts=8, norm_topk_prob=False),
+        ("Qwen3OmniMoeTextConfig", "Qwen3OmniMoeThinkerTextModel"),
+    ),
+    "jamba": (
+        "jamba",
+        dict(
+            num_experts=4,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            attn_layer_period=1,
+            attn_layer_offset=0,
+            use_mamba_kernels=False,
+        ),
+        None,
+    ),
+    "granitemoe": ("granitemoe", dict(num_local_experts=4), None),
+    "granitemoe_swa": ("granitemoe_swa", dict(num_local_experts=4), None),
+    "granitemoeshared": (
+        "granitemoeshared",
+        dict(num_local_experts=4, shared_intermediate_size=24),
+        None,
+    ),
+    "granitemoehybrid": (
+        "granitemoehybrid",
+        dict(num_local_experts=4, layer_types=["attention"] * 2, mamba_n_heads=4, mamba_d_head=16),
+        None,
+    ),
+    "cohere2_moe": (
+        "cohere2_moe",
+        dict(num_experts=8, num_shared_experts=1, shared_expert_combination_strategy="sum"),
+        None,
+    ),
+    "cohere2_moe_sigmoid": (
+        "cohere2_moe",
+        dict(
+            num_experts=8,
+            num_shared_experts=1,
+            shared_expert_combination_strategy="sum",
+            expert_selection_fn="sigmoid",
+            norm_topk_prob=True,
+        ),
+        None,
+    ),
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(num_experts=8, moe_topk=2), None),
+    "ernie4_5_moe": ("ernie4_5_moe", dict(num_experts=8, moe_num_shared_experts=1), None),
+    "dots1": ("dots1", dict(_DS, q_lora_rank=None), None),
+    "kimi_linear": (
+        "kimi_linear",
+        dict(_DS, num_experts=8, layer_types=["full_attention"] * 2),
+        None,
+    ),
+    "glm4_moe": ("glm4_moe", _DS, None),
+    "glm4_moe_lite": ("glm4_moe_lite", dict(_DS, q_lora_rank=None), None),
+    "glm4v_moe": (
+        "glm4v_moe",
+        dict(
+            _DS,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [1, 1, 0],
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+        ("Glm4vMoeTextConfig", "Glm4vMoeTextModel"),
+    ),
+    "glm_moe_dsa": (
+        "glm_moe_dsa",
+        dict(_DS, index_n_heads=2, index_head_dim=8, index_topk=4),
+        None,
+    ),
+    "deepseek_v32": (
+        "deepseek_v32",
+        dict(_DS, index_n_heads=2, index_head_dim=8, index_topk=4),
+        None,
+    ),
+    "solar_open": ("solar_open", _DS, None),
+    "exaone_moe": ("exaone_moe", dict(_DS, num_experts=8, num_shared_experts=1), None),
+    "mimo_v2_flash": (
+        "mimo_v2_flash",
+        dict(
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+        ),
+        None,
+    ),
+    "axk2": ("axk2", dict(_DS, n_group=None, topk_group=None), None),
+    "deepseek_v2": ("deepseek_v2", dict(_DS, q_lora_rank=None), None),
+    "mistral4": ("mistral4", dict(_DS, q_lora_rank=None, head_dim=16), "Mistral4ForCausalLM"),
+    "minimax_m2": ("minimax_m2", dict(num_local_experts=8), None),
+    "lfm2_moe": (
+        "lfm2_moe",
+        dict(
+            num_experts=8,
+            norm_topk_prob=False,
+            routed_scaling_factor=1.5,
+            num_dense_layers=1,
+            layer_types=["full_attention"] * 2,
+        ),
+        None,
+    ),
+    "lfm2_moe_nobias": (
+        "lfm2_moe",
+        dict(
+            num_experts=8,
+            norm_topk_prob=False,
+            use_expert_bias=False,
+            num_dense_layers=0,
+            layer_types=["full_attention"] * 2,
+        ),
+        None,
+    ),
+    "laguna": ("laguna", dict(num_experts=8, shared_expert_intermediate_size=24), None),
+    "afmoe": ("afmoe", dict(num_experts=8, num_shared_experts=1), None),
+    "hy_v3": ("hy_v3", dict(num_experts=8, num_shared_experts=1), None),
+}
+
+
+def make_tiny(model_type, over, classes=None):
+    """A tiny random model of `model_type`; `classes`: (config class, model class) of a text
+    model inside a multimodal family, or the model class alone."""
+    if isinstance(classes, tuple):
+        cfg = getattr(transformers, classes[0])(**{**TINY, **over})
+        return getattr(transformers, classes[1])(cfg)
+    cfg = transformers.AutoConfig.for_model(model_type, **{**TINY, **over})
+    if classes is not None:
+        model = getattr(transformers, classes)(cfg)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for n, t in list(model.named_buffers()) + list(model.named_parameters()):
+            if n.endswith(("e_score_correction_bias", "expert_bias")):
+                t.normal_(0, 0.1)
+    return model
+
+
+def loss_and_grads_any(model, ids, proj):
+    """The causal LM loss, or for a bare text model a loss of its last hidden state."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids) if hasattr(model, "lm_head") else model(input_ids=ids)
+    if getattr(out, "loss", None) is not None:
+        loss, y = out.loss, out.logits
+    else:
+        y = out.last_hidden_state
+        loss = (y @ proj).square().mean()
+    loss.backward()
+    return loss, y, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("weights", ["share", "copy"])
+@pytest.mark.parametrize("family", sorted(MORE_FAMILIES))
+def test_more_families_match(family, weights):
+    """Every other block replace_moe_blocks takes: the model's loss, outputs and every
+    gradient against the unchanged HF model, both weight modes."""
+    torch.manual_seed(0)
+    model = make_tiny(*MORE_FAMILIES[family]).train()
+    ref = copy.deepcopy(model)
+    names = hf.replace_moe_blocks(model, weights=weights)
+    assert names
+    for name in names:
+        assert isinstance(model.get_submodule(name), MoELayer)
+        assert type(ref.get_submodule(name)).__name__ in hf.SUPPORTED_BLOCKS
+    ids, proj = torch.randint(0, 96, (2, 11)), torch.randn(32)
+    ours, y_ours, g_ours = loss_and_grads_any(model, ids, proj)
+    theirs, y_ref, g_ref = loss_and_grads_any(ref, ids, proj)
+    assert abs(ours.item() - theirs.item()) < 1e-5
+    assert rel(y_ours, y_ref) < 1e-5
+    if weights == "share":
+        assert set(model.state_dict()) == set(ref.state_dict())
+        assert set(g_ours) == set(g_ref)
+    for n, g in g_ref.items():
+        if weights == "share" or not any(n.startswith(name + ".") for name in names):
+            assert rel(g_ours[n], g) < 1e-5, n
+
+
+# Blocks refused, and the feature each message must name.
+REFUSED = {
+    "qwen2_moe": (
+        "qwen2_moe",
+        dict(num_experts=8, shared_expert_intermediate_size=24),
+        "shared_expert_gate",
+    ),
+    "qwen3_next": (
+        "qwen3_next",
+        dict(num_experts=8, shared_expert_intermediate_size=24, layer_types=["full_attention"] * 2),
+        "shared_expert_gate",
+    ),
+    "gpt_oss": (
+        "gpt_oss",
+        dict(num_local_experts=4, layer_types=["full_attention"] * 2),
+        "experts with biases",
+    ),
+    "llama4_text": (
+        "llama4_text",
+        dict(num_local_experts=4, intermediate_size_mlp=40, num_experts_per_tok=1),
+        "top-1 sigmoid router scaling the input",
+    ),
+    "phimoe": ("phimoe", dict(num_local_experts=4), "sparsemixer"),
+    "axk1": ("axk1", _DS, "post_mlp_layernorm"),
+    "axk2_groups": ("axk2", _DS, "fills dropped groups with 0"),
+    "longcat_flash": (
+        "longcat_flash",
+        dict(_DS, zero_expert_num=2, ffn_hidden_size=40, expert_ffn_hidden_size=16),
+        "zero-compute",
+    ),
+    "nemotron_h": (
+        "nemotron_h",
+        dict(n_routed_experts=8, n_group=1, topk_group=1, moe_latent_size=16),
+        "latent projections",
+    ),
+    "deepseek_v4": ("deepseek_v4", _DS, "hash routing"),
+    "jetmoe": ("jetmoe", dict(num_local_experts=4, kv_channels=8), "JetMoE"),
+    "deepseek_v2_groups": (
+        "deepseek_v2",
+        dict(_DS, q_lora_rank=None, topk_method="group_limited_greedy"),
+        "each group's best score",
+    ),
+    "laguna_softcap": (
+        "laguna",
+        dict(num_experts=8, shared_expert_intermediate_size=24, moe_router_logit_softcapping=30.0),
+        "softcapping",
+    ),
+    "cohere2_moe_average": ("cohere2_moe", dict(num_experts=8, num_shared_experts=1), "averaged"),
+    "lfm2_moe_norm": (
+        "lfm2_moe",
+        dict(
+            num_experts=8,
+            norm_topk_prob=True,
+            num_dense_layers=1,
+            layer_types=["full_attention"] * 2,
+        ),
+        "1e-6",
+    ),
+    "minimax_jitter": (
+        "minimax",
+        dict(num_local_experts=4, layer_types=["full_attention"] * 2, router_jitter_noise=0.1),
+        "jitter",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_blocks_name_the_feature(case):
+    model_type, over, feature = REFUSED[case]
+    model = make_tiny(model_type, over)
+    blocks = [m for m in model.modules() if hf.is_moe_block(m)]
+    assert blocks
+    for block in blocks:
+        assert any(feature in f for f in hf.unsupported_features(block)), case
+        with pytest.raises(NotImplementedError, match=re.escape(feature)):
+            hf.from_hf_block(block)
+    with pytest.raises(NotImplementedError, match=re.escape(feature)):
+        hf.replace_moe_blocks(model)
+    with pytest.raises(ValueError, match="no supported MoE block"):
+        hf.replace_moe_blocks(model, strict=False)
+
+
+def test_router_of_another_dtype_is_refused():
+    """HunYuan's router is created in f32: beside bf16 experts the layer (one dtype) refuses it."""
+    model = make_tiny("hunyuan_v1_moe", dict(num_experts=8, moe_topk=2)).bfloat16()
+    for layer in model.model.layers:
+        layer.mlp.gate.wg.float()
+    with pytest.raises(NotImplementedError, match="float32 router beside torch.bfloat16"):
+        hf.replace_moe_blocks(model)
+
+
+def test_every_moe_block_is_mapped_or_refused():
+    """Each transformers MoE block class the module knows is either supported or refused with
+    a reason, never both."""
+    assert not set(hf.SUPPORTED_BLOCKS) & set(hf.REFUSED_BLOCKS)
+    assert all(reason for reason in hf.REFUSED_BLOCKS.values())
 
 
 def test_train_check_tiny_on_the_cpu(tmp_path):

@@ -17,7 +17,7 @@ forward and tested against it (test/Python/test_hf_blocks.py):
 | `Cohere2MoeSparseMoeBlock` | softmax (renormalised) or sigmoid (`norm_topk_prob`) of the top-k logits; shared expert summed | `scoring=expert_selection_fn` |
 | `Ernie4_5_MoeSparseMoeBlock` | softmax, selection bias `gate.moe_statics.e_score_correction_bias`, renormalised; shared expert | `router_bias` |
 | `DeepseekV3MoE`, `DeepseekV32MoE`, `Dots1MoE`, `KimiLinearMoE`, `Glm4MoeMoE`, `Glm4MoeLiteMoE`, `Glm4vMoeTextMoE`, `GlmMoeDsaMoE`, `SolarOpenMoE`, `ExaoneMoeSparseMoEBlock`, `MiMoV2FlashMoE` (no shared expert), `AXK2MoE` (`n_group=None`) | sigmoid + `e_score_correction_bias`, `n_group`/`topk_group` (group score: sum of the two best), `norm_topk_prob`, `routed_scaling_factor`; shared expert | `scoring="sigmoid"`, `router_bias`, `num_groups`, `topk_groups`, `scaling_factor`, `shared_ffn` |
-| `DeepseekV2Moe` (`topk_method="greedy"`) | softmax, top-k, `routed_scaling_factor`; shared expert | `renormalize=False`, `scaling_factor` |
+| `DeepseekV2Moe`, `DeepseekOcr2TextMoe` (`topk_method="greedy"`) | softmax, top-k, `routed_scaling_factor`; shared expert | `renormalize=False`, `scaling_factor` |
 | `Mistral4MoE` | softmax, groups (sum of the two best), `norm_topk_prob`, scaling; shared expert | `num_groups`, `topk_groups` |
 | `MiniMaxM2SparseMoeBlock` | sigmoid + the block's `e_score_correction_bias`, renormalised | `router_bias` |
 | `Lfm2MoeSparseMoeBlock` (`norm_topk_prob=False`) | sigmoid (+ `expert_bias` when `use_expert_bias`), top-k, `routed_scaling_factor` | `renormalize=False` |
@@ -103,6 +103,12 @@ class _Spec:
 
 _MIXTRAL = _Spec()
 _GRANITE = _Spec(router="router", scores_topk_logits=True)
+_DEEPSEEK_V2 = _Spec(
+    renormalize=False,
+    scaling="gate.routed_scaling_factor",
+    shared="shared_experts",
+    round_logits=False,
+)
 _QWEN3 = _Spec(renormalize="gate.norm_topk_prob")
 _DEEPSEEK_V3 = _Spec(
     scoring="sigmoid",
@@ -164,12 +170,8 @@ _SPECS: Dict[str, _Spec] = {
         round_logits=False,
     ),
     # DeepSeek-V2: softmax, top-k (topk_method="greedy"), scaling, shared expert
-    "DeepseekV2Moe": _Spec(
-        renormalize=False,
-        scaling="gate.routed_scaling_factor",
-        shared="shared_experts",
-        round_logits=False,
-    ),
+    "DeepseekV2Moe": _DEEPSEEK_V2,
+    "DeepseekOcr2TextMoe": _DEEPSEEK_V2,  # DeepSeek-V2's block, the same source
     # Mistral 4: DeepSeek-V3's groups over softmax scores, no selection bias
     "Mistral4MoE": _Spec(
         renormalize="gate.norm_topk_prob",

@@ -515,10 +515,28 @@ def test_router_of_another_dtype_is_refused():
 
 
 def test_every_moe_block_is_mapped_or_refused():
-    """Each transformers MoE block class the module knows is either supported or refused with
-    a reason, never both."""
+    """Every class of the installed transformers that holds `experts` beside a router (`gate`
+    or `router`) is either supported or refused with its reason, never both, and every class
+    named exists."""
+    import glob
+
     assert not set(hf.SUPPORTED_BLOCKS) & set(hf.REFUSED_BLOCKS)
     assert all(reason for reason in hf.REFUSED_BLOCKS.values())
+    root = os.path.dirname(transformers.__file__)
+    defined, blocks = set(), set()
+    for path in glob.glob(os.path.join(root, "models", "*", "modeling_*.py")):
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        for m in re.finditer(r"^class (\w+)\(.*?(?=^class |\Z)", src, re.S | re.M):
+            defined.add(m.group(1))
+            body = m.group(0)
+            if re.search(r"self\.experts\s*=", body) and re.search(
+                r"self\.(gate|router)\s*=", body
+            ):
+                blocks.add(m.group(1))
+    known = set(hf.SUPPORTED_BLOCKS) | set(hf.REFUSED_BLOCKS)
+    assert known <= defined, sorted(known - defined)
+    assert blocks <= known, sorted(blocks - known)
 
 
 def test_train_check_tiny_on_the_cpu(tmp_path):

@@ -18,9 +18,9 @@ forward and tested against it (test/Python/test_hf_blocks.py):
 | `Ernie4_5_MoeSparseMoeBlock` | softmax, selection bias `gate.moe_statics.e_score_correction_bias`, renormalised; shared expert | `router_bias` |
 | `DeepseekV3MoE`, `DeepseekV32MoE`, `Dots1MoE`, `KimiLinearMoE`, `Glm4MoeMoE`, `Glm4MoeLiteMoE`, `Glm4vMoeTextMoE`, `GlmMoeDsaMoE`, `SolarOpenMoE`, `ExaoneMoeSparseMoEBlock`, `MiMoV2FlashMoE` (no shared expert), `AXK2MoE` (`n_group=None`) | sigmoid + `e_score_correction_bias`, `n_group`/`topk_group` (group score: sum of the two best), `norm_topk_prob`, `routed_scaling_factor`; shared expert | `scoring="sigmoid"`, `router_bias`, `num_groups`, `topk_groups`, `scaling_factor`, `shared_ffn` |
 | `DeepseekV2Moe`, `DeepseekOcr2TextMoe` (`topk_method="greedy"`) | softmax, top-k, `routed_scaling_factor`; shared expert | `renormalize=False`, `scaling_factor` |
-| `Mistral4MoE` | softmax, groups (sum of the two best), `norm_topk_prob`, scaling; shared expert | `num_groups`, `topk_groups` |
+| `Mistral4MoE` (float32) | softmax, groups (sum of the two best), `norm_topk_prob`, scaling; shared expert | `num_groups`, `topk_groups` |
 | `MiniMaxM2SparseMoeBlock` | sigmoid + the block's `e_score_correction_bias`, renormalised | `router_bias` |
-| `Lfm2MoeSparseMoeBlock` (`norm_topk_prob=False`) | sigmoid (+ `expert_bias` when `use_expert_bias`), top-k, `routed_scaling_factor` | `renormalize=False` |
+| `Lfm2MoeSparseMoeBlock` (float32, `norm_topk_prob=False`) | sigmoid (+ `expert_bias` when `use_expert_bias`), top-k, `routed_scaling_factor` | `renormalize=False` |
 | `LagunaSparseMoeBlock`, `AfmoeSparseMoeBlock`, `HYV3MoE` | sigmoid + selection bias, renormalised, scaled; shared expert | `router_bias`, `scaling_factor`, `shared_ffn` |
 
 Refused with NotImplementedError naming what the layer lacks (`unsupported_features(block)`
@@ -33,7 +33,8 @@ routing too), an RMSNorm on the output (A.X-K1), A.X-K2's groups masked with 0, 
 shared experts (Inkling), zero-compute experts (LongCat-Flash), relu2 experts in a latent space
 (Nemotron-H), ZAYA's MLP router, capacity-limited token-order routing (NLLB-MoE, Switch),
 Ernie-4.5-VL's block (returns its logits), Aria's and JetMoE's experts, Gemma 4's router; and
-per instance: DeepSeek-V2's `group_limited_greedy`, Cohere2-MoE's averaged shared expert,
+per instance: Mistral 4 and LFM2-MoE outside float32 (scores in the logits' dtype), DeepSeek-V2's
+`group_limited_greedy`, Cohere2-MoE's averaged shared expert,
 Laguna's logit softcapping, LFM2-MoE's renormalisation (1e-6 added to the sum), router jitter > 0, a router of another dtype than the experts,
 non-SiLU experts. Another class with a router and `experts` is refused naming its class.
 
@@ -99,6 +100,9 @@ class _Spec:
     # the router scores the top-k logits: a softmax of them is the renormalised top-k of the
     # softmax, a sigmoid of them the top-k of the sigmoid
     scores_topk_logits: bool = False
+    # the router selects on scores computed in the logits' dtype (bf16 rounding of the scores
+    # makes ties that f32 scores do not have): only f32 blocks map
+    scores_in_logits_dtype: bool = False
 
 
 _MIXTRAL = _Spec()
@@ -174,6 +178,7 @@ _SPECS: Dict[str, _Spec] = {
     "DeepseekOcr2TextMoe": _DEEPSEEK_V2,  # DeepSeek-V2's block, the same source
     # Mistral 4: DeepSeek-V3's groups over softmax scores, no selection bias
     "Mistral4MoE": _Spec(
+        scores_in_logits_dtype=True,
         renormalize="gate.norm_topk_prob",
         groups=True,
         scaling="gate.routed_scaling_factor",
@@ -184,6 +189,7 @@ _SPECS: Dict[str, _Spec] = {
     # LFM2-MoE: sigmoid, optional selection bias `expert_bias`, scaled; its renormalisation adds
     # 1e-6 to the sum, so only norm_topk_prob=False maps (see unsupported_features)
     "Lfm2MoeSparseMoeBlock": _Spec(
+        scores_in_logits_dtype=True,
         scoring="sigmoid",
         renormalize=False,
         bias="expert_bias",
@@ -391,6 +397,12 @@ def unsupported_features(block: nn.Module) -> List[str]:
             problems += _plain_swiglu_mlp(shared)
     if hasattr(block, "shared_expert_gate"):
         problems.append(_SHARED_GATE)
+    if spec.scores_in_logits_dtype and isinstance(weight, torch.Tensor):
+        if weight.dtype != torch.float32:
+            problems.append(
+                f"routing on scores computed in {weight.dtype} (the block's softmax or sigmoid "
+                f"runs in the logits' dtype; moe_mlir's in f32): only float32 blocks map"
+            )
     if kind == "Lfm2MoeSparseMoeBlock" and getattr(router, "norm_topk_prob", False):
         problems.append(
             "a renormalisation adding 1e-6 to the sum (LFM2-MoE's norm_topk_prob; moe_mlir "

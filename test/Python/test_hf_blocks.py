@@ -505,6 +505,35 @@ def test_refused_blocks_name_the_feature(case):
         hf.replace_moe_blocks(model, strict=False)
 
 
+@pytest.mark.parametrize(
+    "family",
+    ["dots1", "jamba", "minimax_m2", "granitemoe", "laguna", "cohere2_moe", "ernie4_5_moe"]
+    + ["hy_v3", "deepseek_v2", "afmoe", "hunyuan_v1_moe"],
+)
+def test_more_families_bf16_on_the_cpu(family):
+    """bf16 models within test_bf16_model_on_the_cpu's tolerances."""
+    torch.manual_seed(1)
+    model = make_tiny(*MORE_FAMILIES[family]).bfloat16().train()
+    ref = copy.deepcopy(model)
+    hf.replace_moe_blocks(model)
+    ids, proj = torch.randint(0, 96, (2, 9)), torch.randn(32, dtype=torch.bfloat16)
+    ours, y_ours, g_ours = loss_and_grads_any(model, ids, proj)
+    theirs, y_ref, g_ref = loss_and_grads_any(ref, ids, proj)
+    assert abs(ours.item() - theirs.item()) < 1e-2
+    assert rel(y_ours, y_ref) < 1e-2
+    for n, g in g_ref.items():
+        assert rel(g_ours[n], g) < 2e-2, n
+
+
+@pytest.mark.parametrize("family", ["mistral4", "lfm2_moe"])
+def test_scores_in_bf16_are_refused(family):
+    """Mistral 4's softmax and LFM2-MoE's sigmoid run in the logits' dtype: bf16 blocks are
+    refused, f32 ones taken (test_more_families_match)."""
+    model = make_tiny(*MORE_FAMILIES[family]).bfloat16()
+    with pytest.raises(NotImplementedError, match="routing on scores computed in torch.bfloat16"):
+        hf.replace_moe_blocks(model)
+
+
 def test_router_of_another_dtype_is_refused():
     """HunYuan's router is created in f32: beside bf16 experts the layer (one dtype) refuses it."""
     model = make_tiny("hunyuan_v1_moe", dict(num_experts=8, moe_topk=2)).bfloat16()

@@ -300,8 +300,22 @@ def _run_stages(
     static: Dict[int, bool] = {}
     pending: Dict[Tuple[int, int], List] = {}
     dropped: Dict[int, object] = {}
+    # What a chunk still needs after each stage: the later stages' inputs and the arguments
+    # returned as results. The rest is dropped, so that only the chunks in flight hold their
+    # buffers (a started collective keeps its own reference to what it sends).
+    returned_args = {source for source in plan.results if source.startswith("arg")}
+    needed_after = [
+        returned_args.union(*(stage.inputs for stage in plan.stages[k + 1 :]))
+        for k in range(last + 1)
+    ]
 
     def run(i: int, k: int) -> None:
+        run_stage(i, k)
+        for name in [name for name in values[i] if name not in needed_after[k]]:
+            del values[i][name]
+
+    def run_stage(i: int, k: int) -> None:
+        """Stage k of chunk i, after the collective before it, then the one after it."""
         tokens = chunks[i][1]
         if k > 0:  # the rows of the collective before this stage
             c = k - 1

@@ -470,3 +470,35 @@ def test_gpu_runner_on_cpu_tensors(chunk):
     for rank, (status, same) in results.items():
         assert status == "ok", same
         assert all(same.values()), (rank, same)
+
+
+def test_chunks_release_their_buffers():
+    """A chunk's blocks are released once its later stages no longer need them: while the
+    wavefront runs, at most the blocks of the two chunks in flight are alive, not every
+    chunk's."""
+    import gc
+    import weakref
+
+    from moe_mlir.distributed import _run_stages
+
+    layer = _layer(1, 5 * CONFIG.top_k, chunk=5)
+    function = layer.functions["forward"]
+    ((args, _),) = _inputs(130, [BOUND], skew=False)
+    args = [args[n] for n in CONFIG.arg_names()]
+    blocks, most_alive = [], []
+
+    class Tracking(_NumpyBackend):
+        def call(self, index, inputs, tokens):
+            gc.collect()
+            most_alive.append(sum(ref() is not None for ref in blocks))
+            outputs = super().call(index, inputs, tokens)
+            names = function.plan.stages[index].outputs
+            blocks.extend(weakref.ref(o) for n, o in zip(names, outputs) if n.startswith("send"))
+            return outputs
+
+    spans = function.plan.split(BOUND)
+    chunks = [([args[0][a : a + t], *args[1:]], t) for a, t in spans]
+    _run_stages(function.plan, Tracking(function, LocalExchange()), chunks, False)
+    # Each chunk sends twice (dispatch and combine; the rows and the counts at a dispatch).
+    assert len(blocks) == 3 * len(spans)
+    assert max(most_alive) <= 2 * 3, most_alive

@@ -229,18 +229,16 @@ def _worker(rank, size, port, config, states, cases, steps, queue):
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(size, config, states, cases, steps, timeout=900.0):
-    """Every case on `size` ranks, one process a rank; returns [case][rank] {capacity:
-    measures}, each case's errors against the uncapped run of case `ref`."""
+def spawn_ranks(worker, size: int, args: tuple, timeout: float = 900.0) -> Dict[int, object]:
+    """`worker(rank, size, port, *args, queue)` in one spawned process a rank (each puts
+    (rank, "ok" or "error", payload) on the queue); returns {rank: payload}, raising the
+    first rank's error."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, size, port, config, states, cases, steps, queue))
-        for r in range(size)
-    ]
+    procs = [ctx.Process(target=worker, args=(r, size, port, *args, queue)) for r in range(size)]
     for p in procs:
         p.start()
     results = {}
@@ -255,6 +253,13 @@ def run_ranks(size, config, states, cases, steps, timeout=900.0):
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
+    return results
+
+
+def run_ranks(size, config, states, cases, steps, timeout=900.0):
+    """Every case on `size` ranks, one process a rank; returns [case][rank] {capacity:
+    measures}, each case's errors against the uncapped run of case `ref`."""
+    results = spawn_ranks(_worker, size, (config, states, cases, steps), timeout)
     return [[results[r][i] for r in range(size)] for i in range(len(cases))]
 
 

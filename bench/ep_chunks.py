@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ep_capacity import planned_memory  # noqa: E402
+from ep_capacity import planned_memory, spawn_ranks  # noqa: E402
 
 from moe_mlir.config import LayerConfig  # noqa: E402
 from moe_mlir.distributed import EPLayer, EPSpec, shard_experts  # noqa: E402
@@ -46,12 +45,6 @@ from moe_mlir.distributed import EPLayer, EPSpec, shard_experts  # noqa: E402
 FULL = dict(tokens=1024, hidden=128, ffn=256, chunks=(1, 2, 4, 8), steps=5)
 QUICK = dict(tokens=32, hidden=16, ffn=24, chunks=(1, 4), steps=1)
 EXPERTS, TOP_K = 8, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _inputs(config: LayerConfig, size: int, seed: int):
@@ -118,8 +111,6 @@ def _worker(rank, size, port, config, states, inputs, steps, queue):
 
 
 def measure_size(size: int, preset: dict, seed: int) -> List[dict]:
-    import torch.multiprocessing as mp
-
     t = preset["tokens"]
     config = LayerConfig(
         tokens=t, hidden=preset["hidden"], ffn=preset["ffn"], experts=EXPERTS, top_k=TOP_K
@@ -130,30 +121,8 @@ def measure_size(size: int, preset: dict, seed: int) -> List[dict]:
         ep = EPSpec(size, chunk * TOP_K, "error", chunk if c > 1 else None)
         states[c] = (ep, EPLayer(config, ep, max_tokens=t).state())
         plans[c] = planned_memory(config, ep) if c == 1 else _chunk_plan(config, ep)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
     inputs = _inputs(config, size, seed)
-    procs = [
-        ctx.Process(
-            target=_worker, args=(r, size, port, config, states, inputs, preset["steps"], queue)
-        )
-        for r in range(size)
-    ]
-    for p in procs:
-        p.start()
-    per_rank = {}
-    try:
-        while len(per_rank) < size:
-            rank, status, payload = queue.get(timeout=900)
-            if status == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            per_rank[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
+    per_rank = spawn_ranks(_worker, size, (config, states, inputs, preset["steps"]))
     rows = []
     base = None
     for c in preset["chunks"]:

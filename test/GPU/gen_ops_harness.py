@@ -13,6 +13,7 @@ import sys
 B2, F2, I2 = "memref<?x?xbf16>", "memref<?x?xf32>", "memref<?x?xi32>"
 B3 = "memref<?x?x?xbf16>"
 I1, F1, BF1 = "memref<?xi32>", "memref<?xf32>", "memref<?xbf16>"
+S0 = "memref<f32>"  # a scalar loss or its gradient
 
 # name: [(arg, type)] in host-function order; "i32"/"i1" scalars become i64 at the boundary.
 OPS = {
@@ -160,6 +161,22 @@ OPS = {
         ("dx", B2),
         ("d_wgu", B3),
         ("d_wd", B3),
+    ],
+    # the auxiliary losses (moe.aux_loss, moe.aux_loss_grad)
+    "aux_loss": [
+        ("logits", F2),
+        ("experts", I2),
+        ("scoring", "i32"),
+        ("load_balance", S0),
+        ("z_loss", S0),
+    ],
+    "aux_loss_grad": [
+        ("logits", F2),
+        ("experts", I2),
+        ("d_load_balance", S0),
+        ("d_z_loss", S0),
+        ("scoring", "i32"),
+        ("d_logits", F2),
     ],
 }
 # The accumulating host functions: the result added to what its buffer holds.

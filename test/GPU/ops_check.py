@@ -119,7 +119,7 @@ def desc_type(rank):
     return D
 
 
-_DESCS = {r: desc_type(r) for r in (1, 2, 3)}
+_DESCS = {r: desc_type(r) for r in (0, 1, 2, 3)}
 
 
 def desc(t):
@@ -528,6 +528,72 @@ def run_router_grad(lib, T, d, E, k, scoring, renorm, scaling, accumulate=False)
     lib.call(name, x, wr, logits, ex, dw, dl_in, scoring, int(renorm), float(scaling), dx, dwr)
     ok = check(f"{tag} dx", rel(dx, dx0.float() + xr.grad), 2e-2)
     ok &= check(f"{tag} d_w_router", rel(dwr, wrr.grad), 2e-2)
+    return ok
+
+
+def aux_routing(T, E, k, mode):
+    """[T, k] int32 experts: distinct picks among all E (random), among the first
+    max(k, E / 8) experts (skewed: most experts never picked), or random with about one
+    slot in 16 out of range (-1 or E, which count for no expert)."""
+    if mode == "skewed":
+        return distinct_picks(T, max(k, E // 8), k).to(torch.int32)
+    ex = distinct_picks(T, E, k).to(torch.int32)
+    if mode == "invalid":
+        bad = torch.rand(T, k, device=DEV) < 1 / 16
+        low = torch.rand(T, k, device=DEV) < 0.5
+        wrong = torch.where(low, torch.full_like(ex, -1), torch.full_like(ex, E))
+        ex = torch.where(bad, wrong, ex)
+    return ex
+
+
+def run_aux_loss(lib, T, E, k, scoring, mode):
+    """aux_loss and aux_loss_grad against the CPU path's reference (moe_mlir.reference, fp32
+    NumPy) on random logits, and run to run: the same bits twice (no float atomics)."""
+    tag = f"aux_loss T={T} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'} {mode}"
+    name = "softmax" if scoring == 0 else "sigmoid"
+    logits = torch.randn(T, E, device=DEV) * 2.0
+    ex = aux_routing(T, E, k, mode)
+    lb_ref, z_ref = ref.aux_loss(logits.cpu().numpy(), ex.cpu().numpy(), name)
+    d_lb = torch.tensor(float(torch.randn(())), device=DEV)
+    d_z = torch.tensor(float(torch.randn(())), device=DEV)
+    dl_ref = ref.aux_loss_grad(
+        logits.cpu().numpy(), ex.cpu().numpy(), d_lb.cpu().numpy(), d_z.cpu().numpy(), name
+    )
+    outs = []
+    for _ in range(2):
+        lb = torch.full((), float("nan"), device=DEV)
+        z = torch.full((), float("nan"), device=DEV)
+        lib.call("aux_loss", logits, ex, scoring, lb, z)
+        dl = torch.full_like(logits, float("nan"))
+        lib.call("aux_loss_grad", logits, ex, d_lb, d_z, scoring, dl)
+        outs.append((lb, z, dl))
+    (lb, z, dl), (lb2, z2, dl2) = outs
+    lb_t = torch.from_numpy(np.asarray(lb_ref, dtype=np.float32)).to(DEV)
+    z_t = torch.from_numpy(np.asarray(z_ref, dtype=np.float32)).to(DEV)
+    ok = check(f"{tag} load_balance", rel(lb, lb_t), 1e-5)
+    ok &= check(f"{tag} z_loss", rel(z, z_t), 1e-5)
+    ok &= check(f"{tag} d_logits", rel(dl, torch.from_numpy(dl_ref).to(DEV)), 1e-4)
+    ok &= check_exact(f"{tag} load_balance twice", lb2, lb)
+    ok &= check_exact(f"{tag} z_loss twice", z2, z)
+    ok &= check_exact(f"{tag} d_logits twice", dl2, dl)
+    return ok
+
+
+def run_aux_loss_empty(lib):
+    """T = 0: both losses 0, and d_logits has nothing to write."""
+    E, k = 8, 2
+    logits = torch.empty(0, E, device=DEV)
+    ex = torch.empty(0, k, dtype=torch.int32, device=DEV)
+    ok = True
+    for scoring in (0, 1):
+        lb = torch.full((), float("nan"), device=DEV)
+        z = torch.full((), float("nan"), device=DEV)
+        lib.call("aux_loss", logits, ex, scoring, lb, z)
+        zero = torch.zeros((), device=DEV)
+        ok &= check_exact(f"aux_loss T=0 scoring={scoring} load_balance", lb, zero)
+        ok &= check_exact(f"aux_loss T=0 scoring={scoring} z_loss", z, zero)
+        one = torch.ones((), device=DEV)
+        lib.call("aux_loss_grad", logits, ex, one, one, scoring, torch.empty(0, E, device=DEV))
     return ok
 
 
@@ -1363,6 +1429,22 @@ def main():
             lambda: run_expert_ffn_grad(lib, 37, 192, 128, 8, 2, "skewed", True),
         ),
         ("split-vs-fused", lambda: run_split_vs_fused(lib, 37, 128, 128, 4, 2, "random")),
+        # the auxiliary losses: odd T (one chunk of 64 tokens or part of one, several, and
+        # past 1024 chunks of 64, so that a chunk runs two passes of 64 and a tail), E of
+        # one lane a warp, several and the most, k = 1, 2, 8, skewed routing (most experts
+        # never picked) and slots out of range
+        ("aux-37-e8-softmax", lambda: run_aux_loss(lib, 37, 8, 2, 0, "random")),
+        ("aux-37-e8-sigmoid-k1", lambda: run_aux_loss(lib, 37, 8, 1, 1, "skewed")),
+        ("aux-1000-e64-softmax-k8", lambda: run_aux_loss(lib, 1000, 64, 8, 0, "skewed")),
+        ("aux-1000-e64-sigmoid", lambda: run_aux_loss(lib, 1000, 64, 2, 1, "random")),
+        ("aux-1000-e256-sigmoid-k1", lambda: run_aux_loss(lib, 1000, 256, 1, 1, "invalid")),
+        ("aux-16384-e256-softmax-k8", lambda: run_aux_loss(lib, 16384, 256, 8, 0, "random")),
+        ("aux-16384-e256-sigmoid-k8", lambda: run_aux_loss(lib, 16384, 256, 8, 1, "skewed")),
+        ("aux-16384-e8-softmax", lambda: run_aux_loss(lib, 16384, 8, 2, 0, "skewed")),
+        ("aux-16384-e64-sigmoid-k1", lambda: run_aux_loss(lib, 16384, 64, 1, 1, "invalid")),
+        ("aux-70001-e8-softmax", lambda: run_aux_loss(lib, 70001, 8, 2, 0, "random")),
+        ("aux-37-e1024-softmax-k8", lambda: run_aux_loss(lib, 37, 1024, 8, 0, "random")),
+        ("aux-t0", lambda: run_aux_loss_empty(lib)),
     ]
     if lib.has("router_grad_acc"):
         # dx += the router's part by TMA reduce-add boxes: T below a tile (37) and a

@@ -218,9 +218,6 @@ LogicalResult checkSupported(Operation *op) {
   if (isa<LayerOp>(op))
     return op->emitError("moe.layer must be decomposed (moe-decompose) "
                          "before convert-moe-to-gpu");
-  if (isa<AuxLossOp, AuxLossGradOp>(op))
-    return op->emitError() << op->getName()
-                           << " is not supported on the GPU path yet";
   if (auto offload = dyn_cast<OffloadOp>(op)) {
     // The copy goes into the forward's out-parameter for the saved tensor.
     auto func = op->getParentOfType<func::FuncOp>();
@@ -255,7 +252,8 @@ LogicalResult checkSupported(Operation *op) {
       !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp, CombineOp,
            ExpertCombineGradOp, SharedExpertGradOp, RouterGradOp, CombineGradOp,
            ExpertFFNGradOp, EPDispatchOp, EPCombineOp, EPPackOp, EPUnpackOp,
-           EPQueuesOp, GatherRowsOp, ScatterRowsOp>(op))
+           EPQueuesOp, GatherRowsOp, ScatterRowsOp, AuxLossOp, AuxLossGradOp>(
+          op))
     return op->emitError() << "'" << op->getName()
                            << "' on tensors is not supported on the GPU path";
   // Static shapes, but for a leading dimension that follows a token count
@@ -304,6 +302,9 @@ LogicalResult checkSupported(Operation *op) {
     experts =
         cast<ShapedType>(dispatch->getResult(1).getType()).getDimSize(0) - 1;
   experts = std::max(experts, getEPExperts(op));
+  // The auxiliary losses count the selections in a shared-memory table.
+  if (isa<AuxLossOp, AuxLossGradOp>(op))
+    experts = cast<ShapedType>(op->getOperand(0).getType()).getDimSize(1);
   if (experts > gpu_contract::kMaxExperts)
     return op->emitError("the GPU path runs at most ")
            << gpu_contract::kMaxExperts << " experts, got " << experts;
@@ -1731,6 +1732,28 @@ public:
   }
 };
 
+/// moe.aux_loss and moe.aux_loss_grad: the host function `callee` on the
+/// op's tensors (the scalars 0-d memrefs), with its scoring after them.
+template <typename OpTy>
+class LowerAuxLoss : public HostCallPattern<OpTy> {
+public:
+  LowerAuxLoss(const TypeConverter &typeConverter, HostCallContext &ctx,
+               StringRef callee)
+      : HostCallPattern<OpTy>(typeConverter, ctx), callee(callee) {}
+
+  void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
+                HostCall &call) const override {
+    call.addOperands();
+    call.args.push_back(this->ctx.h.i32(static_cast<int32_t>(op.getScoring())));
+    call.addResults();
+    call.callExactly(callee);
+  }
+
+private:
+  /// A string literal's.
+  StringRef callee;
+};
+
 /// moe.gather_rows and moe.scatter_rows: the host function `callee` on the
 /// op's operands and result.
 template <typename OpTy>
@@ -1854,6 +1877,10 @@ void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
                                         "__moe_gpu_gather_rows");
   patterns.add<LowerRows<ScatterRowsOp>>(typeConverter, ctx,
                                          "__moe_gpu_scatter_rows");
+  patterns.add<LowerAuxLoss<AuxLossOp>>(typeConverter, ctx,
+                                        "__moe_gpu_aux_loss");
+  patterns.add<LowerAuxLoss<AuxLossGradOp>>(typeConverter, ctx,
+                                            "__moe_gpu_aux_loss_grad");
 }
 
 /// Replaces `plan.func` with a host function on device memrefs: plans it

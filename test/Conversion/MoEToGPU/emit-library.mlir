@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}9cfde441aa937c7e05d369cc15af30b73cc28a6e29a16e64c8d2ad608cb0611b{{$}}
+// DIGEST: {{^}}e6b7a04142af303878e1af61d8adeccfc8a634bbb4738eb017a4358a3ac29838{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.
@@ -22,6 +22,8 @@
 // CHECK: gpu.func @moe_ep_queue_fill(
 // CHECK: gpu.func @moe_scale_rows(
 // CHECK: gpu.func @moe_token_sum(
+// CHECK: gpu.func @moe_aux_counts(
+// CHECK: gpu.func @moe_aux_loss_grad(
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(
@@ -30,6 +32,8 @@
 // CHECK: func.func private @__moe_gpu_scatter_rows(
 // CHECK: func.func private @__moe_gpu_combine_grad(
 // CHECK: func.func private @__moe_gpu_expert_ffn_grad(
+// CHECK: func.func private @__moe_gpu_aux_loss(
+// CHECK: func.func private @__moe_gpu_aux_loss_grad(
 
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16(
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16_s2(

@@ -250,4 +250,26 @@
 // CHECK-LABEL: .entry moe_token_sum(
 // CHECK-DAG: ld.global.v4.b32
 // CHECK-DAG: st.global.v4.b32
+// The auxiliary losses: the selection counts by integer atomics (a chunk's in
+// shared memory, then one global add an expert), and no atomic in the float
+// sums (per-chunk partials, one block's fixed-order reduction, d_logits a warp
+// a token by xor shuffles): the same bits run to run.
+// CHECK-LABEL: .entry moe_aux_counts(
+// CHECK: atom.shared.add.u32
+// CHECK: bar.sync 0;
+// CHECK: atom.global.add.u32
+// CHECK-LABEL: .entry moe_aux_partials(
+// CHECK-NOT: atom.
+// CHECK: shfl.sync.bfly.b32
+// CHECK-NOT: atom.
+// CHECK: lg2.approx.ftz.f32
+// CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_aux_finish(
+// CHECK-NOT: atom.
+// CHECK: bar.sync 0;
+// CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_aux_loss_grad(
+// CHECK-NOT: atom.
+// CHECK: shfl.sync.bfly.b32
+// CHECK-NOT: atom.
 // CHECK-NOT: .entry

@@ -63,7 +63,7 @@ TEST_F(KernelBuilderTest, EachKernelBuildsOnceAndVerifies) {
   b.setInsertionPointToEnd(built->getBody());
   auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
   SmallVector<StringRef> names = moe::builtLibraryKernelNames();
-  ASSERT_EQ(names.size(), 40u);
+  ASSERT_EQ(names.size(), 44u);
   llvm::StringSet<> unique;
   ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
   for (StringRef name : names) {
@@ -104,7 +104,7 @@ TEST_F(KernelBuilderTest, TheWholeLibrary) {
   SmallVector<StringRef> hostFunctions = moe::libraryHostFunctionNames();
   expected.append(hostFunctions.begin(), hostFunctions.end());
   EXPECT_EQ(functions, expected);
-  EXPECT_EQ(hostFunctions.size(), 23u);
+  EXPECT_EQ(hostFunctions.size(), 25u);
 }
 
 // The same text every time: the kernel cache and the kernel library key a
@@ -177,6 +177,53 @@ TEST_F(KernelBuilderTest, HostFunctionErrors) {
   EXPECT_EQ(message, "the module's @moeTensorMapDeviceBf16 is not the host "
                      "functions' declaration of it");
   EXPECT_EQ(llvm::range_size(other->getOps<func::FuncOp>()), 1u);
+}
+
+// The auxiliary losses' kernels (their arguments and shared-memory tables),
+// and their host functions launching them in order.
+TEST_F(KernelBuilderTest, AuxLossKernels) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  built.get()->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                       b.getUnitAttr());
+  b.setInsertionPointToEnd(built->getBody());
+  auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
+  ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
+  struct Expected {
+    StringRef name;
+    unsigned arguments, workgroupBuffers;
+  };
+  for (Expected kernel :
+       {Expected{"moe_aux_counts", 4, 1}, Expected{"moe_aux_partials", 7, 2},
+        Expected{"moe_aux_finish", 8, 1},
+        Expected{"moe_aux_loss_grad", 9, 0}}) {
+    SCOPED_TRACE(kernel.name.str());
+    FailureOr<gpu::GPUFuncOp> built =
+        moe::buildLibraryKernel(module, kernel.name);
+    ASSERT_TRUE(succeeded(built));
+    EXPECT_EQ(built->getNumArguments(), kernel.arguments);
+    EXPECT_EQ(built->getNumWorkgroupAttributions(), kernel.workgroupBuffers);
+    ASSERT_TRUE(built->getKnownBlockSize().has_value());
+    EXPECT_EQ((*built->getKnownBlockSize())[0], 128);
+  }
+  EXPECT_TRUE(succeeded(verify(*built)));
+
+  OwningOpRef<ModuleOp> library = moe::buildGPULibrary(&context);
+  ASSERT_TRUE(library);
+  auto launches = [&](StringRef name) {
+    SmallVector<std::string> kernels;
+    auto function = library->lookupSymbol<func::FuncOp>(name);
+    if (function)
+      function.walk([&](gpu::LaunchFuncOp launch) {
+        kernels.push_back(launch.getKernelName().str());
+      });
+    return kernels;
+  };
+  EXPECT_EQ(launches("__moe_gpu_aux_loss"),
+            (SmallVector<std::string>{"moe_aux_counts", "moe_aux_partials",
+                                      "moe_aux_finish"}));
+  EXPECT_EQ(launches("__moe_gpu_aux_loss_grad"),
+            (SmallVector<std::string>{"moe_aux_counts", "moe_aux_loss_grad"}));
 }
 
 } // namespace

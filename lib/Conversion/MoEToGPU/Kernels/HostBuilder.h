@@ -249,6 +249,9 @@ void buildEPUnpackHost(OpBuilder &b, ModuleOp module, bool reduce);
 void buildEPQueuesHost(OpBuilder &b, ModuleOp module);
 void buildGatherRowsHost(OpBuilder &b, ModuleOp module);
 void buildScatterRowsHost(OpBuilder &b, ModuleOp module);
+// HostAuxLoss.cpp
+void buildAuxLossHost(OpBuilder &b, ModuleOp module);
+void buildAuxLossGradHost(OpBuilder &b, ModuleOp module);
 
 } // namespace mlir::moe::host
 

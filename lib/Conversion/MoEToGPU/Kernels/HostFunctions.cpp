@@ -763,7 +763,8 @@ struct HostEntry {
 /// The host functions in the library's order: the forward and backward ones,
 /// then the accumulating ones (the calls of the ops that moe-fold-adds gave
 /// an accumulate operand), then those of the expert-parallel ops and of the
-/// unfused combine and expert FFN backward (the expert-parallel layer's).
+/// unfused combine and expert FFN backward (the expert-parallel layer's),
+/// then the auxiliary losses.
 const std::vector<HostEntry> &hostEntries() {
   static const SmallVector<VariantRole, 4> kExpertGradRoles = {
       {"dact", LibraryGemm::DactGather},
@@ -893,6 +894,16 @@ const std::vector<HostEntry> &hostEntries() {
         {"dx", LibraryGemm::RowsKBf16},
         {"dw_down", LibraryGemm::WgradRows},
         {"dw_gate_up", LibraryGemm::WgradGatherA}}},
+      {"__moe_gpu_aux_loss",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildAuxLossHost(b, m);
+       },
+       {}},
+      {"__moe_gpu_aux_loss_grad",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildAuxLossGradHost(b, m);
+       },
+       {}},
   };
   return entries;
 }

@@ -63,6 +63,10 @@ constexpr KernelEntry kKernels[] = {
     {"moe_row_dots", kernels::buildRowDotsKernel},
     {"moe_link_rows", kernels::buildLinkRowsKernel},
     {"moe_token_sum", kernels::buildTokenSumKernel},
+    {"moe_aux_counts", kernels::buildAuxCountsKernel},
+    {"moe_aux_partials", kernels::buildAuxPartialsKernel},
+    {"moe_aux_finish", kernels::buildAuxFinishKernel},
+    {"moe_aux_loss_grad", kernels::buildAuxLossGradKernel},
 };
 
 } // namespace

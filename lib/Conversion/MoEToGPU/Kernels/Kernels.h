@@ -73,6 +73,11 @@ void buildScaleRowsKernel(OpBuilder &b, Location loc);
 void buildRowDotsKernel(OpBuilder &b, Location loc);
 void buildLinkRowsKernel(OpBuilder &b, Location loc);
 void buildTokenSumKernel(OpBuilder &b, Location loc);
+// AuxLoss.cpp
+void buildAuxCountsKernel(OpBuilder &b, Location loc);
+void buildAuxPartialsKernel(OpBuilder &b, Location loc);
+void buildAuxFinishKernel(OpBuilder &b, Location loc);
+void buildAuxLossGradKernel(OpBuilder &b, Location loc);
 // Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp
 /// The grouped GEMM of `config`, named gemmKernelName(config).
 void buildGemmKernel(OpBuilder &b, Location loc,

@@ -1,0 +1,459 @@
+//===- AuxLoss.cpp - moe_aux_counts, _partials, _finish, _loss_grad -------===//
+//
+// The auxiliary losses of moe.aux_loss and their gradient. No float atomics:
+// the selection counts are integer atomics (whose sum does not depend on the
+// order), and every float sum runs in an order fixed by the sizes alone, so
+// that the losses and d_logits are the same bits run to run.
+//
+// - moe_aux_counts: the selections of each expert, a chunk of 1024 slots a
+//   block (shared-memory counts, then one global atomic an expert a block).
+// - moe_aux_partials: a block a chunk of tokens. Its warps work out each
+//   token's logsumexp (and the sum of its sigmoids) into shared memory, 64
+//   tokens at a time; then a thread an expert adds the token's score to the
+//   expert's sum, in token order, and one more column sums logsumexp^2.
+// - moe_aux_finish: one block sums the chunks' columns in chunk order and
+//   writes load_balance = E * sum_e f_e * P_e and z_loss = mean lse^2.
+// - moe_aux_loss_grad: a warp a token, d_logits from the counts.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Kernels.h"
+#include "SimpleKernels.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+
+#include <cmath>
+#include <tuple>
+
+using namespace mlir;
+using namespace mlir::moe::kernels;
+
+namespace {
+
+/// The experts a shared-memory table holds (the contract's max_experts).
+constexpr int64_t kMaxExperts = 1024;
+/// Routing slots a block of moe_aux_counts counts.
+constexpr int64_t kCountChunk = 1024;
+/// Tokens whose statistics moe_aux_partials holds in shared memory at once.
+constexpr int64_t kStatTokens = 64;
+constexpr int64_t kWarps = kSimpleThreads / 32;
+constexpr int32_t kXorMasks[] = {16, 8, 4, 2, 1};
+
+/// The ops of a kernel body, one op a call.
+struct K {
+  OpBuilder &b;
+  Location loc;
+
+  Type f32() { return b.getF32Type(); }
+  Value c(int64_t v) { return indexConstant(b, loc, v); }
+  Value cf(float v) { return f32Constant(b, loc, v); }
+  Value ci(int32_t v) { return i32Constant(b, loc, v); }
+  Value add(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
+  Value sub(Value x, Value y) { return arith::SubIOp::create(b, loc, x, y); }
+  Value mul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
+  Value divu(Value x, Value y) { return arith::DivUIOp::create(b, loc, x, y); }
+  Value remu(Value x, Value y) { return arith::RemUIOp::create(b, loc, x, y); }
+  Value minu(Value x, Value y) { return arith::MinUIOp::create(b, loc, x, y); }
+  Value fadd(Value x, Value y) { return arith::AddFOp::create(b, loc, x, y); }
+  Value fsub(Value x, Value y) { return arith::SubFOp::create(b, loc, x, y); }
+  Value fmul(Value x, Value y) { return arith::MulFOp::create(b, loc, x, y); }
+  Value fdiv(Value x, Value y) { return arith::DivFOp::create(b, loc, x, y); }
+  Value fmax(Value x, Value y) {
+    return arith::MaximumFOp::create(b, loc, x, y);
+  }
+  Value ult(Value x, Value y) {
+    return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, x, y);
+  }
+  Value eq(Value x, Value y) {
+    return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, x, y);
+  }
+  Value select(Value cond, Value x, Value y) {
+    return arith::SelectOp::create(b, loc, cond, x, y);
+  }
+  Value load(Value mem, ValueRange indices) {
+    return memref::LoadOp::create(b, loc, mem, indices);
+  }
+  void store(Value v, Value mem, ValueRange indices) {
+    memref::StoreOp::create(b, loc, v, mem, indices);
+  }
+  /// An index as f32 (exact up to 2^24, rounded past it).
+  Value toF32(Value index) {
+    Value i = arith::IndexCastUIOp::create(b, loc, b.getI64Type(), index);
+    return arith::UIToFPOp::create(b, loc, f32(), i);
+  }
+  Value call(StringRef callee, Value x) {
+    return func::CallOp::create(b, loc, callee, TypeRange{f32()}, ValueRange{x})
+        .getResult(0);
+  }
+  Value exp(Value x) { return call("__moe_gpu_exp", x); }
+  Value sigmoid(Value x) { return call("__moe_gpu_sigmoid", x); }
+  /// ln(x) = log2(x) ln 2 by lg2.approx (~2^-22 absolute near 1).
+  Value log(Value x) {
+    Value l2 =
+        NVVM::InlinePtxOp::create(b, loc, TypeRange{f32()}, ValueRange{x},
+                                  ValueRange{}, "lg2.approx.ftz.f32 $0, $1;",
+                                  /*predicate=*/Value())
+            ->getResult(0);
+    return fmul(l2, cf(0.693147182f));
+  }
+  void barrier() { gpu::BarrierOp::create(b, loc); }
+  Value shared(gpu::GPUFuncOp kernel, int64_t size, Type element) {
+    auto type =
+        MemRefType::get({size}, element, MemRefLayoutAttrInterface(),
+                        gpu::AddressSpaceAttr::get(
+                            b.getContext(), gpu::AddressSpace::Workgroup));
+    return kernel.addWorkgroupAttribution(type, loc);
+  }
+  /// `value` summed (or maxed) over the warp by xor shuffles, in a fixed
+  /// order: every lane gets the same bits.
+  Value warpSum(Value value, bool max = false) {
+    Value width = ci(32);
+    for (int32_t m : kXorMasks) {
+      Value mask = ci(m);
+      Value other = gpu::ShuffleOp::create(b, loc, value, mask, width,
+                                           gpu::ShuffleMode::XOR)
+                        .getShuffleResult();
+      value = max ? fmax(value, other) : fadd(value, other);
+    }
+    return value;
+  }
+  /// sum over this lane's experts (lane, lane + 32, ... < E) of term(e, l),
+  /// l the token's logit of expert e at `base + e`, then over the warp.
+  Value laneSum(Value logits, Value base, Value lane, Value numExperts,
+                Value init, function_ref<Value(Value, Value, Value)> term,
+                bool max = false) {
+    Value partial = buildFor(b, loc, lane, numExperts, c(32), init,
+                             [&](Value e, Value acc) {
+                               Value i = add(base, e);
+                               Value l = load(logits, i);
+                               return term(e, l, acc);
+                             });
+    return warpSum(partial, max);
+  }
+};
+
+/// A token's max and sum of exp(l - max) over its logits, warp-reduced.
+std::pair<Value, Value> softmaxStats(K &k, Value logits, Value base, Value lane,
+                                     Value numExperts) {
+  Value max = k.laneSum(
+      logits, base, lane, numExperts, k.cf(-INFINITY),
+      [&](Value, Value l, Value acc) { return k.fmax(acc, l); }, true);
+  Value sum = k.laneSum(logits, base, lane, numExperts, k.cf(0.0f),
+                        [&](Value, Value l, Value acc) {
+                          return k.fadd(acc, k.exp(k.fsub(l, max)));
+                        });
+  return {max, sum};
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// moe_aux_counts
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::kernels::buildAuxCountsKernel(OpBuilder &b, Location loc) {
+  Type i32 = b.getI32Type(), index = b.getIndexType();
+  MemRefType slots = flatBuffer(i32);
+  gpu::GPUFuncOp kernel =
+      createKernel(b, loc, "moe_aux_counts", {slots, index, index, slots});
+  Value experts = kernel.getArgument(0), numSlots = kernel.getArgument(1),
+        numExperts = kernel.getArgument(2), counts = kernel.getArgument(3);
+  K k{b, loc};
+  Value shared = k.shared(kernel, kMaxExperts, i32);
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value threads = k.c(kSimpleThreads);
+  Value zero = k.ci(0), one = k.ci(1);
+  buildFor(b, loc, tid, numExperts, threads,
+           [&](Value e) { k.store(zero, shared, e); });
+  k.barrier();
+  Value base = k.mul(bid, k.c(kCountChunk));
+  buildFor(b, loc, tid, k.c(kCountChunk), threads, [&](Value s) {
+    Value i = k.add(base, s);
+    buildIf(b, loc, k.ult(i, numSlots), [&] {
+      Value x = k.load(experts, i);
+      Value e = arith::IndexCastOp::create(b, loc, index, x);
+      // A negative slot is a huge index as unsigned: outside the experts.
+      buildIf(b, loc, k.ult(e, numExperts), [&] {
+        memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addi, one,
+                                    shared, e);
+      });
+    });
+  });
+  k.barrier();
+  buildFor(b, loc, tid, numExperts, threads, [&](Value e) {
+    Value n = k.load(shared, e);
+    Value some =
+        arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, n, zero);
+    buildIf(b, loc, some, [&] {
+      memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addi, n, counts,
+                                  e);
+    });
+  });
+  gpu::ReturnOp::create(b, loc);
+}
+
+//===----------------------------------------------------------------------===//
+// moe_aux_partials
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  MemRefType buffer = flatBuffer(f32);
+  gpu::GPUFuncOp kernel = createKernel(
+      b, loc, "moe_aux_partials",
+      {buffer, index, index, b.getI32Type(), index, index, buffer});
+  Value logits = kernel.getArgument(0), numTokens = kernel.getArgument(1),
+        numExperts = kernel.getArgument(2), scoring = kernel.getArgument(3),
+        chunkTokens = kernel.getArgument(4), numChunks = kernel.getArgument(5),
+        partials = kernel.getArgument(6);
+  K k{b, loc};
+  // A column an expert and one of the tokens' lse^2; a token's lse and the
+  // sum of its sigmoids (1 for softmax).
+  Value acc = k.shared(kernel, kMaxExperts + 1, f32);
+  Value stats = k.shared(kernel, 2 * kStatTokens, f32);
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value threads = k.c(kSimpleThreads);
+  Value c0 = k.c(0), c1 = k.c(1), c2 = k.c(2);
+  Value lane = k.remu(tid, k.c(32));
+  Value warp = k.divu(tid, k.c(32));
+  Value zero = k.cf(0.0f), one = k.cf(1.0f);
+  Value soft = k.eq(scoring, k.ci(0));
+  Value columns = k.add(numExperts, c1);
+  // The whole block takes one side: its barriers are uniform.
+  buildIf(b, loc, k.ult(bid, numChunks), [&] {
+    Value start = k.mul(bid, chunkTokens);
+    Value stop = k.minu(k.add(start, chunkTokens), numTokens);
+    buildFor(b, loc, tid, columns, threads,
+             [&](Value e) { k.store(zero, acc, e); });
+    buildFor(b, loc, start, stop, k.c(kStatTokens), [&](Value sub) {
+      Value subStop = k.minu(k.add(sub, k.c(kStatTokens)), stop);
+      // The last sub-chunk's readers are done with the statistics.
+      k.barrier();
+      buildFor(b, loc, k.add(sub, warp), subStop, k.c(kWarps), [&](Value t) {
+        Value base = k.mul(t, numExperts);
+        Value max, sum;
+        std::tie(max, sum) = softmaxStats(k, logits, base, lane, numExperts);
+        Value lse = k.fadd(max, k.log(sum));
+        Value total = buildIfElse(
+            b, loc, f32, soft, [&] { return one; },
+            [&] {
+              return k.laneSum(logits, base, lane, numExperts, zero,
+                               [&](Value, Value l, Value a) {
+                                 return k.fadd(a, k.sigmoid(l));
+                               });
+            });
+        buildIf(b, loc, k.eq(lane, c0), [&] {
+          Value slot = k.mul(k.sub(t, sub), c2);
+          k.store(lse, stats, slot);
+          k.store(total, stats, k.add(slot, c1));
+        });
+      });
+      k.barrier();
+      // A thread a column, its tokens in order.
+      buildFor(b, loc, tid, columns, threads, [&](Value e) {
+        Value a = k.load(acc, e);
+        auto tokens = [&](function_ref<Value(Value, Value)> term) {
+          return buildFor(b, loc, sub, subStop, c1, a, [&](Value t, Value s) {
+            Value slot = k.mul(k.sub(t, sub), c2);
+            return k.fadd(s, term(t, slot));
+          });
+        };
+        Value r = buildIfElse(
+            b, loc, f32, k.ult(e, numExperts),
+            [&] {
+              return buildIfElse(
+                  b, loc, f32, soft,
+                  [&] {
+                    return tokens([&](Value t, Value slot) {
+                      Value l = k.load(logits, k.add(k.mul(t, numExperts), e));
+                      Value lse = k.load(stats, slot);
+                      return k.exp(k.fsub(l, lse));
+                    });
+                  },
+                  [&] {
+                    return tokens([&](Value t, Value slot) {
+                      Value l = k.load(logits, k.add(k.mul(t, numExperts), e));
+                      Value total = k.load(stats, k.add(slot, c1));
+                      return k.fdiv(k.sigmoid(l), total);
+                    });
+                  });
+            },
+            [&] {
+              return tokens([&](Value, Value slot) {
+                Value lse = k.load(stats, slot);
+                return k.fmul(lse, lse);
+              });
+            });
+        k.store(r, acc, e);
+      });
+    });
+    // Each thread stores the columns it summed.
+    Value row = k.mul(bid, columns);
+    buildFor(b, loc, tid, columns, threads, [&](Value e) {
+      Value v = k.load(acc, e);
+      k.store(v, partials, k.add(row, e));
+    });
+  });
+  gpu::ReturnOp::create(b, loc);
+}
+
+//===----------------------------------------------------------------------===//
+// moe_aux_finish
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::kernels::buildAuxFinishKernel(OpBuilder &b, Location loc) {
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  auto scalar = MemRefType::get({}, f32);
+  gpu::GPUFuncOp kernel =
+      createKernel(b, loc, "moe_aux_finish",
+                   {flatBuffer(f32), flatBuffer(b.getI32Type()), index, index,
+                    index, index, scalar, scalar});
+  Value partials = kernel.getArgument(0), counts = kernel.getArgument(1),
+        numChunks = kernel.getArgument(2), numTokens = kernel.getArgument(3),
+        numExperts = kernel.getArgument(4), numSlots = kernel.getArgument(5),
+        loadBalance = kernel.getArgument(6), zLoss = kernel.getArgument(7);
+  K k{b, loc};
+  Value sums = k.shared(kernel, 2 * kSimpleThreads, f32);
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value threads = k.c(kSimpleThreads);
+  Value c0 = k.c(0), c1 = k.c(1);
+  Value zero = k.cf(0.0f);
+  Value columns = k.add(numExperts, c1);
+  Value slotsF = k.toF32(numSlots);
+  // sum_e f_e * S_e, S_e the expert's scores summed over the chunks in order.
+  Value lb =
+      buildFor(b, loc, tid, numExperts, threads, zero, [&](Value e, Value acc) {
+        Value s =
+            buildFor(b, loc, c0, numChunks, c1, zero, [&](Value ch, Value a) {
+              Value i = k.add(k.mul(ch, columns), e);
+              return k.fadd(a, k.load(partials, i));
+            });
+        Value n = k.load(counts, e);
+        Value nf = arith::SIToFPOp::create(b, loc, f32, n);
+        Value f = k.fdiv(nf, slotsF);
+        return k.fadd(acc, k.fmul(f, s));
+      });
+  Value z =
+      buildFor(b, loc, tid, numChunks, threads, zero, [&](Value ch, Value acc) {
+        Value i = k.add(k.mul(ch, columns), numExperts);
+        return k.fadd(acc, k.load(partials, i));
+      });
+  k.store(lb, sums, tid);
+  k.store(z, sums, k.add(tid, threads));
+  k.barrier();
+  buildIf(b, loc, k.eq(tid, c0), [&] {
+    auto total = [&](Value first) {
+      return buildFor(b, loc, c0, threads, c1, zero, [&](Value i, Value acc) {
+        return k.fadd(acc, k.load(sums, k.add(first, i)));
+      });
+    };
+    Value lbSum = total(c0);
+    Value zSum = total(threads);
+    Value tokensF = k.toF32(numTokens);
+    Value expertsF = k.toF32(numExperts);
+    Value noTokens = k.eq(numTokens, c0);
+    // No selections (T = 0 or k = 0): every f_e is 0.
+    Value noSlots = k.eq(numSlots, c0);
+    Value lbValue = k.fdiv(k.fmul(expertsF, lbSum), tokensF);
+    Value lbOut = k.select(noSlots, zero, lbValue);
+    Value zOut = k.select(noTokens, zero, k.fdiv(zSum, tokensF));
+    k.store(lbOut, loadBalance, {});
+    k.store(zOut, zLoss, {});
+  });
+  gpu::ReturnOp::create(b, loc);
+}
+
+//===----------------------------------------------------------------------===//
+// moe_aux_loss_grad
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::kernels::buildAuxLossGradKernel(OpBuilder &b, Location loc) {
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  auto scalar = MemRefType::get({}, f32);
+  MemRefType buffer = flatBuffer(f32);
+  gpu::GPUFuncOp kernel =
+      createKernel(b, loc, "moe_aux_loss_grad",
+                   {buffer, flatBuffer(b.getI32Type()), scalar, scalar, index,
+                    index, index, b.getI32Type(), buffer});
+  Value logits = kernel.getArgument(0), counts = kernel.getArgument(1),
+        dLoadBalance = kernel.getArgument(2), dZLoss = kernel.getArgument(3),
+        numTokens = kernel.getArgument(4), numExperts = kernel.getArgument(5),
+        numSlots = kernel.getArgument(6), scoring = kernel.getArgument(7),
+        dLogits = kernel.getArgument(8);
+  K k{b, loc};
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value c0 = k.c(0);
+  Value lane = k.remu(tid, k.c(32));
+  Value token = k.add(k.mul(bid, k.c(kWarps)), k.divu(tid, k.c(32)));
+  Value zero = k.cf(0.0f), one = k.cf(1.0f), two = k.cf(2.0f);
+  Value soft = k.eq(scoring, k.ci(0));
+  buildIf(b, loc, k.ult(token, numTokens), [&] {
+    Value dlb = k.load(dLoadBalance, {});
+    Value dz = k.load(dZLoss, {});
+    Value tokensF = k.toF32(numTokens);
+    Value expertsF = k.toF32(numExperts);
+    Value slotsF = k.toF32(numSlots);
+    // g_e = d_lb * E * f_e / T with f_e = counts_e / (T k); 0 without slots.
+    Value scale = k.fdiv(k.fmul(dlb, expertsF), tokensF);
+    Value noSlots = k.eq(numSlots, c0);
+    auto g = [&](Value e) {
+      Value n = k.load(counts, e);
+      Value nf = arith::SIToFPOp::create(b, loc, f32, n);
+      Value f = k.select(noSlots, zero, k.fdiv(nf, slotsF));
+      return k.fmul(scale, f);
+    };
+    Value base = k.mul(token, numExperts);
+    Value max, sum;
+    std::tie(max, sum) = softmaxStats(k, logits, base, lane, numExperts);
+    Value lse = k.fadd(max, k.log(sum));
+    // The z-loss's part: d_z * 2 lse / T times the softmax.
+    Value zc = k.fdiv(k.fmul(k.fmul(dz, two), lse), tokensF);
+    auto softmax = [&](Value l) { return k.fdiv(k.exp(k.fsub(l, max)), sum); };
+    auto store = [&](function_ref<Value(Value, Value)> value) {
+      buildFor(b, loc, lane, numExperts, k.c(32), [&](Value e) {
+        Value i = k.add(base, e);
+        Value l = k.load(logits, i);
+        k.store(value(e, l), dLogits, i);
+      });
+    };
+    buildIfElse(
+        b, loc, soft,
+        [&] {
+          // p (g - <g, p>) + zc p.
+          Value inner = k.laneSum(logits, base, lane, numExperts, zero,
+                                  [&](Value e, Value l, Value a) {
+                                    return k.fadd(a, k.fmul(g(e), softmax(l)));
+                                  });
+          store([&](Value e, Value l) {
+            Value p = softmax(l);
+            Value d = k.fsub(g(e), inner);
+            return k.fmul(p, k.fadd(d, zc));
+          });
+        },
+        [&] {
+          // p = s / S: (g - <g, p>) / S * s (1 - s) + zc softmax.
+          Value total = k.laneSum(
+              logits, base, lane, numExperts, zero,
+              [&](Value, Value l, Value a) { return k.fadd(a, k.sigmoid(l)); });
+          Value inner = k.laneSum(
+              logits, base, lane, numExperts, zero,
+              [&](Value e, Value l, Value a) {
+                return k.fadd(a, k.fdiv(k.fmul(g(e), k.sigmoid(l)), total));
+              });
+          store([&](Value e, Value l) {
+            Value s = k.sigmoid(l);
+            Value d = k.fdiv(k.fsub(g(e), inner), total);
+            Value ds = k.fmul(d, k.fmul(s, k.fsub(one, s)));
+            return k.fadd(ds, k.fmul(zc, softmax(l)));
+          });
+        });
+  });
+  gpu::ReturnOp::create(b, loc);
+}

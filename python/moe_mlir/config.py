@@ -12,13 +12,13 @@ import math
 from typing import List, Optional, Tuple
 
 SCORINGS = ("softmax", "sigmoid")
-ACTIVATIONS = ("swiglu", "gelu", "silu")
+ACTIVATIONS = ("swiglu", "gelu", "silu", "gelu_tanh")
 DTYPES = ("f32", "bf16", "f16")
 I32_MAX = 2**31 - 1
 
 # Numeric codes of the CPU kernels (docs/cpu-path.md §1).
 SCORING_CODES = {"softmax": 0, "sigmoid": 1}
-ACTIVATION_CODES = {"swiglu": 0, "gelu": 1, "silu": 2}
+ACTIVATION_CODES = {"swiglu": 0, "gelu": 1, "silu": 2, "gelu_tanh": 3}
 
 
 def capacity_for(capacity_factor: Optional[float], tokens: int, top_k: int, experts: int) -> int:

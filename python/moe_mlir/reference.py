@@ -343,8 +343,30 @@ def _gelu_grad(v):
 
 
 def activation(h, act: str):
-    """a = act(h). swiglu: silu(h[:, :n]) * h[:, n:]; gelu exact (erf); silu."""
+    """a = act(h). swiglu: silu(h[:, :n]) * h[:, n:]; gelu exact (erf); silu; gelu_tanh
+    0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))."""
     _check_act(act)
+# gelu_tanh's constants, as torch's gelu(approximate="tanh") has them
+_GELU_TANH_BETA = math.sqrt(2 / math.pi)
+_GELU_TANH_KAPPA = 0.044715
+
+
+def _gelu_tanh_inner(v):
+    t = v.dtype.type
+    return np.tanh(t(_GELU_TANH_BETA) * (v + t(_GELU_TANH_KAPPA) * v * v * v))
+
+
+def _gelu_tanh(v):
+    return v.dtype.type(0.5) * v * (1 + _gelu_tanh_inner(v))
+
+
+def _gelu_tanh_grad(v):
+    t = v.dtype.type
+    th = _gelu_tanh_inner(v)
+    inner_grad = t(_GELU_TANH_BETA) * (1 + t(3 * _GELU_TANH_KAPPA) * v * v)
+    return t(0.5) * (1 + th) + t(0.5) * v * (1 - th * th) * inner_grad
+
+
     h = np.asarray(h)
     if act == "swiglu":
         n = h.shape[-1] // 2
@@ -354,6 +376,8 @@ def activation(h, act: str):
     return _silu(h)
 
 
+    if act == "gelu_tanh":
+        return _gelu_tanh(h)
 def activation_grad(h, da, act: str):
     """dh = act'(h) · da (swiglu: dg = da·u·silu'(g), du = da·silu(g))."""
     _check_act(act)
@@ -368,6 +392,8 @@ def activation_grad(h, da, act: str):
     return da * _silu_grad(h)
 
 
+    if act == "gelu_tanh":
+        return da * _gelu_tanh_grad(h)
 # --------------------------------------------------------------------------- experts
 
 

@@ -2,9 +2,9 @@
 
 The semantics are docs/cpu-path.md §2 (the NumPy reference, reference.py, implements the same):
 router (softmax or sigmoid scores, selection bias, group-limited selection, top-k with its tie
-rule, renormalisation, scaling), dropless dispatch, the experts' FFN (SwiGLU; GELU and SiLU too),
-the combine, and the shared expert added. It runs on whatever device its inputs are on (the GPU
-checks use CUDA), always in float32.
+rule, renormalisation, scaling), dropless dispatch, the experts' FFN (SwiGLU; GELU, its tanh
+form and SiLU too), the combine, and the shared expert added. It runs on whatever device its
+inputs are on (the GPU checks use CUDA), always in float32.
 
 Gradients: the expert choice is discrete; gradients flow through the scores of the chosen
 experts, into x, w_router, w_gate_up, w_down and the shared expert's weights (the selection
@@ -209,7 +209,9 @@ def activation(h: torch.Tensor, act: str) -> torch.Tensor:
         return F.gelu(h)  # exact (erf)
     if act == "silu":
         return F.silu(h)
-    raise ValueError(f"activation must be swiglu, gelu or silu, got {act!r}")
+    if act == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
+    raise ValueError(f"activation must be swiglu, gelu, silu or gelu_tanh, got {act!r}")
 
 
 @dataclasses.dataclass

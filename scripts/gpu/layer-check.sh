@@ -14,10 +14,10 @@
 #   offload   check_layer.py on layers compiled with H offloaded (--policy=offload), then
 #             bench/offload_compiled.py: stacks of them against the kept layers (JSON in
 #             $OUT/offload/);
-#   nongated  the non-gated experts' layers (silu-t37, gelu-shared-t37: bench/check_layer.py
-#             with every routing; silu-shared-dyn, gelu-dyn: test/GPU/dynamic_layer_check.py at
-#             T = 1, 37 and 64, every routing) against the torch reference, forward and
-#             backward (not among the default steps);
+#   nongated  the non-gated experts' layers (silu-t37, gelu-shared-t37, gelu-tanh-t37:
+#             bench/check_layer.py with every routing; silu-shared-dyn, gelu-dyn:
+#             test/GPU/dynamic_layer_check.py at T = 1, 37 and 64, every routing) against the
+#             torch reference, forward and backward (not among the default steps);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
 #             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
@@ -227,14 +227,15 @@ if wants offload; then
 fi
 
 # ---------------------------------------------------------------- nongated
-# SiLU and GELU (erf) experts, W_gate_up [E, d, n] (docs/gpu-kernels.md section 2.2.1): the
-# static layers by check_layer.py, the dynamic-T ones at several T by dynamic_layer_check.py
+# SiLU and GELU (erf and tanh) experts, W_gate_up [E, d, n] (docs/gpu-kernels.md section
+# 2.2.1): the static layers by check_layer.py, the dynamic-T ones at several T by
+# dynamic_layer_check.py
 if wants nongated; then
   routing=all
   [ "$quick" = 1 ] && routing=random
   mkdir -p "$out/nongated"
   check_layers 150 "check_layer.py nongated" "log: gpu-layer-check.log" \
-    silu-t37 gelu-shared-t37 -- --routing "$routing" --out "$out/nongated" \
+    silu-t37 gelu-shared-t37 gelu-tanh-t37 -- --routing "$routing" --out "$out/nongated" \
     --json-name check_layer_nongated.json
   dyn=()
   for name in silu-shared-dyn gelu-dyn; do

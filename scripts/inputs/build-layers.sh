@@ -17,8 +17,9 @@
 #   - the non-gated experts (docs/gpu-kernels.md section 2.2.1), W_gate_up [E, d, n]:
 #     silu-t37 (T=37, d=256, n=192, E=6, k=2, softmax, renormalised), gelu-shared-t37 (T=37,
 #     d=192, n=320, E=8, k=3, sigmoid + bias, renormalised, shared expert m=192, gelu (erf)),
-#     silu-shared-dyn (d=128, n=128, E=4, k=2, shared expert m=128, T dynamic up to 64) and
-#     gelu-dyn (d=256, n=192, E=8, k=2, softmax, T dynamic up to 64).
+#     silu-shared-dyn (d=128, n=128, E=4, k=2, shared expert m=128, T dynamic up to 64),
+#     gelu-dyn (d=256, n=192, E=8, k=2, softmax, T dynamic up to 64) and gelu-tanh-t37 (T=37,
+#     d=256, n=192, E=8, k=2, softmax, renormalised, shared expert m=128, gelu's tanh form).
 # The generated .mlir files go to gpu-inputs/mlir/. What this script writes (layers/, mlir/)
 # must stay under 32 MiB: a device call carries at most 64 MiB, these inputs and the folder of
 # the session's other step beside them (ep/, dynamic/, ops/, ...; each built by its own
@@ -82,6 +83,8 @@ layers = {
     "silu-shared-dyn": LayerConfig(37, 128, 128, 4, 2, renormalize=True, shared_ffn=128,
                                    activation="silu", dtype="bf16"),
     "gelu-dyn": LayerConfig(37, 256, 192, 8, 2, activation="gelu", dtype="bf16"),
+    "gelu-tanh-t37": LayerConfig(37, 256, 192, 8, 2, renormalize=True, shared_ffn=128,
+                                 activation="gelu_tanh", dtype="bf16"),
 }
 # Layers of dynamic token count: the bound.
 bounds = {"example": 64, "silu-shared-dyn": 64, "gelu-dyn": 64}
@@ -98,7 +101,7 @@ for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   sources+=("$root/examples/$example.mlir")
 done
 for name in small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny example deepseek-v3-routed \
-  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn; do
+  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn gelu-tanh-t37; do
   sources+=("$mlir/$name.mlir")
 done
 

@@ -36,10 +36,10 @@ PROFILE = False
 ENERGY_S = 0.0  # --energy: seconds of each op back to back under NVML's energy counter
 RESULTS = []
 # The library's expert activation (--activation, --variant) and the `act` argument its host
-# functions take (docs/gpu-path.md: the op's moe.activation; gelu_tanh has none, its library
-# is built from a kernel config): SwiGLU is gated, W_gate_up and H 2n wide.
+# functions take (docs/gpu-path.md: the code of the op's moe.activation, which they do not
+# branch on): SwiGLU is gated, W_gate_up and H 2n wide.
 ACTIVATIONS = ("swiglu", "silu", "gelu_erf", "gelu_tanh")
-ACT_CODES = {"swiglu": 0, "gelu_erf": 1, "gelu_tanh": 1, "silu": 2}
+ACT_CODES = {"swiglu": 0, "gelu_erf": 1, "gelu_tanh": 3, "silu": 2}
 ACT = "swiglu"
 ACT_CODE = 0
 # The steps a non-gated library runs: those of the expert FFNs, forward and backward.

@@ -35,7 +35,7 @@ KERNEL_PIPELINE = (
 
 T, D, N, E, K, M = 37, 12, 8, 6, 2, 5
 R = T * K
-ACTS = {"swiglu": 0, "gelu": 1, "silu": 2}
+ACTS = {"swiglu": 0, "gelu": 1, "silu": 2, "gelu_tanh": 3}
 SCORING = {"softmax": 0, "sigmoid": 1}
 # name -> (scoring, k, renormalize, num_groups, topk_groups, scaling)
 ROUTERS = {

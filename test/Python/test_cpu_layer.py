@@ -76,6 +76,11 @@ CASES = {
     "t37_sigmoid_no_renorm": (cfg(37, 2, scoring="sigmoid", scaling_factor=1.5), None),
     "t37_gelu": (cfg(37, 2, renormalize=True, activation="gelu"), None),
     "t37_silu": (cfg(37, 2, activation="silu"), None),
+    "t37_gelu_tanh": (cfg(37, 2, renormalize=True, activation="gelu_tanh"), None),
+    "t37_shared_gelu_tanh_sigmoid": (
+        cfg(37, 2, scoring="sigmoid", router_bias=True, shared_ffn=24, activation="gelu_tanh"),
+        None,
+    ),
     "t37_shared": (cfg(37, 2, renormalize=True, shared_ffn=24), None),
     "t37_shared_gelu_sigmoid": (
         cfg(

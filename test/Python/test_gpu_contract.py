@@ -154,7 +154,8 @@ def test_generator_writes_every_limit_and_function(tmp_path):
     text = (tmp_path / "out.h.inc").read_text()
     assert "inline constexpr int64_t kMaxExperts = 1024;" in text
     assert (
-        'inline constexpr llvm::StringLiteral kActivations[] = {"swiglu", "silu", "gelu"};' in text
+        'inline constexpr llvm::StringLiteral kActivations[] = {"swiglu", "silu", "gelu",'
+        ' "gelu_tanh"};' in text
     )
     assert "inline constexpr bool kCapacityFactorSupported = false;" in text
     for name in contract()["limits"]:

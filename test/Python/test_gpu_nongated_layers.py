@@ -1,5 +1,5 @@
-"""Non-gated experts (silu, gelu) on the CUDA path without a GPU: MoELayer builds their sm_90a
-layers through the compile cache (n-wide W_gate_up in the manifest), and
+"""Non-gated experts (silu, gelu, gelu_tanh) on the CUDA path without a GPU: MoELayer builds
+their sm_90a layers through the compile cache (n-wide W_gate_up in the manifest), and
 test/GPU/dynamic_layer_check.py, which checks the dynamic-T layers of
 scripts/inputs/build-layers.sh on the GPU, runs end to end on bench/emulate.py's stand-in."""
 
@@ -31,7 +31,9 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 @needs_compiler
-@pytest.mark.parametrize("act,shared", [("silu", 0), ("gelu", 64), ("silu", 64), ("gelu", 0)])
+@pytest.mark.parametrize(
+    "act,shared", [("silu", 0), ("gelu", 64), ("silu", 64), ("gelu", 0), ("gelu_tanh", 64)]
+)
 def test_moe_layer_builds_a_nongated_cuda_layer(act, shared):
     cfg = LayerConfig(0, 64, 128, 4, 2, renormalize=True, shared_ffn=shared, activation=act)
     check_gpu_config(dataclasses.replace(cfg, tokens=16, dtype="bf16"))

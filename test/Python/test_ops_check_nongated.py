@@ -20,8 +20,8 @@ import ops_check as oc  # noqa: E402
 from moe_mlir import reference as ref  # noqa: E402
 from moe_mlir import torch_reference as TR  # noqa: E402
 
-# ops_check's activation names -> reference.py's (which has no tanh GELU)
-CPU_NAMES = {"swiglu": "swiglu", "silu": "silu", "gelu_erf": "gelu"}
+# ops_check's activation names -> reference.py's
+CPU_NAMES = {"swiglu": "swiglu", "silu": "silu", "gelu_erf": "gelu", "gelu_tanh": "gelu_tanh"}
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def _h(rows, width, seed=0):
     return torch.randn(rows, width, generator=g) * 3
 
 
-@pytest.mark.parametrize("act", ["swiglu", "silu", "gelu_erf"])
+@pytest.mark.parametrize("act", ["swiglu", "silu", "gelu_erf", "gelu_tanh"])
 def test_act_ref_is_the_cpu_paths_activation(act):
     h = _h(67, 192)
     ours = oc.act_ref(h, act)
@@ -62,7 +62,7 @@ def test_up_width_and_act_codes():
     for act in ("silu", "gelu_erf", "gelu_tanh"):
         assert oc.up_width(192, act) == 192
     oc.set_activation("gelu_tanh")
-    assert (oc.ACT, oc.ACT_CODE, oc.up_width(64)) == ("gelu_tanh", 1, 64)
+    assert (oc.ACT, oc.ACT_CODE, oc.up_width(64)) == ("gelu_tanh", 3, 64)
     oc.set_activation("silu")
     assert oc.ACT_CODE == 2
     with pytest.raises(ValueError, match="activation must be one of"):

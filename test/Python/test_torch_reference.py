@@ -33,6 +33,7 @@ CONFIGS = {
     "sigmoid-plain": LayerConfig(11, 16, 8, 6, 3, scoring="sigmoid"),
     "gelu": LayerConfig(20, 16, 8, 4, 2, activation="gelu"),
     "silu": LayerConfig(20, 16, 8, 4, 2, activation="silu"),
+    "gelu_tanh": LayerConfig(20, 16, 8, 4, 2, activation="gelu_tanh"),
 }
 
 

@@ -8,7 +8,8 @@
 //
 // Notation: T tokens, d hidden, E experts, k experts per token, R = T * k rows,
 // G gate/up width (2n for swiglu, n otherwise), n expert FFN width, m shared
-// FFN width. `scoring`: 0 softmax, 1 sigmoid. `act`: 0 swiglu, 1 gelu, 2 silu.
+// FFN width. `scoring`: 0 softmax, 1 sigmoid. `act`: 0 swiglu, 1 gelu, 2 silu,
+// 3 gelu_tanh.
 //
 //===----------------------------------------------------------------------===//
 
@@ -339,18 +340,68 @@ func.func @__moe_cpu_expert_counts(%experts: tensor<?x?xi32>, %e_n: index)
   return %r : tensor<?xf32>
 }
 
+// gelu_tanh(v) = v / 2 * (1 + tanh(sqrt(2 / pi) * (v + 0.044715 v^3))), as
+// torch's gelu(approximate="tanh") computes it.
+func.func @__moe_cpu_gelu_tanh(%v: f32) -> f32 {
+  %one = arith.constant 1.0 : f32
+  %half = arith.constant 0.5 : f32
+  %beta = arith.constant 0.797884583 : f32
+  %kappa = arith.constant 0.0447149985 : f32
+  %sq = arith.mulf %v, %v : f32
+  %cube = arith.mulf %sq, %v : f32
+  %kc = arith.mulf %kappa, %cube : f32
+  %sum = arith.addf %v, %kc : f32
+  %inner = arith.mulf %beta, %sum : f32
+  %t = math.tanh %inner : f32
+  %p = arith.addf %one, %t : f32
+  %hv = arith.mulf %half, %v : f32
+  %r = arith.mulf %hv, %p : f32
+  return %r : f32
+}
+
+// gelu_tanh'(v) = (1 + t) / 2 + v / 2 * (1 - t^2) * sqrt(2 / pi)
+// * (1 + 3 * 0.044715 v^2), t = tanh(sqrt(2 / pi) * (v + 0.044715 v^3)).
+func.func @__moe_cpu_dgelu_tanh(%v: f32) -> f32 {
+  %one = arith.constant 1.0 : f32
+  %half = arith.constant 0.5 : f32
+  %three = arith.constant 3.0 : f32
+  %beta = arith.constant 0.797884583 : f32
+  %kappa = arith.constant 0.0447149985 : f32
+  %sq = arith.mulf %v, %v : f32
+  %cube = arith.mulf %sq, %v : f32
+  %kc = arith.mulf %kappa, %cube : f32
+  %sum = arith.addf %v, %kc : f32
+  %inner = arith.mulf %beta, %sum : f32
+  %t = math.tanh %inner : f32
+  %p = arith.addf %one, %t : f32
+  %left_d = arith.mulf %half, %p : f32
+  %hv = arith.mulf %half, %v : f32
+  %t2 = arith.mulf %t, %t : f32
+  %sech2 = arith.subf %one, %t2 : f32
+  %k3 = arith.mulf %three, %kappa : f32
+  %k3sq = arith.mulf %k3, %sq : f32
+  %dinner0 = arith.addf %one, %k3sq : f32
+  %dinner = arith.mulf %beta, %dinner0 : f32
+  %a = arith.mulf %hv, %sech2 : f32
+  %right_d = arith.mulf %a, %dinner : f32
+  %r = arith.addf %left_d, %right_d : f32
+  return %r : f32
+}
+
 // act(h) [R, n] from the pre-activations h [R, G].
 func.func @__moe_cpu_act(%h: tensor<?x?xf32>, %n: index, %act: i32)
     -> tensor<?x?xf32> {
   %c0 = arith.constant 0 : index
   %c0_i32 = arith.constant 0 : i32
   %c1_i32 = arith.constant 1 : i32
+  %c3_i32 = arith.constant 3 : i32
   %rows = tensor.dim %h, %c0 : tensor<?x?xf32>
   %init = tensor.empty(%rows, %n) : tensor<?x?xf32>
   %g = tensor.extract_slice %h[0, 0] [%rows, %n] [1, 1]
       : tensor<?x?xf32> to tensor<?x?xf32>
   %is_swiglu = arith.cmpi eq, %act, %c0_i32 : i32
   %is_gelu = arith.cmpi eq, %act, %c1_i32 : i32
+  %is_gelu_tanh = arith.cmpi eq, %act, %c3_i32 : i32
   %r = scf.if %is_swiglu -> (tensor<?x?xf32>) {
     %u = tensor.extract_slice %h[0, %n] [%rows, %n] [1, 1]
         : tensor<?x?xf32> to tensor<?x?xf32>
@@ -377,14 +428,27 @@ func.func @__moe_cpu_act(%h: tensor<?x?xf32>, %n: index, %act: i32)
       } -> tensor<?x?xf32>
       scf.yield %b : tensor<?x?xf32>
     } else {
-      %b = linalg.generic {
-          indexing_maps = [#map_id, #map_id],
-          iterator_types = ["parallel", "parallel"]}
-          ins(%g : tensor<?x?xf32>) outs(%init : tensor<?x?xf32>) {
-      ^bb0(%v: f32, %o: f32):
-        %s = func.call @__moe_cpu_silu(%v) : (f32) -> f32
-        linalg.yield %s : f32
-      } -> tensor<?x?xf32>
+      %b = scf.if %is_gelu_tanh -> (tensor<?x?xf32>) {
+        %c = linalg.generic {
+            indexing_maps = [#map_id, #map_id],
+            iterator_types = ["parallel", "parallel"]}
+            ins(%g : tensor<?x?xf32>) outs(%init : tensor<?x?xf32>) {
+        ^bb0(%v: f32, %o: f32):
+          %s = func.call @__moe_cpu_gelu_tanh(%v) : (f32) -> f32
+          linalg.yield %s : f32
+        } -> tensor<?x?xf32>
+        scf.yield %c : tensor<?x?xf32>
+      } else {
+        %c = linalg.generic {
+            indexing_maps = [#map_id, #map_id],
+            iterator_types = ["parallel", "parallel"]}
+            ins(%g : tensor<?x?xf32>) outs(%init : tensor<?x?xf32>) {
+        ^bb0(%v: f32, %o: f32):
+          %s = func.call @__moe_cpu_silu(%v) : (f32) -> f32
+          linalg.yield %s : f32
+        } -> tensor<?x?xf32>
+        scf.yield %c : tensor<?x?xf32>
+      }
       scf.yield %b : tensor<?x?xf32>
     }
     scf.yield %a : tensor<?x?xf32>
@@ -399,6 +463,7 @@ func.func @__moe_cpu_act_grad(%h: tensor<?x?xf32>, %da: tensor<?x?xf32>,
   %c1 = arith.constant 1 : index
   %c0_i32 = arith.constant 0 : i32
   %c1_i32 = arith.constant 1 : i32
+  %c3_i32 = arith.constant 3 : i32
   %rows = tensor.dim %h, %c0 : tensor<?x?xf32>
   %width = tensor.dim %h, %c1 : tensor<?x?xf32>
   %n = tensor.dim %da, %c1 : tensor<?x?xf32>
@@ -407,6 +472,7 @@ func.func @__moe_cpu_act_grad(%h: tensor<?x?xf32>, %da: tensor<?x?xf32>,
       : tensor<?x?xf32> to tensor<?x?xf32>
   %is_swiglu = arith.cmpi eq, %act, %c0_i32 : i32
   %is_gelu = arith.cmpi eq, %act, %c1_i32 : i32
+  %is_gelu_tanh = arith.cmpi eq, %act, %c3_i32 : i32
   %r = scf.if %is_swiglu -> (tensor<?x?xf32>) {
     // One generic over [R, 2n] (no insert_slice, whose strided copy would
     // need a runtime library): column c < n is dg, column n + c is du.
@@ -448,16 +514,31 @@ func.func @__moe_cpu_act_grad(%h: tensor<?x?xf32>, %da: tensor<?x?xf32>,
       } -> tensor<?x?xf32>
       scf.yield %b : tensor<?x?xf32>
     } else {
-      %b = linalg.generic {
-          indexing_maps = [#map_id, #map_id, #map_id],
-          iterator_types = ["parallel", "parallel"]}
-          ins(%g, %da : tensor<?x?xf32>, tensor<?x?xf32>)
-          outs(%init : tensor<?x?xf32>) {
-      ^bb0(%v: f32, %dav: f32, %o: f32):
-        %d = func.call @__moe_cpu_dsilu(%v) : (f32) -> f32
-        %p = arith.mulf %dav, %d : f32
-        linalg.yield %p : f32
-      } -> tensor<?x?xf32>
+      %b = scf.if %is_gelu_tanh -> (tensor<?x?xf32>) {
+        %c = linalg.generic {
+            indexing_maps = [#map_id, #map_id, #map_id],
+            iterator_types = ["parallel", "parallel"]}
+            ins(%g, %da : tensor<?x?xf32>, tensor<?x?xf32>)
+            outs(%init : tensor<?x?xf32>) {
+        ^bb0(%v: f32, %dav: f32, %o: f32):
+          %d = func.call @__moe_cpu_dgelu_tanh(%v) : (f32) -> f32
+          %p = arith.mulf %dav, %d : f32
+          linalg.yield %p : f32
+        } -> tensor<?x?xf32>
+        scf.yield %c : tensor<?x?xf32>
+      } else {
+        %c = linalg.generic {
+            indexing_maps = [#map_id, #map_id, #map_id],
+            iterator_types = ["parallel", "parallel"]}
+            ins(%g, %da : tensor<?x?xf32>, tensor<?x?xf32>)
+            outs(%init : tensor<?x?xf32>) {
+        ^bb0(%v: f32, %dav: f32, %o: f32):
+          %d = func.call @__moe_cpu_dsilu(%v) : (f32) -> f32
+          %p = arith.mulf %dav, %d : f32
+          linalg.yield %p : f32
+        } -> tensor<?x?xf32>
+        scf.yield %c : tensor<?x?xf32>
+      }
       scf.yield %b : tensor<?x?xf32>
     }
     scf.yield %a : tensor<?x?xf32>

@@ -2,9 +2,10 @@
 // and dact roles run the activation's kernels (activation = ..., the up
 // GEMM's b = w_mn: H and A are n wide), built with the host function
 // variants that launch them; the other GEMMs are the library's, with dH and
-// W_gate_up n wide. gelu_tanh, which no moe op names, is a config of the
-// kernel library (the ops harness builds it). A config that changes an op's
-// activation, or breaks the activation's rules, is refused.
+// W_gate_up n wide. gelu_tanh's layers are in gelu-tanh.mlir; here its
+// kernels are configs of the kernel library alone (the ops harness builds
+// them). A config that changes an op's activation, or breaks the
+// activation's rules, is refused.
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/silu.mlir --moe-decompose --moe-generate-backward --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=SILU
 // RUN: sed 's/<silu>/<gelu>/' %t/silu.mlir | moe-opt --moe-decompose --moe-generate-backward --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=GELU

@@ -124,7 +124,7 @@ func.func @scoring_unknown(%l: tensor<37x5xf32>, %e: tensor<37x2xi32>) {
 // -----
 
 func.func @activation_unknown(%x: tensor<37x48xf32>, %wgu: tensor<48x64xf32>, %wd: tensor<32x48xf32>) {
-  // expected-error @+2 {{expected ::mlir::moe::Activation to be one of: swiglu, gelu, silu}}
+  // expected-error @+2 {{expected ::mlir::moe::Activation to be one of: swiglu, gelu, silu, gelu_tanh}}
   // expected-error @+1 {{failed to parse MoE_ActivationAttr parameter 'value'}}
   %y, %h = moe.shared_expert %x, %wgu, %wd {activation = #moe.activation<relu>} : tensor<37x48xf32>, tensor<48x64xf32>, tensor<32x48xf32> -> tensor<37x48xf32>, tensor<37x64xf32>
   return

@@ -102,6 +102,7 @@ TEST_F(MoEDialectTest, GatedActivations) {
   EXPECT_TRUE(isGated(Activation::swiglu));
   EXPECT_FALSE(isGated(Activation::gelu));
   EXPECT_FALSE(isGated(Activation::silu));
+  EXPECT_FALSE(isGated(Activation::gelu_tanh));
 }
 
 TEST_F(MoEDialectTest, DecomposeThroughPassManager) {

@@ -23,7 +23,8 @@ int64_t dimOf(Value value, unsigned dim) {
 }
 
 /// The GEMM activation of an expert FFN op's `activation` (gelu is the erf
-/// form): the up and dact roles of a non-gated one run it.
+/// form, gelu_tanh the tanh one): the up and dact roles of a non-gated one run
+/// it.
 GemmActivation gemmActivationOf(moe::Activation activation) {
   switch (activation) {
   case moe::Activation::swiglu:
@@ -32,6 +33,8 @@ GemmActivation gemmActivationOf(moe::Activation activation) {
     return GemmActivation::Silu;
   case moe::Activation::gelu:
     return GemmActivation::GeluErf;
+  case moe::Activation::gelu_tanh:
+    return GemmActivation::GeluTanh;
   }
   llvm_unreachable("an activation");
 }

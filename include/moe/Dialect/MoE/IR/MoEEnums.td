@@ -18,7 +18,8 @@ def MoE_Activation : I32EnumAttr<"Activation",
     "activation of the expert FFN", [
       I32EnumAttrCase<"swiglu", 0>,
       I32EnumAttrCase<"gelu", 1>,
-      I32EnumAttrCase<"silu", 2>
+      I32EnumAttrCase<"silu", 2>,
+      I32EnumAttrCase<"gelu_tanh", 3>
     ]> {
   let cppNamespace = "::mlir::moe";
   let genSpecializedAttr = 0;

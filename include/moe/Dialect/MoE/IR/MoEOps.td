@@ -51,7 +51,8 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
 
     Operands: `x [T, d]`, router weight `W_r [d, E]`, optional selection bias
     `[E]` (f32, changes only which experts are chosen), expert weights
-    `W_gate_up [E, d, 2n]` (`[E, d, n]` for plain `gelu`/`silu` experts) and
+    `W_gate_up [E, d, 2n]` (`[E, d, n]` for plain `gelu`/`gelu_tanh`/`silu`
+    experts) and
     `W_down [E, n, d]`, and optional shared-expert weights `[d, 2m]` and
     `[m, d]` (several shared experts are one wider shared expert).
 
@@ -197,7 +198,9 @@ def MoE_ExpertFFNOp : MoE_Op<"expert_ffn", [Pure]> {
     For each expert `e` and each row `r` in `[offsets[e], offsets[e+1])`:
     `h[r] = x[token_ids[r]] · W_gate_up[e]` (f32 accumulate), `a[r] = act(h[r])`
     and `y[r] = a[r] · W_down[e]`. For `swiglu`, `act(h) = silu(h[:, :n]) *
-    h[:, n:]`; `gelu` and `silu` apply to `h` of width `n`.
+    h[:, n:]`; `gelu` (erf), `gelu_tanh` (`h / 2 * (1 + tanh(sqrt(2 / pi) *
+    (h + 0.044715 h^3)))`, torch's `gelu(approximate="tanh")`) and `silu`
+    apply to `h` of width `n`.
 
     Results, both in expert order: `y [T * k, d]` and the pre-activations
     `h [T * k, 2n]` (`[T * k, n]` for plain activations), which backward may

@@ -36,7 +36,9 @@ Ernie-4.5-VL's block (returns its logits), Aria's and JetMoE's experts, Gemma 4'
 per instance: Mistral 4 and LFM2-MoE outside float32 (scores in the logits' dtype), DeepSeek-V2's
 `group_limited_greedy`, Cohere2-MoE's averaged shared expert,
 Laguna's logit softcapping, LFM2-MoE's renormalisation (1e-6 added to the sum), router jitter > 0, a router of another dtype than the experts,
-non-SiLU experts. Another class with a router and `experts` is refused naming its class.
+non-SiLU experts (GELU-gated ones too, `gelu_pytorch_tanh` or `gelu_new`: the layer's gelu and
+gelu_tanh experts are not gated). Another class with a router and `experts` is refused naming
+its class.
 
 Experts must be SwiGLU (`hidden_act="silu"`). Weights:
 
@@ -52,6 +54,10 @@ Experts must be SwiGLU (`hidden_act="silu"`). Weights:
   `.contiguous()`. Activations are not copied.
 - `weights="copy"`: a plain `MoELayer` whose parameters are copied once into the compiler's
   layout; no per-step weight copy, but `state_dict()` keys become `w_router`, `w_gate_up`, ...
+
+`router_logits_dtype="float32"` keeps the router logits in f32 for the blocks whose router, an
+nn.Linear in the model's dtype, rounds them (`round_logits=False`; "auto", the default, rounds
+them as the block does).
 
 What the swapped block does not do: record router logits for `output_router_logits=True` (the HF
 router module's forward is not called; ask `layer(x, return_router_logits=True)`), router
@@ -74,6 +80,7 @@ from .layer import MoELayer
 
 __all__ = [
     "SUPPORTED_BLOCKS",
+    "ROUTER_LOGITS_DTYPES",
     "REFUSED_BLOCKS",
     "config_from_hf_block",
     "from_hf_block",
@@ -295,6 +302,18 @@ def _act_name(act) -> str:
     return getattr(act, "__name__", type(act).__name__)
 
 
+# transformers' GELUs (ACT2FN "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", ...)
+_GELU_ACTS = (
+    "GELU",
+    "GELUActivation",
+    "GELUTanh",
+    "PytorchGELUTanh",
+    "NewGELUActivation",
+    "FastGELUActivation",
+    "AccurateGELUActivation",
+)
+
+
 # down(act(gate(x)) * up(x)), whitespace removed, any argument name
 _SWIGLU_FORWARD = re.compile(
     r"self\.down_proj\(self\.act_fn\(self\.gate_proj\((\w+)\)\)\*self\.up_proj\(\1\)\)"
@@ -335,9 +354,15 @@ def _expert_problems(experts: nn.Module) -> List[str]:
         problems.append("transposed or interleaved expert weights")
     act = getattr(experts, "act_fn", None)
     if not _is_silu(act):
+        gelu = ""
+        if type(act).__name__ in _GELU_ACTS or act is torch.nn.functional.gelu:
+            # act(gate) * up: a GELU-gated FFN, which no moe activation is
+            gelu = (
+                "; the layer's gelu and gelu_tanh experts are not gated, these are act(gate) * up"
+            )
         problems.append(
             f"experts with the activation {_act_name(act)} (moe_mlir builds SwiGLU experts from "
-            f"HF blocks: hidden_act='silu')"
+            f"HF blocks: hidden_act='silu'{gelu})"
         )
     for name in ("limit", "swiglu_limit"):
         limit = getattr(experts, name, None)
@@ -441,15 +466,42 @@ def _renormalize(block: nn.Module, spec: _Spec) -> bool:
     return bool(_get(block, spec.renormalize, True))
 
 
-def config_from_hf_block(block: nn.Module) -> LayerConfig:
+ROUTER_LOGITS_DTYPES = ("auto", "float32")
+
+
+def _check_router_logits_dtype(router_logits_dtype) -> str:
+    """`router_logits_dtype` as "auto" or "float32" (from torch.float32 too); ValueError for
+    anything else."""
+    if router_logits_dtype is torch.float32:
+        return "float32"
+    if not isinstance(router_logits_dtype, str) or router_logits_dtype not in ROUTER_LOGITS_DTYPES:
+        raise ValueError(
+            f"router_logits_dtype must be one of {ROUTER_LOGITS_DTYPES} (or torch.float32), "
+            f"got {router_logits_dtype!r}"
+        )
+    return router_logits_dtype
+
+
+def _round_logits(spec: _Spec, router_logits_dtype) -> bool:
+    """round_logits for `router_logits_dtype`: "auto" as the block computes its logits (rounded
+    to the model's dtype where its router is an nn.Linear in that dtype), "float32" kept in
+    f32."""
+    return spec.round_logits and _check_router_logits_dtype(router_logits_dtype) == "auto"
+
+
+def config_from_hf_block(block: nn.Module, *, router_logits_dtype="auto") -> LayerConfig:
     """The LayerConfig of a supported HF block (tokens=0: the token count comes at forward).
-    Raises NotImplementedError naming what the block does that the layer does not."""
+    `router_logits_dtype="float32"` keeps the router logits in f32 where the block rounds them
+    to the model's dtype (`round_logits=False`; "auto": as the block). Raises
+    NotImplementedError naming what the block does that the layer does not, ValueError for a
+    bad `router_logits_dtype`."""
     kind = type(block).__name__
     problems = unsupported_features(block)
     if problems:
         hint = "" if kind in _SPECS else f"; supported: {', '.join(SUPPORTED_BLOCKS)}"
         raise NotImplementedError(f"{kind}: not supported: {'; '.join(problems)}{hint}")
     spec = _SPECS[kind]
+    round_logits = _round_logits(spec, router_logits_dtype)
     router = _get(block, spec.router)
     E, two_n, d = block.experts.gate_up_proj.shape
     owner = _get(block, spec.router.split(".")[0])  # Afmoe: router.top_k, router.gate
@@ -473,7 +525,7 @@ def config_from_hf_block(block: nn.Module) -> LayerConfig:
         scaling_factor=scaling,
         router_bias=spec.bias is not None and _get(block, spec.bias) is not None,
         shared_ffn=0 if shared is None else int(shared.gate_proj.weight.shape[0]),
-        round_logits=spec.round_logits,
+        round_logits=round_logits,
     ).validate()
 
 
@@ -547,13 +599,16 @@ def from_hf_block(
     weights: str = "share",
     memory_budget: Optional[str] = None,
     policy: str = "auto",
+    router_logits_dtype="auto",
     **layer_options,
 ) -> MoELayer:
     """A moe-mlir layer computing what `block` computes (see the module doc for the blocks and
     the two weight modes). Raises NotImplementedError for blocks or settings it cannot run.
+    `router_logits_dtype="float32"`: the router logits stay f32 where the block rounds them to
+    the model's dtype ("auto", the default: as the block; see `config_from_hf_block`).
     `layer_options` go to MoELayer; with `ep_group` (expert parallelism, docs/distributed.md)
     the weights are copied, this rank's experts alone."""
-    config = config_from_hf_block(block)
+    config = config_from_hf_block(block, router_logits_dtype=router_logits_dtype)
     expert_parallel = layer_options.get("ep_group") is not None
     if weights == "share" and not expert_parallel:
         return HFMoELayer(
@@ -594,6 +649,7 @@ def replace_moe_blocks(
     weights: str = "share",
     policy: str = "auto",
     strict: bool = True,
+    router_logits_dtype="auto",
     **layer_options,
 ) -> List[str]:
     """Swaps every supported MoE block of `model` (in place) for a moe-mlir layer; returns the
@@ -601,9 +657,12 @@ def replace_moe_blocks(
     not supported raises NotImplementedError naming it (with `strict=False` it is left as is).
     Raises ValueError when the model has no MoE block. `memory_budget` ("2GiB", bytes as an
     int): the activation plan of each layer (docs/memory.md), on CUDA and the CPU.
+    `router_logits_dtype="float32"` keeps every layer's router logits in f32 (see
+    `config_from_hf_block`; "auto", the default, rounds them as each block does).
     `layer_options` go to each MoELayer: `ep_group=group, max_tokens=N` (and `ep_capacity`,
     `ep_overflow`, `ep_chunk_tokens`) make each layer expert-parallel, holding this rank's
     experts, on CUDA or the CPU as the model is (docs/distributed.md)."""
+    router_logits_dtype = _check_router_logits_dtype(router_logits_dtype)
     found: List[Tuple[str, nn.Module]] = []
     unsupported: List[str] = []
     for name, module in model.named_modules():
@@ -628,7 +687,12 @@ def replace_moe_blocks(
         (
             name,
             from_hf_block(
-                m, weights=weights, memory_budget=memory_budget, policy=policy, **layer_options
+                m,
+                weights=weights,
+                memory_budget=memory_budget,
+                policy=policy,
+                router_logits_dtype=router_logits_dtype,
+                **layer_options,
             ),
         )
         for name, m in found

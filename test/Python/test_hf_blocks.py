@@ -5,6 +5,7 @@ original model (f32: 1e-5, tighter than the bf16 tolerances of docs/benchmarks.m
 transformers (scripts/install-deps.sh): there a missing one fails instead of skipping."""
 
 import copy
+import dataclasses
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     )
 
 from moe_mlir import hf  # noqa: E402
+from moe_mlir import torch_reference as TR  # noqa: E402
 from moe_mlir.layer import MoELayer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -213,6 +215,69 @@ def test_unsupported_blocks_and_models():
         hf.replace_moe_blocks(holder, strict=False)
     with pytest.raises(ValueError, match="weights must be"):
         hf.from_hf_block(make("olmoe").model.layers[0].mlp, weights="view")
+
+
+@pytest.mark.parametrize("act", ["gelu_pytorch_tanh", "gelu_new", "gelu_fast"])
+def test_gelu_gated_experts_are_refused(act):
+    """transformers' MoE experts compute act(gate) * up: with a tanh GELU that is a GELU-gated
+    FFN, which no moe activation is (gelu_tanh experts are not gated): refused, saying so."""
+    model = make("mixtral", hidden_act=act)
+    block = model.model.layers[0].mlp
+    assert any("not gated" in p for p in hf.unsupported_features(block))
+    with pytest.raises(NotImplementedError, match="SwiGLU.*silu.*gelu_tanh experts are not gated"):
+        hf.replace_moe_blocks(model)
+
+
+def test_router_logits_dtype_float32():
+    """router_logits_dtype="float32" reaches the LayerConfig (round_logits=False) of the blocks
+    that round their logits to the model's dtype, and leaves f32 routers as they are; a bad value
+    is refused before any block is swapped."""
+    torch.manual_seed(2)
+    model = make("qwen3").bfloat16().train()
+    block = model.model.layers[0].mlp
+    auto = hf.config_from_hf_block(block)
+    f32 = hf.config_from_hf_block(block, router_logits_dtype="float32")
+    assert auto.round_logits and not f32.round_logits
+    assert f32 == dataclasses.replace(auto, round_logits=False)
+    assert hf.config_from_hf_block(block, router_logits_dtype=torch.float32) == f32
+    ds = make("deepseek_v3").model.layers[1].mlp  # its router computes in f32 already
+    assert not hf.config_from_hf_block(ds, router_logits_dtype="auto").round_logits
+    for bad in ("bf16", "float16", torch.bfloat16, None):
+        with pytest.raises(ValueError, match="router_logits_dtype must be one of"):
+            hf.config_from_hf_block(block, router_logits_dtype=bad)
+    with pytest.raises(ValueError, match="router_logits_dtype must be one of"):
+        hf.from_hf_block(block, router_logits_dtype="half")
+    with pytest.raises(ValueError, match="router_logits_dtype must be one of"):
+        hf.replace_moe_blocks(model, router_logits_dtype="half")
+    assert all(not isinstance(m, MoELayer) for m in model.modules())
+
+    ref = copy.deepcopy(model)
+    names = hf.replace_moe_blocks(model, router_logits_dtype="float32")
+    auto_model = copy.deepcopy(ref)
+    hf.replace_moe_blocks(auto_model)
+    for name in names:
+        layer, auto_layer = model.get_submodule(name), auto_model.get_submodule(name)
+        assert not layer.config.round_logits and auto_layer.config.round_logits
+        assert layer.spec_key != auto_layer.spec_key  # compiled apart
+    # The CPU path computes a bf16 model in f32: its logits are f32 under either setting, and
+    # the model still matches HF within the bf16 tolerances.
+    ids = torch.randint(0, 96, (2, 9))
+    ours, g_ours = loss_and_grads(model, ids)
+    with torch.no_grad():
+        assert torch.equal(auto_model(input_ids=ids).logits, ours.logits)
+    theirs, g_ref = loss_and_grads(ref, ids)
+    assert rel(ours.logits, theirs.logits) < 1e-2
+    for n, g in g_ref.items():
+        assert rel(g_ours[n], g) < 2e-2, n
+
+    # On a bf16 layer (the CUDA path; its torch reference here) the setting is the rounding:
+    # "auto" routes on bf16 logits, "float32" on the f32 product.
+    x = torch.randn(64, 32).bfloat16().float()
+    w = block.gate.weight.detach().float().t()
+    for cfg, rounded in ((auto, True), (f32, False)):
+        got = TR.router(dataclasses.replace(cfg, tokens=64, dtype="bf16"), x, w)[2]
+        assert torch.equal(got, got.bfloat16().float()) == rounded
+        assert torch.allclose(got, x @ w, rtol=1e-2, atol=1e-2)
 
 
 # Tiny configs of the other transformers families: (model_type, config overrides, model class

@@ -342,10 +342,6 @@ def _gelu_grad(v):
     return cdf + v * pdf
 
 
-def activation(h, act: str):
-    """a = act(h). swiglu: silu(h[:, :n]) * h[:, n:]; gelu exact (erf); silu; gelu_tanh
-    0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))."""
-    _check_act(act)
 # gelu_tanh's constants, as torch's gelu(approximate="tanh") has them
 _GELU_TANH_BETA = math.sqrt(2 / math.pi)
 _GELU_TANH_KAPPA = 0.044715
@@ -367,17 +363,21 @@ def _gelu_tanh_grad(v):
     return t(0.5) * (1 + th) + t(0.5) * v * (1 - th * th) * inner_grad
 
 
+def activation(h, act: str):
+    """a = act(h). swiglu: silu(h[:, :n]) * h[:, n:]; gelu exact (erf); silu; gelu_tanh
+    0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))."""
+    _check_act(act)
     h = np.asarray(h)
     if act == "swiglu":
         n = h.shape[-1] // 2
         return _silu(h[..., :n]) * h[..., n:]
     if act == "gelu":
         return _gelu(h)
+    if act == "gelu_tanh":
+        return _gelu_tanh(h)
     return _silu(h)
 
 
-    if act == "gelu_tanh":
-        return _gelu_tanh(h)
 def activation_grad(h, da, act: str):
     """dh = act'(h) · da (swiglu: dg = da·u·silu'(g), du = da·silu(g))."""
     _check_act(act)
@@ -389,11 +389,11 @@ def activation_grad(h, da, act: str):
         return np.concatenate([da * u * _silu_grad(g), da * _silu(g)], axis=-1)
     if act == "gelu":
         return da * _gelu_grad(h)
+    if act == "gelu_tanh":
+        return da * _gelu_tanh_grad(h)
     return da * _silu_grad(h)
 
 
-    if act == "gelu_tanh":
-        return da * _gelu_tanh_grad(h)
 # --------------------------------------------------------------------------- experts
 
 

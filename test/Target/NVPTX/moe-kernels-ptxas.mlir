@@ -53,5 +53,5 @@
 // CHECK-DAG: Compiling entry function 'moe_aux_partials' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_finish' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_loss_grad' for 'sm_90a'
-// COUNT-COUNT-44: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-COUNT-46: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

@@ -658,7 +658,12 @@ class MoELayer(nn.Module):
     the compile cache like the layer above, keyed by the EPSpec too) on torch's current
     stream and device with NCCL between them, `last_dropped` a CUDA tensor; CPU tensors the
     CPU path in f32 (gloo), `last_dropped` a NumPy array. `policy="offload"` is refused on
-    CUDA, and torch.compile does not trace the layer (the exchange is Python)."""
+    CUDA, and torch.compile does not trace the layer (the exchange is Python).
+
+    With `config.capacity_factor` (token dropping, both paths) each expert keeps its first
+    ceil(capacity_factor * T * k / E) (token, slot) pairs in token order and the rest add
+    zero; after each forward `last_dropped` is the number of pairs dropped, a 0-d int64
+    tensor on the input's device (read it with `.item()`; the forward does not)."""
 
     def __init__(
         self,
@@ -945,6 +950,8 @@ class MoELayer(nn.Module):
                 f"MoELayer(ep_group=...): the input is on {x.device} but the current CUDA "
                 f"device is cuda:{current}; the stages and NCCL run on the current device "
                 f"(torch.cuda.set_device({x.device.index}))"
+        if self.config.capacity_factor is not None:
+            self.last_dropped = _dropped_pairs(outs[2:], x.shape[0], self.config)
             )
         runner = kernel.layer()
         # Outside autocast's own region, so the casts are not themselves autocast.
@@ -1025,3 +1032,20 @@ def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
 
 def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.contiguous()
+def _dropped_pairs(saved: Sequence[torch.Tensor], tokens, config: LayerConfig) -> torch.Tensor:
+    """The (token, slot) pairs the capacity factor dropped: T * k - offsets[E], the pairs
+    outside every expert's queue, from the saved dispatch results (token_ids [T * k],
+    offsets [E + 1], rows [T, k], consecutive in both paths' saved tensors). A 0-d int64
+    tensor on the layer's device (no host read)."""
+    k, experts = config.top_k, config.experts
+    for ids, offsets, rows in zip(saved, saved[1:], saved[2:]):
+        if (
+            ids.dtype == offsets.dtype == rows.dtype == torch.int32
+            and tuple(ids.shape) == (tokens * k,)
+            and tuple(offsets.shape) == (experts + 1,)
+            and tuple(rows.shape) == (tokens, k)
+        ):
+            return tokens * k - offsets[experts].to(torch.int64)
+    raise RuntimeError("moe_mlir: the layer's saved tensors hold no dispatch results")
+
+

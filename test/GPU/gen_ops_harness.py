@@ -194,6 +194,14 @@ def wrapper(name, args):
     for a, t in args:
         if t in ("i32", "i1"):
             params.append(f"%{a}_i64: i64")
+    # moe.dispatch with a capacity factor (a library older than it has none)
+    "dispatch_capacity": [
+        ("experts", I2),
+        ("capacity", "index"),
+        ("token_ids", I1),
+        ("offsets", I1),
+        ("rows", I2),
+    ],
             if t == "i32":
                 conv.append(f"    %{a} = arith.trunci %{a}_i64 : i64 to i32")
             else:

@@ -427,6 +427,144 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
     return ok
 
 
+def capacity_routing(T, k, E, mode):
+    """[T, k] int32 experts for the capacity checks: distinct random picks (random), or every
+    token's first pick expert 0 but one in eight tokens' (skewed: expert 0 overflows, so
+    pairs drop at any factor up to about E / k)."""
+    ex = distinct_picks(T, E, k)
+    if mode == "skewed":
+        first = torch.where(
+            torch.rand(T, device=DEV) < 7 / 8, 0, torch.randint(0, E, (T,), device=DEV)
+        )
+        # the token's other picks: distinct from the first, drawn from the rest
+        rest = (first[:, None] + 1 + distinct_picks(T, E - 1, k - 1)) % E
+        ex = torch.cat([first[:, None], rest], dim=1)
+    return ex.to(torch.int32)
+
+
+def flat(*tensors):
+    return torch.cat([t.flatten() for t in tensors])
+
+
+def ref_dispatch_capacity(ex, E, cap):
+    """moe_mlir.reference.dispatch (the CPU path's NumPy reference) on the GPU's experts."""
+    tid, off, rows = ref.dispatch(ex.cpu().numpy(), E, cap)
+    return (torch.from_numpy(a).to(DEV) for a in (tid, off, rows))
+
+
+def run_dispatch_capacity(lib, T, k, E, factor, mode):
+    """dispatch_capacity against the NumPy reference's dispatch with the capacity of
+    `factor` (config.capacity_for): the same offsets, token ids and rows, bit for bit (so
+    the same kept pairs: each expert's first `cap` in token order, the rest -1), the same
+    bits run to run, and the dropless dispatch's result at cap = T * k."""
+    cap = ref.capacity_for(factor, T, k, E)
+    tag = f"capacity dispatch T={T} k={k} E={E} factor={factor} cap={cap} {mode}"
+    ex = capacity_routing(T, k, E, mode)
+    outs = []
+    for _ in range(2):
+        tid = torch.full((T * k,), -7, dtype=torch.int32, device=DEV)
+        off = torch.full((E + 1,), -7, dtype=torch.int32, device=DEV)
+        rows = torch.full((T, k), -7, dtype=torch.int32, device=DEV)
+        lib.call("dispatch_capacity", ex, cap, tid, off, rows)
+        outs.append((tid, off, rows))
+    (tid, off, rows), again = outs
+    rt, ro, rr = ref_dispatch_capacity(ex, E, cap)
+    ok = check_exact(f"{tag} offsets", off, ro)
+    ok &= check_exact(f"{tag} token_ids", tid, rt)
+    ok &= check_exact(f"{tag} rows", rows, rr)
+    ok &= check_exact(f"{tag} bitwise run to run", flat(*again), flat(*outs[0]))
+    dropped = T * k - int(off[E])
+    if mode == "skewed" and factor <= 1.25:
+        ok &= check_exact(
+            f"{tag} drops pairs ({dropped})", torch.tensor(dropped > 0), torch.tensor(True)
+        )
+    # no capacity (T * k): the dropless dispatch's result
+    plain = [torch.empty_like(a) for a in (tid, off, rows)]
+    lib.call("dispatch", ex, *plain)
+    full = [torch.empty_like(a) for a in (tid, off, rows)]
+    lib.call("dispatch_capacity", ex, T * k, *full)
+    ok &= check_exact(f"{tag} cap = T * k is dropless", flat(*full), flat(*plain))
+    return ok
+
+
+def run_capacity_layer(lib, T, d, n, E, k, factor, mode, renorm=True):
+    """A layer's op sequence with a capacity factor, forward and backward: router,
+    dispatch_capacity, expert_ffn, combine, expert_combine_grad, router_grad, against fp32
+    autograd of the layer on the GPU router's picks with the NumPy reference's kept pairs
+    (a dropped pair adds nothing): out, dx, dW_router, dW_gate_up, dW_down and the routing
+    weights' gradient, which is exactly 0 for a dropped pair (the CPU path's)."""
+    cap = ref.capacity_for(factor, T, k, E)
+    tag = f"capacity layer T={T} d={d} n={n} E={E} k={k} factor={factor} {mode}"
+    x, wr = bf(T, d), bf(d, E, std=0.02)
+    if mode == "skewed":  # a constant feature that raises expert 0's logit by 2: it overflows
+        x[:, 0] = 2.0
+        wr[0, 0] = 1.0
+    wgu, wd = bf(E, d, up_width(n), std=0.02), bf(E, n, d, std=0.02)
+    w = torch.empty(T, k, device=DEV)
+    ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lg = torch.empty(T, E, device=DEV)
+    empty_bias = torch.empty(0, device=DEV)
+    lib.call("router", x, wr, empty_bias, 0, int(renorm), 1, 1, 1.0, 0, w, ex, lg)
+    R = T * k
+    tid = torch.empty(R, dtype=torch.int32, device=DEV)
+    off = torch.empty(E + 1, dtype=torch.int32, device=DEV)
+    rows = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lib.call("dispatch_capacity", ex, cap, tid, off, rows)
+    rt, ro, rr = ref_dispatch_capacity(ex, E, cap)
+    ok = check_exact(f"{tag} rows", rows, rr) & check_exact(f"{tag} offsets", off, ro)
+    dropped = R - int(off[E])
+    print(f"     {tag}: cap {cap}, {dropped} of {R} pairs dropped", flush=True)
+    y = torch.empty(R, d, dtype=torch.bfloat16, device=DEV)
+    h = torch.empty(R, up_width(n), dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, ACT_CODE, y, h)
+    out = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    lib.call("combine", y, w, rows, out)
+    dout = bf(T, d)
+    dx_e = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    dw = torch.full((T, k), float("nan"), device=DEV)
+    dwgu, dwd = torch.empty_like(wgu), torch.empty_like(wd)
+    lib.call(
+        "expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, ACT_CODE, dx_e, dw, dwgu, dwd
+    )
+    dx_r = torch.empty(T, d, dtype=torch.bfloat16, device=DEV)
+    dwr = torch.empty(d, E, dtype=torch.bfloat16, device=DEV)
+    no_dl = torch.zeros(T, E, device=DEV)
+    lib.call("router_grad", x, wr, lg, ex, dw, no_dl, 0, int(renorm), 1.0, dx_r, dwr)
+    # fp32 autograd on the same picks; a kept pair's row is its expert's FFN of its token
+    xr = x.float().requires_grad_()
+    wrr, wgur, wdr = (t.float().requires_grad_() for t in (wr, wgu, wd))
+    s = torch.softmax(xr @ wrr, -1)
+    u = torch.gather(s, 1, ex.long())
+    if renorm:
+        u = u / u.sum(1, keepdim=True)
+    kept = rr >= 0
+    o = torch.zeros(T, d, device=DEV)
+    for e in range(E):
+        sel = (ex == e) & kept
+        t_idx, j_idx = sel.nonzero(as_tuple=True)
+        if t_idx.numel() == 0:
+            continue
+        ye = act_ref(xr[t_idx] @ wgur[e]) @ wdr[e]
+        o = o.index_add(0, t_idx, ye * u[t_idx, j_idx][:, None])
+    (o * dout.float()).sum().backward()
+    ok &= check(f"{tag} out", rel(out, o), 1e-2)
+    dropped_tokens = ~kept.any(1)
+    if bool(dropped_tokens.any()):
+        ok &= check_exact(
+            f"{tag} out of tokens with every pair dropped is 0",
+            out[dropped_tokens].float(),
+            torch.zeros_like(out[dropped_tokens].float()),
+        )
+    ok &= check_exact(
+        f"{tag} d_weights of dropped pairs are 0", dw[~kept], torch.zeros_like(dw[~kept])
+    )
+    ok &= check(f"{tag} dx", rel(dx_e.float() + dx_r.float(), xr.grad), 2e-2)
+    ok &= check(f"{tag} d_w_router", rel(dwr, wrr.grad), 2e-2)
+    ok &= check(f"{tag} d_w_gate_up", rel(dwgu, wgur.grad), 2e-2)
+    ok &= check(f"{tag} d_w_down", rel(dwd, wdr.grad), 2e-2)
+    return ok
+
+
 def run_router_hostile(lib, scoring):
     """NaN and inf in x: logits, experts and weights follow docs/cpu-path.md's rules, checked
     against the NumPy reference (python/moe_mlir/reference.py) on our own logits."""
@@ -1384,6 +1522,29 @@ def main():
         ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
         # a non-gated up tile is 256 columns of H: n = 320 is one and a 64-column tail (a
         # SwiGLU tile 128 of gate and up each: two and a tail); d of 3 k-steps, k = 3
+        # moe.dispatch with a capacity factor: odd T, factors under, at and over 1, random
+        # and skewed routing (pairs drop), one chunk of slots and several (T k > 1024)
+        *[
+            (
+                f"capacity-dispatch-t{T}-e{E}-k{k}-{f}-{mode}",
+                lambda T=T, E=E, k=k, f=f, mode=mode: run_dispatch_capacity(lib, T, k, E, f, mode),
+            )
+            for T, E, k in ((37, 5, 2), (1000, 8, 2), (1000, 64, 6))
+            for f in (0.5, 1.0, 1.25)
+            for mode in ("random", "skewed")
+        ],
+        ("capacity-dispatch-t1", lambda: run_dispatch_capacity(lib, 1, 2, 4, 0.5, "random")),
+        # the layer's ops with drops, forward and backward
+        ("capacity-layer", lambda: run_capacity_layer(lib, 37, 128, 128, 4, 2, 0.5, "skewed")),
+        ("capacity-layer-1", lambda: run_capacity_layer(lib, 37, 128, 128, 4, 2, 1.0, "skewed")),
+        (
+            "capacity-layer-1.25",
+            lambda: run_capacity_layer(lib, 1000, 256, 192, 8, 2, 1.25, "skewed"),
+        ),
+        (
+            "capacity-layer-random",
+            lambda: run_capacity_layer(lib, 1000, 128, 128, 8, 2, 1.0, "random", False),
+        ),
         ("ffn-n320", lambda: run_ffn(lib, 53, 192, 320, 6, 3, "skewed")),
         ("ffn-n320-all-to-one", lambda: run_ffn(lib, 53, 192, 320, 6, 3, "all-to-one")),
         ("shared-m320", lambda: run_shared(lib, 53, 192, 320)),

@@ -60,7 +60,6 @@ def test_the_module_reads_the_file():
         (dict(hidden=65600), "max_width", "hidden (d) = 65600 is over 65536"),
         (dict(ffn=100), "tile_multiple", "ffn (n) = 100 is not a multiple of 64"),
         (dict(shared_ffn=96), "tile_multiple", "shared_ffn (m) = 96 is not a multiple of 64"),
-        (dict(capacity_factor=1.25), "capacity_factor_supported", "capacity_factor 1.25"),
     ],
 )
 def test_refuses_what_the_contract_rules_out(kw, limit, what):
@@ -74,9 +73,16 @@ def test_refuses_what_the_contract_rules_out(kw, limit, what):
 
 def test_names_every_broken_limit():
     message = refused(LayerConfig(0, 96, 100, 2048, 2, capacity_factor=1.25))
-    for limit in ("capacity_factor_supported", "tile_multiple", "max_experts"):
+    for limit in ("tile_multiple", "max_experts"):
         assert f"({limit}: " in message
     assert "hidden (d) = 96" in message and "ffn (n) = 100" in message
+    assert "capacity_factor" not in message
+
+
+def test_accepts_a_capacity_factor():
+    assert contract()["limits"]["capacity_factor_supported"]["value"] is True
+    for factor in (0.5, 1.0, 1.25):
+        L.check_gpu_config(LayerConfig(0, 128, 128, 8, 2, capacity_factor=factor).validate())
 
 
 def example_config(name):
@@ -157,7 +163,7 @@ def test_generator_writes_every_limit_and_function(tmp_path):
         'inline constexpr llvm::StringLiteral kActivations[] = {"swiglu", "silu", "gelu",'
         ' "gelu_tanh"};' in text
     )
-    assert "inline constexpr bool kCapacityFactorSupported = false;" in text
+    assert "inline constexpr bool kCapacityFactorSupported = true;" in text
     for name in contract()["limits"]:
         assert f'{{"{name}", GPULimit::Kind::' in text
     for function in contract()["host_functions"]:

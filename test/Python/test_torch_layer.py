@@ -271,9 +271,11 @@ def test_bad_configs():
         MoELayer(CONFIGS["softmax"], policy="host")
     with pytest.raises(NotImplementedError, match="swiglu.*multiple of 64|multiple of 64"):
         L.check_gpu_config(LayerConfig(0, 96, 64, 4, 2))
-    # Every limit a layer breaks is named, in one message; gelu and silu experts run.
-    with pytest.raises(NotImplementedError, match="capacity_factor 1.0 .*= 96 is not a multiple"):
+    # Every limit a layer breaks is named, in one message; gelu and silu experts run, and
+    # capacity factors.
+    with pytest.raises(NotImplementedError, match="hidden .d. = 96 is not a multiple"):
         L.check_gpu_config(LayerConfig(0, 96, 64, 4, 2, activation="gelu", capacity_factor=1.0))
+    L.check_gpu_config(LayerConfig(0, 64, 64, 4, 2, activation="gelu", capacity_factor=1.0))
     for activation in ("gelu", "silu"):
         L.check_gpu_config(LayerConfig(0, 64, 64, 4, 2, activation=activation))
     L.check_gpu_config(LayerConfig(0, 128, 64, 4, 2, shared_ffn=64))
@@ -521,3 +523,64 @@ def test_a_bounded_layer_is_keyed_by_its_bound_not_its_tokens():
     assert (
         cc.config_key(dataclasses.replace(cfg, tokens=200), "sm_90a", cc.BuildOptions()) not in keys
     )
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.25])
+def test_capacity_layer_reports_its_dropped_pairs(factor):
+    """With a capacity factor, `last_dropped` is T * k minus the pairs the NumPy reference's
+    dispatch keeps, on routing that sends most tokens to expert 0 (so pairs drop); the
+    output and gradients match the NumPy reference layer, which drops the same pairs."""
+    from moe_mlir import reference as R
+
+    cfg = LayerConfig(0, 32, 24, 4, 2, renormalize=True, capacity_factor=factor)
+    torch.manual_seed(3)
+    layer = MoELayer(cfg, init_std=0.2)
+    with torch.no_grad():
+        layer.w_router[:, 0] += 0.5  # skewed: expert 0 is most tokens' first choice
+    x = torch.randn(37, cfg.hidden, requires_grad=True)
+    out, logits = layer(x, return_router_logits=True)
+    weights = {n: p.detach().numpy() for n, p in layer.named_parameters()}
+    tcfg = dataclasses.replace(cfg, tokens=37)
+    ref_out, ref_logits, cache = R.layer_forward(tcfg, x.detach().numpy(), **weights)
+    dropped = int((cache.rows < 0).sum())
+    assert dropped == 37 * 2 - int(cache.offsets[-1])
+    assert isinstance(layer.last_dropped, torch.Tensor) and layer.last_dropped.dim() == 0
+    assert layer.last_dropped.item() == dropped
+    if factor < 1.25:
+        assert dropped > 0
+    d_out = torch.randn_like(out)
+    out.backward(d_out)
+    grads = dict(zip(R.layer_gradient_names(tcfg), R.layer_backward(tcfg, cache, d_out.numpy())))
+    assert rel(out, torch.from_numpy(ref_out)) < 1e-5
+    assert rel(x.grad, torch.from_numpy(grads["x"])) < 1e-5
+    for n, p in layer.named_parameters():
+        assert rel(p.grad, torch.from_numpy(grads[n])) < 1e-5, n
+    assert not hasattr(MoELayer(CONFIGS["softmax"]), "last_dropped")
+
+
+def test_cuda_path_takes_a_capacity_factor(_cache):
+    """The CUDA branch passes capacity_factor through: the sm_90a entry of a capacity layer
+    is built by moe-compile (its dispatch calls the capacity host function) and a fake
+    forward on CUDA gives the shapes and a 0-d dropped count."""
+    if cc.find_moe_compile() is None:
+        pytest.skip("no moe-compile")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg = LayerConfig(0, 64, 64, 4, 2, renormalize=True, capacity_factor=1.25)
+    L.check_gpu_config(cfg)
+    bounded = cc.BuildOptions(max_tokens=16)
+    entry = cc.build_gpu_entry(dataclasses.replace(cfg, tokens=16, dtype="bf16"), bounded)
+    dropless = cc.build_gpu_entry(
+        dataclasses.replace(cfg, tokens=16, dtype="bf16", capacity_factor=None), bounded
+    )
+    assert entry.path != dropless.path
+    kernel = b"moe_dispatch_place_capacity"
+    assert kernel in (entry.path / f"{entry.name}.o").read_bytes()
+    assert kernel not in (dropless.path / f"{dropless.name}.o").read_bytes()
+    assert "moe.dispatch.offsets" in _saved_params(entry)
+    with FakeTensorMode():
+        fl = MoELayer(cfg, device="cuda", dtype=torch.bfloat16)
+        x = torch.empty(9, 64, device="cuda", dtype=torch.bfloat16)
+        out, logits = fl(x, return_router_logits=True)
+        assert out.shape == (9, 64) and logits.shape == (9, 4)
+        assert fl.last_dropped.shape == () and fl.last_dropped.device.type == "cuda"

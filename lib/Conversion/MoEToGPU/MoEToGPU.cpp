@@ -44,6 +44,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <cmath>
 #include <map>
 
 namespace mlir::moe {
@@ -293,8 +294,8 @@ LogicalResult checkSupported(Operation *op) {
   if (auto dispatch = dyn_cast<DispatchOp>(op);
       dispatch && dispatch.getCapacityFactor() &&
       !gpu_contract::kCapacityFactorSupported)
-    return op->emitError("the GPU path is dropless: a capacity factor is not "
-                         "supported");
+    return op->emitError("this GPU library is dropless: a capacity factor is "
+                         "not supported");
   int64_t experts = 0;
   if (auto router = dyn_cast<RouterOp>(op))
     experts = cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);
@@ -1639,7 +1640,57 @@ public:
   }
 };
 
-/// moe.dispatch: `__moe_gpu_dispatch`.
+/// The pairs an expert keeps under `op`'s capacity factor: ceil(capacity_factor
+/// * T * k / E) in f64, left to right, at most T * k, as the CPU path and
+/// moe_mlir.config.capacity_for compute it. A static T folds it here; a
+/// dynamic one computes it in the host code from the call's T (the experts
+/// buffer's leading size).
+Value buildDispatchCapacity(HostFunctionBuilder &h, DispatchOp op,
+                            Value experts) {
+  auto type = cast<MemRefType>(experts.getType());
+  double factor = op.getCapacityFactor()->convertToDouble();
+  double numExperts = static_cast<double>(op.getNumExperts());
+  int64_t topK = type.getDimSize(1);
+  if (!type.isDynamicDim(0)) {
+    int64_t pairs = type.getDimSize(0) * topK;
+    double capacity = std::ceil(factor * static_cast<double>(type.getDimSize(0)) *
+                                static_cast<double>(topK) / numExperts);
+    return h.index(
+        static_cast<int64_t>(std::min(capacity, static_cast<double>(pairs))));
+  }
+  OpBuilder &b = *h.b;
+  Location loc = h.loc;
+  FloatType f64 = b.getF64Type();
+  Type i64 = b.getI64Type();
+  auto toF64 = [&](Value index) -> Value {
+    Value wide = arith::IndexCastOp::create(b, loc, i64, index);
+    return arith::SIToFPOp::create(b, loc, f64, wide);
+  };
+  auto constant = [&](double value) -> Value {
+    return arith::ConstantFloatOp::create(b, loc, f64, APFloat(value));
+  };
+  Value tokens = memref::DimOp::create(b, loc, experts, 0);
+  Value pairs = arith::MulIOp::create(b, loc, tokens, h.index(topK));
+  Value product = arith::MulFOp::create(b, loc, constant(factor), toF64(tokens));
+  product = arith::MulFOp::create(b, loc, product,
+                                  constant(static_cast<double>(topK)));
+  Value quotient =
+      arith::DivFOp::create(b, loc, product, constant(numExperts));
+  // Bounded first, then rounded up: ceil(min(q, T * k)) = min(ceil(q), T * k)
+  // for an integer T * k, and the conversion to an integer cannot overflow.
+  Value bounded = arith::MinimumFOp::create(b, loc, quotient, toF64(pairs));
+  Value truncated = arith::FPToSIOp::create(b, loc, i64, bounded);
+  Value below = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT,
+                                      arith::SIToFPOp::create(b, loc, f64,
+                                                              truncated),
+                                      bounded);
+  Value up = arith::ExtUIOp::create(b, loc, i64, below);
+  Value capacity = arith::AddIOp::create(b, loc, truncated, up);
+  return arith::IndexCastOp::create(b, loc, b.getIndexType(), capacity);
+}
+
+/// moe.dispatch: `__moe_gpu_dispatch`; with a capacity factor
+/// `__moe_gpu_dispatch_capacity` with the capacity of the call's T.
 class LowerDispatch : public HostCallPattern<DispatchOp> {
 public:
   using HostCallPattern::HostCallPattern;
@@ -1647,6 +1698,13 @@ public:
   void emitCall(DispatchOp op, OpAdaptor adaptor,
                 HostCall &call) const override {
     call.addOperands();
+    if (op.getCapacityFactor()) {
+      call.args.push_back(
+          buildDispatchCapacity(ctx.h, op, adaptor.getExperts()));
+      call.addResults();
+      call.callExactly("__moe_gpu_dispatch_capacity");
+      return;
+    }
     call.addResults();
     call.callExactly("__moe_gpu_dispatch");
   }
@@ -1911,6 +1969,13 @@ LogicalResult convertFunction(FunctionPlan &plan,
   target.addDynamicallyLegalOp<func::ReturnOp>(
       [&](func::ReturnOp op) { return op != ctx.returnOp; });
   // The patterns never fail and emit legal ops only, so nothing they do (nor
+  for (auto dispatch : plan.func.front().getOps<DispatchOp>())
+    if (dispatch.getCapacityFactor() &&
+        !libraryHas("__moe_gpu_dispatch_capacity"))
+      return dispatch.emitError()
+             << "the GPU library " << libraryName
+             << " has no @__moe_gpu_dispatch_capacity for a dispatch with a "
+                "capacity factor";
   // the plan they update) is rolled back. An op is never folded: its
   // pattern gives its results their buffers.
   ConversionConfig config;

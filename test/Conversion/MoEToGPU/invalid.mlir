@@ -12,15 +12,6 @@ func.func @f32_data(%x: tensor<37x64xf32>, %wr: tensor<64x4xf32>)
 
 // -----
 
-func.func @capacity(%e: tensor<37x2xi32>) -> (tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>) {
-  // expected-error @+1 {{the GPU path is dropless: a capacity factor is not supported}}
-  %ids, %offsets, %rows = moe.dispatch %e {num_experts = 4 : i64, capacity_factor = 1.25 : f64}
-      : tensor<37x2xi32> -> tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
-  return %ids, %offsets, %rows : tensor<74xi32>, tensor<5xi32>, tensor<37x2xi32>
-}
-
-// -----
-
 // The auxiliary losses count the selections in a shared-memory table of
 // max_experts entries.
 func.func @aux_loss(%l: tensor<37x2048xf32>, %e: tensor<37x2xi32>) -> (tensor<f32>, tensor<f32>) {

@@ -273,3 +273,13 @@
 // CHECK: shfl.sync.bfly.b32
 // CHECK-NOT: atom.
 // CHECK-NOT: .entry
+// The dispatch with a capacity: order-free as the dropless one (no atomics in
+// scan and place), so the kept pairs are the same run to run.
+// CHECK-LABEL: .entry moe_dispatch_scan_capacity(
+// CHECK-NOT: atom.
+// CHECK: min.u32
+// CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_dispatch_place_capacity(
+// CHECK-NOT: atom.
+// CHECK: setp.ge.u32
+// CHECK-NOT: atom.

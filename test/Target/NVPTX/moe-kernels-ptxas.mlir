@@ -27,6 +27,8 @@
 // CHECK-DAG: Compiling entry function 'moe_dispatch_rank' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_dispatch_scan' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_dispatch_place' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_dispatch_scan_capacity' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_dispatch_place_capacity' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gather_sum' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gather_sum_acc' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_scatter_weights' for 'sm_90a'

@@ -116,13 +116,23 @@ void mlir::moe::kernels::buildDispatchRankKernel(OpBuilder &b, Location loc) {
   gpu::ReturnOp::create(b, loc);
 }
 
-void mlir::moe::kernels::buildDispatchScanKernel(OpBuilder &b, Location loc) {
+namespace {
+
+/// moe_dispatch_scan, and with `capped` moe_dispatch_scan_capacity, whose
+/// expert totals are at most its `capacity` argument (the pairs an expert
+/// keeps). The dropless kernel's ops and their order are its pinned text.
+void buildScan(OpBuilder &b, Location loc, StringRef name, bool capped) {
   Type index = b.getIndexType();
   MemRefType buffer = flatBuffer(b.getI32Type());
-  gpu::GPUFuncOp kernel =
-      createKernel(b, loc, "moe_dispatch_scan", {buffer, index, index, buffer});
+  SmallVector<Type> argTypes = {buffer, index, index};
+  if (capped)
+    argTypes.push_back(index);
+  argTypes.push_back(buffer);
+  gpu::GPUFuncOp kernel = createKernel(b, loc, name, argTypes);
   Value counts = kernel.getArgument(0), numChunks = kernel.getArgument(1),
-        numExperts = kernel.getArgument(2), offsets = kernel.getArgument(3);
+        numExperts = kernel.getArgument(2),
+        offsets = kernel.getArgument(capped ? 4 : 3);
+  Value capacity = capped ? kernel.getArgument(3) : Value();
 
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value c0 = indexConstant(b, loc, 0);
@@ -130,7 +140,7 @@ void mlir::moe::kernels::buildDispatchScanKernel(OpBuilder &b, Location loc) {
   Value threads = indexConstant(b, loc, kSimpleThreads);
   Value zero = i32Constant(b, loc, 0);
   // Per expert: the chunk counts become exclusive prefixes in chunk order,
-  // and offsets[e + 1] the expert's total.
+  // and offsets[e + 1] the expert's total (kept pairs with a capacity).
   buildFor(b, loc, tid, numExperts, threads, [&](Value e) {
     Value total =
         buildFor(b, loc, c0, numChunks, c1, zero, [&](Value ch, Value run) {
@@ -140,6 +150,10 @@ void mlir::moe::kernels::buildDispatchScanKernel(OpBuilder &b, Location loc) {
           memref::StoreOp::create(b, loc, run, counts, i);
           return arith::AddIOp::create(b, loc, run, n).getResult();
         });
+    if (capped) {
+      Value cap = arith::IndexCastOp::create(b, loc, b.getI32Type(), capacity);
+      total = arith::MinUIOp::create(b, loc, total, cap);
+    }
     Value e1 = arith::AddIOp::create(b, loc, e, c1);
     memref::StoreOp::create(b, loc, total, offsets, e1);
   });
@@ -160,47 +174,68 @@ void mlir::moe::kernels::buildDispatchScanKernel(OpBuilder &b, Location loc) {
   gpu::ReturnOp::create(b, loc);
 }
 
-void mlir::moe::kernels::buildDispatchPlaceKernel(OpBuilder &b, Location loc) {
+/// moe_dispatch_place, and with `capped` moe_dispatch_place_capacity: a
+/// pair whose rank among its expert's pairs (the earlier chunks' count plus
+/// its rank in its chunk) is at least the `capacity` argument is dropped
+/// (row -1), so each expert keeps its first `capacity` pairs in slot order.
+void buildPlace(OpBuilder &b, Location loc, StringRef name, bool capped) {
   Type i32 = b.getI32Type(), index = b.getIndexType();
   MemRefType buffer = flatBuffer(i32);
-  gpu::GPUFuncOp kernel = createKernel(b, loc, "moe_dispatch_place",
-                                       {buffer, buffer, buffer, buffer, index,
-                                        index, index, index, buffer, buffer});
+  SmallVector<Type> argTypes = {buffer, buffer, buffer, buffer,
+                                index,  index,  index,  index};
+  if (capped)
+    argTypes.push_back(index);
+  argTypes.append({buffer, buffer});
+  gpu::GPUFuncOp kernel = createKernel(b, loc, name, argTypes);
+  unsigned out = capped ? 9 : 8;
   Value experts = kernel.getArgument(0), rank = kernel.getArgument(1),
         counts = kernel.getArgument(2), offsets = kernel.getArgument(3),
         numSlots = kernel.getArgument(4), k = kernel.getArgument(5),
         numExperts = kernel.getArgument(6), numRows = kernel.getArgument(7),
-        tokenIds = kernel.getArgument(8), rows = kernel.getArgument(9);
+        tokenIds = kernel.getArgument(out), rows = kernel.getArgument(out + 1);
+  Value capacity = capped ? kernel.getArgument(8) : Value();
 
   Value gid = buildGlobalThreadId(b, loc);
   Value zero = i32Constant(b, loc, 0);
   Value minusOne = i32Constant(b, loc, -1);
   Value chunk = indexConstant(b, loc, kDispatchChunk);
   // The slot's row: its expert's offset, the earlier chunks' count of the
-  // expert, and its rank in its chunk; -1 for an invalid slot.
+  // expert, and its rank in its chunk; -1 for an invalid or dropped slot.
   Value in =
       arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, gid, numSlots);
   buildIf(b, loc, in, [&] {
     Value x = memref::LoadOp::create(b, loc, experts, gid);
     CheckedExpert expert = checkExpert(b, loc, x, numExperts, zero);
-    buildIfElse(
-        b, loc, expert.valid,
-        [&] {
-          Value ch = arith::DivUIOp::create(b, loc, gid, chunk);
-          Value ci0 = arith::MulIOp::create(b, loc, ch, numExperts);
-          Value ci = arith::AddIOp::create(b, loc, ci0, expert.index);
-          Value before = memref::LoadOp::create(b, loc, counts, ci);
-          Value offset = memref::LoadOp::create(b, loc, offsets, expert.index);
-          Value rk = memref::LoadOp::create(b, loc, rank, gid);
-          Value r0 = arith::AddIOp::create(b, loc, offset, before);
-          Value row = arith::AddIOp::create(b, loc, r0, rk);
-          memref::StoreOp::create(b, loc, row, rows, gid);
-          Value t = arith::DivUIOp::create(b, loc, gid, k);
-          Value ti = arith::IndexCastOp::create(b, loc, i32, t);
-          Value rowIndex = arith::IndexCastOp::create(b, loc, index, row);
-          memref::StoreOp::create(b, loc, ti, tokenIds, rowIndex);
-        },
-        [&] { memref::StoreOp::create(b, loc, minusOne, rows, gid); });
+    auto place = [&] {
+      Value ch = arith::DivUIOp::create(b, loc, gid, chunk);
+      Value ci0 = arith::MulIOp::create(b, loc, ch, numExperts);
+      Value ci = arith::AddIOp::create(b, loc, ci0, expert.index);
+      Value before = memref::LoadOp::create(b, loc, counts, ci);
+      Value offset = memref::LoadOp::create(b, loc, offsets, expert.index);
+      Value rk = memref::LoadOp::create(b, loc, rank, gid);
+      auto store = [&](Value row) {
+        memref::StoreOp::create(b, loc, row, rows, gid);
+        Value t = arith::DivUIOp::create(b, loc, gid, k);
+        Value ti = arith::IndexCastOp::create(b, loc, i32, t);
+        Value rowIndex = arith::IndexCastOp::create(b, loc, index, row);
+        memref::StoreOp::create(b, loc, ti, tokenIds, rowIndex);
+      };
+      if (!capped) {
+        Value r0 = arith::AddIOp::create(b, loc, offset, before);
+        store(arith::AddIOp::create(b, loc, r0, rk));
+        return;
+      }
+      Value position = arith::AddIOp::create(b, loc, before, rk);
+      Value cap = arith::IndexCastOp::create(b, loc, i32, capacity);
+      Value kept = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult,
+                                         position, cap);
+      buildIfElse(
+          b, loc, kept,
+          [&] { store(arith::AddIOp::create(b, loc, offset, position)); },
+          [&] { memref::StoreOp::create(b, loc, minusOne, rows, gid); });
+    };
+    buildIfElse(b, loc, expert.valid, place,
+                [&] { memref::StoreOp::create(b, loc, minusOne, rows, gid); });
   });
   // Rows past the used ones (offsets[E] on) get token 0.
   Value inRows =
@@ -214,6 +249,26 @@ void mlir::moe::kernels::buildDispatchPlaceKernel(OpBuilder &b, Location loc) {
             [&] { memref::StoreOp::create(b, loc, zero, tokenIds, gid); });
   });
   gpu::ReturnOp::create(b, loc);
+}
+
+} // namespace
+
+void mlir::moe::kernels::buildDispatchScanKernel(OpBuilder &b, Location loc) {
+  buildScan(b, loc, "moe_dispatch_scan", /*capped=*/false);
+}
+
+void mlir::moe::kernels::buildDispatchScanCapacityKernel(OpBuilder &b,
+                                                         Location loc) {
+  buildScan(b, loc, "moe_dispatch_scan_capacity", /*capped=*/true);
+}
+
+void mlir::moe::kernels::buildDispatchPlaceKernel(OpBuilder &b, Location loc) {
+  buildPlace(b, loc, "moe_dispatch_place", /*capped=*/false);
+}
+
+void mlir::moe::kernels::buildDispatchPlaceCapacityKernel(OpBuilder &b,
+                                                          Location loc) {
+  buildPlace(b, loc, "moe_dispatch_place_capacity", /*capped=*/true);
 }
 
 void mlir::moe::kernels::buildSingleOffsetsKernel(OpBuilder &b, Location loc) {

@@ -227,7 +227,7 @@ Value round8(HostFunctionBuilder &h, Value v);
 // Those with GEMMs take `gemms` (a variant's configs).
 void buildRouterHost(OpBuilder &b, ModuleOp module,
                      const HostGemms &gemms = {});
-void buildDispatchHost(OpBuilder &b, ModuleOp module);
+void buildDispatchHost(OpBuilder &b, ModuleOp module, bool capacity = false);
 void buildExpertFfnHost(OpBuilder &b, ModuleOp module, bool withY,
                         const HostGemms &gemms = {});
 void buildSharedExpertHost(OpBuilder &b, ModuleOp module, bool withY,

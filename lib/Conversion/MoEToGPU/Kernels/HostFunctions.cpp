@@ -533,13 +533,21 @@ void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module,
   h.finish();
 }
 
-void mlir::moe::host::buildDispatchHost(OpBuilder &b, ModuleOp module) {
+/// `__moe_gpu_dispatch`, and with `capacity` `__moe_gpu_dispatch_capacity`,
+/// which takes the pairs an expert keeps (an index after the experts) and
+/// launches the capped scan and placement.
+void mlir::moe::host::buildDispatchHost(OpBuilder &b, ModuleOp module,
+                                        bool capacity) {
   Type i32 = b.getI32Type();
-  HostFunctionBuilder h(b, module, "dispatch",
-                        {{"experts", buffer(i32, 2)},
-                         {"token_ids", buffer(i32)},
-                         {"offsets", buffer(i32)},
-                         {"rows", buffer(i32, 2)}});
+  SmallVector<std::pair<StringRef, Type>> params = {
+      {"experts", buffer(i32, 2)}};
+  if (capacity)
+    params.push_back({"capacity", b.getIndexType()});
+  params.append({{"token_ids", buffer(i32)},
+                 {"offsets", buffer(i32)},
+                 {"rows", buffer(i32, 2)}});
+  HostFunctionBuilder h(b, module,
+                        capacity ? "dispatch_capacity" : "dispatch", params);
   Value one = h.c(1);
   Value t = h.dim(h.arg("experts"), 0);
   Value k = h.dim(h.arg("experts"), 1);
@@ -555,13 +563,22 @@ void mlir::moe::host::buildDispatchHost(OpBuilder &b, ModuleOp module) {
   Value countsSize = h.mul(chunks, e);
   Value cnt = h.alloc(countsSize, i32);
   h.launch("moe_dispatch_rank", nchunks, one, one, {ef, tk, e, rank, cnt});
-  h.launch("moe_dispatch_scan", one, one, one,
-           {cnt, nchunks, e, h.arg("offsets")});
+  if (capacity)
+    h.launch("moe_dispatch_scan_capacity", one, one, one,
+             {cnt, nchunks, e, h.arg("capacity"), h.arg("offsets")});
+  else
+    h.launch("moe_dispatch_scan", one, one, one,
+             {cnt, nchunks, e, h.arg("offsets")});
   Value work = h.maxu(tk, r);
   Value blocks = h.ceil(work, kThreads);
-  h.launch(
-      "moe_dispatch_place", blocks, one, one,
-      {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("token_ids"), rf});
+  if (capacity)
+    h.launch("moe_dispatch_place_capacity", blocks, one, one,
+             {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("capacity"),
+              h.arg("token_ids"), rf});
+  else
+    h.launch("moe_dispatch_place", blocks, one, one,
+             {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("token_ids"),
+              rf});
   h.dealloc(rank);
   h.dealloc(cnt);
   h.finish();
@@ -764,7 +781,7 @@ struct HostEntry {
 /// then the accumulating ones (the calls of the ops that moe-fold-adds gave
 /// an accumulate operand), then those of the expert-parallel ops and of the
 /// unfused combine and expert FFN backward (the expert-parallel layer's),
-/// then the auxiliary losses.
+/// then the dispatch with a capacity, then the auxiliary losses.
 const std::vector<HostEntry> &hostEntries() {
   static const SmallVector<VariantRole, 4> kExpertGradRoles = {
       {"dact", LibraryGemm::DactGather},
@@ -897,6 +914,11 @@ const std::vector<HostEntry> &hostEntries() {
       {"__moe_gpu_aux_loss",
        [](OpBuilder &b, ModuleOp m, const HostGemms &) {
          host::buildAuxLossHost(b, m);
+       },
+       {}},
+      {"__moe_gpu_dispatch_capacity",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildDispatchHost(b, m, /*capacity=*/true);
        },
        {}},
       {"__moe_gpu_aux_loss_grad",

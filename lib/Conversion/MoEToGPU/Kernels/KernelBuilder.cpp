@@ -70,6 +70,8 @@ constexpr KernelEntry kKernels[] = {
 };
 
 } // namespace
+    {"moe_dispatch_scan_capacity", kernels::buildDispatchScanCapacityKernel},
+    {"moe_dispatch_place_capacity", kernels::buildDispatchPlaceCapacityKernel},
 
 gpu::GPUFuncOp kernels::createKernel(OpBuilder &b, Location loc, StringRef name,
                                      TypeRange argTypes, int64_t threads) {

@@ -902,6 +902,8 @@ class MoELayer(nn.Module):
             _contig(weights["shared_gate_up"]),
             _contig(weights["shared_down"]),
         )
+        if self.config.capacity_factor is not None:
+            self.last_dropped = _dropped_pairs(outs[2:], x.shape[0], self.config)
         out = outs[0].to(dtype).reshape(shape)
         if return_router_logits:
             return out, outs[1]
@@ -950,8 +952,6 @@ class MoELayer(nn.Module):
                 f"MoELayer(ep_group=...): the input is on {x.device} but the current CUDA "
                 f"device is cuda:{current}; the stages and NCCL run on the current device "
                 f"(torch.cuda.set_device({x.device.index}))"
-        if self.config.capacity_factor is not None:
-            self.last_dropped = _dropped_pairs(outs[2:], x.shape[0], self.config)
             )
         runner = kernel.layer()
         # Outside autocast's own region, so the casts are not themselves autocast.
@@ -1015,23 +1015,6 @@ class MoELayer(nn.Module):
         return bound
 
 
-def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype of `device`'s type when autocast is on there, else None. CUDA
-    autocast to another dtype than bf16 raises TypeError (the kernels are bf16)."""
-    kind = device.type
-    if kind not in ("cuda", "cpu") or not torch.is_autocast_enabled(kind):
-        return None
-    dtype = torch.get_autocast_dtype(kind)
-    if kind == "cuda" and dtype != GPU_DTYPE:
-        raise TypeError(
-            f"MoELayer: torch.autocast('cuda', dtype={dtype}); the CUDA path runs "
-            f"torch.bfloat16 only (use dtype=torch.bfloat16)"
-        )
-    return dtype
-
-
-def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.contiguous()
 def _dropped_pairs(saved: Sequence[torch.Tensor], tokens, config: LayerConfig) -> torch.Tensor:
     """The (token, slot) pairs the capacity factor dropped: T * k - offsets[E], the pairs
     outside every expert's queue, from the saved dispatch results (token_ids [T * k],
@@ -1049,3 +1032,20 @@ def _dropped_pairs(saved: Sequence[torch.Tensor], tokens, config: LayerConfig) -
     raise RuntimeError("moe_mlir: the layer's saved tensors hold no dispatch results")
 
 
+def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype of `device`'s type when autocast is on there, else None. CUDA
+    autocast to another dtype than bf16 raises TypeError (the kernels are bf16)."""
+    kind = device.type
+    if kind not in ("cuda", "cpu") or not torch.is_autocast_enabled(kind):
+        return None
+    dtype = torch.get_autocast_dtype(kind)
+    if kind == "cuda" and dtype != GPU_DTYPE:
+        raise TypeError(
+            f"MoELayer: torch.autocast('cuda', dtype={dtype}); the CUDA path runs "
+            f"torch.bfloat16 only (use dtype=torch.bfloat16)"
+        )
+    return dtype
+
+
+def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.contiguous()

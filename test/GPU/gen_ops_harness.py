@@ -186,14 +186,6 @@ OPS["expert_combine_grad_acc"] = OPS["expert_combine_grad"]
 OPTIONAL_OPS = {
     # not where the router's dX config cannot add to C (a store other than tma_boxes)
     "router_grad_acc": OPS["router_grad"],
-}
-
-
-def wrapper(name, args):
-    params, conv, call_args, call_types = [], [], [], []
-    for a, t in args:
-        if t in ("i32", "i1"):
-            params.append(f"%{a}_i64: i64")
     # moe.dispatch with a capacity factor (a library older than it has none)
     "dispatch_capacity": [
         ("experts", I2),
@@ -202,6 +194,14 @@ def wrapper(name, args):
         ("offsets", I1),
         ("rows", I2),
     ],
+}
+
+
+def wrapper(name, args):
+    params, conv, call_args, call_types = [], [], [], []
+    for a, t in args:
+        if t in ("i32", "i1"):
+            params.append(f"%{a}_i64: i64")
             if t == "i32":
                 conv.append(f"    %{a} = arith.trunci %{a}_i64 : i64 to i32")
             else:

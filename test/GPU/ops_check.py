@@ -1484,6 +1484,29 @@ def main():
         # a length that is not a multiple of 8: the last thread's partial group
         ("add-tail", lambda: check("add tail N=12293", rel(*add_case(lib, 12293)), 1e-2)),
         ("dispatch", lambda: run_dispatch(lib, 37, 2, 5, "random")[0]),
+        # moe.dispatch with a capacity factor: odd T, factors under, at and over 1, random
+        # and skewed routing (pairs drop), one chunk of slots and several (T k > 1024)
+        *[
+            (
+                f"capacity-dispatch-t{T}-e{E}-k{k}-{f}-{mode}",
+                lambda T=T, E=E, k=k, f=f, mode=mode: run_dispatch_capacity(lib, T, k, E, f, mode),
+            )
+            for T, E, k in ((37, 5, 2), (1000, 8, 2), (1000, 64, 6))
+            for f in (0.5, 1.0, 1.25)
+            for mode in ("random", "skewed")
+        ],
+        ("capacity-dispatch-t1", lambda: run_dispatch_capacity(lib, 1, 2, 4, 0.5, "random")),
+        # the layer's ops with drops, forward and backward
+        ("capacity-layer", lambda: run_capacity_layer(lib, 37, 128, 128, 4, 2, 0.5, "skewed")),
+        ("capacity-layer-1", lambda: run_capacity_layer(lib, 37, 128, 128, 4, 2, 1.0, "skewed")),
+        (
+            "capacity-layer-1.25",
+            lambda: run_capacity_layer(lib, 1000, 256, 192, 8, 2, 1.25, "skewed"),
+        ),
+        (
+            "capacity-layer-random",
+            lambda: run_capacity_layer(lib, 1000, 128, 128, 8, 2, 1.0, "random", False),
+        ),
         ("ffn-small", lambda: run_ffn(lib, 37, 128, 128, 4, 2, "random")),
         ("ffn-tail", lambda: run_ffn(lib, 37, 256, 192, 5, 2, "skewed")),
         ("ffn-one", lambda: run_ffn(lib, 1, 128, 64, 4, 2, "random")),
@@ -1522,29 +1545,6 @@ def main():
         ("ffn-tails", lambda: run_ffn(lib, 712, 256, 192, 7, 1, "counts=133,94,128,232,61,0,64")),
         # a non-gated up tile is 256 columns of H: n = 320 is one and a 64-column tail (a
         # SwiGLU tile 128 of gate and up each: two and a tail); d of 3 k-steps, k = 3
-        # moe.dispatch with a capacity factor: odd T, factors under, at and over 1, random
-        # and skewed routing (pairs drop), one chunk of slots and several (T k > 1024)
-        *[
-            (
-                f"capacity-dispatch-t{T}-e{E}-k{k}-{f}-{mode}",
-                lambda T=T, E=E, k=k, f=f, mode=mode: run_dispatch_capacity(lib, T, k, E, f, mode),
-            )
-            for T, E, k in ((37, 5, 2), (1000, 8, 2), (1000, 64, 6))
-            for f in (0.5, 1.0, 1.25)
-            for mode in ("random", "skewed")
-        ],
-        ("capacity-dispatch-t1", lambda: run_dispatch_capacity(lib, 1, 2, 4, 0.5, "random")),
-        # the layer's ops with drops, forward and backward
-        ("capacity-layer", lambda: run_capacity_layer(lib, 37, 128, 128, 4, 2, 0.5, "skewed")),
-        ("capacity-layer-1", lambda: run_capacity_layer(lib, 37, 128, 128, 4, 2, 1.0, "skewed")),
-        (
-            "capacity-layer-1.25",
-            lambda: run_capacity_layer(lib, 1000, 256, 192, 8, 2, 1.25, "skewed"),
-        ),
-        (
-            "capacity-layer-random",
-            lambda: run_capacity_layer(lib, 1000, 128, 128, 8, 2, 1.0, "random", False),
-        ),
         ("ffn-n320", lambda: run_ffn(lib, 53, 192, 320, 6, 3, "skewed")),
         ("ffn-n320-all-to-one", lambda: run_ffn(lib, 53, 192, 320, 6, 3, "all-to-one")),
         ("shared-m320", lambda: run_shared(lib, 53, 192, 320)),

@@ -1950,6 +1950,13 @@ LogicalResult convertFunction(FunctionPlan &plan,
                               StringRef libraryName) {
   if (failed(checkAccumulating(plan.func.front(), libraryHas, libraryName)))
     return failure();
+  for (auto dispatch : plan.func.front().getOps<DispatchOp>())
+    if (dispatch.getCapacityFactor() &&
+        !libraryHas("__moe_gpu_dispatch_capacity"))
+      return dispatch.emitError()
+             << "the GPU library " << libraryName
+             << " has no @__moe_gpu_dispatch_capacity for a dispatch with a "
+                "capacity factor";
   HostCallContext ctx(plan.func.getLoc());
   if (failed(planHostFunction(plan, ctx)))
     return failure();
@@ -1969,13 +1976,6 @@ LogicalResult convertFunction(FunctionPlan &plan,
   target.addDynamicallyLegalOp<func::ReturnOp>(
       [&](func::ReturnOp op) { return op != ctx.returnOp; });
   // The patterns never fail and emit legal ops only, so nothing they do (nor
-  for (auto dispatch : plan.func.front().getOps<DispatchOp>())
-    if (dispatch.getCapacityFactor() &&
-        !libraryHas("__moe_gpu_dispatch_capacity"))
-      return dispatch.emitError()
-             << "the GPU library " << libraryName
-             << " has no @__moe_gpu_dispatch_capacity for a dispatch with a "
-                "capacity factor";
   // the plan they update) is rolled back. An op is never folded: its
   // pattern gives its results their buffers.
   ConversionConfig config;

@@ -18,23 +18,23 @@
 // CHECK: gpu.module @moe_kernels
 // CHECK: gpu.func @moe_gemm_up_gather(
 // CHECK: gpu.func @moe_add(
-// CHECK: gpu.func @moe_selection_bias_count(
-// CHECK: gpu.func @moe_selection_bias_update(
 // CHECK: gpu.func @moe_gather_rows(
 // CHECK: gpu.func @moe_ep_queue_fill(
 // CHECK: gpu.func @moe_scale_rows(
 // CHECK: gpu.func @moe_token_sum(
 // CHECK: gpu.func @moe_aux_counts(
 // CHECK: gpu.func @moe_aux_loss_grad(
+// CHECK: gpu.func @moe_dispatch_scan_capacity(
+// CHECK: gpu.func @moe_dispatch_place_capacity(
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(
 // CHECK: func.func private @__moe_gpu_router_grad_acc(
 // CHECK: func.func private @__moe_gpu_ep_pack(
-// CHECK: func.func private @__moe_gpu_update_selection_bias(
 // CHECK: func.func private @__moe_gpu_scatter_rows(
 // CHECK: func.func private @__moe_gpu_combine_grad(
 // CHECK: func.func private @__moe_gpu_expert_ffn_grad(
+// CHECK: func.func private @__moe_gpu_dispatch_capacity(
 // CHECK: func.func private @__moe_gpu_aux_loss(
 // CHECK: func.func private @__moe_gpu_aux_loss_grad(
 

@@ -272,7 +272,6 @@
 // CHECK-NOT: atom.
 // CHECK: shfl.sync.bfly.b32
 // CHECK-NOT: atom.
-// CHECK-NOT: .entry
 // The dispatch with a capacity: order-free as the dropless one (no atomics in
 // scan and place), so the kept pairs are the same run to run.
 // CHECK-LABEL: .entry moe_dispatch_scan_capacity(
@@ -283,3 +282,4 @@
 // CHECK-NOT: atom.
 // CHECK: setp.ge.u32
 // CHECK-NOT: atom.
+// CHECK-NOT: .entry

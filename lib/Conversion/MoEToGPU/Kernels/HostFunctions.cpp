@@ -911,14 +911,14 @@ const std::vector<HostEntry> &hostEntries() {
         {"dx", LibraryGemm::RowsKBf16},
         {"dw_down", LibraryGemm::WgradRows},
         {"dw_gate_up", LibraryGemm::WgradGatherA}}},
-      {"__moe_gpu_aux_loss",
-       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
-         host::buildAuxLossHost(b, m);
-       },
-       {}},
       {"__moe_gpu_dispatch_capacity",
        [](OpBuilder &b, ModuleOp m, const HostGemms &) {
          host::buildDispatchHost(b, m, /*capacity=*/true);
+       },
+       {}},
+      {"__moe_gpu_aux_loss",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildAuxLossHost(b, m);
        },
        {}},
       {"__moe_gpu_aux_loss_grad",

@@ -67,11 +67,11 @@ constexpr KernelEntry kKernels[] = {
     {"moe_aux_partials", kernels::buildAuxPartialsKernel},
     {"moe_aux_finish", kernels::buildAuxFinishKernel},
     {"moe_aux_loss_grad", kernels::buildAuxLossGradKernel},
+    {"moe_dispatch_scan_capacity", kernels::buildDispatchScanCapacityKernel},
+    {"moe_dispatch_place_capacity", kernels::buildDispatchPlaceCapacityKernel},
 };
 
 } // namespace
-    {"moe_dispatch_scan_capacity", kernels::buildDispatchScanCapacityKernel},
-    {"moe_dispatch_place_capacity", kernels::buildDispatchPlaceCapacityKernel},
 
 gpu::GPUFuncOp kernels::createKernel(OpBuilder &b, Location loc, StringRef name,
                                      TypeRange argTypes, int64_t threads) {

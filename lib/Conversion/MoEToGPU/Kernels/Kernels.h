@@ -50,11 +50,11 @@ void buildRouterGradLogitsKernel(OpBuilder &b, Location loc);
 void buildDispatchRankKernel(OpBuilder &b, Location loc);
 void buildDispatchScanKernel(OpBuilder &b, Location loc);
 void buildDispatchPlaceKernel(OpBuilder &b, Location loc);
+void buildDispatchScanCapacityKernel(OpBuilder &b, Location loc);
+void buildDispatchPlaceCapacityKernel(OpBuilder &b, Location loc);
 void buildSingleOffsetsKernel(OpBuilder &b, Location loc);
 void buildSplitOffsetsKernel(OpBuilder &b, Location loc);
 // Combine.cpp
-void buildDispatchScanCapacityKernel(OpBuilder &b, Location loc);
-void buildDispatchPlaceCapacityKernel(OpBuilder &b, Location loc);
 void buildGatherSumKernel(OpBuilder &b, Location loc);
 void buildGatherSumAccKernel(OpBuilder &b, Location loc);
 void buildScatterWeightsKernel(OpBuilder &b, Location loc);

@@ -38,6 +38,9 @@ __all__ = [
     "combine_grad",
     "aux_loss",
     "aux_loss_grad",
+    "BIAS_UPDATE_RULES",
+    "expert_loads",
+    "update_selection_bias",
     "LayerCache",
     "layer_forward",
     "layer_backward",
@@ -594,6 +597,57 @@ def aux_loss_grad(logits, experts, d_lb, d_z, scoring: str = "softmax"):
     lse = _logsumexp(logits)
     dl = dl + (d_z * 2 * lse / dt.type(T))[:, None] * _softmax(logits)
     return dl.astype(dt)
+
+
+# --------------------------------------------------------------------------- selection-bias update
+
+BIAS_UPDATE_RULES = ("sign", "proportional")
+
+
+def _check_bias_update(rate, rule: str) -> float:
+    if rule not in BIAS_UPDATE_RULES:
+        raise ValueError(f"rule must be one of {BIAS_UPDATE_RULES}, got {rule!r}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating, np.integer)):
+        raise ValueError(f"rate must be a positive finite number, got {rate!r}")
+    if not (math.isfinite(float(rate)) and float(rate) > 0):
+        raise ValueError(f"rate must be a positive finite number, got {rate!r}")
+    return float(rate)
+
+
+def expert_loads(experts, num_experts: int) -> np.ndarray:
+    """Entries of `experts` [T, k] equal to each expert, as int64 [E]; entries outside
+    [0, E) (-1: no expert) are not counted."""
+    experts = _i32(experts).reshape(-1)
+    valid = (experts >= 0) & (experts < num_experts)
+    loads = np.bincount(experts[valid].astype(np.intp), minlength=num_experts)
+    return loads[:num_experts].astype(np.int64)
+
+
+def update_selection_bias(bias, experts, rate: float, rule: str = "sign"):
+    """`__moe_cpu_update_selection_bias`: the bias [E] moved by the step's expert loads.
+    With D_e = sum(loads) - E * load_e (E times mean - load_e, exact in integers):
+    `sign` adds rate * sign(D_e) (DeepSeek-V3), `proportional` adds
+    rate * (D_e / sum(loads)) = rate * (mean - load_e) / mean. Unchanged where nothing was
+    counted (T = 0). rate is rounded to the bias's type first."""
+    rate = _check_bias_update(rate, rule)
+    dt = compute_dtype(bias)
+    bias = _f(bias, dt)
+    if bias.ndim != 1:
+        raise ValueError(f"bias must be [E], got shape {bias.shape}")
+    experts = _i32(experts)
+    if experts.ndim != 2:
+        raise ValueError(f"experts must be [T, k], got shape {experts.shape}")
+    E = bias.shape[0]
+    loads = expert_loads(experts, E)
+    total = int(loads.sum())
+    if total == 0:
+        return bias.copy()
+    diff = total - E * loads
+    if rule == "sign":
+        step = np.sign(diff).astype(dt)
+    else:
+        step = diff.astype(dt) / dt.type(total)
+    return bias + dt.type(rate) * step
 
 
 # --------------------------------------------------------------------------- the layer

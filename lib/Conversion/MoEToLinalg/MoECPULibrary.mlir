@@ -1589,6 +1589,85 @@ func.func @__moe_cpu_aux_loss_grad(%logits: tensor<?x?xf32>,
 }
 
 //===----------------------------------------------------------------------===//
+// Selection-bias update (auxiliary-loss-free balancing)
+//===----------------------------------------------------------------------===//
+
+// The loads of `experts` as integers (entries outside [0, E) not counted),
+// then with D_e = sum(loads) - E * load_e (E times mean - load_e, exact):
+// bias_e + rate * sign(D_e) (`rule` 0) or bias_e + rate * (D_e / sum(loads))
+// (`rule` 1). The bias unchanged where nothing was counted.
+func.func @__moe_cpu_update_selection_bias(%bias: tensor<?xf32>,
+                                           %experts: tensor<?x?xi32>,
+                                           %rate: f32, %rule: i32)
+    -> tensor<?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c0_i32 = arith.constant 0 : i32
+  %c0_i64 = arith.constant 0 : i64
+  %c1_i64 = arith.constant 1 : i64
+  %zero = arith.constant 0.0 : f32
+  %one = arith.constant 1.0 : f32
+  %minus_one = arith.constant -1.0 : f32
+  %e_n = tensor.dim %bias, %c0 : tensor<?xf32>
+  %t_n = tensor.dim %experts, %c0 : tensor<?x?xi32>
+  %k = tensor.dim %experts, %c1 : tensor<?x?xi32>
+  %e_n_i64 = arith.index_cast %e_n : index to i64
+  %empty = tensor.empty(%e_n) : tensor<?xi64>
+  %init = linalg.fill ins(%c0_i64 : i64) outs(%empty : tensor<?xi64>)
+      -> tensor<?xi64>
+  %loads = scf.for %t = %c0 to %t_n step %c1 iter_args(%acc = %init)
+      -> (tensor<?xi64>) {
+    %row = scf.for %j = %c0 to %k step %c1 iter_args(%a = %acc)
+        -> (tensor<?xi64>) {
+      %x32 = tensor.extract %experts[%t, %j] : tensor<?x?xi32>
+      %x = arith.extsi %x32 : i32 to i64
+      %ge = arith.cmpi sge, %x, %c0_i64 : i64
+      %lt = arith.cmpi slt, %x, %e_n_i64 : i64
+      %ok = arith.andi %ge, %lt : i1
+      %a2 = scf.if %ok -> (tensor<?xi64>) {
+        %e = arith.index_cast %x : i64 to index
+        %old = tensor.extract %a[%e] : tensor<?xi64>
+        %new = arith.addi %old, %c1_i64 : i64
+        %a3 = tensor.insert %new into %a[%e] : tensor<?xi64>
+        scf.yield %a3 : tensor<?xi64>
+      } else {
+        scf.yield %a : tensor<?xi64>
+      }
+      scf.yield %a2 : tensor<?xi64>
+    }
+    scf.yield %row : tensor<?xi64>
+  }
+  %total = scf.for %e = %c0 to %e_n step %c1 iter_args(%s = %c0_i64) -> (i64) {
+    %l = tensor.extract %loads[%e] : tensor<?xi64>
+    %s2 = arith.addi %s, %l : i64
+    scf.yield %s2 : i64
+  }
+  %none = arith.cmpi eq, %total, %c0_i64 : i64
+  %total_f = arith.sitofp %total : i64 to f32
+  %sign_rule = arith.cmpi eq, %rule, %c0_i32 : i32
+  %res = scf.for %e = %c0 to %e_n step %c1 iter_args(%acc = %bias)
+      -> (tensor<?xf32>) {
+    %b = tensor.extract %bias[%e] : tensor<?xf32>
+    %l = tensor.extract %loads[%e] : tensor<?xi64>
+    %el = arith.muli %e_n_i64, %l : i64
+    %diff = arith.subi %total, %el : i64
+    %pos = arith.cmpi sgt, %diff, %c0_i64 : i64
+    %neg = arith.cmpi slt, %diff, %c0_i64 : i64
+    %s_pos = arith.select %pos, %one, %zero : f32
+    %sign = arith.select %neg, %minus_one, %s_pos : f32
+    %diff_f = arith.sitofp %diff : i64 to f32
+    %ratio = arith.divf %diff_f, %total_f : f32
+    %step = arith.select %sign_rule, %sign, %ratio : f32
+    %upd = arith.mulf %rate, %step : f32
+    %moved = arith.addf %b, %upd : f32
+    %v = arith.select %none, %b, %moved : f32
+    %acc2 = tensor.insert %v into %acc[%e] : tensor<?xf32>
+    scf.yield %acc2 : tensor<?xf32>
+  }
+  return %res : tensor<?xf32>
+}
+
+//===----------------------------------------------------------------------===//
 // Expert parallelism (one rank's local halves; the all-to-alls are not here)
 //===----------------------------------------------------------------------===//
 //

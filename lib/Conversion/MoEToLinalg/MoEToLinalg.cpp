@@ -339,6 +339,17 @@ LogicalResult lower(AuxLossGradOp op, AuxLossGradOp::Adaptor adaptor,
   return success();
 }
 
+LogicalResult lower(UpdateSelectionBiasOp op,
+                    UpdateSelectionBiasOp::Adaptor adaptor,
+                    KernelCallBuilder &b) {
+  b.replaceWithCall(op, "__moe_cpu_update_selection_bias",
+                    {b.operand(adaptor.getBias()),
+                     b.operand(adaptor.getExperts()),
+                     b.f32(op.getRate().convertToDouble()),
+                     b.i32(static_cast<int32_t>(op.getRule()))});
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Expert parallelism
 //===----------------------------------------------------------------------===//
@@ -660,7 +671,8 @@ void mlir::moe::populateMoEToLinalgConversionPatterns(
            LowerToKernel<EPDispatchOp>, LowerToKernel<EPCombineOp>,
            LowerToKernel<EPPackOp>, LowerToKernel<EPUnpackOp>,
            LowerToKernel<EPQueuesOp>, LowerToKernel<GatherRowsOp>,
-           LowerToKernel<ScatterRowsOp>>(typeConverter, context);
+           LowerToKernel<ScatterRowsOp>, LowerToKernel<UpdateSelectionBiasOp>>(
+          typeConverter, context);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns,
                                                                  typeConverter);
   populateCallOpTypeConversionPattern(patterns, typeConverter);

@@ -259,3 +259,12 @@ func.func @checkpoint_type_count(%x: tensor<4xf32>) {
 // expected-error @+2 {{expected 'true' or 'false'}}
 // expected-error @+1 {{failed to parse}}
 #bad_bool = #moe.routing<scoring = softmax, top_k = 2, renormalize = 1>
+
+// -----
+
+func.func @bias_update_unknown(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+2 {{expected ::mlir::moe::BiasUpdate to be one of: sign, proportional}}
+  // expected-error @+1 {{failed to parse MoE_BiasUpdateAttr parameter 'value'}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<linear>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}

@@ -2272,3 +2272,103 @@ func.func @scatter_rows_result_hidden(%src: tensor<74x48xf32>, %ids: tensor<74xi
   %s = moe.scatter_rows %src, %ids : tensor<74x48xf32>, tensor<74xi32> -> tensor<100x47xf32>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// moe.update_selection_bias
+//===----------------------------------------------------------------------===//
+
+func.func @update_selection_bias_result_experts(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{result dimension 0 is 6, expected E = 5}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<6xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_top_k_exceeds_experts(%b: tensor<5xf32>, %e: tensor<37x6xi32>) {
+  // expected-error @+1 {{top_k (6) exceeds the number of experts (5)}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x6xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_no_slots(%b: tensor<5xf32>, %e: tensor<37x0xi32>) {
+  // expected-error @+1 {{k (dimension 1 of experts) must be at least 1, got 0}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x0xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_bias_rank(%b: tensor<1x5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{operand #0 must be 1D tensor of 32-bit float values, but got 'tensor<1x5xf32>'}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>} : tensor<1x5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_bias_bf16(%b: tensor<5xbf16>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{operand #0 must be 1D tensor of 32-bit float values, but got 'tensor<5xbf16>'}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>} : tensor<5xbf16>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_experts_rank(%b: tensor<5xf32>, %e: tensor<74xi32>) {
+  // expected-error @+1 {{operand #1 must be 2D tensor of 32-bit signless integer values, but got 'tensor<74xi32>'}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<74xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_rate_zero(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{attribute 'rate' failed to satisfy constraint: 64-bit float attribute whose value is positive and finite}}
+  %r = moe.update_selection_bias %b, %e {rate = 0.0 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_rate_negative(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{attribute 'rate' failed to satisfy constraint: 64-bit float attribute whose value is positive and finite}}
+  %r = moe.update_selection_bias %b, %e {rate = -1.0e-3 : f64, rule = #moe.bias_update<proportional>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_rate_infinite(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{attribute 'rate' failed to satisfy constraint: 64-bit float attribute whose value is positive and finite}}
+  %r = moe.update_selection_bias %b, %e {rate = 0x7FF0000000000000 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_rate_nan(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{attribute 'rate' failed to satisfy constraint: 64-bit float attribute whose value is positive and finite}}
+  %r = moe.update_selection_bias %b, %e {rate = 0x7FF8000000000000 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_rate_missing(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{requires attribute 'rate'}}
+  %r = moe.update_selection_bias %b, %e {rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @update_selection_bias_rule_missing(%b: tensor<5xf32>, %e: tensor<37x2xi32>) {
+  // expected-error @+1 {{requires attribute 'rule'}}
+  %r = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  return
+}

@@ -379,3 +379,17 @@ func.func @rows_dynamic(%src: tensor<?x48xf32>, %ids: tensor<?xi32>, %counts: te
       : tensor<?x2xi32> -> tensor<?xi32>, tensor<3xi32>
   return
 }
+
+// The selection-bias update of both rules, static and dynamic sizes.
+// CHECK-LABEL: func.func @update_selection_bias
+// CHECK: %[[B:.*]] = moe.update_selection_bias %{{.*}}, %{{.*}} {rate = 1.{{0*}}e-03 : f64, rule = #moe.bias_update<sign>} : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+// CHECK: moe.update_selection_bias %[[B]], %{{.*}} {rate = 2.5{{0*}}e-01 : f64, rule = #moe.bias_update<proportional>} : tensor<5xf32>, tensor<?x2xi32> -> tensor<?xf32>
+// GENERIC-LABEL: sym_name = "update_selection_bias"
+// GENERIC: "moe.update_selection_bias"(%{{.*}}, %{{.*}}) <{rate = 1.{{0*}}e-03 : f64, rule = #moe.bias_update<sign>}>
+func.func @update_selection_bias(%b: tensor<5xf32>, %e: tensor<37x2xi32>, %ed: tensor<?x2xi32>) -> tensor<?xf32> {
+  %b1 = moe.update_selection_bias %b, %e {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>}
+      : tensor<5xf32>, tensor<37x2xi32> -> tensor<5xf32>
+  %b2 = moe.update_selection_bias %b1, %ed {rate = 0.25 : f64, rule = #moe.bias_update<proportional>}
+      : tensor<5xf32>, tensor<?x2xi32> -> tensor<?xf32>
+  return %b2 : tensor<?xf32>
+}

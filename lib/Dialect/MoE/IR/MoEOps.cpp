@@ -824,6 +824,27 @@ LogicalResult AuxLossGradOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// UpdateSelectionBiasOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult UpdateSelectionBiasOp::verify() {
+  ShapeVerifier shapes(*this);
+  int64_t numExperts = kDynamic;
+  if (failed(shapes.match(numExperts, "E", getBias(), "bias", 0)) ||
+      failed(shapes.match(numExperts, "E", getResult(), "result", 0)))
+    return failure();
+  int64_t topK = dimOf(getExperts(), 1);
+  if (failed(verifyTopKDim(*this, topK, "experts")))
+    return failure();
+  if (!ShapedType::isDynamic(numExperts) && !ShapedType::isDynamic(topK) &&
+      topK > numExperts)
+    return emitOpError() << "top_k (" << topK
+                         << ") exceeds the number of experts (" << numExperts
+                         << ")";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // CheckpointOp
 //===----------------------------------------------------------------------===//
 

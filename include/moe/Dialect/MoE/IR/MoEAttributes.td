@@ -18,6 +18,10 @@ def MoE_EPOverflowAttr : EnumAttr<MoE_Dialect, MoE_EPOverflow, "ep_overflow"> {
   let assemblyFormat = "`<` $value `>`";
 }
 
+def MoE_BiasUpdateAttr : EnumAttr<MoE_Dialect, MoE_BiasUpdate, "bias_update"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
 // An f64 stored as APFloat (hashable); printed in shortest round-trip form.
 class MoE_F64Parameter<string desc> : APFloatParameter<desc> {
   let parser = "::mlir::moe::parseF64Parameter($_parser)";

@@ -34,4 +34,13 @@ def MoE_EPOverflow : I32EnumAttr<"EPOverflow",
   let genSpecializedAttr = 0;
 }
 
+def MoE_BiasUpdate : I32EnumAttr<"BiasUpdate",
+    "how moe.update_selection_bias moves an expert's selection bias", [
+      I32EnumAttrCase<"sign", 0>,
+      I32EnumAttrCase<"proportional", 1>
+    ]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 #endif // MOE_DIALECT_MOE_IR_MOEENUMS_TD

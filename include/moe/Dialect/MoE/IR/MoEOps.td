@@ -1,7 +1,7 @@
 //===- MoEOps.td - MoE dialect operations -------------------*- tablegen -*-===//
 //
 // Forward ops (layer, router, dispatch, expert_ffn, shared_expert, combine,
-// aux_loss), memory-placement ops (checkpoint, offload, prefetch) and the
+// aux_loss, update_selection_bias), memory-placement ops (checkpoint, offload, prefetch) and the
 // gradient op of each differentiable forward op.
 //
 //===----------------------------------------------------------------------===//
@@ -539,6 +539,40 @@ def MoE_AuxLossOp : MoE_Op<"aux_loss", [Pure]> {
   let assemblyFormat = [{
     $logits `,` $experts attr-dict `:` type($logits) `,` type($experts) `->`
     type($load_balance) `,` type($z_loss)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_UpdateSelectionBiasOp : MoE_Op<"update_selection_bias", [Pure]> {
+  let summary = "auxiliary-loss-free balancing: the selection bias after a step";
+  let description = [{
+    The router's selection `bias [E]` (moe.router's `bias`, DeepSeek-V3's
+    `e_score_correction_bias`) moved toward balance by the expert loads of
+    one step: `load_e` is the number of entries of `experts [T, k]` (the
+    router's output) equal to `e`; entries outside `[0, E)`, such as -1 for
+    no expert, are not counted. With `mean = sum_e load_e / E`:
+    - `sign` (DeepSeek-V3): `result_e = bias_e + rate * sign(mean - load_e)`;
+    - `proportional`: `result_e = bias_e + rate * (mean - load_e) / mean`.
+
+    `rate` is positive and finite. With no counted entry (`T = 0`, or every
+    entry -1) the bias is returned unchanged. Loads are integers, so the
+    update is deterministic; f32 arithmetic, `rate` rounded to f32.
+
+    Not part of moe.layer: the training loop calls it after the optimizer
+    step, on the experts the step's forward chose.
+
+    ```mlir
+    %b2 = moe.update_selection_bias %b, %experts
+        {rate = 1.0e-3 : f64, rule = #moe.bias_update<sign>}
+        : tensor<256xf32>, tensor<8192x8xi32> -> tensor<256xf32>
+    ```
+  }];
+  let arguments = (ins MoE_F32Vector:$bias, MoE_I32Matrix:$experts,
+                       MoE_PositiveF64Attr:$rate, MoE_BiasUpdateAttr:$rule);
+  let results = (outs MoE_F32Vector:$result);
+  let assemblyFormat = [{
+    $bias `,` $experts attr-dict `:` type($bias) `,` type($experts) `->`
+    type($result)
   }];
   let hasVerifier = 1;
 }

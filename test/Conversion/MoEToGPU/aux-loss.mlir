@@ -71,6 +71,7 @@ func.func @aux_grad_dynamic(%l: tensor<?x64xf32>, %e: tensor<?x8xi32>, %dlb: ten
 // LIB: gpu.memset async
 // LIB: gpu.launch_func async [%{{.*}}] @moe_kernels::@moe_aux_counts
 // LIB: gpu.launch_func async [%{{.*}}] @moe_kernels::@moe_aux_partials
+// LIB: gpu.launch_func async [%{{.*}}] @moe_kernels::@moe_aux_columns
 // LIB: gpu.launch_func async [%{{.*}}] @moe_kernels::@moe_aux_finish
 // LIB-LABEL: func.func private @__moe_gpu_aux_loss_grad(
 // LIB-SAME: %{{.*}}: !gpu.async.token, %{{.*}}: memref<?x?xf32>, %{{.*}}: memref<?x?xi32>, %{{.*}}: memref<f32>, %{{.*}}: memref<f32>, %{{.*}}: i32, %{{.*}}: memref<?x?xf32>) -> !gpu.async.token

@@ -264,6 +264,10 @@
 // CHECK-NOT: atom.
 // CHECK: lg2.approx.ftz.f32
 // CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_aux_columns(
+// CHECK-NOT: atom.
+// CHECK: shfl.sync.bfly.b32
+// CHECK-NOT: atom.
 // CHECK-LABEL: .entry moe_aux_finish(
 // CHECK-NOT: atom.
 // CHECK: bar.sync 0;

@@ -53,7 +53,8 @@
 // CHECK-DAG: Compiling entry function 'moe_token_sum' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_counts' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_partials' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_aux_columns' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_finish' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_loss_grad' for 'sm_90a'
-// COUNT-COUNT-46: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-COUNT-47: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

@@ -1,4 +1,4 @@
-//===- AuxLoss.cpp - moe_aux_counts, _partials, _finish, _loss_grad -------===//
+//===- AuxLoss.cpp - the kernels of the auxiliary losses ------------------===//
 //
 // The auxiliary losses of moe.aux_loss and their gradient. No float atomics:
 // the selection counts are integer atomics (whose sum does not depend on the
@@ -11,8 +11,10 @@
 //   token's logsumexp (and the sum of its sigmoids) into shared memory, 64
 //   tokens at a time; then a thread an expert adds the token's score to the
 //   expert's sum, in token order, and one more column sums logsumexp^2.
-// - moe_aux_finish: one block sums the chunks' columns in chunk order and
-//   writes load_balance = E * sum_e f_e * P_e and z_loss = mean lse^2.
+// - moe_aux_columns: a warp a column, the chunks' partial sums of an expert
+//   (and of lse^2), lanes over the chunks, then xor shuffles.
+// - moe_aux_finish: one block, load_balance = E * sum_e f_e * P_e and z_loss
+//   = mean lse^2 from the column sums.
 // - moe_aux_loss_grad: a warp a token, d_logits from the counts.
 //
 //===----------------------------------------------------------------------===//
@@ -304,6 +306,39 @@ void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
 }
 
 //===----------------------------------------------------------------------===//
+// moe_aux_columns
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::kernels::buildAuxColumnsKernel(OpBuilder &b, Location loc) {
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  MemRefType buffer = flatBuffer(f32);
+  gpu::GPUFuncOp kernel =
+      createKernel(b, loc, "moe_aux_columns", {buffer, index, index, buffer});
+  Value partials = kernel.getArgument(0), numChunks = kernel.getArgument(1),
+        numExperts = kernel.getArgument(2), sums = kernel.getArgument(3);
+  K k{b, loc};
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value c0 = k.c(0), c1 = k.c(1);
+  Value lane = k.remu(tid, k.c(32));
+  Value column = k.add(k.mul(bid, k.c(kWarps)), k.divu(tid, k.c(32)));
+  Value columns = k.add(numExperts, c1);
+  Value zero = k.cf(0.0f);
+  // A warp a column: lane l sums chunks l, l + 32, ... in order, then the
+  // lanes by xor shuffles (the whole warp takes one side).
+  buildIf(b, loc, k.ult(column, columns), [&] {
+    Value partial = buildFor(b, loc, lane, numChunks, k.c(32), zero,
+                             [&](Value ch, Value acc) {
+                               Value i = k.add(k.mul(ch, columns), column);
+                               return k.fadd(acc, k.load(partials, i));
+                             });
+    Value total = k.warpSum(partial);
+    buildIf(b, loc, k.eq(lane, c0), [&] { k.store(total, sums, column); });
+  });
+  gpu::ReturnOp::create(b, loc);
+}
+
+//===----------------------------------------------------------------------===//
 // moe_aux_finish
 //===----------------------------------------------------------------------===//
 
@@ -313,53 +348,40 @@ void mlir::moe::kernels::buildAuxFinishKernel(OpBuilder &b, Location loc) {
   gpu::GPUFuncOp kernel =
       createKernel(b, loc, "moe_aux_finish",
                    {flatBuffer(f32), flatBuffer(b.getI32Type()), index, index,
-                    index, index, scalar, scalar});
-  Value partials = kernel.getArgument(0), counts = kernel.getArgument(1),
-        numChunks = kernel.getArgument(2), numTokens = kernel.getArgument(3),
-        numExperts = kernel.getArgument(4), numSlots = kernel.getArgument(5),
-        loadBalance = kernel.getArgument(6), zLoss = kernel.getArgument(7);
+                    index, scalar, scalar});
+  Value sums = kernel.getArgument(0), counts = kernel.getArgument(1),
+        numTokens = kernel.getArgument(2), numExperts = kernel.getArgument(3),
+        numSlots = kernel.getArgument(4), loadBalance = kernel.getArgument(5),
+        zLoss = kernel.getArgument(6);
   K k{b, loc};
-  Value sums = k.shared(kernel, 2 * kSimpleThreads, f32);
+  Value shared = k.shared(kernel, kSimpleThreads, f32);
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value threads = k.c(kSimpleThreads);
   Value c0 = k.c(0), c1 = k.c(1);
   Value zero = k.cf(0.0f);
-  Value columns = k.add(numExperts, c1);
   Value slotsF = k.toF32(numSlots);
-  // sum_e f_e * S_e, S_e the expert's scores summed over the chunks in order.
+  // sum_e f_e * S_e: this thread's experts in order, then the threads' sums
+  // in thread order.
   Value lb =
       buildFor(b, loc, tid, numExperts, threads, zero, [&](Value e, Value acc) {
-        Value s =
-            buildFor(b, loc, c0, numChunks, c1, zero, [&](Value ch, Value a) {
-              Value i = k.add(k.mul(ch, columns), e);
-              return k.fadd(a, k.load(partials, i));
-            });
         Value n = k.load(counts, e);
         Value nf = arith::SIToFPOp::create(b, loc, f32, n);
         Value f = k.fdiv(nf, slotsF);
-        return k.fadd(acc, k.fmul(f, s));
+        return k.fadd(acc, k.fmul(f, k.load(sums, e)));
       });
-  Value z =
-      buildFor(b, loc, tid, numChunks, threads, zero, [&](Value ch, Value acc) {
-        Value i = k.add(k.mul(ch, columns), numExperts);
-        return k.fadd(acc, k.load(partials, i));
-      });
-  k.store(lb, sums, tid);
-  k.store(z, sums, k.add(tid, threads));
+  k.store(lb, shared, tid);
   k.barrier();
   buildIf(b, loc, k.eq(tid, c0), [&] {
-    auto total = [&](Value first) {
-      return buildFor(b, loc, c0, threads, c1, zero, [&](Value i, Value acc) {
-        return k.fadd(acc, k.load(sums, k.add(first, i)));
-      });
-    };
-    Value lbSum = total(c0);
-    Value zSum = total(threads);
+    Value lbSum =
+        buildFor(b, loc, c0, threads, c1, zero, [&](Value i, Value acc) {
+          return k.fadd(acc, k.load(shared, i));
+        });
+    Value zSum = k.load(sums, numExperts);
     Value tokensF = k.toF32(numTokens);
     Value expertsF = k.toF32(numExperts);
-    Value noTokens = k.eq(numTokens, c0);
     // No selections (T = 0 or k = 0): every f_e is 0.
     Value noSlots = k.eq(numSlots, c0);
+    Value noTokens = k.eq(numTokens, c0);
     Value lbValue = k.fdiv(k.fmul(expertsF, lbSum), tokensF);
     Value lbOut = k.select(noSlots, zero, lbValue);
     Value zOut = k.select(noTokens, zero, k.fdiv(zSum, tokensF));

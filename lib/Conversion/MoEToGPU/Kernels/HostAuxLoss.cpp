@@ -2,8 +2,9 @@
 //
 // `__moe_gpu_aux_loss` and `__moe_gpu_aux_loss_grad` (docs/gpu-path.md
 // section 1): the selection counts of each expert (moe_aux_counts), then the
-// losses from per-chunk partial sums reduced in a fixed order, or d_logits a
-// warp a token (AuxLoss.cpp). Deterministic: the same bits run to run.
+// losses from per-chunk partial sums reduced in a fixed order
+// (moe_aux_partials, moe_aux_columns, moe_aux_finish), or d_logits a warp a
+// token (AuxLoss.cpp). Deterministic: the same bits run to run.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,7 +19,7 @@ namespace {
 /// Routing slots a block of moe_aux_counts counts (AuxLoss.cpp).
 constexpr int64_t kCountChunk = 1024;
 /// moe_aux_partials' chunks: at least this many tokens each, and at most
-/// kMaxChunks of them, so that moe_aux_finish's one block sums few rows.
+/// kMaxChunks of them, so that moe_aux_columns' lanes sum few rows.
 constexpr int64_t kMinChunkTokens = 64;
 constexpr int64_t kMaxChunks = 1024;
 
@@ -67,9 +68,13 @@ void mlir::moe::host::buildAuxLossHost(OpBuilder &b, ModuleOp module) {
   Value logits = h.flat(h.arg("logits"));
   h.launch("moe_aux_partials", chunks, one, one,
            {logits, t, e, h.arg("scoring"), chunkTokens, chunks, partials});
+  Value sums = h.alloc(columns, f32);
+  Value columnBlocks = h.ceil(columns, kTokenWarps);
+  h.launch("moe_aux_columns", columnBlocks, one, one,
+           {partials, chunks, e, sums});
   h.launch("moe_aux_finish", one, one, one,
-           {partials, counts, chunks, t, e, slots, h.arg("load_balance"),
-            h.arg("z_loss")});
+           {sums, counts, t, e, slots, h.arg("load_balance"), h.arg("z_loss")});
+  h.dealloc(sums);
   h.dealloc(partials);
   h.dealloc(counts);
   h.finish();

@@ -65,6 +65,7 @@ constexpr KernelEntry kKernels[] = {
     {"moe_token_sum", kernels::buildTokenSumKernel},
     {"moe_aux_counts", kernels::buildAuxCountsKernel},
     {"moe_aux_partials", kernels::buildAuxPartialsKernel},
+    {"moe_aux_columns", kernels::buildAuxColumnsKernel},
     {"moe_aux_finish", kernels::buildAuxFinishKernel},
     {"moe_aux_loss_grad", kernels::buildAuxLossGradKernel},
     {"moe_dispatch_scan_capacity", kernels::buildDispatchScanCapacityKernel},

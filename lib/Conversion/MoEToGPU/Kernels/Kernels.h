@@ -78,6 +78,7 @@ void buildTokenSumKernel(OpBuilder &b, Location loc);
 // AuxLoss.cpp
 void buildAuxCountsKernel(OpBuilder &b, Location loc);
 void buildAuxPartialsKernel(OpBuilder &b, Location loc);
+void buildAuxColumnsKernel(OpBuilder &b, Location loc);
 void buildAuxFinishKernel(OpBuilder &b, Location loc);
 void buildAuxLossGradKernel(OpBuilder &b, Location loc);
 // Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp

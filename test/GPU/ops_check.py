@@ -1590,20 +1590,14 @@ def main():
             lambda: run_expert_ffn_grad(lib, 37, 192, 128, 8, 2, "skewed", True),
         ),
         ("split-vs-fused", lambda: run_split_vs_fused(lib, 37, 128, 128, 4, 2, "random")),
-        # the auxiliary losses: odd T (one chunk of 64 tokens or part of one, several, and
-        # past 1024 chunks of 64, so that a chunk runs two passes of 64 and a tail), E of
-        # one lane a warp, several and the most, k = 1, 2, 8, skewed routing (most experts
-        # never picked) and slots out of range
+        # the auxiliary losses: odd T (part of one chunk of 64 tokens, several chunks; more
+        # without --quick), E of one lane a warp, several and the most, k = 1, 2, 8, skewed
+        # routing (most experts never picked) and slots out of range
         ("aux-37-e8-softmax", lambda: run_aux_loss(lib, 37, 8, 2, 0, "random")),
         ("aux-37-e8-sigmoid-k1", lambda: run_aux_loss(lib, 37, 8, 1, 1, "skewed")),
         ("aux-1000-e64-softmax-k8", lambda: run_aux_loss(lib, 1000, 64, 8, 0, "skewed")),
         ("aux-1000-e64-sigmoid", lambda: run_aux_loss(lib, 1000, 64, 2, 1, "random")),
         ("aux-1000-e256-sigmoid-k1", lambda: run_aux_loss(lib, 1000, 256, 1, 1, "invalid")),
-        ("aux-16384-e256-softmax-k8", lambda: run_aux_loss(lib, 16384, 256, 8, 0, "random")),
-        ("aux-16384-e256-sigmoid-k8", lambda: run_aux_loss(lib, 16384, 256, 8, 1, "skewed")),
-        ("aux-16384-e8-softmax", lambda: run_aux_loss(lib, 16384, 8, 2, 0, "skewed")),
-        ("aux-16384-e64-sigmoid-k1", lambda: run_aux_loss(lib, 16384, 64, 1, 1, "invalid")),
-        ("aux-70001-e8-softmax", lambda: run_aux_loss(lib, 70001, 8, 2, 0, "random")),
         ("aux-37-e1024-softmax-k8", lambda: run_aux_loss(lib, 37, 1024, 8, 0, "random")),
         ("aux-t0", lambda: run_aux_loss_empty(lib)),
     ]
@@ -1624,6 +1618,13 @@ def main():
         ]
     if not args.quick:
         steps += [
+            # the auxiliary losses at a layer's T, and past 1024 chunks of 64 tokens (70001:
+            # chunks of 69, a pass of 64 and a tail each)
+            ("aux-16384-e256-softmax-k8", lambda: run_aux_loss(lib, 16384, 256, 8, 0, "random")),
+            ("aux-16384-e256-sigmoid-k8", lambda: run_aux_loss(lib, 16384, 256, 8, 1, "skewed")),
+            ("aux-16384-e8-softmax", lambda: run_aux_loss(lib, 16384, 8, 2, 0, "skewed")),
+            ("aux-16384-e64-sigmoid-k1", lambda: run_aux_loss(lib, 16384, 64, 1, 1, "invalid")),
+            ("aux-70001-e8-softmax", lambda: run_aux_loss(lib, 70001, 8, 2, 0, "random")),
             ("ffn-all-to-one", lambda: run_ffn(lib, 1000, 1536, 704, 8, 2, "all-to-one")),
             ("ffn-odd", lambda: run_ffn(lib, 1000, 1536, 704, 8, 2, "random")),
             ("router-big", lambda: run_router(lib, 1000, 1536, 64, 8, 0, False)),

@@ -1653,8 +1653,9 @@ Value buildDispatchCapacity(HostFunctionBuilder &h, DispatchOp op,
   int64_t topK = type.getDimSize(1);
   if (!type.isDynamicDim(0)) {
     int64_t pairs = type.getDimSize(0) * topK;
-    double capacity = std::ceil(factor * static_cast<double>(type.getDimSize(0)) *
-                                static_cast<double>(topK) / numExperts);
+    double capacity =
+        std::ceil(factor * static_cast<double>(type.getDimSize(0)) *
+                  static_cast<double>(topK) / numExperts);
     return h.index(
         static_cast<int64_t>(std::min(capacity, static_cast<double>(pairs))));
   }
@@ -1671,19 +1672,18 @@ Value buildDispatchCapacity(HostFunctionBuilder &h, DispatchOp op,
   };
   Value tokens = memref::DimOp::create(b, loc, experts, 0);
   Value pairs = arith::MulIOp::create(b, loc, tokens, h.index(topK));
-  Value product = arith::MulFOp::create(b, loc, constant(factor), toF64(tokens));
+  Value product =
+      arith::MulFOp::create(b, loc, constant(factor), toF64(tokens));
   product = arith::MulFOp::create(b, loc, product,
                                   constant(static_cast<double>(topK)));
-  Value quotient =
-      arith::DivFOp::create(b, loc, product, constant(numExperts));
+  Value quotient = arith::DivFOp::create(b, loc, product, constant(numExperts));
   // Bounded first, then rounded up: ceil(min(q, T * k)) = min(ceil(q), T * k)
   // for an integer T * k, and the conversion to an integer cannot overflow.
   Value bounded = arith::MinimumFOp::create(b, loc, quotient, toF64(pairs));
   Value truncated = arith::FPToSIOp::create(b, loc, i64, bounded);
-  Value below = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT,
-                                      arith::SIToFPOp::create(b, loc, f64,
-                                                              truncated),
-                                      bounded);
+  Value below = arith::CmpFOp::create(
+      b, loc, arith::CmpFPredicate::OLT,
+      arith::SIToFPOp::create(b, loc, f64, truncated), bounded);
   Value up = arith::ExtUIOp::create(b, loc, i64, below);
   Value capacity = arith::AddIOp::create(b, loc, truncated, up);
   return arith::IndexCastOp::create(b, loc, b.getIndexType(), capacity);

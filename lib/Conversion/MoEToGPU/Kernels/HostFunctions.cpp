@@ -546,8 +546,8 @@ void mlir::moe::host::buildDispatchHost(OpBuilder &b, ModuleOp module,
   params.append({{"token_ids", buffer(i32)},
                  {"offsets", buffer(i32)},
                  {"rows", buffer(i32, 2)}});
-  HostFunctionBuilder h(b, module,
-                        capacity ? "dispatch_capacity" : "dispatch", params);
+  HostFunctionBuilder h(b, module, capacity ? "dispatch_capacity" : "dispatch",
+                        params);
   Value one = h.c(1);
   Value t = h.dim(h.arg("experts"), 0);
   Value k = h.dim(h.arg("experts"), 1);
@@ -576,9 +576,9 @@ void mlir::moe::host::buildDispatchHost(OpBuilder &b, ModuleOp module,
              {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("capacity"),
               h.arg("token_ids"), rf});
   else
-    h.launch("moe_dispatch_place", blocks, one, one,
-             {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("token_ids"),
-              rf});
+    h.launch(
+        "moe_dispatch_place", blocks, one, one,
+        {ef, rank, cnt, h.arg("offsets"), tk, k, e, r, h.arg("token_ids"), rf});
   h.dealloc(rank);
   h.dealloc(cnt);
   h.finish();

@@ -95,6 +95,14 @@ OPS = {
         ("d_wr", B2),
     ],
     "add": [("a", BF1), ("b", BF1), ("out", BF1)],
+    # moe.update_selection_bias: rule 0 sign, 1 proportional
+    "update_selection_bias": [
+        ("bias", F1),
+        ("experts", I2),
+        ("rate", "f32"),
+        ("rule", "i32"),
+        ("result", F1),
+    ],
     # the local expert-parallel ops (moe.ep_pack, ep_unpack, ep_queues, gather_rows,
     # scatter_rows)
     "ep_pack": [

@@ -1030,6 +1030,44 @@ def run_ep_queues(lib, ranks, local, cap, mode):
     return ok
 
 
+def selection_bias_routing(T, k, E, mode):
+    """experts [T, k] int32 on the GPU: distinct experts a token, uniform (random) or on a
+    few experts (skewed: Pareto weights), every 7th entry -1 (no expert); all -1 (none)."""
+    if mode == "none" or T == 0:
+        return torch.full((T, k), -1, dtype=torch.int32, device=DEV)
+    if mode == "skewed":
+        w = torch.distributions.Pareto(1.0, 1.0).sample((E,)).to(DEV)
+    else:
+        w = torch.ones(E, device=DEV)
+    e = torch.multinomial(w.expand(T, E).contiguous(), k, replacement=False).to(torch.int32)
+    e.view(-1)[::7] = -1
+    return e.contiguous()
+
+
+def run_selection_bias(lib, T, k, E, mode, rule, rate):
+    """moe.update_selection_bias (rule 0 sign, 1 proportional) against the NumPy reference,
+    bitwise: integer loads, then one IEEE f32 operation a step in the same order."""
+    tag = f"selection_bias T={T} k={k} E={E} {mode} {('sign', 'proportional')[rule]}"
+    bias = torch.randn(E, device=DEV) * 0.1
+    experts = selection_bias_routing(T, k, E, mode)
+    out = torch.full((E,), float("nan"), device=DEV)
+    lib.call("update_selection_bias", bias, experts, rate, rule, out)
+    want = ref.update_selection_bias(
+        bias.cpu().numpy(), experts.cpu().numpy(), rate, ("sign", "proportional")[rule]
+    )
+    ok = check_exact(
+        f"{tag} bitwise", out.cpu().view(torch.int32), torch.from_numpy(want).view(torch.int32)
+    )
+    # the same call again: the loads are integers, so the result does not depend on the
+    # order of the atomics
+    again = torch.full((E,), float("nan"), device=DEV)
+    lib.call("update_selection_bias", bias, experts, rate, rule, again)
+    ok &= check_exact(
+        f"{tag} repeat bitwise", again.cpu().view(torch.int32), out.cpu().view(torch.int32)
+    )
+    return ok
+
+
 def run_rows(lib, N, M, d):
     """gather_rows of M rows from N (some -1), and scatter_rows back of distinct indices."""
     tag = f"rows N={N} M={M} d={d}"
@@ -1590,6 +1628,26 @@ def main():
             lambda: run_expert_ffn_grad(lib, 37, 192, 128, 8, 2, "skewed", True),
         ),
         ("split-vs-fused", lambda: run_split_vs_fused(lib, 37, 128, 128, 4, 2, "random")),
+        # moe.update_selection_bias: E 8 / 64 / 256 (and the most, 1024), T odd, random and
+        # skewed routing, both rules; T = 0 and every entry -1 leave the bias as it is; a
+        # histogram over many blocks (65535 * 8 slots)
+        *[
+            (
+                f"selection_bias-e{E}-t{T}-k{k}-{mode}-{rule}",
+                lambda T=T, k=k, E=E, mode=mode, rule=rule: run_selection_bias(
+                    lib, T, k, E, mode, rule, (1e-3, 0.25)[rule]
+                ),
+            )
+            for T, k, E in ((37, 2, 8), (1001, 8, 64), (4095, 8, 256), (301, 8, 1024))
+            for mode in ("random", "skewed")
+            for rule in (0, 1)
+        ],
+        ("selection_bias-t0", lambda: run_selection_bias(lib, 0, 8, 64, "random", 0, 1e-3)),
+        ("selection_bias-none", lambda: run_selection_bias(lib, 33, 2, 8, "none", 1, 0.5)),
+        (
+            "selection_bias-many-blocks",
+            lambda: run_selection_bias(lib, 65535, 8, 256, "skewed", 0, 1e-3),
+        ),
         # the auxiliary losses: odd T (part of one chunk of 64 tokens, several chunks; more
         # without --quick), E of one lane a warp, several and the most, k = 1, 2, 8, skewed
         # routing (most experts never picked) and slots out of range

@@ -249,7 +249,7 @@ LogicalResult checkSupported(Operation *op) {
            << " ranks: split the function with moe-ep-stages before "
               "lowering it to the GPU";
   bool isAdd = isa<arith::AddFOp>(op);
-  if (!isAdd &&
+  if (!isAdd && !isa<UpdateSelectionBiasOp>(op) &&
       !isa<RouterOp, DispatchOp, ExpertFFNOp, SharedExpertOp, CombineOp,
            ExpertCombineGradOp, SharedExpertGradOp, RouterGradOp, CombineGradOp,
            ExpertFFNGradOp, EPDispatchOp, EPCombineOp, EPPackOp, EPUnpackOp,
@@ -1833,6 +1833,23 @@ private:
   StringRef callee;
 };
 
+/// moe.update_selection_bias: `__moe_gpu_update_selection_bias`, the rate
+/// rounded to f32 and the rule's code (sign 0, proportional 1).
+class LowerUpdateSelectionBias : public HostCallPattern<UpdateSelectionBiasOp> {
+public:
+  using HostCallPattern::HostCallPattern;
+
+  void emitCall(UpdateSelectionBiasOp op, OpAdaptor adaptor,
+                HostCall &call) const override {
+    HostFunctionBuilder &h = ctx.h;
+    call.addOperands();
+    call.args.append({h.f32(op.getRate().convertToDouble()),
+                      h.i32(static_cast<int32_t>(op.getRule()))});
+    call.addResults();
+    call.callExactly("__moe_gpu_update_selection_bias");
+  }
+};
+
 /// arith.addf on tensors: `__moe_gpu_add` on their flattened buffers (an add
 /// that moe-fold-adds folded is gone).
 class LowerAdd : public HostCallPattern<arith::AddFOp> {
@@ -1935,6 +1952,7 @@ void populateMoEToGPUPatterns(const TypeConverter &typeConverter,
                                         "__moe_gpu_gather_rows");
   patterns.add<LowerRows<ScatterRowsOp>>(typeConverter, ctx,
                                          "__moe_gpu_scatter_rows");
+  patterns.add<LowerUpdateSelectionBias>(typeConverter, ctx);
   patterns.add<LowerAuxLoss<AuxLossOp>>(typeConverter, ctx,
                                         "__moe_gpu_aux_loss");
   patterns.add<LowerAuxLoss<AuxLossGradOp>>(typeConverter, ctx,

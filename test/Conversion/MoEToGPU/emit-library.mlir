@@ -18,6 +18,8 @@
 // CHECK: gpu.module @moe_kernels
 // CHECK: gpu.func @moe_gemm_up_gather(
 // CHECK: gpu.func @moe_add(
+// CHECK: gpu.func @moe_selection_bias_count(
+// CHECK: gpu.func @moe_selection_bias_update(
 // CHECK: gpu.func @moe_gather_rows(
 // CHECK: gpu.func @moe_ep_queue_fill(
 // CHECK: gpu.func @moe_scale_rows(
@@ -29,6 +31,7 @@
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(
+// CHECK: func.func private @__moe_gpu_update_selection_bias(
 // CHECK: func.func private @__moe_gpu_router_grad_acc(
 // CHECK: func.func private @__moe_gpu_ep_pack(
 // CHECK: func.func private @__moe_gpu_scatter_rows(

@@ -216,6 +216,20 @@
 // CHECK-DAG: st.global.b16
 // CHECK-DAG: ld.global.v4.b32
 // CHECK-DAG: st.global.v4.b32
+// The selection-bias update: an integer histogram by global atomics, then one
+// block's update in round-to-nearest f32 steps, never fused into an fma, so its
+// bits are the reference's.
+// CHECK-LABEL: .entry moe_selection_bias_count(
+// CHECK: atom.global.add.u32
+// CHECK-LABEL: .entry moe_selection_bias_update(
+// CHECK-NOT: atom.
+// CHECK-NOT: fma.
+// CHECK: div.rn.f32
+// CHECK-NOT: fma.
+// CHECK: mul.rn.f32
+// CHECK-NOT: fma.
+// CHECK: add.rn.f32
+// CHECK-NOT: fma.
 // The expert-parallel row moves: a block a row, 16-byte copies or zeros; the
 // row sources of scatter_rows and ep_unpack by an atomic max (the last index
 // in order wins).

@@ -40,6 +40,8 @@
 // CHECK-DAG: Compiling entry function 'moe_repack_bf16' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_repack_f32' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_add' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_selection_bias_count' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_selection_bias_update' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_gather_rows' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_invert_rows' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_ep_pack_rows' for 'sm_90a'
@@ -56,5 +58,5 @@
 // CHECK-DAG: Compiling entry function 'moe_aux_columns' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_finish' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_aux_loss_grad' for 'sm_90a'
-// COUNT-COUNT-47: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// COUNT-COUNT-49: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

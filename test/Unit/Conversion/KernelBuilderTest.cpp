@@ -63,7 +63,7 @@ TEST_F(KernelBuilderTest, EachKernelBuildsOnceAndVerifies) {
   b.setInsertionPointToEnd(built->getBody());
   auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
   SmallVector<StringRef> names = moe::builtLibraryKernelNames();
-  ASSERT_EQ(names.size(), 47u);
+  ASSERT_EQ(names.size(), 49u);
   llvm::StringSet<> unique;
   ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
   for (StringRef name : names) {
@@ -104,7 +104,7 @@ TEST_F(KernelBuilderTest, TheWholeLibrary) {
   SmallVector<StringRef> hostFunctions = moe::libraryHostFunctionNames();
   expected.append(hostFunctions.begin(), hostFunctions.end());
   EXPECT_EQ(functions, expected);
-  EXPECT_EQ(hostFunctions.size(), 26u);
+  EXPECT_EQ(hostFunctions.size(), 27u);
 }
 
 // The same text every time: the kernel cache and the kernel library key a
@@ -114,6 +114,27 @@ TEST_F(KernelBuilderTest, TheSameTextEveryTime) {
   OwningOpRef<ModuleOp> second = moe::buildGPULibrary(&context);
   ASSERT_TRUE(first && second);
   EXPECT_EQ(printed(*first), printed(*second));
+}
+
+// The selection-bias update's kernels: the histogram over the flat experts
+// (experts, slots, E, loads) and the one-block update (bias, loads, E, rate,
+// rule, result), each a block of the non-GEMM kernels' threads.
+TEST_F(KernelBuilderTest, SelectionBiasKernels) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  b.setInsertionPointToEnd(built->getBody());
+  auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
+  for (auto [name, arguments] :
+       {std::pair<StringRef, unsigned>{"moe_selection_bias_count", 4},
+        std::pair<StringRef, unsigned>{"moe_selection_bias_update", 6}}) {
+    SCOPED_TRACE(name.str());
+    FailureOr<gpu::GPUFuncOp> kernel = moe::buildLibraryKernel(module, name);
+    ASSERT_TRUE(succeeded(kernel));
+    EXPECT_EQ(kernel->getNumArguments(), arguments);
+    ASSERT_TRUE(kernel->getKnownBlockSize().has_value());
+    EXPECT_EQ((*kernel->getKnownBlockSize())[0], 128);
+  }
+  EXPECT_TRUE(succeeded(verify(*built)));
 }
 
 TEST_F(KernelBuilderTest, UnknownKernelIsAnError) {

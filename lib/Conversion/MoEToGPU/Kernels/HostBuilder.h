@@ -234,6 +234,8 @@ void buildSharedExpertHost(OpBuilder &b, ModuleOp module, bool withY,
                            const HostGemms &gemms = {});
 void buildCombineHost(OpBuilder &b, ModuleOp module, bool accumulate);
 void buildAddHost(OpBuilder &b, ModuleOp module);
+// SelectionBias.cpp
+void buildUpdateSelectionBiasHost(OpBuilder &b, ModuleOp module);
 void buildExpertCombineGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
                                 const HostGemms &gemms = {});
 void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,

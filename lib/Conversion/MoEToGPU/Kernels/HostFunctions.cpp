@@ -847,6 +847,11 @@ const std::vector<HostEntry> &hostEntries() {
          host::buildAddHost(b, m);
        },
        {}},
+      {"__moe_gpu_update_selection_bias",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &) {
+         host::buildUpdateSelectionBiasHost(b, m);
+       },
+       {}},
       {"__moe_gpu_combine_acc",
        [](OpBuilder &b, ModuleOp m, const HostGemms &) {
          host::buildCombineHost(b, m, true);

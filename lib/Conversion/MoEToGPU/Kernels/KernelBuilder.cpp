@@ -52,6 +52,8 @@ constexpr KernelEntry kKernels[] = {
     {"moe_repack_bf16", kernels::buildRepackBf16Kernel},
     {"moe_repack_f32", kernels::buildRepackF32Kernel},
     {"moe_add", kernels::buildAddKernel},
+    {"moe_selection_bias_count", kernels::buildSelectionBiasCountKernel},
+    {"moe_selection_bias_update", kernels::buildSelectionBiasUpdateKernel},
     {"moe_gather_rows", kernels::buildGatherRowsKernel},
     {"moe_invert_rows", kernels::buildInvertRowsKernel},
     {"moe_ep_pack_rows", kernels::buildEPPackRowsKernel},

@@ -43,6 +43,9 @@ Value f32Constant(OpBuilder &b, Location loc, float value);
 
 // One builder a kernel (Kernels/*.cpp).
 void buildAddKernel(OpBuilder &b, Location loc);
+// SelectionBias.cpp
+void buildSelectionBiasCountKernel(OpBuilder &b, Location loc);
+void buildSelectionBiasUpdateKernel(OpBuilder &b, Location loc);
 void buildRouterScoresKernel(OpBuilder &b, Location loc);
 void buildRouterSelectKernel(OpBuilder &b, Location loc);
 void buildRouterGradLogitsKernel(OpBuilder &b, Location loc);

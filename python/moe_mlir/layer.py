@@ -36,9 +36,12 @@ import functools
 import hashlib
 import importlib.resources
 import json
+import math
+import struct
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -47,6 +50,7 @@ from .config import LayerConfig
 
 __all__ = [
     "MoELayer",
+    "update_selection_bias",
     "LayerSpec",
     "GPU_DTYPE",
     "check_gpu_config",
@@ -779,6 +783,50 @@ class MoELayer(nn.Module):
             f"scoring={c.scoring}, renormalize={c.renormalize}{extra}"
         )
 
+    # ---------------------------------------------------------------- selection bias
+    def _remember_routing(self, logits, bias, saved) -> None:
+        """What update_selection_bias needs of the step, for a layer with a router_bias: the
+        saved dispatch results (offsets, rows) where the forward saves them, else the router
+        logits and the bias they were routed with. Not under torch.compile (a side effect
+        the graph does not hold): a compiled layer's update takes the experts."""
+        if bias is None or torch.compiler.is_compiling():
+            return
+        dispatch = _saved_dispatch(saved, logits.shape[0], self.config)
+        if dispatch is not None:
+            self._last_routing = ("dispatch", *dispatch)
+        else:
+            self._last_routing = ("logits", logits.detach(), bias.detach().clone())
+
+    def last_experts(self) -> torch.Tensor:
+        """The experts [T, k] (int32) the last forward routed its tokens to, on its device:
+        from the forward's saved dispatch results (exact, -1 for a pair a capacity factor
+        dropped), else (policy recompute, expert parallelism: this rank's tokens) the
+        reference selection on the step's router logits and bias, which can differ from
+        the compiled router's choice only where two selection scores tie within rounding."""
+        routing = getattr(self, "_last_routing", None)
+        if routing is None:
+            raise RuntimeError(
+                "MoELayer.last_experts: no forward of this layer recorded its routing (a layer "
+                "with router_bias records it in eager mode; under torch.compile pass experts=)"
+            )
+        if routing[0] == "dispatch":
+            return _experts_of_rows(routing[1], routing[2])
+        from . import torch_reference as tr  # noqa: PLC0415
+
+        c = self.config
+        logits, bias = routing[1], routing[2]
+        scores = tr.scores(logits.float(), c.scoring) + bias.float()[None, :]
+        picks = tr.select_experts(scores, c.top_k, c.num_groups, c.topk_groups)
+        return picks.to(torch.int32)
+
+    def update_selection_bias(
+        self, rate: float = 1e-3, rule: str = "sign", experts: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Auxiliary-loss-free balancing after the optimizer step: moves `router_bias` in
+        place by the loads of `experts` (default: last_experts(), the last forward's routing)
+        with moe.update_selection_bias (`update_selection_bias`). Returns router_bias."""
+        return update_selection_bias(self, experts, rate=rate, rule=rule)
+
     # ---------------------------------------------------------------- inputs
     def layer_weights(self) -> Dict[str, Optional[torch.Tensor]]:
         """The layer's weights in the compiler's layout (subclasses transform theirs)."""
@@ -904,6 +952,7 @@ class MoELayer(nn.Module):
         )
         if self.config.capacity_factor is not None:
             self.last_dropped = _dropped_pairs(outs[2:], x.shape[0], self.config)
+        self._remember_routing(outs[1], weights["router_bias"], outs[2:])
         out = outs[0].to(dtype).reshape(shape)
         if return_router_logits:
             return out, outs[1]
@@ -933,6 +982,7 @@ class MoELayer(nn.Module):
             weights = {n: None if w is None else w.float().contiguous() for n, w in weights.items()}
             out, logits = ep_layer_apply(layer, TorchExchange(self.ep_group), x, weights)
             self.last_dropped = layer.dropped
+        self._remember_routing(logits, weights["router_bias"], ())
         out = out.to(dtype).reshape(shape)
         return (out, logits) if return_router_logits else out
 
@@ -1049,3 +1099,156 @@ def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
 
 def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.contiguous()
+
+
+# --------------------------------------------------------------------------- selection bias
+
+BIAS_UPDATE_RULES = ("sign", "proportional")
+_bias_update_functions: Dict[Tuple[int, int, float, str], object] = {}
+_bias_update_lock = threading.Lock()
+
+
+def _saved_dispatch(saved: Sequence[torch.Tensor], tokens, config: LayerConfig):
+    """(offsets [E + 1], rows [T, k]) of the saved dispatch results (token_ids [T * k],
+    offsets, rows: consecutive in both paths' saved tensors), or None where the forward did
+    not save them."""
+    k, experts = config.top_k, config.experts
+    saved = list(saved)
+    for ids, offsets, rows in zip(saved, saved[1:], saved[2:]):
+        if (
+            ids.dtype == offsets.dtype == rows.dtype == torch.int32
+            and tuple(ids.shape) == (tokens * k,)
+            and tuple(offsets.shape) == (experts + 1,)
+            and tuple(rows.shape) == (tokens, k)
+        ):
+            return offsets.detach(), rows.detach()
+    return None
+
+
+def _experts_of_rows(offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Each pair's expert from its expert-ordered row: e with offsets[e] <= row <
+    offsets[e + 1]; -1 where the row is -1 (a dropped pair). int32 [T, k]."""
+    flat = rows.reshape(-1).to(torch.int64)
+    bounds = offsets[1:].to(torch.int64).contiguous()
+    e = torch.searchsorted(bounds, flat, right=True)
+    e = torch.where(flat >= 0, e, torch.full_like(e, -1))
+    return e.to(torch.int32).reshape(rows.shape)
+
+
+def _check_bias_update(rate, rule) -> float:
+    if rule not in BIAS_UPDATE_RULES:
+        raise ValueError(f"rule must be one of {BIAS_UPDATE_RULES}, got {rule!r}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        raise ValueError(f"rate must be a positive finite number, got {rate!r}")
+    rate = float(rate)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive finite number, got {rate!r}")
+    return rate
+
+
+def _bias_update_mlir(E: int, k: int, rate: float, rule: str) -> str:
+    """moe.update_selection_bias on a bias [E] and experts [?, k]; rate as its f64 bits."""
+    bits = struct.unpack(">Q", struct.pack(">d", rate))[0]
+    return (
+        f"func.func @update_selection_bias(%b: tensor<{E}xf32>, %e: tensor<?x{k}xi32>)\n"
+        f"    -> tensor<{E}xf32> {{\n"
+        f"  %r = moe.update_selection_bias %b, %e {{rate = 0x{bits:016X} : f64, "
+        f"rule = #moe.bias_update<{rule}>}}\n"
+        f"      : tensor<{E}xf32>, tensor<?x{k}xi32> -> tensor<{E}xf32>\n"
+        f"  return %r : tensor<{E}xf32>\n}}\n"
+    )
+
+
+def _compiled_bias_update(E: int, k: int, rate: float, rule: str):
+    """The op through the CPU path (moe-opt, clang), compiled once per (E, k, rate, rule)."""
+    key = (E, k, rate, rule)
+    with _bias_update_lock:
+        fn = _bias_update_functions.get(key)
+        if fn is None:
+            from . import cpu  # noqa: PLC0415
+
+            fn = cpu.compile_function(_bias_update_mlir(E, k, rate, rule))
+            _bias_update_functions[key] = fn
+    return fn
+
+
+def _torch_bias_update(bias: torch.Tensor, experts: torch.Tensor, rate: float, rule: str):
+    """The op's rule in torch on the tensors' device: integer loads, then f32 arithmetic in
+    the op's order (each step one IEEE operation, so it matches the op bitwise)."""
+    E = bias.shape[0]
+    flat = experts.reshape(-1).to(torch.int64)
+    counted = flat[(flat >= 0) & (flat < E)]
+    loads = torch.bincount(counted, minlength=E)[:E]
+    total = loads.sum()
+    diff = total - E * loads
+    if rule == "sign":
+        step = torch.sign(diff).to(torch.float32)
+    else:
+        step = diff.to(torch.float32) / total.to(torch.float32)
+    moved = bias + step * float(np.float32(rate))
+    return torch.where(total > 0, moved, bias)
+
+
+def update_selection_bias(
+    layer_or_bias,
+    experts: Optional[torch.Tensor] = None,
+    *,
+    rate: float = 1e-3,
+    rule: str = "sign",
+) -> torch.Tensor:
+    """Auxiliary-loss-free balancing (DeepSeek-V3): the selection bias moved by one step's
+    expert loads, moe.update_selection_bias (docs/dialect.md). With load_e the entries of
+    `experts` [T, k] equal to e (-1: none) and mean their sum / E, `rule="sign"` adds
+    rate * sign(mean - load_e), `rule="proportional"` rate * (mean - load_e) / mean; no
+    counted entry leaves the bias as it is.
+
+    `layer_or_bias`: a MoELayer with router_bias, whose buffer is updated in place (and
+    returned), `experts` defaulting to the layer's last_experts(); or a bias tensor [E]
+    (f32), for which a new tensor is returned. CPU tensors run the op compiled through the
+    CPU path; CUDA tensors the same rule in torch on the device (equal to the op bitwise)."""
+    rate = _check_bias_update(rate, rule)
+    layer = layer_or_bias if isinstance(layer_or_bias, MoELayer) else None
+    if layer is not None:
+        bias = layer.router_bias
+        if bias is None:
+            raise ValueError(
+                "update_selection_bias: the layer has no router_bias "
+                "(LayerConfig(router_bias=True) gives one)"
+            )
+        if experts is None:
+            experts = layer.last_experts()
+    else:
+        bias = layer_or_bias
+        if experts is None:
+            raise ValueError("update_selection_bias: pass the step's experts [T, k] with a bias")
+    if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.dtype != torch.float32:
+        raise ValueError(
+            f"update_selection_bias: the bias must be a float32 tensor [E], got "
+            f"{getattr(bias, 'dtype', type(bias).__name__)} {tuple(getattr(bias, 'shape', ()))}"
+        )
+    if not isinstance(experts, torch.Tensor) or experts.dim() != 2 or experts.is_floating_point():
+        raise ValueError(
+            "update_selection_bias: experts must be an integer tensor [T, k], got "
+            f"{getattr(experts, 'dtype', type(experts).__name__)} "
+            f"{tuple(getattr(experts, 'shape', ()))}"
+        )
+    E, k = bias.shape[0], experts.shape[1]
+    if E == 0 or k == 0:
+        raise ValueError(f"update_selection_bias: needs E >= 1 and k >= 1, got E={E}, k={k}")
+    if experts.device != bias.device:
+        raise ValueError(
+            f"update_selection_bias: experts on {experts.device}, the bias on {bias.device}"
+        )
+    if experts.numel() and (int(experts.min()) < -1 or int(experts.max()) >= E):
+        raise ValueError(f"update_selection_bias: experts holds values outside [-1, {E})")
+    with torch.no_grad():
+        if bias.device.type == "cpu":
+            fn = _compiled_bias_update(E, k, rate, rule)
+            arrays = (bias.detach().contiguous().numpy(), experts.to(torch.int32).numpy())
+            new = torch.from_numpy(fn(*arrays)[0])
+        else:
+            new = _torch_bias_update(bias.detach(), experts, rate, rule)
+        if layer is None:
+            return new
+        bias.copy_(new)
+    return bias

@@ -1226,7 +1226,8 @@ def update_selection_bias(
             f"update_selection_bias: the bias must be a float32 tensor [E], got "
             f"{getattr(bias, 'dtype', type(bias).__name__)} {tuple(getattr(bias, 'shape', ()))}"
         )
-    if not isinstance(experts, torch.Tensor) or experts.dim() != 2 or experts.is_floating_point():
+    integers = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+    if not isinstance(experts, torch.Tensor) or experts.dim() != 2 or experts.dtype not in integers:
         raise ValueError(
             "update_selection_bias: experts must be an integer tensor [T, k], got "
             f"{getattr(experts, 'dtype', type(experts).__name__)} "

@@ -282,6 +282,8 @@ def test_update_errors(_cache):
         layer.update_selection_bias(experts=torch.zeros(2, 2))
     with pytest.raises(ValueError, match=r"experts must be an integer tensor \[T, k\]"):
         layer.update_selection_bias(experts=torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"experts must be an integer tensor \[T, k\]"):
+        layer.update_selection_bias(experts=torch.zeros(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="the bias must be a float32 tensor"):
         update_selection_bias(torch.zeros(4, dtype=torch.float64), experts)
     with pytest.raises(ValueError, match="pass the step's experts"):

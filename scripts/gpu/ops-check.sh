@@ -2,7 +2,7 @@
 # Op-level checks of the GPU library on an H200 (CUDA 13, CMake, ninja, torch; no LLVM).
 #   Here (LLVM 22 machine):  bash scripts/inputs/build-ops-harness.sh      -> gpu-inputs/ops/ops.o
 #   GPU machine:             bash scripts/gpu/ops-check.sh [--quick] [--sanitize] [--bench=CONFIGS]
-#                              [--ops=DIR] [--nongated]
+#                              [--ops=DIR] [--nongated] [--only=NAMES]
 # Builds runtime/ standalone, links DIR/ops.o (default gpu-inputs/ops; another DIR holds a
 # variant of the library, built by inputs/build-ops-harness.sh DIR CONFIG...) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
@@ -21,6 +21,8 @@
 # and backward, against torch's silu and gelu (erf, tanh), each within 240 s, and with
 # --sanitize under the tools too (--quick shapes). A DIR's VARIANT file says its activation
 # (ops_check.py --variant), so --ops=DIR/silu checks one of them alone.
+# --only=NAMES (comma-separated substrings of check names, e.g. capacity,aux) runs those checks
+# alone, with --sanitize and --nongated too.
 # Logs to $OUT (default /tmp/moe-gpu-out).
 # shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
@@ -32,7 +34,8 @@ mkdir -p "$out"
 gpu_path_setup
 export PYTHONUNBUFFERED=1
 parse_options --quick:quick=--quick --sanitize:sanitize=1 --bench=bench \
-  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu --nongated:nongated=1 -- "$@"
+  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu --nongated:nongated=1 \
+  --only=only -- "$@"
 no_positional
 log="$out/ops.log"
 {
@@ -72,12 +75,12 @@ if [ "$nongated" = 1 ]; then
     { echo "== $act: $(cat "$dir/VARIANT" 2>/dev/null)"; } | tee -a "$log"
     link "$dir" || { status=1; continue; }
     timeout 240 python3 "$root/test/GPU/ops_check.py" --lib "$so" --variant "$dir/VARIANT" \
-      ${quick:+"$quick"} --json "$out/ops-$act.json" 2>&1 | tee -a "$log" || status=1
+      ${quick:+"$quick"} ${only:+--only "$only"} --json "$out/ops-$act.json" 2>&1 | tee -a "$log" || status=1
     [ "$sanitize" = 1 ] || continue
     for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       echo "== compute-sanitizer $tool on $act (--quick)" | tee -a "$log"
       timeout "${MOE_SANITIZE_TOOL_LIMIT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        python3 -u "$root/test/GPU/ops_check.py" --lib "$so" --variant "$dir/VARIANT" --quick \
+        python3 -u "$root/test/GPU/ops_check.py" --lib "$so" --variant "$dir/VARIANT" --quick ${only:+--only "$only"} \
         >"$out/sanitize-$act-$tool.log" 2>&1
       rc=$?
       tail -3 "$out/sanitize-$act-$tool.log" | tee -a "$log"
@@ -115,7 +118,8 @@ if [ -n "$bench" ]; then
     --json "$out/bench.json" 2>&1 | tee -a "$log"
   exit $?
 fi
-timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" ${quick:+"$quick"} --json "$out/ops.json" \
+timeout 420 python3 "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" ${quick:+"$quick"} \
+  ${only:+--only "$only"} --json "$out/ops.json" \
   2>&1 | tee -a "$log" || status=1
 if [ "$sanitize" = 1 ]; then
   # every op at the small shapes of --quick (every kernel runs)
@@ -123,7 +127,7 @@ if [ "$sanitize" = 1 ]; then
     echo "== compute-sanitizer $tool (--quick: every op at small shapes)" | tee -a "$log"
     # -u: after a timeout the log ends at the check that was running
     timeout "${MOE_SANITIZE_TOOL_LIMIT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      python3 -u "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" --quick \
+      python3 -u "$root/test/GPU/ops_check.py" --lib "$so" "${variant[@]}" --quick ${only:+--only "$only"} \
       >"$out/sanitize-$tool.log" 2>&1
     rc=$?
     tail -3 "$out/sanitize-$tool.log" | tee -a "$log"

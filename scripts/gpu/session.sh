@@ -18,6 +18,11 @@
 #             functions against PyTorch, on gpu-inputs/ops/{silu,gelu_erf,gelu_tanh}, built by
 #             inputs/build-ops-harness.sh --nongated), then gpu/layer-check.sh --only
 #             build,nongated (their small layers against the torch reference);
+#   parity    the op checks of the features that made the GPU path match the CPU path's
+#             (MOE_PARITY_CHECKS, default capacity,aux,selection_bias: capacity factor, auxiliary
+#             losses, selection-bias update) on gpu-inputs/ops with memcheck over their --quick
+#             shapes, then the non-gated experts' op checks at --quick shapes and their layers
+#             (the nongated step, shorter: one call holds all of it);
 #   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled with
 #             other kernel configs: inputs/build-layers.sh --out gpu-inputs-NAME --
 #             --kernel-config=ROLE:KEY=VALUE, or against another library file with
@@ -101,7 +106,7 @@ parse_options --deadline=deadline=570 -- "$@"
 [ ${#positional[@]} -le 1 ] || die "one comma-separated list of steps (see --help)"
 steps=${positional[0]:-}
 [ -n "$steps" ] || die "no steps (see --help)"
-check_steps "$steps" ops sanitize layer nongated variants torch fidelity long offload gaps \
+check_steps "$steps" ops sanitize layer nongated parity variants torch fidelity long offload gaps \
   offload-compiled energy ncu tensor floor liger dynamic ep sonic megablocks user-path
 mkdir -p "$out/session"
 deadline_start "$deadline"
@@ -161,6 +166,12 @@ for step in ${steps//,/ }; do
   nongated)
     run_step nongated-ops 360 bash "$root/scripts/gpu/ops-check.sh" --nongated
     run_step nongated-layers 200 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated \
+      --deadline $(($(seconds_left) - 20)) ;;
+  parity)
+    MOE_SANITIZE_TOOLS=memcheck MOE_SANITIZE_TOOL_LIMIT=120 run_step parity-ops 240 \
+      bash "$root/scripts/gpu/ops-check.sh" --sanitize --only="${MOE_PARITY_CHECKS:-capacity,aux,selection_bias}"
+    run_step parity-nongated-ops 200 bash "$root/scripts/gpu/ops-check.sh" --nongated --quick
+    run_step parity-nongated-layers 150 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated \
       --deadline $(($(seconds_left) - 20)) ;;
   variants)
     found=0

@@ -260,7 +260,8 @@ bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
         bytes.PickValueInArray<int64_t>({1, 16, 4096, 1073741824}));
   auto layer = moe::LayerOp::create(
       builder, loc, out, logits, args[0], args[1], bias, wGateUp, wDown,
-      sharedGateUp, sharedDown, routing,
+      sharedGateUp, sharedDown, /*b_gate_up=*/Value(),
+      /*b_down=*/Value(), routing,
       moe::ActivationAttr::get(context, activation), capacity, maxTokens,
       epSize, epCapacity, epOverflow, epChunkTokens);
   SmallVector<Value> returned = {layer.getOut()};

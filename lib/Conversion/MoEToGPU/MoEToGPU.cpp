@@ -163,6 +163,14 @@ std::optional<Activation> getActivation(Operation *op) {
   return std::nullopt;
 }
 
+/// Whether a routed expert op has the optional biases.
+bool hasExpertBias(Operation *op) {
+  return TypeSwitch<Operation *, bool>(op)
+      .Case<ExpertFFNOp, ExpertFFNGradOp, ExpertCombineGradOp>(
+          [](auto ffn) { return static_cast<bool>(ffn.getBGateUp()); })
+      .Default([](Operation *) { return false; });
+}
+
 /// Whether `type` is the contract's data type (gpu_contract::kDataDtype).
 bool isDataType(Type type) {
   std::string name;
@@ -296,6 +304,11 @@ LogicalResult checkSupported(Operation *op) {
       !gpu_contract::kCapacityFactorSupported)
     return op->emitError("this GPU library is dropless: a capacity factor is "
                          "not supported");
+  if (isa<ExpertFFNOp, ExpertFFNGradOp, ExpertCombineGradOp>(op) &&
+      hasExpertBias(op) && !gpu_contract::kExpertBiasSupported)
+    return op->emitError("the GPU path does not run expert biases (b_gate_up, "
+                         "b_down): the expert GEMMs' epilogues add no bias; "
+                         "run this layer on the CPU path");
   int64_t experts = 0;
   if (auto router = dyn_cast<RouterOp>(op))
     experts = cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);

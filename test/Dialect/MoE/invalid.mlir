@@ -240,7 +240,7 @@ func.func @layer_bias_experts(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %b: 
 
 func.func @layer_shared_gate_up_without_down(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %sgu: tensor<48x64xf32>) {
   // expected-error @+1 {{expected both shared_gate_up and shared_down, or neither}}
-  %out, %l = "moe.layer"(%x, %wr, %wgu, %wd, %sgu) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 1, 0>, routing = #moe.routing<scoring = softmax, top_k = 2>}>
+  %out, %l = "moe.layer"(%x, %wr, %wgu, %wd, %sgu) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 1, 0, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2>}>
       : (tensor<37x48xf32>, tensor<48x5xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<48x64xf32>) -> (tensor<37x48xf32>, tensor<37x5xf32>)
   return
 }
@@ -249,7 +249,7 @@ func.func @layer_shared_gate_up_without_down(%x: tensor<37x48xf32>, %wr: tensor<
 
 func.func @layer_shared_down_without_gate_up(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %wgu: tensor<5x48x80xf32>, %wd: tensor<5x40x48xf32>, %sd: tensor<32x48xf32>) {
   // expected-error @+1 {{expected both shared_gate_up and shared_down, or neither}}
-  %out, %l = "moe.layer"(%x, %wr, %wgu, %wd, %sd) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 1>, routing = #moe.routing<scoring = softmax, top_k = 2>}>
+  %out, %l = "moe.layer"(%x, %wr, %wgu, %wd, %sd) <{activation = #moe.activation<swiglu>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2>}>
       : (tensor<37x48xf32>, tensor<48x5xf32>, tensor<5x48x80xf32>, tensor<5x40x48xf32>, tensor<32x48xf32>) -> (tensor<37x48xf32>, tensor<37x5xf32>)
   return
 }

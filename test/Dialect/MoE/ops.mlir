@@ -9,7 +9,7 @@
 // A dynamic token count, served up to max_tokens.
 // CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, max_tokens = 16384 : i64, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>} : tensor<?x4096xbf16>, tensor<4096x8xbf16>, tensor<8x4096x28672xbf16>, tensor<8x14336x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x8xf32>
 // GENERIC-LABEL: sym_name = "layer_mixtral"
-// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, max_tokens = 16384 : i64, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>}>
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, max_tokens = 16384 : i64, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 0, 0>, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true, round_logits = true>}>
 func.func @layer_mixtral(%x: tensor<?x4096xbf16>, %wr: tensor<4096x8xbf16>,
                          %wgu: tensor<8x4096x28672xbf16>,
                          %wd: tensor<8x14336x4096xbf16>)
@@ -232,7 +232,7 @@ func.func @accumulate(%x: tensor<37x48xf32>, %wr: tensor<48x5xf32>, %logits: ten
 // CHECK-LABEL: func.func @layer_expert_parallel(
 // CHECK: moe.layer %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {activation = #moe.activation<swiglu>, ep_capacity = 4096 : i64, ep_overflow = #moe.ep_overflow<drop>, ep_size = 4 : i64, routing = #moe.routing<scoring = softmax, top_k = 2, renormalize = true>} : tensor<8192x4096xbf16>, tensor<4096x8xbf16>, tensor<2x4096x28672xbf16>, tensor<2x14336x4096xbf16> -> tensor<8192x4096xbf16>, tensor<8192x8xf32>
 // GENERIC-LABEL: sym_name = "layer_expert_parallel"
-// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, ep_capacity = 4096 : i64, ep_overflow = #moe.ep_overflow<drop>, ep_size = 4 : i64, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0>, routing
+// GENERIC: "moe.layer"(%{{.*}}) <{activation = #moe.activation<swiglu>, ep_capacity = 4096 : i64, ep_overflow = #moe.ep_overflow<drop>, ep_size = 4 : i64, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 0, 0>, routing
 func.func @layer_expert_parallel(%x: tensor<8192x4096xbf16>, %wr: tensor<4096x8xbf16>,
                                  %wgu: tensor<2x4096x28672xbf16>,
                                  %wd: tensor<2x14336x4096xbf16>) -> tensor<8192x4096xbf16> {

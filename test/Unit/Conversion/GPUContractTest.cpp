@@ -136,9 +136,9 @@ TEST_F(GPUContractTest, TheLimitsTableHoldsTheConstants) {
     EXPECT_TRUE(limits.insert({limit.name, &limit}).second) << limit.name.str();
     EXPECT_FALSE(limit.reason.empty()) << limit.name.str();
   }
-  for (StringRef name :
-       {"tile_multiple", "max_width", "max_experts", "max_expert_groups",
-        "data_dtype", "activations", "capacity_factor_supported"})
+  for (StringRef name : {"tile_multiple", "max_width", "max_experts",
+                         "max_expert_groups", "data_dtype", "activations",
+                         "capacity_factor_supported", "expert_bias_supported"})
     ASSERT_TRUE(limits.contains(name)) << "the contract has no " << name.str();
   auto integer = [&](StringRef name) -> int64_t {
     const moe::GPULimit *limit = limits.lookup(name);
@@ -156,6 +156,8 @@ TEST_F(GPUContractTest, TheLimitsTableHoldsTheConstants) {
             strings(c::kActivations));
   EXPECT_EQ(limits.lookup("capacity_factor_supported")->boolean,
             c::kCapacityFactorSupported);
+  EXPECT_EQ(limits.lookup("expert_bias_supported")->boolean,
+            c::kExpertBiasSupported);
   // The widths the conversion checks tile evenly.
   EXPECT_EQ(c::kMaxWidth % c::kTileMultiple, 0);
 }

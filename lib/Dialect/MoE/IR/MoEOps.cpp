@@ -192,6 +192,26 @@ LogicalResult verifyExpertOperands(ShapeVerifier &shapes, Value x,
                           "offsets dimension 0");
 }
 
+/// The optional expert biases `b_gate_up [E, G]` and `b_down [E, d]`: both or
+/// neither, of the weights' element type.
+LogicalResult verifyExpertBiases(Operation *op, ShapeVerifier &shapes,
+                                 int64_t &experts, StringRef expertsName,
+                                 int64_t &gateUpWidth, int64_t &hidden,
+                                 Value wGateUp, Value bGateUp, Value bDown) {
+  if (static_cast<bool>(bGateUp) != static_cast<bool>(bDown))
+    return op->emitOpError("expected both b_gate_up and b_down, or neither");
+  if (!bGateUp)
+    return success();
+  if (failed(shapes.match(experts, expertsName, bGateUp, "b_gate_up", 0)) ||
+      failed(shapes.match(gateUpWidth, "the w_gate_up width", bGateUp,
+                          "b_gate_up", 1)) ||
+      failed(shapes.match(experts, expertsName, bDown, "b_down", 0)) ||
+      failed(shapes.match(hidden, "d", bDown, "b_down", 1)))
+    return failure();
+  return shapes.sameElementType(
+      {{"w_gate_up", wGateUp}, {"b_gate_up", bGateUp}, {"b_down", bDown}});
+}
+
 /// Checks that need every operand's and result's sizes: the gate/up width
 /// against n, and the row count against T.
 LogicalResult verifyExpertSizes(Operation *op, ShapeVerifier &shapes,
@@ -294,6 +314,11 @@ LogicalResult LayerOp::verify() {
   if (Value bias = getRouterBias())
     if (failed(shapes.match(experts, "E", bias, "router_bias", 0)))
       return failure();
+  int64_t gateUpWidth = dimOf(getWGateUp(), 2);
+  if (failed(verifyExpertBiases(*this, shapes, localExperts, localName,
+                                gateUpWidth, hidden, getWGateUp(), getBGateUp(),
+                                getBDown())))
+    return failure();
 
   SmallVector<std::pair<StringRef, Value>> typed = {
       {"x", getX()},
@@ -457,7 +482,8 @@ LogicalResult DispatchOp::verify() {
 static LogicalResult verifyRoutedExpert(Operation *op, Activation activation,
                                         Value x, Value tokenIds, Value offsets,
                                         Value wGateUp, Value wDown, Value h,
-                                        Value rowValue, StringRef rowName) {
+                                        Value rowValue, StringRef rowName,
+                                        Value bGateUp, Value bDown) {
   ShapeVerifier shapes(op);
   ExpertSizes sizes;
   if (failed(verifyExpertOperands(shapes, x, tokenIds, offsets, wGateUp, wDown,
@@ -471,7 +497,10 @@ static LogicalResult verifyRoutedExpert(Operation *op, Activation activation,
       failed(
           shapes.match(sizes.gateUpWidth, "the w_gate_up width", h, "h", 1)) ||
       failed(shapes.match(sizes.rows, "R", rowValue, rowName, 0)) ||
-      failed(shapes.match(sizes.hidden, "d", rowValue, rowName, 1)))
+      failed(shapes.match(sizes.hidden, "d", rowValue, rowName, 1)) ||
+      failed(verifyExpertBiases(op, shapes, sizes.experts, "E",
+                                sizes.gateUpWidth, sizes.hidden, wGateUp,
+                                bGateUp, bDown)))
     return failure();
   return verifyExpertSizes(op, shapes, activation, sizes);
 }
@@ -488,16 +517,35 @@ static LogicalResult verifyWeightGrads(Operation *op, Value dx, Value x,
   return success();
 }
 
+/// The bias gradients of a gradient op: present exactly with the biases,
+/// each of its bias's type.
+static LogicalResult verifyBiasGrads(Operation *op, Value bGateUp, Value bDown,
+                                     Value dBGateUp, Value dBDown) {
+  if (static_cast<bool>(bGateUp) != static_cast<bool>(dBGateUp) ||
+      static_cast<bool>(bDown) != static_cast<bool>(dBDown))
+    return op->emitOpError("expected d_b_gate_up and d_b_down results exactly "
+                           "when it has b_gate_up and b_down operands");
+  if (!bGateUp)
+    return success();
+  if (failed(
+          verifySameType(op, "d_b_gate_up", dBGateUp, "b_gate_up", bGateUp)) ||
+      failed(verifySameType(op, "d_b_down", dBDown, "b_down", bDown)))
+    return failure();
+  return success();
+}
+
 LogicalResult ExpertFFNOp::verify() {
   return verifyRoutedExpert(*this, getActivation(), getX(), getTokenIds(),
                             getOffsets(), getWGateUp(), getWDown(), getH(),
-                            getY(), "y");
+                            getY(), "y", getBGateUp(), getBDown());
 }
 
 LogicalResult ExpertFFNGradOp::verify() {
   if (failed(verifyRoutedExpert(*this, getActivation(), getX(), getTokenIds(),
                                 getOffsets(), getWGateUp(), getWDown(), getH(),
-                                getDy(), "dy")))
+                                getDy(), "dy", getBGateUp(), getBDown())) ||
+      failed(verifyBiasGrads(*this, getBGateUp(), getBDown(), getDBGateUp(),
+                             getDBDown())))
     return failure();
   return verifyWeightGrads(*this, getDx(), getX(), getDWGateUp(), getWGateUp(),
                            getDWDown(), getWDown());
@@ -526,7 +574,12 @@ LogicalResult ExpertCombineGradOp::verify() {
       failed(verifySameType(*this, "d_weights", getDWeights(), "weights",
                             getWeights())) ||
       failed(verifyWeightGrads(*this, getDx(), getX(), getDWGateUp(),
-                               getWGateUp(), getDWDown(), getWDown())))
+                               getWGateUp(), getDWDown(), getWDown())) ||
+      failed(verifyExpertBiases(*this, shapes, sizes.experts, "E",
+                                sizes.gateUpWidth, sizes.hidden, getWGateUp(),
+                                getBGateUp(), getBDown())) ||
+      failed(verifyBiasGrads(*this, getBGateUp(), getBDown(), getDBGateUp(),
+                             getDBDown())))
     return failure();
   int64_t pairs = product(sizes.tokens, topK);
   if (failed(shapes.matchSize(pairs, "T * k", sizes.rows, "the row count R")))

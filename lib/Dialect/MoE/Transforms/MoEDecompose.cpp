@@ -120,7 +120,8 @@ LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
         rewriter, loc, rowsType,
         RankedTensorType::get({slots, gateUpType.getDimSize(2)}, elementType),
         epDispatch.getReceived(), queues.getTokenIds(), queues.getOffsets(),
-        layer.getWGateUp(), layer.getWDown(), layer.getActivationAttr());
+        layer.getWGateUp(), layer.getWDown(), layer.getBGateUp(),
+        layer.getBDown(), layer.getActivationAttr());
     Value returned = ScatterRowsOp::create(
         rewriter, loc, rowsType, experts.getY(), queues.getTokenIds());
     y = EPCombineOp::create(rewriter, loc, expertY, returned,
@@ -133,6 +134,7 @@ LogicalResult mlir::moe::decomposeLayer(RewriterBase &rewriter, LayerOp layer) {
     y = ExpertFFNOp::create(rewriter, loc, expertY, expertH, layer.getX(),
                             dispatch.getTokenIds(), dispatch.getOffsets(),
                             layer.getWGateUp(), layer.getWDown(),
+                            layer.getBGateUp(), layer.getBDown(),
                             layer.getActivationAttr())
             .getY();
   }

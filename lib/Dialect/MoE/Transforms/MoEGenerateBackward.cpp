@@ -178,6 +178,12 @@ Value BackwardBuilder::gradientOrZeros(Value value, Value shapeLike) {
 LogicalResult BackwardBuilder::differentiate(Operation *op) {
   Location loc = op->getLoc();
   auto fwd = [&](Value value) { return forwardValue(value); };
+  auto fwdOrNull = [&](Value value) {
+    return value ? forwardValue(value) : Value();
+  };
+  auto typeOrNull = [](Value value) {
+    return value ? value.getType() : Type();
+  };
 
   if (auto router = dyn_cast<RouterOp>(op)) {
     Value dLogits = gradientOf(router.getLogits());
@@ -203,19 +209,25 @@ LogicalResult BackwardBuilder::differentiate(Operation *op) {
     // gradient reaches h.
     if (experts && combine.getY().hasOneUse() &&
         !gradients.count(experts.getH())) {
+      Value bGateUp = experts.getBGateUp(), bDown = experts.getBDown();
       auto grad = ExpertCombineGradOp::create(
           builder, loc, experts.getX().getType(),
           combine.getWeights().getType(), experts.getWGateUp().getType(),
-          experts.getWDown().getType(), fwd(experts.getX()),
-          fwd(experts.getTokenIds()), fwd(experts.getOffsets()),
-          fwd(combine.getRows()), fwd(combine.getWeights()),
-          fwd(experts.getWGateUp()), fwd(experts.getWDown()),
-          fwd(experts.getH()), dOut, /*accumulate=*/Value(),
+          experts.getWDown().getType(), typeOrNull(bGateUp), typeOrNull(bDown),
+          fwd(experts.getX()), fwd(experts.getTokenIds()),
+          fwd(experts.getOffsets()), fwd(combine.getRows()),
+          fwd(combine.getWeights()), fwd(experts.getWGateUp()),
+          fwd(experts.getWDown()), fwd(experts.getH()), dOut,
+          /*accumulate=*/Value(), fwdOrNull(bGateUp), fwdOrNull(bDown),
           experts.getActivationAttr());
       accumulate(experts.getX(), grad.getDx());
       accumulate(combine.getWeights(), grad.getDWeights());
       accumulate(experts.getWGateUp(), grad.getDWGateUp());
       accumulate(experts.getWDown(), grad.getDWDown());
+      if (bGateUp) {
+        accumulate(bGateUp, grad.getDBGateUp());
+        accumulate(bDown, grad.getDBDown());
+      }
       handled.insert(experts);
       return success();
     }
@@ -233,16 +245,22 @@ LogicalResult BackwardBuilder::differentiate(Operation *op) {
       return experts.emitOpError(
           "has a gradient into its pre-activations h, which "
           "moe-generate-backward does not differentiate");
+    Value bGateUp = experts.getBGateUp(), bDown = experts.getBDown();
     auto grad = ExpertFFNGradOp::create(
         builder, loc, experts.getX().getType(), experts.getWGateUp().getType(),
-        experts.getWDown().getType(), fwd(experts.getX()),
-        fwd(experts.getTokenIds()), fwd(experts.getOffsets()),
-        fwd(experts.getWGateUp()), fwd(experts.getWDown()), fwd(experts.getH()),
-        gradientOrZeros(experts.getY(), experts.getY()),
-        experts.getActivationAttr());
+        experts.getWDown().getType(), typeOrNull(bGateUp), typeOrNull(bDown),
+        fwd(experts.getX()), fwd(experts.getTokenIds()),
+        fwd(experts.getOffsets()), fwd(experts.getWGateUp()),
+        fwd(experts.getWDown()), fwd(experts.getH()),
+        gradientOrZeros(experts.getY(), experts.getY()), fwdOrNull(bGateUp),
+        fwdOrNull(bDown), experts.getActivationAttr());
     accumulate(experts.getX(), grad.getDx());
     accumulate(experts.getWGateUp(), grad.getDWGateUp());
     accumulate(experts.getWDown(), grad.getDWDown());
+    if (bGateUp) {
+      accumulate(bGateUp, grad.getDBGateUp());
+      accumulate(bDown, grad.getDBDown());
+    }
     return success();
   }
 

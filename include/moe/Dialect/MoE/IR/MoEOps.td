@@ -55,6 +55,9 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     experts) and
     `W_down [E, n, d]`, and optional shared-expert weights `[d, 2m]` and
     `[m, d]` (several shared experts are one wider shared expert).
+    With `expert_bias(%b_gate_up, %b_down : ...)` the routed experts add
+    biases `b_gate_up [E, G]` before the activation and `b_down [E, d]` after
+    the down projection (gpt-oss); the shared expert has none.
 
     Results: the layer output `[T, d]` and the router logits `[T, E]` (f32),
     which auxiliary losses read.
@@ -102,6 +105,8 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     MoE_Weights3D:$w_down,
     Optional<MoE_Weights2D>:$shared_gate_up,
     Optional<MoE_Weights2D>:$shared_down,
+    Optional<MoE_Weights2D>:$b_gate_up,
+    Optional<MoE_Weights2D>:$b_down,
     MoE_RoutingAttr:$routing,
     MoE_ActivationAttr:$activation,
     OptionalAttr<MoE_PositiveF64Attr>:$capacity_factor,
@@ -116,6 +121,7 @@ def MoE_LayerOp : MoE_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     $x `,` $router_weight `,` $w_gate_up `,` $w_down
     (`bias` `(` $router_bias^ `:` type($router_bias) `)`)?
     (`shared` `(` $shared_gate_up^ `,` $shared_down `:` type($shared_gate_up) `,` type($shared_down) `)`)?
+    (`expert_bias` `(` $b_gate_up^ `,` $b_down `:` type($b_gate_up) `,` type($b_down) `)`)?
     attr-dict `:` type($x) `,` type($router_weight) `,` type($w_gate_up) `,`
     type($w_down) `->` type($out) `,` type($router_logits)
   }];
@@ -192,7 +198,7 @@ def MoE_DispatchOp : MoE_Op<"dispatch", [Pure]> {
   let hasVerifier = 1;
 }
 
-def MoE_ExpertFFNOp : MoE_Op<"expert_ffn", [Pure]> {
+def MoE_ExpertFFNOp : MoE_Op<"expert_ffn", [Pure, AttrSizedOperandSegments]> {
   let summary = "every expert's FFN on its queue of gathered tokens";
   let description = [{
     For each expert `e` and each row `r` in `[offsets[e], offsets[e+1])`:
@@ -201,6 +207,10 @@ def MoE_ExpertFFNOp : MoE_Op<"expert_ffn", [Pure]> {
     h[:, n:]`; `gelu` (erf), `gelu_tanh` (`h / 2 * (1 + tanh(sqrt(2 / pi) *
     (h + 0.044715 h^3)))`, torch's `gelu(approximate="tanh")`) and `silu`
     apply to `h` of width `n`.
+
+    With `bias(%b_gate_up, %b_down : ...)` (`[E, G]` and `[E, d]`, both or
+    neither): `h[r] = x[token_ids[r]] · W_gate_up[e] + b_gate_up[e]` and
+    `y[r] = a[r] · W_down[e] + b_down[e]`.
 
     Results, both in expert order: `y [T * k, d]` and the pre-activations
     `h [T * k, 2n]` (`[T * k, n]` for plain activations), which backward may
@@ -220,11 +230,15 @@ def MoE_ExpertFFNOp : MoE_Op<"expert_ffn", [Pure]> {
     MoE_I32Vector:$offsets,
     MoE_Weights3D:$w_gate_up,
     MoE_Weights3D:$w_down,
+    Optional<MoE_Weights2D>:$b_gate_up,
+    Optional<MoE_Weights2D>:$b_down,
     MoE_ActivationAttr:$activation
   );
   let results = (outs MoE_Activations:$y, MoE_Activations:$h);
   let assemblyFormat = [{
-    $x `,` $token_ids `,` $offsets `,` $w_gate_up `,` $w_down attr-dict `:`
+    $x `,` $token_ids `,` $offsets `,` $w_gate_up `,` $w_down
+    (`bias` `(` $b_gate_up^ `,` $b_down `:` type($b_gate_up) `,` type($b_down) `)`)?
+    attr-dict `:`
     type($x) `,` type($token_ids) `,` type($offsets) `,` type($w_gate_up) `,`
     type($w_down) `->` type($y) `,` type($h)
   }];
@@ -715,7 +729,8 @@ def MoE_RouterGradOp : MoE_Op<"router_grad", [Pure, AttrSizedOperandSegments]> {
   let hasVerifier = 1;
 }
 
-def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure]> {
+def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad",
+    [Pure, AttrSizedOperandSegments, AttrSizedResultSegments]> {
   let summary = "backward of moe.expert_ffn";
   let description = [{
     From the gradient of the expert outputs `dy [T * k, d]` (expert order) and
@@ -723,7 +738,9 @@ def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure]> {
     `da = dy · W_down[e]^T`, `dh = act'(h, da)`, and returns
     `dx [T, d]` (`dx[t] = sum of dh[r] · W_gate_up[e]^T over the rows r of
     token t`, in row order), `d_w_gate_up[e] = x[q]^T · dh` and
-    `d_w_down[e] = a^T · dy`.
+    `d_w_down[e] = a^T · dy`. With `bias(%b_gate_up, %b_down : ...)` it
+    also returns `d_b_gate_up [E, G]` (`d_b_gate_up[e]` the sum of the
+    expert's rows of `dh`) and `d_b_down [E, d]` (the sum of its rows of `dy`).
 
     ```mlir
     %dx, %dwgu, %dwd = moe.expert_ffn_grad %x, %token_ids, %offsets, %w_gate_up,
@@ -742,20 +759,27 @@ def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure]> {
     MoE_Weights3D:$w_down,
     MoE_Activations:$h,
     MoE_Activations:$dy,
+    Optional<MoE_Weights2D>:$b_gate_up,
+    Optional<MoE_Weights2D>:$b_down,
     MoE_ActivationAttr:$activation
   );
   let results = (outs MoE_Activations:$dx, MoE_Weights3D:$d_w_gate_up,
-                      MoE_Weights3D:$d_w_down);
+                      MoE_Weights3D:$d_w_down,
+                      Optional<MoE_Weights2D>:$d_b_gate_up,
+                      Optional<MoE_Weights2D>:$d_b_down);
   let assemblyFormat = [{
     $x `,` $token_ids `,` $offsets `,` $w_gate_up `,` $w_down `,` $h `,` $dy
+    (`bias` `(` $b_gate_up^ `,` $b_down `:` type($b_gate_up) `,` type($b_down) `)`)?
     attr-dict `:` type($x) `,` type($token_ids) `,` type($offsets) `,`
     type($w_gate_up) `,` type($w_down) `,` type($h) `,` type($dy) `->`
     type($dx) `,` type($d_w_gate_up) `,` type($d_w_down)
+    (`,` type($d_b_gate_up)^ `,` type($d_b_down))?
   }];
   let hasVerifier = 1;
 }
 
-def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad", [Pure]> {
+def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad",
+    [Pure, AttrSizedOperandSegments, AttrSizedResultSegments]> {
   let summary = "backward of moe.expert_ffn followed by moe.combine, without y";
   let description = [{
     The backward of `out = combine(expert_ffn(x, ...).y, weights, rows)` that
@@ -786,6 +810,10 @@ def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad", [Pure]> {
     accumulate(%a : type)`: `moe-fold-adds` folds an add of the experts' dx
     into it. Where the gradient is computed in f32, the sum may be rounded
     once.
+
+    With `bias(%b_gate_up, %b_down : ...)` the experts have biases (as in
+    `moe.expert_ffn`): `d_weights[t, j]` gains `<dout[t], b_down[e]>` and
+    `d_b_gate_up`, `d_b_down` are returned as by `moe.expert_ffn_grad`.
   }];
   let arguments = (ins
     MoE_Activations:$x,
@@ -798,18 +826,25 @@ def MoE_ExpertCombineGradOp : MoE_Op<"expert_combine_grad", [Pure]> {
     MoE_Activations:$h,
     MoE_Activations:$dout,
     Optional<MoE_Activations>:$accumulate,
+    Optional<MoE_Weights2D>:$b_gate_up,
+    Optional<MoE_Weights2D>:$b_down,
     MoE_ActivationAttr:$activation
   );
   let results = (outs MoE_Activations:$dx, MoE_F32Matrix:$d_weights,
-                      MoE_Weights3D:$d_w_gate_up, MoE_Weights3D:$d_w_down);
+                      MoE_Weights3D:$d_w_gate_up, MoE_Weights3D:$d_w_down,
+                      Optional<MoE_Weights2D>:$d_b_gate_up,
+                      Optional<MoE_Weights2D>:$d_b_down);
   let assemblyFormat = [{
     $x `,` $token_ids `,` $offsets `,` $rows `,` $weights `,` $w_gate_up `,`
     $w_down `,` $h `,` $dout
-    (`accumulate` `(` $accumulate^ `:` type($accumulate) `)`)? attr-dict `:`
+    (`accumulate` `(` $accumulate^ `:` type($accumulate) `)`)?
+    (`bias` `(` $b_gate_up^ `,` $b_down `:` type($b_gate_up) `,` type($b_down) `)`)?
+    attr-dict `:`
     type($x) `,` type($token_ids) `,`
     type($offsets) `,` type($rows) `,` type($weights) `,` type($w_gate_up) `,`
     type($w_down) `,` type($h) `,` type($dout) `->` type($dx) `,`
     type($d_weights) `,` type($d_w_gate_up) `,` type($d_w_down)
+    (`,` type($d_b_gate_up)^ `,` type($d_b_down))?
   }];
   let hasVerifier = 1;
 }

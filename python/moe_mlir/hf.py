@@ -59,9 +59,17 @@ Experts must be SwiGLU (`hidden_act="silu"`). Weights:
 nn.Linear in the model's dtype, rounds them (`round_logits=False`; "auto", the default, rounds
 them as the block does).
 
-What the swapped block does not do: record router logits for `output_router_logits=True` (the HF
-router module's forward is not called; ask `layer(x, return_router_logits=True)`), router
-jitter (refused when > 0).
+Router logits for `output_router_logits=True` (HF's auxiliary loss): the compiled layer routes
+by itself, so the router module's forward is not called, but with `weights="share"` the layer
+runs that module's forward hooks with its own logits (f32, differentiable into the router
+weight) as the module's output: a tensor for an nn.Linear router, else the tuple
+`(logits, None, None)` (Granite's order: `(None, None, logits)`). HF's OutputRecorder is such
+a hook, so the model's `router_logits`, `aux_loss` and loss are the unswapped model's
+(test/Python/test_hf_aux_loss.py). `weights="copy"` and expert-parallel layers hold no router
+module and record nothing. `layer(x, return_aux_losses=True)` gives the compiler's own losses
+(moe.aux_loss; docs/python.md).
+
+What the swapped block does not do: router jitter (refused when > 0).
 """
 
 from __future__ import annotations
@@ -563,6 +571,20 @@ class HFMoELayer(MoELayer):
     def _router(self) -> nn.Module:
         return _get(self, self._spec.router)
 
+    def forward(self, hidden_states: torch.Tensor, return_router_logits: bool = False, **kw):
+        """MoELayer.forward; the router logits also reach the forward hooks of the block's
+        router module (HF's OutputRecorder for `output_router_logits=True`)."""
+        recorder = getattr(self, self._spec.router.split(".")[0])
+        if not (recorder._forward_hooks or recorder._forward_hooks_with_kwargs):
+            return super().forward(hidden_states, return_router_logits, **kw)
+        result = super().forward(hidden_states, True, **kw)
+        logits = result[1]
+        _run_forward_hooks(recorder, hidden_states.reshape(-1, self.config.hidden), logits)
+        if return_router_logits:
+            return result
+        rest = result[2:]
+        return (result[0], *rest) if rest else result[0]
+
     def extra_repr(self) -> str:
         return f"from={self.block_type}, " + super().extra_repr()
 
@@ -582,6 +604,32 @@ class HFMoELayer(MoELayer):
             w["shared_gate_up"] = torch.cat([s.gate_proj.weight, s.up_proj.weight], 0).t()
             w["shared_down"] = s.down_proj.weight.t()
         return w
+
+
+# Where the router module's forward returns its logits: a tensor (an nn.Linear router), or a
+# tuple with the logits at this index (the others None here: the layer routes by itself).
+_LOGITS_INDEX = {"GraniteMoe": 2}  # (top_k_index, top_k_weights, router_logits)
+
+
+def _router_output(module: nn.Module, logits: torch.Tensor):
+    if isinstance(module, nn.Linear):
+        return logits
+    kind = type(module).__name__
+    index = next((i for p, i in _LOGITS_INDEX.items() if kind.startswith(p)), 0)
+    out = [None, None, None]
+    out[index] = logits
+    return tuple(out)
+
+
+def _run_forward_hooks(module: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> None:
+    """Runs `module`'s forward hooks as if it had returned the layer's logits for input x
+    (its forward is not called: the compiled layer routes). What a hook returns is not used."""
+    output = _router_output(module, logits)
+    for hook_id, hook in list(module._forward_hooks.items()):
+        if hook_id in module._forward_hooks_with_kwargs:
+            hook(module, (x,), {}, output)
+        else:
+            hook(module, (x,), output)
 
 
 def _store_transposed(p: nn.Parameter) -> None:

@@ -905,8 +905,20 @@ class MoELayer(nn.Module):
                     f"float32)"
                 )
 
-    def forward(self, hidden_states: torch.Tensor, return_router_logits: bool = False):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        return_router_logits: bool = False,
+        return_aux_losses: bool = False,
+    ):
         """y (x's shape and dtype), and the router logits [T, E] (f32) when asked.
+
+        `return_aux_losses=True` adds the step's load-balancing loss and router z-loss,
+        moe.aux_loss of the router logits and the router's choices (0-d f32 tensors,
+        `moe_mlir.aux_losses`): `y, lb, z` (or `y, logits, lb, z`). Their gradients
+        (moe.aux_loss_grad) join the logits' gradient in the layer's backward, so
+        `(loss + a * lb + b * z).backward()` reaches the router weight.
+
 
         Under `torch.autocast` (mixed precision: f32 parameters, the layer computed in the
         autocast dtype) x and the weights are cast to bf16 on CUDA, to f32 on the CPU, with
@@ -918,6 +930,12 @@ class MoELayer(nn.Module):
         autocast = _autocast_dtype(hidden_states.device) is not None
         self._check(hidden_states, weights, autocast)
         if self.expert_parallel:
+            if return_aux_losses:
+                raise NotImplementedError(
+                    "MoELayer(ep_group=...): return_aux_losses is not supported (the stages "
+                    "keep no router choices); apply moe_mlir.aux_losses.aux_losses to the "
+                    "router logits and experts"
+                )
             return self._ep_forward(hidden_states, weights, return_router_logits)
         shape, dtype = hidden_states.shape, hidden_states.dtype
         x = hidden_states.reshape(-1, self.config.hidden)
@@ -954,9 +972,30 @@ class MoELayer(nn.Module):
             self.last_dropped = _dropped_pairs(outs[2:], x.shape[0], self.config)
         self._remember_routing(outs[1], weights["router_bias"], outs[2:])
         out = outs[0].to(dtype).reshape(shape)
+        if return_aux_losses:
+            lb, z = self._aux_losses(outs[1], weights["router_bias"], outs[2:])
+            return (out, outs[1], lb, z) if return_router_logits else (out, lb, z)
         if return_router_logits:
             return out, outs[1]
         return out
+
+    def _aux_losses(self, logits, bias, saved):
+        """moe.aux_loss of the step: the router's choices from the forward's saved tensors."""
+        from .aux_losses import layer_aux_losses  # noqa: PLC0415
+
+        experts = _saved_router_experts(saved, logits.shape[0], self.config)
+        if experts is None:
+            from . import torch_reference as tr  # noqa: PLC0415
+
+            c = self.config
+            scores = tr.scores(logits.detach().float(), c.scoring)
+            if bias is not None:
+                scores = scores + bias.detach().float()[None, :]
+            experts = tr.select_experts(scores, c.top_k, c.num_groups, c.topk_groups)
+        bound = 0
+        if logits.device.type == "cuda":
+            bound = kernel_for(self.spec_key, logits.shape[0], logits.device).bound
+        return layer_aux_losses(logits, experts, self.config.scoring, bound)
 
     def _ep_forward(self, hidden_states, weights, return_router_logits: bool):
         """The expert-parallel layer: its stages on this rank, the rows moved between them by
@@ -1048,7 +1087,14 @@ class MoELayer(nn.Module):
         GPU machine's cache entries with it."""
         device = torch.device(device)
         if not self.expert_parallel:
-            return kernel_for(self.spec_key, int(tokens), device).bound
+            bound = kernel_for(self.spec_key, int(tokens), device).bound
+            if device.type == "cuda" and cc.find_moe_compile() is not None:
+                # return_aux_losses' function, at the layer's bound
+                from .aux_losses import build_gpu_aux  # noqa: PLC0415
+
+                c = self.config
+                build_gpu_aux(c.experts, c.top_k, c.scoring, bound)
+            return bound
         from .cpu import tokens_within  # noqa: PLC0415
 
         bound = self.options.max_tokens
@@ -1080,6 +1126,24 @@ def _dropped_pairs(saved: Sequence[torch.Tensor], tokens, config: LayerConfig) -
         ):
             return tokens * k - offsets[experts].to(torch.int64)
     raise RuntimeError("moe_mlir: the layer's saved tensors hold no dispatch results")
+
+
+def _saved_router_experts(saved: Sequence[torch.Tensor], tokens, config: LayerConfig):
+    """The router's experts [T, k] (i32) among the forward's saved tensors: moe.router's
+    weights [T, k] f32, experts [T, k] i32 and logits [T, E] f32, consecutive in both paths'
+    saved sets; None where the forward did not save them."""
+    k, experts = config.top_k, config.experts
+    saved = list(saved)
+    for w, e, logits in zip(saved, saved[1:], saved[2:]):
+        if (
+            w.dtype == torch.float32
+            and e.dtype == torch.int32
+            and logits.dtype == torch.float32
+            and tuple(w.shape) == tuple(e.shape) == (tokens, k)
+            and tuple(logits.shape) == (tokens, experts)
+        ):
+            return e.detach()
+    return None
 
 
 def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:

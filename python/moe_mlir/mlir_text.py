@@ -14,7 +14,7 @@ from .config import LayerConfig
 if TYPE_CHECKING:
     from .distributed import EPSpec
 
-__all__ = ["mlir_float", "tensor_type", "routing_attr", "layer_mlir"]
+__all__ = ["mlir_float", "tensor_type", "routing_attr", "layer_mlir", "aux_loss_mlir"]
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.]*$")
 
@@ -137,3 +137,45 @@ def layer_mlir(
         f"  return %out, %logits : {out_t}, {logits_t}\n"
         f"}}\n"
     )
+
+
+def aux_loss_mlir(
+    experts: int,
+    top_k: int,
+    scoring: str,
+    name: str = "aux_loss",
+    max_tokens: Optional[int] = None,
+    grad: bool = True,
+) -> str:
+    """`func.func @<name>(logits [?, E] f32, experts [?, k] i32) -> (load_balance, z_loss)`
+    (0-d f32) with one `moe.aux_loss`; with `grad`, `@<name>_grad(logits, experts,
+    d_load_balance, d_z_loss) -> d_logits` with its `moe.aux_loss_grad` (the CPU path). T is
+    dynamic; `max_tokens` bounds it (`moe.max_tokens`, what moe-compile needs; it derives the
+    backward itself, so give `grad=False` there)."""
+    LayerConfig(0, 1, 1, experts, top_k, scoring=scoring).validate()
+    if not _NAME_RE.match(name):
+        raise ValueError(f"invalid function name {name!r}")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    lt = tensor_type((-1, experts), "f32")
+    et = tensor_type((-1, top_k), "i32")
+    attr = f"{{scoring = #moe.scoring<{scoring}>}}"
+    bound = "" if max_tokens is None else f" attributes {{moe.max_tokens = {max_tokens} : i64}}"
+    text = (
+        f"func.func @{name}(%logits: {lt}, %experts: {et})\n"
+        f"    -> (tensor<f32>, tensor<f32>){bound} {{\n"
+        f"  %lb, %z = moe.aux_loss %logits, %experts {attr}\n"
+        f"      : {lt}, {et} -> tensor<f32>, tensor<f32>\n"
+        f"  return %lb, %z : tensor<f32>, tensor<f32>\n}}\n"
+    )
+    if grad:
+        text += (
+            f"func.func @{name}_grad(%logits: {lt}, %experts: {et},\n"
+            f"    %d_lb: tensor<f32>, %d_z: tensor<f32>) -> {lt}{bound} {{\n"
+            f"  %d = moe.aux_loss_grad %logits, %experts, %d_lb, %d_z {attr}\n"
+            f"      : {lt}, {et}, tensor<f32>, tensor<f32> -> {lt}\n"
+            f"  return %d : {lt}\n}}\n"
+        )
+    return text

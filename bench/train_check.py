@@ -339,12 +339,65 @@ def prebuild(folder: str, size: str) -> int:
             # MoELayer runs the layer of dynamic token count at the bound its T rounds to.
             options = cc.BuildOptions(max_tokens=cc.default_bound(cfg.tokens))
             entry = cc.build_gpu_entry(cfg, options)
+            if name in CHECK_LAYERS:  # the aux-loss function of return_aux_losses
+                from moe_mlir.aux_losses import build_gpu_aux  # noqa: PLC0415
+
+                build_gpu_aux(cfg.experts, cfg.top_k, cfg.scoring, options.max_tokens)
             print(f"PASS {name}: {entry.path} ({time.time() - t0:.1f} s)")
         except Exception as e:  # noqa: BLE001
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {e}")
     print(f"{len(configs) - failed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def aux_check(layer, cfg, x, mode) -> list:
+    """return_aux_losses (the sm_90a aux-loss function on CUDA): load_balance and z_loss
+    against torch in f32 on the layer's own logits and routing (1e-4); their gradient alone
+    (a * lb + b * z backward, no cotangent of out) in the router weight and x against x^T dL
+    and dL w_router^T, dL from torch autograd (2e-2). The failures' names, empty when it
+    passes."""
+    from moe_mlir import torch_reference as TR  # noqa: PLC0415
+
+    fn = layer if mode == "eager" else torch.compile(layer, fullgraph=True)
+    a, b = 30.0, 3.0
+    try:
+        xx = x.clone().requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        _, logits, lb, z = fn(xx, return_router_logits=True, return_aux_losses=True)
+        (a * lb + b * z).backward()
+        ref_logits = logits.detach().float().requires_grad_(True)
+        c = TR.scores(ref_logits.detach(), cfg.scoring)
+        if cfg.router_bias:
+            c = c + layer.router_bias.float()
+        experts = TR.select_experts(c, cfg.top_k, cfg.num_groups, cfg.topk_groups)
+        counts = torch.bincount(experts.reshape(-1), minlength=cfg.experts).float()
+        p = TR.scores(ref_logits, cfg.scoring)
+        if cfg.scoring == "sigmoid":
+            p = p / p.sum(-1, keepdim=True)
+        rlb = cfg.experts * (counts / experts.numel() * p.mean(0)).sum()
+        rz = (torch.logsumexp(ref_logits, -1) ** 2).mean()
+        (a * rlb + b * rz).backward()
+        dl = ref_logits.grad
+        want = {
+            "load_balance": (lb, rlb, 1e-4),
+            "z_loss": (z, rz, 1e-4),
+            "d_w_router": (layer.w_router.grad, x.float().t() @ dl, 2e-2),
+            "d_x": (xx.grad, dl @ layer.w_router.detach().float().t(), 2e-2),
+        }
+        worst = {
+            k: float((o.detach().float() - r.detach()).norm() / r.detach().norm().clamp_min(1e-30))
+            for k, (o, r, _) in want.items()
+        }
+        bad = [k for k, v in worst.items() if not math.isfinite(v) or v > want[k][2]]
+        print(
+            f"{'FAIL' if bad else 'PASS'} layer {cfg.tokens}x{cfg.experts} aux losses ({mode}): "
+            + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
+        )
+    except Exception as e:  # noqa: BLE001
+        bad = [f"{type(e).__name__}: {e}"]
+        print(f"FAIL layer {cfg.tokens}x{cfg.experts} aux losses ({mode}): {bad[0]}")
+    return bad
 
 
 def layer_check(device) -> int:
@@ -403,6 +456,10 @@ def layer_check(device) -> int:
             except Exception as e:  # noqa: BLE001
                 bad = [f"{type(e).__name__}: {e}"]
                 print(f"FAIL layer {name} ({mode}): {bad[0]}")
+            passed += not bad
+            failed += bool(bad)
+        for mode in ("eager", "compile"):
+            bad = aux_check(layer, cfg, x, mode)
             passed += not bad
             failed += bool(bad)
         # Mixed precision: an f32 copy of the layer under torch.autocast(bf16) computes the

@@ -49,6 +49,9 @@ class LayerConfig:
     # bf16 nn.Linear router has them (HF Mixtral, Qwen3-MoE, OLMoE)
     round_logits: bool = False
     router_bias: bool = False
+    # gpt-oss's expert biases: b_gate_up [E, G] added before the activation and b_down
+    # [E, d] after the down projection, inside each routed expert (the shared expert has none)
+    expert_bias: bool = False
     shared_ffn: int = 0
     activation: str = "swiglu"
     capacity_factor: Optional[float] = None
@@ -80,7 +83,7 @@ class LayerConfig:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("renormalize", "round_logits", "router_bias"):
+        for name in ("renormalize", "round_logits", "router_bias", "expert_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if experts >= I32_MAX:
@@ -156,7 +159,8 @@ class LayerConfig:
 
     def arg_specs(self) -> List[Tuple[str, Tuple[int, ...], str]]:
         """(name, shape, element type) of the layer function's arguments, in order:
-        x, w_router, [router_bias], w_gate_up, w_down, [shared_gate_up, shared_down]."""
+        x, w_router, [router_bias], w_gate_up, w_down, [shared_gate_up, shared_down],
+        [b_gate_up, b_down]."""
         T, d, n, E = self.tokens, self.hidden, self.ffn, self.experts
         dt = self.dtype
         specs = [("x", (T, d), dt), ("w_router", (d, E), dt)]
@@ -167,6 +171,9 @@ class LayerConfig:
         if self.has_shared:
             specs.append(("shared_gate_up", (d, self.shared_gate_up_width), dt))
             specs.append(("shared_down", (self.shared_ffn, d), dt))
+        if self.expert_bias:
+            specs.append(("b_gate_up", (E, self.gate_up_width), dt))
+            specs.append(("b_down", (E, d), dt))
         return specs
 
     def result_specs(self) -> List[Tuple[str, Tuple[int, ...], str]]:

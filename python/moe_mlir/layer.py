@@ -83,8 +83,18 @@ _GPU_TO_TORCH = {
     "f16": torch.float16,
 }
 GPU_DTYPE = _GPU_TO_TORCH[gpu_contract()["limits"]["data_dtype"]["value"]]
-# Layer arguments in LayerConfig.arg_specs order; the custom op takes all seven (None if absent).
-ARG_NAMES = ("x", "w_router", "router_bias", "w_gate_up", "w_down", "shared_gate_up", "shared_down")
+# Layer arguments in LayerConfig.arg_specs order; the custom op takes all nine (None if absent).
+ARG_NAMES = (
+    "x",
+    "w_router",
+    "router_bias",
+    "w_gate_up",
+    "w_down",
+    "shared_gate_up",
+    "shared_down",
+    "b_gate_up",
+    "b_down",
+)
 
 
 # The LayerConfig field of each size the contract's limits apply to (d, n and the shared
@@ -104,6 +114,8 @@ def check_gpu_config(config: LayerConfig) -> None:
     activations = limits["activations"]["value"]
     if config.activation not in activations:
         broken(f"activation {config.activation!r} is not one of {activations}", "activations")
+    if config.expert_bias and not limits["expert_bias_supported"]["value"]:
+        broken("expert_bias (b_gate_up, b_down) is not supported", "expert_bias_supported")
     if config.capacity_factor is not None and not limits["capacity_factor_supported"]["value"]:
         broken(
             f"capacity_factor {config.capacity_factor} is not supported (only None, dropless)",
@@ -383,9 +395,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- custom ops
 
 
-def _args_dict(x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
-    values = (x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down)
-    return {n: v for n, v in zip(ARG_NAMES, values) if v is not None}
+def _args_dict(*values):
+    return {n: v for n, v in zip(ARG_NAMES, values, strict=True) if v is not None}
 
 
 @torch.library.custom_op("moe_mlir::layer_forward", mutates_args=())
@@ -398,9 +409,13 @@ def layer_forward(
     w_down: torch.Tensor,
     shared_gate_up: Optional[torch.Tensor],
     shared_down: Optional[torch.Tensor],
+    b_gate_up: Optional[torch.Tensor],
+    b_down: Optional[torch.Tensor],
 ) -> List[torch.Tensor]:
     """[out [T,d], router logits [T,E] f32, saved tensors...] of the compiled forward."""
-    args = _args_dict(x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down)
+    args = _args_dict(
+        x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down, b_gate_up, b_down
+    )
     kernel = kernel_for(spec, x.shape[0], x.device)
     if x.device.type == "cuda":
         args["x"] = _aligned(x)
@@ -411,7 +426,16 @@ def layer_forward(
 
 @layer_forward.register_fake
 def _layer_forward_fake(
-    spec, x, w_router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down
+    spec,
+    x,
+    w_router,
+    router_bias,
+    w_gate_up,
+    w_down,
+    shared_gate_up,
+    shared_down,
+    b_gate_up,
+    b_down,
 ):
     kernel = kernel_for(spec, x.shape[0], x.device)
     return [x.new_empty(shape, dtype=dtype) for shape, dtype in kernel.out_shapes(x.shape[0])]
@@ -487,7 +511,7 @@ def _backward(ctx, grads):
     saved = [fetched[i] if i in fetched else next(kept) for i in range(ctx.n_saved)]
     if d_out is None:
         if d_logits is None:
-            return (None,) * 8
+            return (None,) * (1 + len(ARG_NAMES))
         d_out = inputs[0].new_zeros(ctx.out_meta[0], dtype=ctx.out_meta[1])
     d_out = d_out.contiguous()
     if d_logits is not None:
@@ -630,7 +654,9 @@ class MoELayer(nn.Module):
     """A moe-mlir layer with its own parameters, in the compiler's layout (docs/dialect.md):
     `w_router` [d, E], `w_gate_up` [E, d, 2n] (gate columns first, then up), `w_down`
     [E, n, d], the buffer `router_bias` [E] (f32, no gradient: DeepSeek-V3's
-    e_score_correction_bias), `shared_gate_up` [d, 2m], `shared_down` [m, d].
+    e_score_correction_bias), `shared_gate_up` [d, 2m], `shared_down` [m, d], and with
+    `config.expert_bias` the experts' biases `b_gate_up` [E, G] and `b_down` [E, d]
+    (gpt-oss; the CPU path only: the CUDA path refuses them, gpu_contract.json).
 
     `config.tokens` and `config.dtype` are ignored: T comes from the input, the element type
     from the parameters (bf16 on CUDA; f32 or bf16 on the CPU). `memory_budget` / `policy`: the
@@ -703,6 +729,11 @@ class MoELayer(nn.Module):
             raise ValueError(
                 "ep_capacity, ep_overflow and ep_chunk_tokens need ep_group (expert parallelism)"
             )
+        if ep_group is not None and config.expert_bias:
+            raise NotImplementedError(
+                "MoELayer(ep_group=...): expert_bias is not supported on the expert-parallel "
+                "path (its stages take no expert biases)"
+            )
         if ep_group is not None:
             self._init_ep(config, ep_group)
         if policy not in ("auto", "keep", "recompute", "offload"):
@@ -757,6 +788,11 @@ class MoELayer(nn.Module):
             self.shared_down = nn.Parameter(torch.empty(c.shared_ffn, c.hidden, **factory))
         else:
             self.shared_gate_up = self.shared_down = None
+        if c.expert_bias:
+            self.b_gate_up = nn.Parameter(torch.empty(local, c.gate_up_width, **factory))
+            self.b_down = nn.Parameter(torch.empty(local, c.hidden, **factory))
+        else:
+            self.b_gate_up = self.b_down = None
         with torch.no_grad():
             for p in self.parameters():
                 p.normal_(0.0, init_std)
@@ -839,6 +875,8 @@ class MoELayer(nn.Module):
             "w_down": self.w_down,
             "shared_gate_up": self.shared_gate_up,
             "shared_down": self.shared_down,
+            "b_gate_up": self.b_gate_up,
+            "b_down": self.b_down,
         }
 
     def _check(
@@ -877,7 +915,9 @@ class MoELayer(nn.Module):
                 f"torch.float32 (and torch.bfloat16, computed in float32)"
             )
         shapes = {n: s for n, s, _ in c.arg_specs()}
-        for name in ("w_gate_up", "w_down"):  # this rank's experts
+        for name in ("w_gate_up", "w_down", "b_gate_up", "b_down"):  # this rank's experts
+            if name not in shapes:
+                continue
             shapes[name] = (c.experts // self.ep_size, *shapes[name][1:])
         for name, w in weights.items():
             if w is None:
@@ -967,6 +1007,8 @@ class MoELayer(nn.Module):
             weights["w_down"].contiguous(),
             _contig(weights["shared_gate_up"]),
             _contig(weights["shared_down"]),
+            _contig(weights.get("b_gate_up")),
+            _contig(weights.get("b_down")),
         )
         if self.config.capacity_factor is not None:
             self.last_dropped = _dropped_pairs(outs[2:], x.shape[0], self.config)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 __all__ = ["mlir_float", "tensor_type", "routing_attr", "layer_mlir", "aux_loss_mlir"]
 
+# The arguments that hold one rank's experts in an expert-parallel layer.
+_EXPERT_ARGS = ("w_gate_up", "w_down", "b_gate_up", "b_down")
+
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.]*$")
 
 
@@ -64,10 +67,11 @@ def layer_mlir(
     ep: Optional["EPSpec"] = None,
 ) -> str:
     """`func.func @<name>(x, w_router, [router_bias], w_gate_up, w_down,
-    [shared_gate_up, shared_down]) -> (out, logits)` with one `moe.layer`. With `max_tokens`
-    the token count is dynamic (`?`) up to that bound, `config.tokens` unused. With `ep`
-    (`moe_mlir.distributed.EPSpec`) the layer is expert-parallel: w_gate_up and w_down hold
-    one rank's `experts / ep.size` experts (docs/distributed.md)."""
+    [shared_gate_up, shared_down], [b_gate_up, b_down]) -> (out, logits)` with one
+    `moe.layer`. With `max_tokens` the token count is dynamic (`?`) up to that bound,
+    `config.tokens` unused. With `ep` (`moe_mlir.distributed.EPSpec`) the layer is
+    expert-parallel: w_gate_up and w_down (and the expert biases) hold one rank's
+    `experts / ep.size` experts (docs/distributed.md)."""
     config.validate()
     if ep is not None:
         ep.validate(config)
@@ -86,10 +90,7 @@ def layer_mlir(
     args = config.arg_specs()
     if ep is not None:  # one rank's experts
         local = config.experts // ep.size
-        args = [
-            (n, (local, *shape[1:]) if n in ("w_gate_up", "w_down") else shape, e)
-            for n, shape, e in args
-        ]
+        args = [(n, (local, *shape[1:]) if n in _EXPERT_ARGS else shape, e) for n, shape, e in args]
     types = {arg: tensor_type(shape, elem) for arg, shape, elem in args}
     if max_tokens is not None:
         (x_name, x_shape, x_elem) = next(a for a in args if a[0] == "x")
@@ -127,6 +128,10 @@ def layer_mlir(
         extras += (
             f"\n      shared(%shared_gate_up, %shared_down : "
             f"{types['shared_gate_up']}, {types['shared_down']})"
+        )
+    if config.expert_bias:
+        extras += (
+            f"\n      expert_bias(%b_gate_up, %b_down : {types['b_gate_up']}, {types['b_down']})"
         )
     main_types = ", ".join(types[a] for a in ("x", "w_router", "w_gate_up", "w_down"))
     return (

@@ -408,20 +408,36 @@ def _expert_rows(offsets, E):
             yield e, lo, hi
 
 
-def expert_ffn(x, token_ids, offsets, wgu, wd, act: str):
-    """`__moe_cpu_expert_ffn`: returns y [R,d], h [R,G]; rows from offsets[E] on are 0."""
+def _check_biases(bgu, bd, E, G, d):
+    if (bgu is None) != (bd is None):
+        raise ValueError("expected both b_gate_up and b_down, or neither")
+    if bgu is not None:
+        if np.shape(bgu) != (E, G):
+            raise ValueError(f"b_gate_up has shape {np.shape(bgu)}, expected {(E, G)}")
+        if np.shape(bd) != (E, d):
+            raise ValueError(f"b_down has shape {np.shape(bd)}, expected {(E, d)}")
+
+
+def expert_ffn(x, token_ids, offsets, wgu, wd, act: str, bgu=None, bd=None):
+    """`__moe_cpu_expert_ffn`: returns y [R,d], h [R,G]; rows from offsets[E] on are 0.
+    With the biases bgu [E,G] and bd [E,d]: h = x·wgu[e] + bgu[e], y = act(h)·wd[e] + bd[e]."""
     _check_act(act)
-    dt = compute_dtype(x, wgu, wd)
+    dt = compute_dtype(x, wgu, wd, bgu, bd)
     x, wgu, wd = _f(x, dt), _f(wgu, dt), _f(wd, dt)
     token_ids = _i32(token_ids)
     E, d, G = wgu.shape
+    _check_biases(bgu, bd, E, G, d)
     R = token_ids.shape[0]
     y = np.zeros((R, d), dtype=dt)
     h = np.zeros((R, G), dtype=dt)
     for e, lo, hi in _expert_rows(offsets, E):
         he = x[token_ids[lo:hi]] @ wgu[e]
+        if bgu is not None:
+            he = he + _f(bgu, dt)[e]
         h[lo:hi] = he
         y[lo:hi] = activation(he, act) @ wd[e]
+        if bd is not None:
+            y[lo:hi] += _f(bd, dt)[e]
     return y, h
 
 
@@ -431,6 +447,8 @@ def _ffn_backward(x, token_ids, offsets, wgu, wd, h, dy, act, dt):
     dx = np.zeros((T, d), dtype=dt)
     d_wgu = np.zeros_like(wgu)
     d_wd = np.zeros_like(wd)
+    d_bgu = np.zeros((E, G), dtype=dt)
+    d_bd = np.zeros((E, d), dtype=dt)
     for e, lo, hi in _expert_rows(offsets, E):
         he, dye = h[lo:hi], dy[lo:hi]
         tok = token_ids[lo:hi]
@@ -439,27 +457,34 @@ def _ffn_backward(x, token_ids, offsets, wgu, wd, h, dy, act, dt):
         dh = activation_grad(he, da, act)
         d_wd[e] = a.T @ dye
         d_wgu[e] = x[tok].T @ dh
+        d_bgu[e] = dh.sum(axis=0)
+        d_bd[e] = dye.sum(axis=0)
         np.add.at(dx, tok, dh @ wgu[e].T)  # ascending rows
-    return dx, d_wgu, d_wd
+    return dx, d_wgu, d_wd, d_bgu, d_bd
 
 
-def expert_ffn_grad(x, token_ids, offsets, wgu, wd, h, dy, act: str):
-    """`__moe_cpu_expert_ffn_grad`: returns dx [T,d], d_wgu, d_wd."""
+def expert_ffn_grad(x, token_ids, offsets, wgu, wd, h, dy, act: str, bias: bool = False):
+    """`__moe_cpu_expert_ffn_grad`: returns dx [T,d], d_wgu, d_wd, plus with `bias` the
+    bias gradients d_bgu [E,G] and d_bd [E,d] (each expert's column sums of dh and dy)."""
     _check_act(act)
     dt = compute_dtype(x, wgu, wd, h, dy)
-    return _ffn_backward(
+    grads = _ffn_backward(
         _f(x, dt), _i32(token_ids), offsets, _f(wgu, dt), _f(wd, dt), _f(h, dt), _f(dy, dt), act, dt
     )
+    return grads if bias else grads[:3]
 
 
-def expert_combine_grad(x, token_ids, offsets, rows, weights, wgu, wd, h, dout, act: str):
+def expert_combine_grad(
+    x, token_ids, offsets, rows, weights, wgu, wd, h, dout, act: str, bd=None, bias: bool = False
+):
     """`__moe_cpu_expert_combine_grad`: the expert FFN gradient fused with the combine
-    gradient. Returns dx [T,d], d_weights [T,k], d_wgu, d_wd.
+    gradient. Returns dx [T,d], d_weights [T,k], d_wgu, d_wd, plus with `bias` d_bgu, d_bd.
 
     For each kept (t, j), r = rows[t, j], expert e of r: ga = dout[t]·wd[e]ᵀ,
-    d_weights[t, j] = <ga, act(h[r])>, dy[r] = weights[t, j]·dout[t]."""
+    d_weights[t, j] = <ga, act(h[r])> (+ <dout[t], bd[e]> with the down bias bd),
+    dy[r] = weights[t, j]·dout[t]."""
     _check_act(act)
-    dt = compute_dtype(x, weights, wgu, wd, h, dout)
+    dt = compute_dtype(x, weights, wgu, wd, h, dout, bd)
     x, wgu, wd, h, dout = _f(x, dt), _f(wgu, dt), _f(wd, dt), _f(h, dt), _f(dout, dt)
     weights = _f(weights, dt)
     rows = _i32(rows)
@@ -482,8 +507,12 @@ def expert_combine_grad(x, token_ids, offsets, rows, weights, wgu, wd, h, dout, 
         e = expert_of_row[r]
         ga = np.einsum("td,tnd->tn", dout[tt], wd[e])
         d_weights[tt, j] = np.sum(ga * activation(h[r], act), axis=1)
+        if bd is not None:
+            d_weights[tt, j] += np.sum(dout[tt] * _f(bd, dt)[e], axis=1)
         dy[r] = weights[tt, j][:, None] * dout[tt]
-    dx, d_wgu, d_wd = _ffn_backward(x, token_ids, offsets, wgu, wd, h, dy, act, dt)
+    dx, d_wgu, d_wd, d_bgu, d_bd = _ffn_backward(x, token_ids, offsets, wgu, wd, h, dy, act, dt)
+    if bias:
+        return dx, d_weights, d_wgu, d_wd, d_bgu, d_bd
     return dx, d_weights, d_wgu, d_wd
 
 
@@ -665,6 +694,8 @@ class LayerCache:
     router_bias: Optional[np.ndarray]
     shared_gate_up: Optional[np.ndarray]
     shared_down: Optional[np.ndarray]
+    b_gate_up: Optional[np.ndarray]
+    b_down: Optional[np.ndarray]
     weights: np.ndarray
     experts: np.ndarray
     logits: np.ndarray
@@ -697,6 +728,10 @@ def _check_layer_shapes(config: LayerConfig, arrays: Dict[str, Optional[np.ndarr
         arrays.get("shared_gate_up") is not None or arrays.get("shared_down") is not None
     ):
         raise ValueError("shared expert weights given but config.shared_ffn is 0")
+    if not config.expert_bias and (
+        arrays.get("b_gate_up") is not None or arrays.get("b_down") is not None
+    ):
+        raise ValueError("expert biases given but config.expert_bias is False")
 
 
 def layer_forward(
@@ -708,6 +743,8 @@ def layer_forward(
     router_bias=None,
     shared_gate_up=None,
     shared_down=None,
+    b_gate_up=None,
+    b_down=None,
 ):
     """The whole layer (moe.layer after moe-decompose). Returns (out [T,d], logits [T,E],
     cache)."""
@@ -721,11 +758,17 @@ def layer_forward(
             router_bias=router_bias,
             shared_gate_up=shared_gate_up,
             shared_down=shared_down,
+            b_gate_up=b_gate_up,
+            b_down=b_down,
         ),
     )
-    dt = compute_dtype(x, w_router, w_gate_up, w_down, shared_gate_up, shared_down)
+    dt = compute_dtype(
+        x, w_router, w_gate_up, w_down, shared_gate_up, shared_down, b_gate_up, b_down
+    )
     x, w_router = _f(x, dt), _f(w_router, dt)
     w_gate_up, w_down = _f(w_gate_up, dt), _f(w_down, dt)
+    if config.expert_bias:
+        b_gate_up, b_down = _f(b_gate_up, dt), _f(b_down, dt)
     weights, experts, logits = router(
         x,
         w_router,
@@ -738,7 +781,9 @@ def layer_forward(
         scaling=config.scaling_factor,
     )
     token_ids, offsets, rows = dispatch(experts, config.experts, config.capacity)
-    y, h = expert_ffn(x, token_ids, offsets, w_gate_up, w_down, config.activation)
+    y, h = expert_ffn(
+        x, token_ids, offsets, w_gate_up, w_down, config.activation, b_gate_up, b_down
+    )
     routed = combine(y, weights, rows)
     out = routed
     shared_y = shared_h = None
@@ -755,6 +800,8 @@ def layer_forward(
         router_bias=router_bias,
         shared_gate_up=shared_gate_up,
         shared_down=shared_down,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
         weights=weights,
         experts=experts,
         logits=logits,
@@ -776,7 +823,8 @@ def layer_backward(
     """Gradients of the layer for the cotangents d_out [T,d] and d_logits [T,E] (None = 0).
 
     Returns (dx, d_router, d_gate_up, d_down), plus (d_shared_gate_up, d_shared_down) with a
-    shared expert. The router bias gets no gradient. `fused=False` uses combine_grad +
+    shared expert, plus (d_b_gate_up, d_b_down) with expert biases (layer_gradient_names
+    order). The router bias gets no gradient. `fused=False` uses combine_grad +
     expert_ffn_grad instead of expert_combine_grad (same mathematics)."""
     c = cache
     dt = compute_dtype(c.x, d_out, d_logits)
@@ -789,13 +837,24 @@ def layer_backward(
             raise ValueError(f"d_logits has shape {d_logits.shape}, expected {c.logits.shape}")
     act = config.activation
     if fused:
-        dx_e, d_weights, d_wgu, d_wd = expert_combine_grad(
-            c.x, c.token_ids, c.offsets, c.rows, c.weights, c.w_gate_up, c.w_down, c.h, d_out, act
+        dx_e, d_weights, d_wgu, d_wd, d_bgu, d_bd = expert_combine_grad(
+            c.x,
+            c.token_ids,
+            c.offsets,
+            c.rows,
+            c.weights,
+            c.w_gate_up,
+            c.w_down,
+            c.h,
+            d_out,
+            act,
+            bd=c.b_down,
+            bias=True,
         )
     else:
         dy, d_weights = combine_grad(d_out, c.weights, c.rows, c.y)
-        dx_e, d_wgu, d_wd = expert_ffn_grad(
-            c.x, c.token_ids, c.offsets, c.w_gate_up, c.w_down, c.h, dy, act
+        dx_e, d_wgu, d_wd, d_bgu, d_bd = expert_ffn_grad(
+            c.x, c.token_ids, c.offsets, c.w_gate_up, c.w_down, c.h, dy, act, bias=True
         )
     dx_r, d_wr = router_grad(
         c.x,
@@ -816,6 +875,8 @@ def layer_backward(
         )
         grads[0] = dx + dx_s
         grads += [d_sgu, d_sd]
+    if config.expert_bias:
+        grads += [d_bgu, d_bd]
     return tuple(grads)
 
 
@@ -824,4 +885,6 @@ def layer_gradient_names(config: LayerConfig):
     names = ["x", "w_router", "w_gate_up", "w_down"]
     if config.has_shared:
         names += ["shared_gate_up", "shared_down"]
+    if config.expert_bias:
+        names += ["b_gate_up", "b_down"]
     return names

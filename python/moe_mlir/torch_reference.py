@@ -7,8 +7,8 @@ form and SiLU too), the combine, and the shared expert added. It runs on whateve
 inputs are on (the GPU checks use CUDA), always in float32.
 
 Gradients: the expert choice is discrete; gradients flow through the scores of the chosen
-experts, into x, w_router, w_gate_up, w_down and the shared expert's weights (the selection
-bias gets none). `experts=` forces the routing decisions (docs/benchmarks.md: compare with the
+experts, into x, w_router, w_gate_up, w_down, the expert biases b_gate_up and b_down (with
+`expert_bias`) and the shared expert's weights (the selection bias gets none). `experts=` forces the routing decisions (docs/benchmarks.md: compare with the
 same routing, so that a near-tie in bf16 does not flip a choice).
 
     ref = forward(config, {"x": x, "w_router": wr, "w_gate_up": wgu, "w_down": wd},
@@ -264,7 +264,11 @@ def forward(
         if tt.numel() == 0:
             continue
         h = x[tt] @ wgu[e]
+        if config.expert_bias:
+            h = h + leaves["b_gate_up"][e]
         y = activation(h, config.activation) @ wd[e]
+        if config.expert_bias:
+            y = y + leaves["b_down"][e]
         out = out.index_add(0, tt, weights[tt, jj][:, None] * y)
     if config.has_shared:
         h = x @ leaves["shared_gate_up"]

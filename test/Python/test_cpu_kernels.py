@@ -188,7 +188,7 @@ def wrappers():
             wrapper(
                 f"ffn_{act}",
                 "__moe_cpu_expert_ffn",
-                queue + [t((E, D, G)), t((E, N, D)), c(code, "i32")],
+                queue + [t((E, D, G)), t((E, N, D)), t((E, G)), t((E, D)), c(code, "i32")],
                 [((R, D), "f32"), ((R, G), "f32")],
             )
         )
@@ -197,7 +197,13 @@ def wrappers():
                 f"ffn_grad_{act}",
                 "__moe_cpu_expert_ffn_grad",
                 queue + [t((E, D, G)), t((E, N, D)), t((R, G)), t((R, D)), c(code, "i32")],
-                [((T, D), "f32"), ((E, D, G), "f32"), ((E, N, D), "f32")],
+                [
+                    ((T, D), "f32"),
+                    ((E, D, G), "f32"),
+                    ((E, N, D), "f32"),
+                    ((E, G), "f32"),
+                    ((E, D), "f32"),
+                ],
             )
         )
         w.append(
@@ -212,9 +218,17 @@ def wrappers():
                     t((E, N, D)),
                     t((R, G)),
                     t((T, D)),
+                    t((E, D)),
                     c(code, "i32"),
                 ],
-                [((T, D), "f32"), ((T, K), "f32"), ((E, D, G), "f32"), ((E, N, D), "f32")],
+                [
+                    ((T, D), "f32"),
+                    ((T, K), "f32"),
+                    ((E, D, G), "f32"),
+                    ((E, N, D), "f32"),
+                    ((E, G), "f32"),
+                    ((E, D), "f32"),
+                ],
             )
         )
         w.append(
@@ -414,24 +428,34 @@ def expert_inputs(act, seed):
     return rng, x, wgu, wd, token_ids, offsets, rows
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("act", list(ACTS))
-def test_expert_ffn_kernels(kernels, act):
+def test_expert_ffn_kernels(kernels, act, bias):
+    """The expert kernels take the biases (zeros for a layer without them) and return the
+    bias gradients."""
     rng, x, wgu, wd, token_ids, offsets, rows = expert_inputs(act, 3)
-    y, h = kernels[f"ffn_{act}"](x, token_ids, offsets, wgu, wd)
-    ry, rh = ref.expert_ffn(x, token_ids, offsets, wgu, wd, act)
+    G = gate_up(act, N)
+    bgu = rng.standard_normal((E, G)).astype(f32) * bias
+    bd = rng.standard_normal((E, D)).astype(f32) * bias
+    y, h = kernels[f"ffn_{act}"](x, token_ids, offsets, wgu, wd, bgu, bd)
+    ry, rh = ref.expert_ffn(x, token_ids, offsets, wgu, wd, act, bgu, bd)
     assert rel_err(y, ry) <= TOL and rel_err(h, rh) <= TOL
     assert not y[offsets[-1] :].any() and not h[offsets[-1] :].any()
     dy = rng.standard_normal((R, D)).astype(f32)
     got = kernels[f"ffn_grad_{act}"](x, token_ids, offsets, wgu, wd, rh.astype(f32), dy)
-    want = ref.expert_ffn_grad(x, token_ids, offsets, wgu, wd, rh, dy, act)
+    want = ref.expert_ffn_grad(x, token_ids, offsets, wgu, wd, rh, dy, act, bias=True)
+    assert len(got) == len(want) == 5
     for g, w in zip(got, want):
         assert rel_err(g, w) <= TOL
     weights = rng.standard_normal((T, K)).astype(f32)
     dout = rng.standard_normal((T, D)).astype(f32)
     got = kernels[f"combine_grad_fused_{act}"](
-        x, token_ids, offsets, rows, weights, wgu, wd, rh.astype(f32), dout
+        x, token_ids, offsets, rows, weights, wgu, wd, rh.astype(f32), dout, bd
     )
-    want = ref.expert_combine_grad(x, token_ids, offsets, rows, weights, wgu, wd, rh, dout, act)
+    want = ref.expert_combine_grad(
+        x, token_ids, offsets, rows, weights, wgu, wd, rh, dout, act, bd=bd, bias=True
+    )
+    assert len(got) == len(want) == 6
     for g, w in zip(got, want):
         assert rel_err(g, w) <= TOL
     assert (got[1][rows < 0] == 0).all()

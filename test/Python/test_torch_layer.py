@@ -203,6 +203,8 @@ def test_opcheck():
         w["w_down"].detach(),
         None,
         None,
+        None,
+        None,
     )
     torch.library.opcheck(
         torch.ops.moe_mlir.layer_forward.default,

@@ -6,7 +6,7 @@
 // RUN: %PYTHON %S/Inputs/check_gpu_limits.py %t/small.json %moe_src_root/python/moe_mlir/gpu_contract.json | FileCheck %s
 // RUN: FileCheck %s --check-prefix=MANIFEST < %t/small.json
 
-// CHECK: gpu_limits: 7 limits, as gpu_contract.json gives them
+// CHECK: gpu_limits: 8 limits, as gpu_contract.json gives them
 
 // The existing keys stay, gpu_limits comes last.
 // MANIFEST: "name": "small",

@@ -1016,10 +1016,14 @@ func.func @__moe_cpu_dispatch(%experts: tensor<?x?xi32>, %e_n: index,
 // Routed experts
 //===----------------------------------------------------------------------===//
 
+// The biases b_gate_up [E, G] and b_down [E, d] start each dot product (zeros
+// for a layer without biases, which leaves the sums as they were).
 func.func @__moe_cpu_expert_ffn(%x: tensor<?x?xf32>, %token_ids: tensor<?xi32>,
                                 %offsets: tensor<?xi32>,
                                 %wgu: tensor<?x?x?xf32>,
-                                %wd: tensor<?x?x?xf32>, %act: i32)
+                                %wd: tensor<?x?x?xf32>,
+                                %bgu: tensor<?x?xf32>, %bd: tensor<?x?xf32>,
+                                %act: i32)
     -> (tensor<?x?xf32>, tensor<?x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -1045,7 +1049,8 @@ func.func @__moe_cpu_expert_ffn(%x: tensor<?x?xf32>, %token_ids: tensor<?xi32>,
       %t = arith.index_cast %t32 : i32 to index
       %hr = scf.for %col = %c0 to %g_n step %c1 iter_args(%hc = %hb)
           -> (tensor<?x?xf32>) {
-        %dot = scf.for %i = %c0 to %d step %c1 iter_args(%acc = %zero)
+        %bv = tensor.extract %bgu[%e, %col] : tensor<?x?xf32>
+        %dot = scf.for %i = %c0 to %d step %c1 iter_args(%acc = %bv)
             -> (f32) {
           %xv = tensor.extract %x[%t, %i] : tensor<?x?xf32>
           %wv = tensor.extract %wgu[%e, %i, %col] : tensor<?x?x?xf32>
@@ -1075,7 +1080,8 @@ func.func @__moe_cpu_expert_ffn(%x: tensor<?x?xf32>, %token_ids: tensor<?xi32>,
         -> (tensor<?x?xf32>) {
       %yr = scf.for %o = %c0 to %d step %c1 iter_args(%yc = %yb)
           -> (tensor<?x?xf32>) {
-        %dot = scf.for %col = %c0 to %n step %c1 iter_args(%acc = %zero)
+        %bv = tensor.extract %bd[%e, %o] : tensor<?x?xf32>
+        %dot = scf.for %col = %c0 to %n step %c1 iter_args(%acc = %bv)
             -> (f32) {
           %av = tensor.extract %a[%r, %col] : tensor<?x?xf32>
           %wv = tensor.extract %wd[%e, %col, %o] : tensor<?x?x?xf32>
@@ -1100,7 +1106,8 @@ func.func @__moe_cpu_expert_ffn_grad(%x: tensor<?x?xf32>,
                                      %wd: tensor<?x?x?xf32>,
                                      %h: tensor<?x?xf32>, %dy: tensor<?x?xf32>,
                                      %act: i32)
-    -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>) {
+    -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>,
+        tensor<?x?xf32>, tensor<?x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
@@ -1145,6 +1152,12 @@ func.func @__moe_cpu_expert_ffn_grad(%x: tensor<?x?xf32>,
   }
   %dh = func.call @__moe_cpu_act_grad(%h, %da, %act)
       : (tensor<?x?xf32>, tensor<?x?xf32>, i32) -> tensor<?x?xf32>
+
+  // The bias gradients: each expert's column sums of dh and dy, rows ascending.
+  %dbgu = func.call @__moe_cpu_segment_sums(%dh, %offsets, %e_n)
+      : (tensor<?x?xf32>, tensor<?xi32>, index) -> tensor<?x?xf32>
+  %dbd = func.call @__moe_cpu_segment_sums(%dy, %offsets, %e_n)
+      : (tensor<?x?xf32>, tensor<?xi32>, index) -> tensor<?x?xf32>
 
   %dwd_empty = tensor.empty(%e_n, %n, %d) : tensor<?x?x?xf32>
   %dwgu_empty = tensor.empty(%e_n, %d, %g_n) : tensor<?x?x?xf32>
@@ -1221,8 +1234,42 @@ func.func @__moe_cpu_expert_ffn_grad(%x: tensor<?x?xf32>,
     scf.yield %dwd2, %dwgu2, %dx2
         : tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>
   }
-  return %res#2, %res#1, %res#0
-      : tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>
+  return %res#2, %res#1, %res#0, %dbgu, %dbd
+      : tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>,
+        tensor<?x?xf32>, tensor<?x?xf32>
+}
+
+// out[e, c] = the sum of rows[r, c] over the rows r of expert e.
+func.func @__moe_cpu_segment_sums(%rows: tensor<?x?xf32>,
+                                  %offsets: tensor<?xi32>, %e_n: index)
+    -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0.0 : f32
+  %cols = tensor.dim %rows, %c1 : tensor<?x?xf32>
+  %init = func.call @__moe_cpu_zeros(%e_n, %cols)
+      : (index, index) -> tensor<?x?xf32>
+  %out = scf.for %e = %c0 to %e_n step %c1 iter_args(%oa = %init)
+      -> (tensor<?x?xf32>) {
+    %e1 = arith.addi %e, %c1 : index
+    %lo32 = tensor.extract %offsets[%e] : tensor<?xi32>
+    %hi32 = tensor.extract %offsets[%e1] : tensor<?xi32>
+    %lo = arith.index_cast %lo32 : i32 to index
+    %hi = arith.index_cast %hi32 : i32 to index
+    %oe = scf.for %c = %c0 to %cols step %c1 iter_args(%ob = %oa)
+        -> (tensor<?x?xf32>) {
+      %sum = scf.for %r = %lo to %hi step %c1 iter_args(%acc = %zero)
+          -> (f32) {
+        %v = tensor.extract %rows[%r, %c] : tensor<?x?xf32>
+        %acc2 = arith.addf %acc, %v : f32
+        scf.yield %acc2 : f32
+      }
+      %ob2 = tensor.insert %sum into %ob[%e, %c] : tensor<?x?xf32>
+      scf.yield %ob2 : tensor<?x?xf32>
+    }
+    scf.yield %oe : tensor<?x?xf32>
+  }
+  return %out : tensor<?x?xf32>
 }
 
 func.func @__moe_cpu_expert_combine_grad(%x: tensor<?x?xf32>,
@@ -1233,9 +1280,10 @@ func.func @__moe_cpu_expert_combine_grad(%x: tensor<?x?xf32>,
                                          %wgu: tensor<?x?x?xf32>,
                                          %wd: tensor<?x?x?xf32>,
                                          %h: tensor<?x?xf32>,
-                                         %dout: tensor<?x?xf32>, %act: i32)
+                                         %dout: tensor<?x?xf32>,
+                                         %bd: tensor<?x?xf32>, %act: i32)
     -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x?xf32>,
-        tensor<?x?x?xf32>) {
+        tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %zero = arith.constant 0.0 : f32
@@ -1279,8 +1327,16 @@ func.func @__moe_cpu_expert_combine_grad(%x: tensor<?x?xf32>,
           %yb2 = tensor.insert %p into %yb[%rc, %o] : tensor<?x?xf32>
           scf.yield %yb2 : tensor<?x?xf32>
         }
-        // <dout[t] . wd[e]^T, act(h[r])>
-        %dsv = scf.for %col = %c0 to %n step %c1 iter_args(%acc = %zero)
+        // <dout[t], bd[e]> + <dout[t] . wd[e]^T, act(h[r])>
+        %dsb = scf.for %o = %c0 to %d step %c1 iter_args(%acc = %zero)
+            -> (f32) {
+          %dv = tensor.extract %dout[%t, %o] : tensor<?x?xf32>
+          %bv = tensor.extract %bd[%e, %o] : tensor<?x?xf32>
+          %p = arith.mulf %dv, %bv : f32
+          %acc2 = arith.addf %acc, %p : f32
+          scf.yield %acc2 : f32
+        }
+        %dsv = scf.for %col = %c0 to %n step %c1 iter_args(%acc = %dsb)
             -> (f32) {
           %ga = scf.for %o = %c0 to %d step %c1 iter_args(%acc2 = %zero)
               -> (f32) {
@@ -1304,13 +1360,15 @@ func.func @__moe_cpu_expert_combine_grad(%x: tensor<?x?xf32>,
     }
     scf.yield %row#0, %row#1 : tensor<?x?xf32>, tensor<?x?xf32>
   }
-  %g:3 = func.call @__moe_cpu_expert_ffn_grad(%x, %token_ids, %offsets, %wgu,
+  %g:5 = func.call @__moe_cpu_expert_ffn_grad(%x, %token_ids, %offsets, %wgu,
                                               %wd, %h, %res#0, %act)
       : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>,
          tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32)
-      -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>)
-  return %g#0, %res#1, %g#1, %g#2
-      : tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>
+      -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>,
+          tensor<?x?xf32>, tensor<?x?xf32>)
+  return %g#0, %res#1, %g#1, %g#2, %g#3, %g#4
+      : tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>,
+        tensor<?x?xf32>, tensor<?x?xf32>
 }
 
 //===----------------------------------------------------------------------===//

@@ -111,18 +111,21 @@ public:
   /// converts the kernel's results back to the types of `op`'s results. With
   /// `accumulate` (the op's operand of that name, converted), result 0 is
   /// then added to it by a tensor arith.addf, as the add that moe-fold-adds
-  /// folded into the op: the op followed by the add.
+  /// folded into the op: the op followed by the add. `unused` are the types
+  /// of trailing kernel results the op does not have (dropped).
   void replaceWithCall(Operation *op, StringRef kernel, ValueRange operands,
-                       Value accumulate = nullptr) {
+                       Value accumulate = nullptr, ArrayRef<Type> unused = {}) {
     SmallVector<Type> kernelTypes =
         llvm::map_to_vector(op->getResultTypes(), [](Type type) -> Type {
           return getKernelType(type);
         });
+    llvm::append_range(kernelTypes, unused);
     auto call =
         func::CallOp::create(rewriter, loc, kernel, kernelTypes, operands);
     SmallVector<Value> results;
     for (auto [value, type] :
-         llvm::zip_equal(call.getResults(), op->getResultTypes())) {
+         llvm::zip_equal(call.getResults().take_front(op->getNumResults()),
+                         op->getResultTypes())) {
       auto resultType = cast<RankedTensorType>(type);
       bool narrow = isNarrowFloat(resultType.getElementType());
       auto castType =
@@ -247,14 +250,36 @@ LogicalResult lower(DispatchOp op, DispatchOp::Adaptor adaptor,
   return success();
 }
 
+/// The expert biases in kernel form: b_gate_up [E, G] and b_down [E, d], or
+/// zeros of those sizes for experts without biases.
+std::pair<Value, Value> expertBiases(Value bGateUp, Value bDown, Value wGateUp,
+                                     Value wDown, KernelCallBuilder &b) {
+  if (bGateUp)
+    return {b.operand(bGateUp), b.operand(bDown)};
+  return {b.zeros({b.dim(wGateUp, 0), b.dim(wGateUp, 2)}),
+          b.zeros({b.dim(wDown, 0), b.dim(wDown, 2)})};
+}
+
+/// The kernels' bias gradients, dropped for experts without biases.
+SmallVector<Type> unusedBiasGrads(Value bGateUp, MLIRContext *context) {
+  if (bGateUp)
+    return {};
+  auto type = RankedTensorType::get(
+      {ShapedType::kDynamic, ShapedType::kDynamic}, Float32Type::get(context));
+  return {type, type};
+}
+
 LogicalResult lower(ExpertFFNOp op, ExpertFFNOp::Adaptor adaptor,
                     KernelCallBuilder &b) {
-  b.replaceWithCall(
-      op, "__moe_cpu_expert_ffn",
-      {b.operand(adaptor.getX()), b.operand(adaptor.getTokenIds()),
-       b.operand(adaptor.getOffsets()), b.operand(adaptor.getWGateUp()),
-       b.operand(adaptor.getWDown()),
-       b.i32(activationCode(op.getActivation()))});
+  Value wGateUp = b.operand(adaptor.getWGateUp());
+  Value wDown = b.operand(adaptor.getWDown());
+  auto [bGateUp, bDown] =
+      expertBiases(adaptor.getBGateUp(), adaptor.getBDown(), wGateUp, wDown, b);
+  b.replaceWithCall(op, "__moe_cpu_expert_ffn",
+                    {b.operand(adaptor.getX()),
+                     b.operand(adaptor.getTokenIds()),
+                     b.operand(adaptor.getOffsets()), wGateUp, wDown, bGateUp,
+                     bDown, b.i32(activationCode(op.getActivation()))});
   return success();
 }
 
@@ -265,21 +290,31 @@ LogicalResult lower(ExpertFFNGradOp op, ExpertFFNGradOp::Adaptor adaptor,
       {b.operand(adaptor.getX()), b.operand(adaptor.getTokenIds()),
        b.operand(adaptor.getOffsets()), b.operand(adaptor.getWGateUp()),
        b.operand(adaptor.getWDown()), b.operand(adaptor.getH()),
-       b.operand(adaptor.getDy()), b.i32(activationCode(op.getActivation()))});
+       b.operand(adaptor.getDy()), b.i32(activationCode(op.getActivation()))},
+      /*accumulate=*/nullptr,
+      unusedBiasGrads(adaptor.getBGateUp(), op.getContext()));
   return success();
 }
 
 LogicalResult lower(ExpertCombineGradOp op,
                     ExpertCombineGradOp::Adaptor adaptor,
                     KernelCallBuilder &b) {
+  Value wGateUp = b.operand(adaptor.getWGateUp());
+  Value wDown = b.operand(adaptor.getWDown());
+  // Only b_down reaches the kernel (the routing-weight gradient); h holds
+  // b_gate_up already.
+  Value bDown = adaptor.getBDown()
+                    ? b.operand(adaptor.getBDown())
+                    : b.zeros({b.dim(wDown, 0), b.dim(wDown, 2)});
   b.replaceWithCall(
       op, "__moe_cpu_expert_combine_grad",
       {b.operand(adaptor.getX()), b.operand(adaptor.getTokenIds()),
        b.operand(adaptor.getOffsets()), b.operand(adaptor.getRows()),
-       b.operand(adaptor.getWeights()), b.operand(adaptor.getWGateUp()),
-       b.operand(adaptor.getWDown()), b.operand(adaptor.getH()),
-       b.operand(adaptor.getDout()), b.i32(activationCode(op.getActivation()))},
-      adaptor.getAccumulate());
+       b.operand(adaptor.getWeights()), wGateUp, wDown,
+       b.operand(adaptor.getH()), b.operand(adaptor.getDout()), bDown,
+       b.i32(activationCode(op.getActivation()))},
+      adaptor.getAccumulate(),
+      unusedBiasGrads(adaptor.getBGateUp(), op.getContext()));
   return success();
 }
 

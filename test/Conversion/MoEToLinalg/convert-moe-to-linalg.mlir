@@ -173,17 +173,20 @@ func.func @dispatch_dynamic(%e: tensor<?x2xi32>) -> tensor<?x2xi32> {
 // CHECK-DAG: %[[WDE:.*]] = arith.extf %[[WD]] : tensor<4x3x4xbf16> to tensor<4x3x4xf32>
 // CHECK-DAG: %[[WDC:.*]] = tensor.cast %[[WDE]] : tensor<4x3x4xf32> to tensor<?x?x?xf32>
 // CHECK-DAG: %[[SWIGLU:.*]] = arith.constant 0 : i32
-// CHECK: %[[F:.*]]:2 = call @__moe_cpu_expert_ffn(%[[XC]], %[[IDSC]], %[[OFFSC]], %[[WGUC]], %[[WDC]], %[[SWIGLU]])
-// CHECK-SAME: : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+// Without biases the kernel adds zeros of [E, G] and [E, d].
+// CHECK-DAG: %[[BGU:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<?x?xf32>)
+// CHECK-DAG: %[[BD:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<?x?xf32>)
+// CHECK: %[[F:.*]]:2 = call @__moe_cpu_expert_ffn(%[[XC]], %[[IDSC]], %[[OFFSC]], %[[WGUC]], %[[WDC]], %[[BGU]], %[[BD]], %[[SWIGLU]])
+// CHECK-SAME: : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>)
 // CHECK: %[[YC:.*]] = tensor.cast %[[F]]#0 : tensor<?x?xf32> to tensor<12x4xf32>
 // CHECK: %[[Y:.*]] = arith.truncf %[[YC]] : tensor<12x4xf32> to tensor<12x4xbf16>
 // CHECK: %[[HC:.*]] = tensor.cast %[[F]]#1 : tensor<?x?xf32> to tensor<12x6xf32>
 // CHECK: %[[H:.*]] = arith.truncf %[[HC]] : tensor<12x6xf32> to tensor<12x6xbf16>
-// CHECK: %[[G:.*]]:3 = call @__moe_cpu_expert_ffn_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>)
+// CHECK: %[[G:.*]]:5 = call @__moe_cpu_expert_ffn_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>)
 // CHECK: arith.truncf %{{.*}} : tensor<6x4xf32> to tensor<6x4xbf16>
 // CHECK: arith.truncf %{{.*}} : tensor<4x4x6xf32> to tensor<4x4x6xbf16>
 // CHECK: arith.truncf %{{.*}} : tensor<4x3x4xf32> to tensor<4x3x4xbf16>
-// CHECK: %[[CG:.*]]:4 = call @__moe_cpu_expert_combine_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?xi32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>)
+// CHECK: %[[CG:.*]]:6 = call @__moe_cpu_expert_combine_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x?xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?x?xi32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>, i32) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x?xf32>, tensor<?x?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>)
 // CHECK: tensor.cast %[[CG]]#1 : tensor<?x?xf32> to tensor<6x2xf32>
 // CHECK-DAG: func.func private @__moe_cpu_expert_ffn(
 // CHECK-DAG: func.func private @__moe_cpu_expert_ffn_grad(
@@ -217,6 +220,52 @@ func.func @experts_bf16(%x: tensor<6x4xbf16>, %ids: tensor<12xi32>,
         tensor<6x2xf32>
 }
 
+
+// -----
+// Experts with biases: the biases reach the kernels as they are, and the
+// gradient kernels' bias gradients are the op's d_b_gate_up and d_b_down.
+// CHECK-LABEL: func.func @experts_bias
+// CHECK-SAME: %[[BGU:[a-z0-9]+]]: tensor<4x6xbf16>, %[[BD:[a-z0-9]+]]: tensor<4x4xbf16>)
+// CHECK-DAG: %[[BGUE:.*]] = arith.extf %[[BGU]] : tensor<4x6xbf16> to tensor<4x6xf32>
+// CHECK-DAG: %[[BGUC:.*]] = tensor.cast %[[BGUE]] : tensor<4x6xf32> to tensor<?x?xf32>
+// CHECK-DAG: %[[BDE:.*]] = arith.extf %[[BD]] : tensor<4x4xbf16> to tensor<4x4xf32>
+// CHECK-DAG: %[[BDC:.*]] = tensor.cast %[[BDE]] : tensor<4x4xf32> to tensor<?x?xf32>
+// CHECK: call @__moe_cpu_expert_ffn(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[BGUC]], %[[BDC]], %{{.*}})
+// CHECK: %[[G:.*]]:5 = call @__moe_cpu_expert_ffn_grad(
+// CHECK: tensor.cast %[[G]]#3 : tensor<?x?xf32> to tensor<4x6xf32>
+// CHECK: tensor.cast %[[G]]#4 : tensor<?x?xf32> to tensor<4x4xf32>
+// CHECK: %[[CG:.*]]:6 = call @__moe_cpu_expert_combine_grad(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[BDC2:.*]], %{{.*}})
+// CHECK: tensor.cast %[[CG]]#5 : tensor<?x?xf32> to tensor<4x4xf32>
+func.func @experts_bias(%x: tensor<6x4xbf16>, %ids: tensor<12xi32>,
+                        %offs: tensor<5xi32>, %wgu: tensor<4x4x6xbf16>,
+                        %wd: tensor<4x3x4xbf16>, %rows: tensor<6x2xi32>,
+                        %w: tensor<6x2xf32>, %bgu: tensor<4x6xbf16>,
+                        %bd: tensor<4x4xbf16>)
+    -> (tensor<4x6xbf16>, tensor<4x4xbf16>, tensor<4x6xbf16>, tensor<4x4xbf16>) {
+  %y, %h = moe.expert_ffn %x, %ids, %offs, %wgu, %wd
+      bias(%bgu, %bd : tensor<4x6xbf16>, tensor<4x4xbf16>)
+      {activation = #moe.activation<swiglu>}
+      : tensor<6x4xbf16>, tensor<12xi32>, tensor<5xi32>, tensor<4x4x6xbf16>,
+        tensor<4x3x4xbf16> -> tensor<12x4xbf16>, tensor<12x6xbf16>
+  %dx, %dwgu, %dwd, %dbgu, %dbd = moe.expert_ffn_grad %x, %ids, %offs, %wgu,
+      %wd, %h, %y bias(%bgu, %bd : tensor<4x6xbf16>, tensor<4x4xbf16>)
+      {activation = #moe.activation<swiglu>}
+      : tensor<6x4xbf16>, tensor<12xi32>, tensor<5xi32>, tensor<4x4x6xbf16>,
+        tensor<4x3x4xbf16>, tensor<12x6xbf16>, tensor<12x4xbf16>
+      -> tensor<6x4xbf16>, tensor<4x4x6xbf16>, tensor<4x3x4xbf16>,
+         tensor<4x6xbf16>, tensor<4x4xbf16>
+  %dx2, %dw, %dwgu2, %dwd2, %dbgu2, %dbd2 = moe.expert_combine_grad %x, %ids,
+      %offs, %rows, %w, %wgu, %wd, %h, %dx
+      bias(%bgu, %bd : tensor<4x6xbf16>, tensor<4x4xbf16>)
+      {activation = #moe.activation<swiglu>}
+      : tensor<6x4xbf16>, tensor<12xi32>, tensor<5xi32>, tensor<6x2xi32>,
+        tensor<6x2xf32>, tensor<4x4x6xbf16>, tensor<4x3x4xbf16>,
+        tensor<12x6xbf16>, tensor<6x4xbf16>
+      -> tensor<6x4xbf16>, tensor<6x2xf32>, tensor<4x4x6xbf16>,
+         tensor<4x3x4xbf16>, tensor<4x6xbf16>, tensor<4x4xbf16>
+  return %dbgu, %dbd, %dbgu2, %dbd2
+      : tensor<4x6xbf16>, tensor<4x4xbf16>, tensor<4x6xbf16>, tensor<4x4xbf16>
+}
 // -----
 
 // CHECK-LABEL: func.func @shared
@@ -418,7 +467,7 @@ func.func private @__moe_cpu_combine(%y: tensor<?x?xf32>, %w: tensor<?x?xf32>,
 // CHECK: %[[RC:.*]] = tensor.cast %[[R]]#0 : tensor<?x?xf32> to tensor<37x48xf32>
 // CHECK: %[[RB:.*]] = arith.truncf %[[RC]] : tensor<37x48xf32> to tensor<37x48xbf16>
 // CHECK: %[[SUM1:.*]] = arith.addf %[[RB]], %[[SUM0]] : tensor<37x48xbf16>
-// CHECK: %[[E:.*]]:4 = call @__moe_cpu_expert_combine_grad(
+// CHECK: %[[E:.*]]:6 = call @__moe_cpu_expert_combine_grad(
 // CHECK: %[[EC:.*]] = tensor.cast %[[E]]#0 : tensor<?x?xf32> to tensor<37x48xf32>
 // CHECK: %[[EB:.*]] = arith.truncf %[[EC]] : tensor<37x48xf32> to tensor<37x48xbf16>
 // CHECK: %[[SUM2:.*]] = arith.addf %[[EB]], %[[SUM1]] : tensor<37x48xbf16>

@@ -25,8 +25,9 @@ forward and tested against it (test/Python/test_hf_blocks.py):
 
 Refused with NotImplementedError naming what the layer lacks (`unsupported_features(block)`
 lists it; `REFUSED_BLOCKS` has the reason of each refused class): a sigmoid gate on the shared
-expert (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE, Qwen4-Exp, Qwen3-Omni talker), expert biases and
-gpt-oss's SwiGLU (gpt-oss, OpenAI privacy filter, MiniMax-M3-VL), a top-1 sigmoid router scaling
+expert (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE, Qwen4-Exp, Qwen3-Omni talker), gpt-oss's clamped
+SwiGLU (gpt-oss, OpenAI privacy filter, MiniMax-M3-VL; their expert biases alone are
+`LayerConfig(expert_bias=True)`, which no other transformers block has), a top-1 sigmoid router scaling
 the input (Llama 4), sparsemixer routing (PhiMoE), DBRX's w1/v1/w2 experts and p-norm weights,
 clamped SwiGLU (`swiglu_limit`: DeepSeek-V4, GLM-5-Next, HY-V4, Step3p7; DeepSeek-V4's hash
 routing too), an RMSNorm on the output (A.X-K1), A.X-K2's groups masked with 0, router-weighted
@@ -235,8 +236,10 @@ _SPECS: Dict[str, _Spec] = {
 SUPPORTED_BLOCKS = tuple(_SPECS)
 
 _SHARED_GATE = "a sigmoid gate on the shared expert (shared_expert_gate)"
+# The expert biases alone are LayerConfig(expert_bias=True); the activation is what is missing.
 _GPT_OSS_EXPERTS = (
-    "experts with biases and gpt-oss's clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1))"
+    "gpt-oss's clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1), gate and up clamped at "
+    "limit, their columns interleaved)"
 )
 
 # MoE blocks of transformers 5.17 that moe_mlir's layer cannot compute, and what it lacks.
@@ -357,7 +360,8 @@ def _expert_problems(experts: nn.Module) -> List[str]:
         getattr(experts, "has_bias", False)
         or getattr(experts, "gate_up_proj_bias", None) is not None
     ):
-        problems.append("experts with biases")
+        # LayerConfig(expert_bias=True) computes them; the swapped block does not carry them
+        problems.append("experts with biases (a swapped HF block does not carry them)")
     if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
         problems.append("transposed or interleaved expert weights")
     act = getattr(experts, "act_fn", None)

@@ -503,7 +503,7 @@ REFUSED = {
     "gpt_oss": (
         "gpt_oss",
         dict(num_local_experts=4, layer_types=["full_attention"] * 2),
-        "experts with biases",
+        "clamped SwiGLU",
     ),
     "llama4_text": (
         "llama4_text",

@@ -39,6 +39,7 @@ import os
 import struct
 import sys
 import time
+import warnings
 import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -303,6 +304,11 @@ CHECK_LAYERS = {
 }
 
 
+# The selection-bias updates --layer-check compares with the torch rule (rate of each rule), for
+# the CHECK_LAYERS with a router bias; prebuilt at the layer's bound.
+SELECTION_BIAS_RATES = {"sign": 1e-3, "proportional": 1e-2}
+
+
 def training_layer_configs(size: str):
     """The LayerConfig (bf16, T = batch * seq) of every MoE block of the training models,
     read from the models themselves (built on the meta device, no memory)."""
@@ -343,6 +349,11 @@ def prebuild(folder: str, size: str) -> int:
                 from moe_mlir.aux_losses import build_gpu_aux  # noqa: PLC0415
 
                 build_gpu_aux(cfg.experts, cfg.top_k, cfg.scoring, options.max_tokens)
+            if name in CHECK_LAYERS and cfg.router_bias:  # update_selection_bias on CUDA
+                from moe_mlir.selection_bias import build_gpu_selection_bias  # noqa: PLC0415
+
+                for rule, rate in SELECTION_BIAS_RATES.items():
+                    build_gpu_selection_bias(cfg.experts, cfg.top_k, rate, rule, options.max_tokens)
             print(f"PASS {name}: {entry.path} ({time.time() - t0:.1f} s)")
         except Exception as e:  # noqa: BLE001
             failed += 1
@@ -397,6 +408,63 @@ def aux_check(layer, cfg, x, mode) -> list:
     except Exception as e:  # noqa: BLE001
         bad = [f"{type(e).__name__}: {e}"]
         print(f"FAIL layer {cfg.tokens}x{cfg.experts} aux losses ({mode}): {bad[0]}")
+    return bad
+
+
+def selection_bias_check(layer, cfg, x) -> list:
+    """update_selection_bias on CUDA (the compiled sm_90a op) against the op's rule in torch on
+    the same device, bitwise, for both rules: on the layer's own routing after a forward
+    (MoELayer.update_selection_bias, in place), on random and skewed routing with -1 entries,
+    and with T = 0. The failures' names, empty when it passes."""
+    from moe_mlir import selection_bias as sb  # noqa: PLC0415
+    from moe_mlir.layer import _torch_bias_update, update_selection_bias  # noqa: PLC0415
+
+    bad = []
+    E, k, T = cfg.experts, cfg.top_k, cfg.tokens
+    gen = torch.Generator().manual_seed(1)
+    random = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    skewed = random.clone()
+    skewed[: (3 * T) // 4, 0] = 0
+    for r in (random, skewed):
+        r.view(-1)[::7] = -1
+    for rule, rate in SELECTION_BIAS_RATES.items():
+        what = f"layer {cfg.tokens}x{E} selection bias ({rule})"
+        try:
+            # The compiled op itself, so a missing entry fails here instead of falling back.
+            bound = sb.gpu_bound(T)
+            entry = sb.build_gpu_selection_bias(E, k, rate, rule, bound)
+            with torch.no_grad():
+                layer(x)
+            experts = layer.last_experts()
+            before = layer.router_bias.detach().clone()
+            want = {"layer": _torch_bias_update(before, experts, rate, rule)}
+            with warnings.catch_warnings():  # the torch fallback's warning fails the check
+                warnings.simplefilter("error", RuntimeWarning)
+                got = {"layer": layer.update_selection_bias(rate=rate, rule=rule).detach().clone()}
+            layer.router_bias.copy_(before)
+            bias = torch.randn(E, generator=gen).to(x.device)
+            for label, ex in (("random", random), ("skewed", skewed)):
+                ex = ex.to(device=x.device, dtype=torch.int32)
+                want[label] = _torch_bias_update(bias, ex, rate, rule)
+                got[label] = sb.gpu_update(bias, ex, rate, rule, bound, entry)
+            empty = torch.zeros(0, k, dtype=torch.int32, device=x.device)
+            want["T=0"], got["T=0"] = bias, update_selection_bias(bias, empty, rate=rate, rule=rule)
+            wrong = [n for n in want if not torch.equal(got[n], want[n])]
+            moved = [n for n in want if n != "T=0" and not torch.equal(want[n], bias)]
+            if not moved:
+                wrong.append("no case moves the bias")
+            print(
+                f"{'FAIL' if wrong else 'PASS'} {what}: "
+                + (
+                    f"bitwise the torch rule on {', '.join(want)}"
+                    if not wrong
+                    else "differs from the torch rule on " + ", ".join(wrong)
+                )
+            )
+            bad += [f"{rule}: {n}" for n in wrong]
+        except Exception as e:  # noqa: BLE001
+            bad.append(f"{type(e).__name__}: {e}")
+            print(f"FAIL {what}: {bad[-1]}")
     return bad
 
 
@@ -460,6 +528,10 @@ def layer_check(device) -> int:
             failed += bool(bad)
         for mode in ("eager", "compile"):
             bad = aux_check(layer, cfg, x, mode)
+            passed += not bad
+            failed += bool(bad)
+        if cfg.router_bias and device.type == "cuda":
+            bad = selection_bias_check(layer, cfg, x)
             passed += not bad
             failed += bool(bad)
         # Mixed precision: an f32 copy of the layer under torch.autocast(bf16) computes the

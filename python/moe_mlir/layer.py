@@ -1295,6 +1295,39 @@ def _torch_bias_update(bias: torch.Tensor, experts: torch.Tensor, rate: float, r
     return torch.where(total > 0, moved, bias)
 
 
+_bias_update_warned = set()
+
+
+def _cuda_bias_update(bias, experts, rate: float, rule: str, bound: Optional[int]):
+    """The op on CUDA: the compiled sm_90a function, else (no compiled entry on this
+    machine, or E past the contract's limit) the rule in torch, warning once per shape."""
+    from . import selection_bias as sb  # noqa: PLC0415
+
+    E, (T, k) = bias.shape[0], experts.shape
+    if T == 0:  # nothing counted: the bias as it is (the entry points take T >= 1)
+        return bias.clone()
+    bound = sb.gpu_bound(T, bound)
+    why = None
+    try:
+        entry = sb.build_gpu_selection_bias(E, k, rate, rule, bound)
+    except (cc.NoCompilerError, NotImplementedError) as e:
+        entry, why = None, str(e)
+    if entry is not None:
+        return sb.gpu_update(bias, experts, rate, rule, bound, entry)
+    key = (E, k, rate, rule, bound)
+    if key not in _bias_update_warned:
+        _bias_update_warned.add(key)
+        import warnings  # noqa: PLC0415
+
+        warnings.warn(
+            f"update_selection_bias: the compiled CUDA op is not available ({why}); running "
+            f"the same rule in torch on the device",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return _torch_bias_update(bias, experts, rate, rule)
+
+
 def update_selection_bias(
     layer_or_bias,
     experts: Optional[torch.Tensor] = None,
@@ -1311,7 +1344,11 @@ def update_selection_bias(
     `layer_or_bias`: a MoELayer with router_bias, whose buffer is updated in place (and
     returned), `experts` defaulting to the layer's last_experts(); or a bias tensor [E]
     (f32), for which a new tensor is returned. CPU tensors run the op compiled through the
-    CPU path; CUDA tensors the same rule in torch on the device (equal to the op bitwise)."""
+    CPU path; CUDA tensors the sm_90a op (moe_mlir.selection_bias: compiled by moe-compile at
+    the layer's max_tokens, or T rounded up to a power of two, or found prebuilt), on torch's
+    current stream. Where neither moe-compile nor a prebuilt entry exists (or E is past the
+    GPU path's expert limit), CUDA tensors run the same rule in torch on the device (equal to
+    the op bitwise) with a warning naming what to build."""
     rate = _check_bias_update(rate, rule)
     layer = layer_or_bias if isinstance(layer_or_bias, MoELayer) else None
     if layer is not None:
@@ -1354,7 +1391,8 @@ def update_selection_bias(
             arrays = (bias.detach().contiguous().numpy(), experts.to(torch.int32).numpy())
             new = torch.from_numpy(fn(*arrays)[0])
         else:
-            new = _torch_bias_update(bias.detach(), experts, rate, rule)
+            bound = None if layer is None else layer.options.max_tokens
+            new = _cuda_bias_update(bias.detach(), experts, rate, rule, bound)
         if layer is None:
             return new
         bias.copy_(new)

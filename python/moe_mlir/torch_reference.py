@@ -2,7 +2,8 @@
 
 The semantics are docs/cpu-path.md §2 (the NumPy reference, reference.py, implements the same):
 router (softmax or sigmoid scores, selection bias, group-limited selection, top-k with its tie
-rule, renormalisation, scaling), dropless dispatch, the experts' FFN (SwiGLU; GELU, its tanh
+rule, renormalisation, scaling), the dispatch (dropless, or with `capacity_factor` each expert
+keeping its first `config.capacity` pairs in token order), the experts' FFN (SwiGLU; GELU, its tanh
 form and SiLU too), the combine, and the shared expert added. It runs on whatever device its
 inputs are on (the GPU checks use CUDA), always in float32.
 
@@ -258,9 +259,13 @@ def forward(
     wgu, wd = leaves["w_gate_up"], leaves["w_down"]
     T, d = x.shape
     out = torch.zeros((T, d), dtype=torch.float32, device=x.device)
+    # config.tokens is the call's T: the capacity a dynamic layer computes from it.
+    capacity = None if config.capacity_factor is None else config.capacity
     for e in range(config.experts):
-        # Pairs in (t, j) order, as the dispatch visits them.
+        # Pairs in (t, j) order, as the dispatch visits them; a capacity drops the later ones.
         tt, jj = torch.nonzero(experts == e, as_tuple=True)
+        if capacity is not None:
+            tt, jj = tt[:capacity], jj[:capacity]
         if tt.numel() == 0:
             continue
         h = x[tt] @ wgu[e]

@@ -18,6 +18,10 @@
 #             bench/check_layer.py with every routing; silu-shared-dyn, gelu-dyn:
 #             test/GPU/dynamic_layer_check.py at T = 1, 37 and 64, every routing) against the
 #             torch reference, forward and backward (not among the default steps);
+#   capacity  the token-dropping layers (capacity-t37, capacity-dyn at T = 1, 37 and 64;
+#             capacity factor 0.75): test/GPU/capacity_layer_check.py with every routing
+#             against the torch reference applying the same drops, forward and backward, and
+#             the dropped pairs against the reference dispatch's (not among the default steps);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
 #             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
@@ -43,7 +47,7 @@ work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}
 parse_options --only=only=build,example,check,sanitize,bench --quick:quick=1 \
   --deadline=deadline=530 -- "$@"
 no_positional
-check_steps "$only" build example check sanitize bench recompute offload nongated
+check_steps "$only" build example check sanitize bench recompute offload nongated capacity
 
 mkdir -p "$work"
 gpu_check_start gpu-layer-check.log
@@ -69,7 +73,7 @@ lib=$work/runtime/lib
 
 # ---------------------------------------------------------------- build
 if wants build || wants example || wants check || wants sanitize || wants bench || wants offload ||
-  wants nongated; then
+  wants nongated || wants capacity; then
   if [ ! -d "$layers_dir" ]; then
     fail "no $layers_dir: run scripts/inputs/build-layers.sh on the LLVM machine and carry gpu-inputs"
     finish
@@ -250,6 +254,29 @@ if wants nongated; then
     run 150 "dynamic_layer_check.py nongated" "$python" "$root/test/GPU/dynamic_layer_check.py" \
       "${dyn[@]}" --routing "$routing" --json "$out/nongated/dynamic_layer_check.json"
     verdict "dynamic_layer_check.py nongated" "$mark" $? "log: gpu-layer-check.log"
+  fi
+fi
+
+# ---------------------------------------------------------------- capacity
+# Token dropping (capacity_factor 0.75, the layers' own: the manifest does not carry it)
+if wants capacity; then
+  routing=all
+  [ "$quick" = 1 ] && routing=skewed
+  mkdir -p "$out/capacity"
+  cap=()
+  for name in capacity-t37 capacity-dyn; do
+    if have "$name"; then
+      cap+=(--layer "$layers_dir/$name")
+    else
+      fail "capacity_layer_check.py $name: $name.so or $name.json missing"
+    fi
+  done
+  if [ ${#cap[@]} -gt 0 ]; then
+    mark=$(lines)
+    run 150 "capacity_layer_check.py" "$python" "$root/test/GPU/capacity_layer_check.py" \
+      "${cap[@]}" --capacity-factor 0.75 --routing "$routing" \
+      --json "$out/capacity/capacity_layer_check.json"
+    verdict "capacity_layer_check.py" "$mark" $? "log: gpu-layer-check.log"
   fi
 fi
 

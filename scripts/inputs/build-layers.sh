@@ -19,7 +19,11 @@
 #     d=192, n=320, E=8, k=3, sigmoid + bias, renormalised, shared expert m=192, gelu (erf)),
 #     silu-shared-dyn (d=128, n=128, E=4, k=2, shared expert m=128, T dynamic up to 64),
 #     gelu-dyn (d=256, n=192, E=8, k=2, softmax, T dynamic up to 64) and gelu-tanh-t37 (T=37,
-#     d=256, n=192, E=8, k=2, softmax, renormalised, shared expert m=128, gelu's tanh form).
+#     d=256, n=192, E=8, k=2, softmax, renormalised, shared expert m=128, gelu's tanh form);
+#   - token dropping (capacity_factor 0.75, each expert keeping its first
+#     ceil(0.75 * T * k / E) pairs): capacity-t37 (T=37, d=256, n=192, E=8, k=2, softmax,
+#     SwiGLU) and capacity-dyn (the same sizes, T dynamic up to 64, sigmoid + bias,
+#     renormalised, shared expert m=128, gelu's tanh form).
 # The generated .mlir files go to gpu-inputs/mlir/. What this script writes (layers/, mlir/)
 # must stay under 32 MiB: a device call carries at most 64 MiB, these inputs and the folder of
 # the session's other step beside them (ep/, dynamic/, ops/, ...; each built by its own
@@ -85,9 +89,14 @@ layers = {
     "gelu-dyn": LayerConfig(37, 256, 192, 8, 2, activation="gelu", dtype="bf16"),
     "gelu-tanh-t37": LayerConfig(37, 256, 192, 8, 2, renormalize=True, shared_ffn=128,
                                  activation="gelu_tanh", dtype="bf16"),
+    # token dropping (scripts/gpu/layer-check.sh's capacity step gives the check 0.75)
+    "capacity-t37": LayerConfig(37, 256, 192, 8, 2, capacity_factor=0.75, dtype="bf16"),
+    "capacity-dyn": LayerConfig(37, 256, 192, 8, 2, scoring="sigmoid", renormalize=True,
+                                router_bias=True, shared_ffn=128, activation="gelu_tanh",
+                                capacity_factor=0.75, dtype="bf16"),
 }
 # Layers of dynamic token count: the bound.
-bounds = {"example": 64, "silu-shared-dyn": 64, "gelu-dyn": 64}
+bounds = {"example": 64, "silu-shared-dyn": 64, "gelu-dyn": 64, "capacity-dyn": 64}
 for name, cfg in layers.items():
     fn = name.replace("-", "_")
     with open(os.path.join(folder, name + ".mlir"), "w") as f:
@@ -101,7 +110,7 @@ for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   sources+=("$root/examples/$example.mlir")
 done
 for name in small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny example deepseek-v3-routed \
-  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn gelu-tanh-t37; do
+  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn gelu-tanh-t37 capacity-t37 capacity-dyn; do
   sources+=("$mlir/$name.mlir")
 done
 

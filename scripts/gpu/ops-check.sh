@@ -2,7 +2,7 @@
 # Op-level checks of the GPU library on an H200 (CUDA 13, CMake, ninja, torch; no LLVM).
 #   Here (LLVM 22 machine):  bash scripts/inputs/build-ops-harness.sh      -> gpu-inputs/ops/ops.o
 #   GPU machine:             bash scripts/gpu/ops-check.sh [--quick] [--sanitize] [--bench=CONFIGS]
-#                              [--ops=DIR] [--nongated] [--only=NAMES]
+#                              [--ops=DIR] [--nongated | --bias] [--only=NAMES]
 # Builds runtime/ standalone, links DIR/ops.o (default gpu-inputs/ops; another DIR holds a
 # variant of the library, built by inputs/build-ops-harness.sh DIR CONFIG...) into a shared library,
 # runs test/GPU/ops_check.py (every host function against fp32 PyTorch), and with
@@ -21,8 +21,10 @@
 # and backward, against torch's silu and gelu (erf, tanh), each within 240 s, and with
 # --sanitize under the tools too (--quick shapes). A DIR's VARIANT file says its activation
 # (ops_check.py --variant), so --ops=DIR/silu checks one of them alone.
+# With --bias, the libraries whose expert_ffn adds the expert biases, DIR/bias-swiglu and
+# DIR/bias-gelu_erf (inputs/build-ops-harness.sh --bias), alike: their bias-ffn checks.
 # --only=NAMES (comma-separated substrings of check names, e.g. capacity,aux) runs those checks
-# alone, with --sanitize and --nongated too.
+# alone, with --sanitize, --nongated and --bias too.
 # Logs to $OUT (default /tmp/moe-gpu-out).
 # shellcheck disable=SC2154 # parse_options (scripts/common.sh) sets the options' variables
 set -u -o pipefail
@@ -34,7 +36,7 @@ mkdir -p "$out"
 gpu_path_setup
 export PYTHONUNBUFFERED=1
 parse_options --quick:quick=--quick --sanitize:sanitize=1 --bench=bench \
-  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu --nongated:nongated=1 \
+  --ops=ops="$root/gpu-inputs/ops" --ncu=ncu --nongated:nongated=1 --bias:bias=1 \
   --only=only -- "$@"
 no_positional
 log="$out/ops.log"
@@ -61,13 +63,17 @@ link() {
 variant=()
 [ -f "$ops/VARIANT" ] && variant=(--variant "$ops/VARIANT")
 status=0
-if [ "$nongated" = 1 ]; then
-  [ -z "$bench" ] && [ -z "$ncu" ] || die "--nongated checks; it times nothing (no --bench, --ncu)"
+if [ "$nongated" = 1 ] || [ "$bias" = 1 ]; then
+  [ "$nongated" = 1 ] && [ "$bias" = 1 ] && die "--nongated or --bias, not both"
+  [ -z "$bench" ] && [ -z "$ncu" ] || die "--nongated and --bias check; they time nothing (no --bench, --ncu)"
   found=0
-  for act in silu gelu_erf gelu_tanh; do
+  libs="silu gelu_erf gelu_tanh"
+  flag=--nongated
+  [ "$bias" = 1 ] && libs="bias-swiglu bias-gelu_erf" && flag=--bias
+  for act in $libs; do
     dir=$ops/$act
     if [ ! -f "$dir/ops.o" ]; then
-      echo "FAIL $act: no $dir/ops.o (inputs/build-ops-harness.sh --nongated)" | tee -a "$log"
+      echo "FAIL $act: no $dir/ops.o (inputs/build-ops-harness.sh $flag)" | tee -a "$log"
       status=1
       continue
     fi

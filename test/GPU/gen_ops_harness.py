@@ -194,6 +194,8 @@ OPS["expert_combine_grad_acc"] = OPS["expert_combine_grad"]
 OPTIONAL_OPS = {
     # not where the router's dX config cannot add to C (a store other than tma_boxes)
     "router_grad_acc": OPS["router_grad"],
+    # moe.router with its moe.aux_loss in its kernels (a library older than it has none)
+    "router_aux": OPS["router"] + [("load_balance", S0), ("z_loss", S0)],
     # moe.dispatch with a capacity factor (a library older than it has none)
     "dispatch_capacity": [
         ("experts", I2),
@@ -203,6 +205,23 @@ OPTIONAL_OPS = {
         ("rows", I2),
     ],
 }
+
+# expert_ffn and expert_ffn_h of a library built with the expert biases (build-ops-harness.sh
+# --bias): b_gate_up and b_down after the weights.
+BIAS_OPS = {
+    name: OPS[name][:5] + [("b_gate_up", B2), ("b_down", B2)] + OPS[name][5:]
+    for name in ("expert_ffn", "expert_ffn_h")
+}
+
+
+def arg_types(lib, name):
+    """The parameter types of host function `name` in the library's text (None if absent)."""
+    head = f"@__moe_gpu_{name}("
+    at = lib.find(head)
+    if at < 0:
+        return None
+    params = lib[at + len(head) : lib.index(")", at)]
+    return [p.partition(": ")[2] for p in params.split(", %")]
 
 
 def wrapper(name, args):
@@ -241,6 +260,9 @@ def main():
     assert lib.endswith("}")
     body = lib[:-1]
     ops = dict(OPS, **{n: a for n, a in OPTIONAL_OPS.items() if f"@__moe_gpu_{n}(" in lib})
+    for name, args in BIAS_OPS.items():
+        if arg_types(lib, name) == ["!gpu.async.token"] + [t for _, t in args]:
+            ops[name] = args
     wrappers = "\n".join(wrapper(n, a) for n, a in ops.items())
     sys.stdout.write(body + wrappers + "\n}\n")
 

@@ -14,6 +14,11 @@ W_gate_up [E, d, n], H [R, n] and A = act(H): --activation ACT, or --variant DIR
 build script's record of its configs), checks its expert host functions against
 torch.nn.functional.silu / gelu(approximate="none") / gelu(approximate="tanh"); the other
 ops are the library's and are not run again.
+
+A library built with the expert biases (build-ops-harness.sh --bias: expert_ffn's up and down
+GEMMs with bias=true, its host functions taking b_gate_up [E, G] and b_down [E, d] after the
+weights; docs/gpu-kernels.md) runs only the bias-ffn checks: H = x wgu[e] + b_gate_up[e] and
+y = act(H) wd[e] + b_down[e] against fp32 torch.
 """
 
 import argparse
@@ -44,6 +49,9 @@ ACT = "swiglu"
 ACT_CODE = 0
 # The steps a non-gated library runs: those of the expert FFNs, forward and backward.
 EXPERT_STEPS = ("ffn", "shared", "split-vs-fused", "empty")
+# Whether the library's expert_ffn adds the expert biases (--variant): it runs the bias-ffn
+# steps alone.
+BIAS = False
 
 
 def set_activation(act):
@@ -104,6 +112,26 @@ def activation_of_variant(text):
     if act not in ACTIVATIONS:
         raise ValueError(f"unknown activation {act!r} in the library's configs")
     return act
+
+
+def bias_of_variant(text):
+    """Whether a library's VARIANT file builds expert_ffn with the expert biases: its up and
+    down configs both set bias=true (one of them alone has no reference, and is refused)."""
+    roles = set()
+    for line in text.splitlines():
+        _, sep, value = line.partition("--moe-gpu-emit-library=configs=")
+        if not sep:
+            continue
+        for config in (c.strip() for c in value.split(",")):
+            head, *pairs = config.split(":")
+            if "bias=true" in pairs:
+                op, _, role = head.rpartition(".")
+                if op not in ("", "expert_ffn"):
+                    raise ValueError(f"bias=true on {head}: only expert_ffn's GEMMs add biases")
+                roles.add(role)
+    if roles and roles != {"up", "down"}:
+        raise ValueError(f"bias=true on {sorted(roles)}: expert_ffn's up and down need it both")
+    return bool(roles)
 
 
 def desc_type(rank):
@@ -225,9 +253,10 @@ def ref_dispatch(experts, E):
     return token_ids, offsets, rows.view_as(experts)
 
 
-def ref_ffn(x, token_ids, offsets, wgu, wd):
+def ref_ffn(x, token_ids, offsets, wgu, wd, bgu=None, bd=None):
     """fp32 grouped FFN of the library's activation on the queues: returns y [R,d] and h
-    [R,2n] (SwiGLU) or [R,n] (silu, gelu)."""
+    [R,2n] (SwiGLU) or [R,n] (silu, gelu); with the expert biases bgu [E,G] and bd [E,d],
+    h = x wgu[e] + bgu[e] and y = act(h) wd[e] + bd[e]."""
     R = token_ids.numel()
     n = wd.shape[1]
     y = torch.zeros(R, x.shape[1], device=x.device)
@@ -238,9 +267,11 @@ def ref_ffn(x, token_ids, offsets, wgu, wd):
             continue
         xe = x[token_ids[lo:hi].long()]
         he = xe @ wgu[e]
+        if bgu is not None:
+            he = he + bgu[e]
         a = act_ref(he)
         h[lo:hi] = he
-        y[lo:hi] = a @ wd[e]
+        y[lo:hi] = a @ wd[e] + (bd[e] if bd is not None else 0)
     return y, h
 
 
@@ -424,6 +455,30 @@ def run_ffn(lib, T, d, n, E, k, mode, grads=True):
             torch.cat([dwgu.flatten(), dwd.flatten()]).view(torch.int16),
         )
         ok &= check_exact(f"{tag} accumulating backward's d_weights bitwise", dw3, dw)
+    return ok
+
+
+def run_bias_ffn(lib, T, d, n, E, k, mode):
+    """The expert FFN with the expert biases (a --bias library): H and y against fp32 torch on
+    random biases (of the outputs' size, so a dropped bias shows), H alone bitwise."""
+    tag = f"bias-ffn T={T} d={d} n={n} E={E} k={k} {mode} {ACT}"
+    ok, ex, tid, off, rows = run_dispatch(lib, T, k, E, mode)
+    R = T * k
+    G = up_width(n)
+    x = bf(T, d)
+    wgu, wd = bf(E, d, G, std=0.05), bf(E, n, d, std=0.05)
+    bgu, bd = bf(E, G), bf(E, d)
+    y = torch.full((R, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    h = torch.full((R, G), float("nan"), dtype=torch.bfloat16, device=DEV)
+    lib.call("expert_ffn", x, tid, off, wgu, wd, bgu, bd, ACT_CODE, y, h)
+    ry, rh = ref_ffn(x.float(), tid, off, wgu.float(), wd.float(), bgu.float(), bd.float())
+    ok &= check(f"{tag} h", rel(h, rh), 1e-2)
+    ok &= check(f"{tag} y", rel(y, ry), 1e-2)
+    h_only = torch.full_like(h, float("nan"))
+    lib.call("expert_ffn_h", x, tid, off, wgu, wd, bgu, bd, ACT_CODE, h_only)
+    ok &= check_exact(
+        f"{tag} h only (recompute) bitwise", h_only.view(torch.int16), h.view(torch.int16)
+    )
     return ok
 
 
@@ -1502,10 +1557,13 @@ def main():
     if not args.energy >= 0:
         ap.error(f"--energy must be 0 or more seconds, not {args.energy}")
     act = "swiglu"
+    global BIAS
     if args.variant:
         try:
             with open(args.variant) as f:
-                act = activation_of_variant(f.read())
+                text = f.read()
+            act = activation_of_variant(text)
+            BIAS = bias_of_variant(text)
         except (OSError, ValueError) as exc:
             ap.error(f"--variant {args.variant}: {exc}")
     if args.activation:
@@ -1513,7 +1571,7 @@ def main():
             ap.error(f"--activation {args.activation}, but {args.variant} builds {act}")
         act = args.activation
     set_activation(act)
-    print(f"activation: {ACT}", flush=True)
+    print(f"activation: {ACT}{' with expert biases' if BIAS else ''}", flush=True)
     global PROFILE, ENERGY_S
     PROFILE = args.profile
     ENERGY_S = args.energy
@@ -1708,6 +1766,23 @@ def main():
         ]
     if ACT != "swiglu":
         steps = [s for s in steps if s[0].startswith(EXPERT_STEPS)]
+    if BIAS:
+        # odd T (a partial M tile), n and d with a 64-column tail tile, skewed and one-expert
+        # routing, an expert with no rows (E 5 at T 1)
+        steps = [
+            (
+                f"bias-ffn-t{T}-d{d}-n{n}-e{E}-k{k}-{mode}",
+                lambda T=T, d=d, n=n, E=E, k=k, mode=mode: run_bias_ffn(lib, T, d, n, E, k, mode),
+            )
+            for T, d, n, E, k, mode in (
+                (37, 128, 192, 4, 2, "random"),
+                (37, 256, 320, 5, 2, "skewed"),
+                (1, 128, 64, 5, 2, "random"),
+                (1000, 320, 320, 8, 2, "skewed"),
+                (1000, 128, 256, 8, 4, "all-to-one"),
+            )
+            if not (args.quick and T == 1000)
+        ]
     if args.bench:
         steps = [
             (f"bench-{b}", (lambda b=b: bench(lib, b, args.reps))) for b in args.bench.split(",")

@@ -84,10 +84,12 @@ SmallVector<Value> getDataValues(Operation *op) {
   auto add = [&](auto range) { llvm::append_range(values, range); };
   if (auto router = dyn_cast<RouterOp>(op))
     add(ValueRange{router.getX(), router.getRouterWeight()});
-  else if (auto experts = dyn_cast<ExpertFFNOp>(op))
+  else if (auto experts = dyn_cast<ExpertFFNOp>(op)) {
     add(ValueRange{experts.getX(), experts.getWGateUp(), experts.getWDown(),
                    experts.getY(), experts.getH()});
-  else if (auto shared = dyn_cast<SharedExpertOp>(op))
+    if (experts.getBGateUp())
+      add(ValueRange{experts.getBGateUp(), experts.getBDown()});
+  } else if (auto shared = dyn_cast<SharedExpertOp>(op))
     add(ValueRange{shared.getX(), shared.getWGateUp(), shared.getWDown(),
                    shared.getY(), shared.getH()});
   else if (auto combine = dyn_cast<CombineOp>(op))
@@ -304,11 +306,13 @@ LogicalResult checkSupported(Operation *op) {
       !gpu_contract::kCapacityFactorSupported)
     return op->emitError("this GPU library is dropless: a capacity factor is "
                          "not supported");
-  if (isa<ExpertFFNOp, ExpertFFNGradOp, ExpertCombineGradOp>(op) &&
-      hasExpertBias(op) && !gpu_contract::kExpertBiasSupported)
+  // The forward's GEMMs add the biases (bias variants, gemmRolesOf); their
+  // gradients have no kernels yet.
+  if (isa<ExpertFFNGradOp, ExpertCombineGradOp>(op) && hasExpertBias(op) &&
+      !gpu_contract::kExpertBiasSupported)
     return op->emitError("the GPU path does not run expert biases (b_gate_up, "
-                         "b_down): the expert GEMMs' epilogues add no bias; "
-                         "run this layer on the CPU path");
+                         "b_down) backward: no kernel computes their "
+                         "gradients; run this layer on the CPU path");
   int64_t experts = 0;
   if (auto router = dyn_cast<RouterOp>(op))
     experts = cast<ShapedType>(router->getResult(2).getType()).getDimSize(1);
@@ -896,6 +900,13 @@ public:
   Location loc;
 };
 
+/// Whether the library has no kernel of `config`'s GEMM: a non-gated
+/// activation's or an expert bias's, built with the host function variants
+/// that run them.
+bool isVariantOnly(const moe_gpu::GemmConfig &config) {
+  return !moe_gpu::isGatedActivation(config) || config.bias;
+}
+
 /// The configs `op`'s `moe_gpu.kernels` choose for the GEMM roles of the host
 /// function `base`, where that function has variants.
 SmallVector<HostGemmConfig> getChosenConfigs(Operation *op, StringRef base) {
@@ -911,8 +922,7 @@ SmallVector<HostGemmConfig> getChosenConfigs(Operation *op, StringRef base) {
         continue;
       }
     for (const moe_gpu::GemmRole &own : roles)
-      if (own.name == role.role &&
-          !moe_gpu::isGatedActivation(own.libraryConfig))
+      if (own.name == role.role && isVariantOnly(own.libraryConfig))
         configs.push_back({role.role, own.libraryConfig});
   }
   return configs;
@@ -2102,8 +2112,9 @@ using HostVariants =
 bool computesSame(const moe_gpu::GemmConfig &a, const moe_gpu::GemmConfig &b) {
   return a.a == b.a && a.b == b.b && a.gathered == b.gathered &&
          a.epilogue == b.epilogue && a.activation == b.activation &&
-         a.storeA == b.storeA && a.withRouterWeight == b.withRouterWeight &&
-         a.withDs == b.withDs && a.problem == b.problem;
+         a.bias == b.bias && a.storeA == b.storeA &&
+         a.withRouterWeight == b.withRouterWeight && a.withDs == b.withDs &&
+         a.problem == b.problem;
 }
 
 /// Each op's `moe_gpu.kernels` (moe-gpu-select-kernels) against the library:
@@ -2121,10 +2132,11 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
               op->getAttrOfType<DictionaryAttr>(moe_gpu::kKernelsAttrName))
         chosen.emplace_back(op, kernels);
     });
-  // A non-gated op runs variants even without a choice (getChosenConfigs).
+  // A non-gated or biased op runs variants even without a choice
+  // (getChosenConfigs).
   auto nonGated = [](Operation *op) {
     return llvm::any_of(moe_gpu::gemmRolesOf(op), [](const auto &role) {
-      return !moe_gpu::isGatedActivation(role.libraryConfig);
+      return isVariantOnly(role.libraryConfig);
     });
   };
   for (const FunctionPlan &plan : plans)
@@ -2163,8 +2175,9 @@ LogicalResult checkKernelConfigs(ArrayRef<FunctionPlan> plans,
         anyOther = true;
         continue;
       }
-      // A non-gated activation's kernels are built with the variants.
-      if (!moe_gpu::isGatedActivation(libraryConfig))
+      // A non-gated activation's or a bias's kernels are built with the
+      // variants.
+      if (isVariantOnly(libraryConfig))
         continue;
       if (llvm::none_of(kernelModules, [&](SymbolTable &symbols) {
             return symbols.lookup(name) != nullptr;

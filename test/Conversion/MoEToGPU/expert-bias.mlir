@@ -1,33 +1,82 @@
-// The GPU library has no biased expert kernels (gpu_contract.json's
-// expert_bias_supported): convert-moe-to-gpu refuses each routed expert op
-// with biases, naming the feature, and the training pipeline fails on such a
-// layer rather than dropping its biases.
-// RUN: moe-opt %s --split-input-file --convert-moe-to-gpu --verify-diagnostics
-// RUN: not moe-opt %s --split-input-file --moe-decompose --moe-generate-backward --convert-moe-to-gpu 2>&1 | FileCheck %s --check-prefix=PIPELINE
+// Expert biases on the GPU path. Forward: moe.expert_ffn with b_gate_up and
+// b_down calls the host function variant whose up GEMM adds b_gate_up[e] to
+// H before the activation and whose down GEMM adds b_down[e] to y (the
+// kernels' `bias` config, `_bias` in their names), passing the biases after
+// the weights; its H-only form (H recomputed) adds b_gate_up alike. The
+// library's kernels stay as they are. Backward: no kernel computes the bias
+// gradients yet, so convert-moe-to-gpu refuses each biased gradient op,
+// naming the feature, and the training pipeline fails on such a layer
+// rather than dropping its biases (gpu_contract.json's
+// expert_bias_supported stays false).
+// RUN: rm -rf %t && split-file %s %t
+// RUN: moe-opt %t/ffn.mlir --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=FWD
+// RUN: sed 's/<swiglu>/<gelu>/; s/4x64x128xbf16/4x64x64xbf16/; s/128x128xbf16/128x64xbf16/; s/4x128xbf16/4x64xbf16/' %t/ffn.mlir | moe-opt --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=GELU
+// RUN: moe-opt %t/ffn-h.mlir --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=HONLY
+// RUN: moe-opt %t/grad.mlir --convert-moe-to-gpu --verify-diagnostics
+// RUN: not moe-opt %t/ffn-y.mlir --moe-decompose --moe-generate-backward --convert-moe-to-gpu 2>&1 | FileCheck %s --check-prefix=PIPELINE
+// RUN: echo 'module {}' | moe-opt '--moe-gpu-emit-library=configs=expert_ffn.up:bias=true,expert_ffn.down:bias=true' | FileCheck %s --check-prefix=HARNESS
+// RUN: echo 'module {}' | not moe-opt '--moe-gpu-emit-library=configs=expert_combine_grad.dact:bias=true' 2>&1 | FileCheck %s --check-prefix=BADCONFIG
+// RUN: not moe-opt %t/ffn.mlir --moe-gpu-select-kernels=configs=down:bias=false --moe-plan-memory --convert-moe-to-gpu 2>&1 | FileCheck %s --check-prefix=NOBIAS
 
-// PIPELINE: error: the GPU path does not run expert biases (b_gate_up, b_down)
+// FWD: call @__moe_gpu_expert_ffn__moe_gemm_up_gather_bias__moe_gemm_rows_mn_bf16_bias(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[BGU:.*]], %[[BD:.*]], %c0_i32, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?xi32>, memref<?xi32>, memref<?x?x?xbf16>, memref<?x?x?xbf16>, memref<?x?xbf16>, memref<?x?xbf16>, i32, memref<?x?xbf16>, memref<?x?xbf16>)
+// The library's kernels, and the bias variants with the bias row last.
+// FWD-DAG: gpu.func @moe_gemm_up_gather(%{{[^)]*}}: memref<?xbf16>, %{{[^)]*}}: memref<?xbf16>) kernel
+// FWD-DAG: gpu.func @moe_gemm_up_gather_bias({{.*}}, %arg9: memref<?xbf16>, %arg10: memref<?xbf16>, %arg11: memref<?xbf16>) kernel
+// FWD-DAG: gpu.func @moe_gemm_rows_mn_bf16_bias({{.*}}, %arg10: !llvm.ptr, %arg11: memref<?xbf16>) kernel
+// FWD-DAG: func.func private @__moe_gpu_expert_ffn__moe_gemm_up_gather_bias__moe_gemm_rows_mn_bf16_bias(
+// FWD-DAG: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_up_gather_bias
+// FWD-DAG: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_rows_mn_bf16_bias
 
+// GELU: call @__moe_gpu_expert_ffn__moe_gemm_up_gather_gelu_erf_bias__moe_gemm_rows_mn_bf16_bias(
+// GELU-DAG: gpu.func @moe_gemm_up_gather_gelu_erf_bias(
+
+// HONLY: call @__moe_gpu_expert_ffn_h__moe_gemm_up_gather_h_bias(
+// HONLY-DAG: gpu.func @moe_gemm_up_gather_h_bias(
+
+// PIPELINE: error: the GPU path does not run expert biases (b_gate_up, b_down) backward
+
+// The ops harness's library: expert_ffn and expert_ffn_h take the biases
+// under their own names; the shared expert keeps the library's down GEMM.
+// HARNESS-DAG: func.func private @__moe_gpu_expert_ffn(%{{[^)]*}}, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: i32,
+// HARNESS-DAG: func.func private @__moe_gpu_expert_ffn_h(%{{[^)]*}}, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: i32,
+// HARNESS-DAG: func.func private @__moe_gpu_shared_expert(%{{[^)]*}}: !gpu.async.token, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: i32,
+
+// BADCONFIG: bias = true needs epilogue = swiglu, or store_bf16 with problem = varlen_m and no accumulate, got dswiglu
+// NOBIAS: 'moe_gpu.kernels' chooses @moe_gemm_rows_mn_bf16 for 'down', which computes another GEMM than the one moe.expert_ffn runs there (@moe_gemm_rows_mn_bf16_bias)
+
+//--- ffn.mlir
 func.func @ffn(%x: tensor<64x64xbf16>, %ids: tensor<128xi32>, %offsets: tensor<5xi32>,
                %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
                %bgu: tensor<4x128xbf16>, %bd: tensor<4x64xbf16>)
-    -> tensor<128x64xbf16> {
-  // expected-error @+1 {{the GPU path does not run expert biases (b_gate_up, b_down): the expert GEMMs' epilogues add no bias; run this layer on the CPU path}}
+    -> (tensor<128x64xbf16>, tensor<128x128xbf16>) {
   %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd
       bias(%bgu, %bd : tensor<4x128xbf16>, tensor<4x64xbf16>)
       {activation = #moe.activation<swiglu>}
       : tensor<64x64xbf16>, tensor<128xi32>, tensor<5xi32>, tensor<4x64x128xbf16>,
         tensor<4x64x64xbf16> -> tensor<128x64xbf16>, tensor<128x128xbf16>
-  return %y : tensor<128x64xbf16>
+  return %y, %h : tensor<128x64xbf16>, tensor<128x128xbf16>
 }
 
-// -----
+//--- ffn-h.mlir
+func.func @ffn(%x: tensor<64x64xbf16>, %ids: tensor<128xi32>, %offsets: tensor<5xi32>,
+               %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
+               %bgu: tensor<4x128xbf16>, %bd: tensor<4x64xbf16>)
+    -> tensor<128x128xbf16> {
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd
+      bias(%bgu, %bd : tensor<4x128xbf16>, tensor<4x64xbf16>)
+      {activation = #moe.activation<swiglu>}
+      : tensor<64x64xbf16>, tensor<128xi32>, tensor<5xi32>, tensor<4x64x128xbf16>,
+        tensor<4x64x64xbf16> -> tensor<128x64xbf16>, tensor<128x128xbf16>
+  return %h : tensor<128x128xbf16>
+}
 
+//--- grad.mlir
 func.func @grad(%x: tensor<64x64xbf16>, %ids: tensor<128xi32>, %offsets: tensor<5xi32>,
                 %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
                 %h: tensor<128x128xbf16>, %dy: tensor<128x64xbf16>,
                 %bgu: tensor<4x128xbf16>, %bd: tensor<4x64xbf16>)
     -> (tensor<4x128xbf16>, tensor<4x64xbf16>) {
-  // expected-error @+1 {{the GPU path does not run expert biases}}
+  // expected-error @+1 {{the GPU path does not run expert biases (b_gate_up, b_down) backward: no kernel computes their gradients; run this layer on the CPU path}}
   %dx, %dwgu, %dwd, %dbgu, %dbd = moe.expert_ffn_grad %x, %ids, %offsets, %wgu,
       %wd, %h, %dy bias(%bgu, %bd : tensor<4x128xbf16>, tensor<4x64xbf16>)
       {activation = #moe.activation<swiglu>}
@@ -36,4 +85,17 @@ func.func @grad(%x: tensor<64x64xbf16>, %ids: tensor<128xi32>, %offsets: tensor<
       -> tensor<64x64xbf16>, tensor<4x64x128xbf16>, tensor<4x64x64xbf16>,
          tensor<4x128xbf16>, tensor<4x64xbf16>
   return %dbgu, %dbd : tensor<4x128xbf16>, tensor<4x64xbf16>
+}
+
+//--- ffn-y.mlir
+func.func @ffn(%x: tensor<64x64xbf16>, %ids: tensor<128xi32>, %offsets: tensor<5xi32>,
+               %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
+               %bgu: tensor<4x128xbf16>, %bd: tensor<4x64xbf16>)
+    -> tensor<128x64xbf16> {
+  %y, %h = moe.expert_ffn %x, %ids, %offsets, %wgu, %wd
+      bias(%bgu, %bd : tensor<4x128xbf16>, tensor<4x64xbf16>)
+      {activation = #moe.activation<swiglu>}
+      : tensor<64x64xbf16>, tensor<128xi32>, tensor<5xi32>, tensor<4x64x128xbf16>,
+        tensor<4x64x64xbf16> -> tensor<128x64xbf16>, tensor<128x128xbf16>
+  return %y : tensor<128x64xbf16>
 }

@@ -362,6 +362,7 @@ static std::vector<GemmConfig> candidateConfigs() {
       [](GemmConfig &c) { c.store = StorePath::TmaBoxes; },
       [](GemmConfig &c) { c.dactUnroll = 1; },
       [](GemmConfig &c) { c.dactUnroll = 8; },
+      [](GemmConfig &c) { c.bias = true; },
   };
   std::vector<GemmConfig> out;
   for (const GemmConfig &k : kinds)

@@ -70,6 +70,7 @@ GemmTraits::GemmTraits(const GemmConfig &unresolved)
   hasDs = c.withDs;
   storeA = c.storeA;
   gated = moe_gpu::isGatedActivation(c);
+  bias = c.bias;
   persistent = moe_gpu::isPersistentEpilogue(epi);
   ws = *c.warpSpecialized;
   threads = moe_gpu::gemmThreads(c);
@@ -419,6 +420,8 @@ void GemmKernelBuilder::build() {
     }
     break;
   }
+  if (g.bias) // [E, N] ([E, 2N] for SwiGLU's gate and up columns)
+    args.push_back({&biasRows, bf16Buf});
   if (g.dynamic) {
     // Word counter_slot of tile_counter, zero at the launch.
     args.push_back({&tileCounter, i32Buf});
@@ -481,6 +484,8 @@ void GemmKernelBuilder::build() {
       coutPtr = gptr(cout);
     }
   }
+  if (g.bias)
+    biasPtr = gptr(biasRows);
   if (g.ws)
     buildWarpSpecialized();
   else if (g.persistent)
@@ -1400,8 +1405,9 @@ void GemmKernelBuilder::buildPersistent() {
             Value view = memref::ViewOp::create(b, loc, sbf16Ty, smem, at,
                                                 ValueRange{len});
             ifBegin(s.valid);
+            Value out = g.bias ? addBias(s, acc) : acc;
             for (int64_t h : {0, 1})
-              stageHalf(view, acc, h);
+              stageHalf(view, out, h);
             ifEnd();
             Value nextT = add(t, gridx);
             prologue(setup(nextT));
@@ -1422,7 +1428,7 @@ void GemmKernelBuilder::buildOneTile() {
   prologue(s);
   Value acc = mainloop(s, cI32(0)).first;
   ifBegin(s.valid);
-  ringEpilogue(s, acc);
+  ringEpilogue(s, g.bias ? addBias(s, acc) : acc);
   ifEnd();
 }
 

@@ -288,6 +288,47 @@ void GemmKernelBuilder::stageHalf(Value stage, Value acc, int64_t h) {
   }
 }
 
+Value GemmKernelBuilder::addBias(const Tile &s, Value acc) {
+  // acc + the tile's expert's bias row, before the activation or the store.
+  // Values 4j + 2i + {0, 1} sit at tile columns 8j + qcol + {0, 1}: one
+  // 4-byte load of the row a group j (dimN is a multiple of 64, so a pair is
+  // aligned and whole). A gated tile's groups [0, 16) are gate columns
+  // n0 + 8j + qcol and [16, 32) the same up columns, which H (and the bias
+  // row, 2 dimN wide) holds dimN further on. Groups past dimN load nothing:
+  // their values are not stored.
+  Value width = g.gated ? mul(dimN, c(2)) : dimN;
+  Value rowBase = mul(s.expert, width);
+  Value first = add(rowBase, add(s.n0, qcol));
+  Value base = gep1(biasPtr, mul(i64(first), cI64(2)));
+  Value upBase = g.gated ? gep1(base, mul(i64(dimN), cI64(2))) : base;
+  int64_t half = g.gated ? kBN / 16 : kBN / 8; // column groups a half
+  auto vec2 = VectorType::get({2}, bf16);
+  for (int64_t j = 0; j < kBN / 8; ++j) {
+    int64_t jl = j % half;
+    Value col = add(s.n0, c(8 * jl));
+    Value ok = cmp(Pred::ult, col, dimN);
+    Value p = gep1(j < half ? base : upBase, cI64(16 * jl));
+    Value pair = ifValues(
+        ok, {i32Ty},
+        [&]() -> SmallVector<Value> {
+          return {LLVM::LoadOp::create(b, loc, i32Ty, p, /*alignment=*/4)};
+        },
+        [&]() -> SmallVector<Value> { return {cI32(0)}; })[0];
+    Value bf = LLVM::BitcastOp::create(b, loc, vec2, pair);
+    for (int64_t cc = 0; cc < 2; ++cc) {
+      Value one = LLVM::ExtractElementOp::create(b, loc, bf, cI32(cc));
+      Value bias32 = arith::ExtFOp::create(b, loc, f32, one);
+      for (int64_t i = 0; i < 2; ++i) {
+        int64_t v = 4 * j + 2 * i + cc;
+        Value sum = fadd(extractAcc(acc, v), bias32);
+        acc =
+            LLVM::InsertValueOp::create(b, loc, acc, sum, ArrayRef<int64_t>{v});
+      }
+    }
+  }
+  return acc;
+}
+
 Value GemmKernelBuilder::packedBf16x2(Value acc, int64_t v) {
   // Accumulator values v and v + 1 as two bf16 in an i32, an stmatrix
   // register.

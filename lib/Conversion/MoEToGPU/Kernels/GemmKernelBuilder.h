@@ -48,6 +48,8 @@ struct GemmTraits {
   bool varlenM, gatherA, gatherB, hasW, hasDs, storeA;
   /// The activation is SwiGLU (H holds gate and up columns).
   bool gated;
+  /// The epilogue adds the tile's expert's bias row (bias).
+  bool bias;
   bool persistent, ws, tmaB, tmaRowsA, tmaRowsB;
   bool bulkStore, tmaStore, tmaStoreRows, reduceStore, dynamic, idleSkip;
   int64_t threads, stages, ringBytes, stageCBytes, cumOffset;
@@ -210,6 +212,7 @@ private:
   void bulkStoreRows(const Tile &s, Value stagePtr);
   std::pair<Value, Value> siluParts(Value g32);
   std::pair<Value, Value> activationParts(Value x, bool withGrad);
+  Value addBias(const Tile &s, Value acc);
   SmallVector<Value> dswigluLoads(Value r, Value col);
   SmallVector<Type> dswigluLoadTypes();
   struct DswigluRow {
@@ -238,7 +241,7 @@ private:
   // The kernel's arguments (gemm_signature), null where it has none.
   Value offsets, numExperts, ids, amat, lda, bids, amap, bmap, bmat, ldb,
       browmap, dimM, dimN, dimK, hout, aout, cout, ldc, cmap, hsaved, wrow, dh,
-      wa, dspart, numNtiles, tileCounter, counterSlot;
+      wa, dspart, numNtiles, tileCounter, counterSlot, biasRows;
 
   // Values the kernel's parts share.
   int64_t bnEff = 0, ncopy = 0, rsK = 0, rsA = 0, rsB = 0;
@@ -252,7 +255,7 @@ private:
   Value bars, sched, isT0, descA0, descB0, cumv, useTable;
   Value idLaneOk, idRowA, idRowB;
   Value warpRow0, qrow, qcol;
-  Value houtPtr, aoutPtr, coutPtr, stage, stagePtr;
+  Value houtPtr, aoutPtr, coutPtr, biasPtr, stage, stagePtr;
 };
 
 } // namespace mlir::moe::kernels

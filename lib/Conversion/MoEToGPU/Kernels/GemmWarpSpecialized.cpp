@@ -457,6 +457,7 @@ GemmKernelBuilder::RingPos GemmKernelBuilder::consumerTile(Value t, Value sl,
   Tile s = setup(t);
   LoopResult r = mainloopWs(s, sl, ph);
   ifBegin(s.valid);
+  Value acc = g.bias ? addBias(s, r.acc) : r.acc;
   if (g.bulkStore) {
     // This thread's copy of the last tile has read its staging row.
     NVVM::CpAsyncBulkWaitGroupOp::create(b, loc, 0, b.getUnitAttr());
@@ -465,9 +466,9 @@ GemmKernelBuilder::RingPos GemmKernelBuilder::consumerTile(Value t, Value sl,
   if (g.bulkStore) {
     auto store = [&](bool byBoxes) {
       if (byBoxes)
-        stageBoxesStmatrix(stagePtr, r.acc);
+        stageBoxesStmatrix(stagePtr, acc);
       else
-        stageRowsStmatrix(stagePtr, r.acc);
+        stageRowsStmatrix(stagePtr, acc);
       // The generic-proxy writes, visible to the bulk copies (async proxy).
       fenceProxyAsync();
       consumerBarrier();
@@ -486,7 +487,7 @@ GemmKernelBuilder::RingPos GemmKernelBuilder::consumerTile(Value t, Value sl,
     }
   } else {
     for (int64_t h : {0, 1})
-      stageHalf(stage, r.acc, h);
+      stageHalf(stage, acc, h);
     consumerBarrier();
     for (int64_t h : {0, 1})
       writeHalf(s, stage, h);

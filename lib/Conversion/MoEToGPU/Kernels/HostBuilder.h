@@ -104,7 +104,7 @@ private:
 struct GemmValues {
   Value offsets, numExperts, ids, amat, lda, bids, amap, bmap, bmat, ldb,
       browmap, dimM, dimN, dimK, hout, aout, cout, ldc, cmap, hsaved, wrow, dh,
-      wa, dspart, numNtiles, tileCounter, counterSlot;
+      wa, dspart, numNtiles, tileCounter, counterSlot, bias;
   Value rows;
 };
 

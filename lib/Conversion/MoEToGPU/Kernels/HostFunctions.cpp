@@ -419,6 +419,8 @@ SmallVector<Value> mlir::moe::host::gemmArgs(HostFunctionBuilder &h,
       out.append({v.dspart, v.numNtiles});
     break;
   }
+  if (g.bias)
+    out.push_back(v.bias);
   if (g.dynamic)
     out.append({v.tileCounter, v.counterSlot});
   assert(llvm::all_of(out, [](Value x) { return x; }) &&
@@ -591,7 +593,8 @@ namespace {
 /// kernel's variant that writes no A. A lives only between the two.
 void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
                 Value wguf, Value wdf, Value yf, Value hf, Value m, Value d,
-                Value n, bool gathered, const HostGemms &gemms) {
+                Value n, bool gathered, const HostGemms &gemms,
+                Value bguf = Value(), Value bdf = Value()) {
   Value one = h.c(1);
   Value two = h.c(2);
   // A non-gated activation's up GEMM (its H-only form too) reads W [E, d, n]
@@ -613,6 +616,7 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   v.dimK = d;
   v.hout = hf;
   v.ids = ids;
+  v.bias = bguf;
   // A gated up tile covers half a tile of gate and up columns each.
   auto upTiles = [&](const GemmTraits &up) {
     return h.varlenTiles(m, up.config.tileM, e, n,
@@ -650,6 +654,7 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   dv.dimK = n;
   dv.cout = yf;
   dv.ldc = d;
+  dv.bias = bdf;
   SmallVector<Value> args = gemmArgs(h, down, dv);
   h.launchGemm(down, mtiles, ntiles, one, args);
   h.dealloc(a);
@@ -660,10 +665,23 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
 void mlir::moe::host::buildExpertFfnHost(OpBuilder &b, ModuleOp module,
                                          bool withY, const HostGemms &gemms) {
   Type bf16 = b.getBF16Type(), i32 = b.getI32Type();
-  SmallVector<std::pair<StringRef, Type>> args = {
-      {"x", buffer(bf16, 2)},   {"token_ids", buffer(i32)},
-      {"offsets", buffer(i32)}, {"wgu", buffer(bf16, 3)},
-      {"wd", buffer(bf16, 3)},  {"act", i32}};
+  SmallVector<std::pair<StringRef, Type>> args = {{"x", buffer(bf16, 2)},
+                                                  {"token_ids", buffer(i32)},
+                                                  {"offsets", buffer(i32)},
+                                                  {"wgu", buffer(bf16, 3)},
+                                                  {"wd", buffer(bf16, 3)}};
+  // A variant whose GEMMs add the expert biases (b_gate_up to H, b_down to
+  // y) takes both after the weights, as moe.expert_ffn's operands come; the
+  // H-only form takes b_down alike and leaves it unread.
+  bool bias =
+      gemms.get("up", withY ? LibraryGemm::UpGather : LibraryGemm::UpGatherH)
+          .bias ||
+      (withY && gemms.get("down", LibraryGemm::RowsMnBf16).bias);
+  if (bias) {
+    args.push_back({"b_gate_up", buffer(bf16, 2)});
+    args.push_back({"b_down", buffer(bf16, 2)});
+  }
+  args.push_back({"act", i32});
   if (withY)
     args.push_back({"y", buffer(bf16, 2)});
   args.push_back({"h", buffer(bf16, 2)});
@@ -679,8 +697,10 @@ void mlir::moe::host::buildExpertFfnHost(OpBuilder &b, ModuleOp module,
   Value wdf = h.flat(h.arg("wd"));
   Value yf = withY ? h.flat(h.arg("y")) : Value();
   Value hf = h.flat(h.arg("h"));
+  Value bguf = bias ? h.flat(h.arg("b_gate_up")) : Value();
+  Value bdf = bias ? h.flat(h.arg("b_down")) : Value();
   ffnForward(h, xf, h.arg("token_ids"), h.arg("offsets"), e, wguf, wdf, yf, hf,
-             r, d, n, /*gathered=*/true, gemms);
+             r, d, n, /*gathered=*/true, gemms, bguf, bdf);
   h.finish();
 }
 

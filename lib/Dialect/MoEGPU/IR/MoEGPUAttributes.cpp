@@ -118,11 +118,12 @@ GemmConfig GemmConfig::resolved() const {
 }
 
 static auto asTuple(const GemmConfig &c) {
-  return std::tie(
-      c.a, c.b, c.gathered, c.epilogue, c.storeA, c.withRouterWeight, c.withDs,
-      c.accumulate, c.problem, c.tileM, c.tileN, c.tileK, c.stages,
-      c.warpSpecialized, c.producerRegisters, c.consumerRegisters, c.schedule,
-      c.idleSkip, c.groupM, c.rowsTma, c.store, c.dactUnroll, c.activation);
+  return std::tie(c.a, c.b, c.gathered, c.epilogue, c.storeA,
+                  c.withRouterWeight, c.withDs, c.accumulate, c.problem,
+                  c.tileM, c.tileN, c.tileK, c.stages, c.warpSpecialized,
+                  c.producerRegisters, c.consumerRegisters, c.schedule,
+                  c.idleSkip, c.groupM, c.rowsTma, c.store, c.dactUnroll,
+                  c.activation, c.bias);
 }
 
 bool GemmConfig::operator==(const GemmConfig &other) const {
@@ -201,6 +202,8 @@ std::string mlir::moe_gpu::gemmKernelName(const GemmConfig &config) {
       os << "_h";
     if (!isGatedActivation(c))
       os << "_" << stringifyEnum(c.activation);
+    if (c.bias)
+      os << "_bias";
   } else if (c.epilogue == GemmEpilogue::Dswiglu) {
     os << "dact_" << a;
     if (!isGatedActivation(c))
@@ -222,6 +225,8 @@ std::string mlir::moe_gpu::gemmKernelName(const GemmConfig &config) {
       os << "_bf16w";
     else
       os << "_bf16";
+    if (c.bias)
+      os << "_bias";
   }
   if (c.accumulate)
     os << "_acc";
@@ -317,6 +322,12 @@ mlir::moe_gpu::verifyGemmConfig(const GemmConfig &config,
     return emitError() << "gathered = " << stringifyEnum(c.gathered)
                        << " needs problem = varlen_k (varlen_m gathers by "
                           "a = gather)";
+  if (c.bias &&
+      !(c.epilogue == GemmEpilogue::Swiglu ||
+        (c.epilogue == GemmEpilogue::StoreBf16 && !varlenK && !c.accumulate)))
+    return emitError() << "bias = true needs epilogue = swiglu, or store_bf16 "
+                          "with problem = varlen_m and no accumulate, got "
+                       << stringifyEnum(c.epilogue);
   bool gated = isGatedActivation(c);
   if (!gated && c.epilogue != GemmEpilogue::Swiglu &&
       c.epilogue != GemmEpilogue::Dswiglu)
@@ -471,7 +482,7 @@ LogicalResult GemmConfigAttr::verify(
     int64_t tileM, int64_t tileN, int64_t tileK, int64_t stages,
     bool warpSpecialized, int64_t producerRegisters, int64_t consumerRegisters,
     TileSchedule schedule, bool idleSkip, int64_t groupM, bool rowsTma,
-    StorePath store, int64_t dactUnroll, GemmActivation activation) {
+    StorePath store, int64_t dactUnroll, GemmActivation activation, bool bias) {
   GemmConfig c;
   c.a = a;
   c.b = b;
@@ -496,6 +507,7 @@ LogicalResult GemmConfigAttr::verify(
   c.store = store;
   c.dactUnroll = dactUnroll;
   c.activation = activation;
+  c.bias = bias;
   return verifyGemmConfig(c, emitError);
 }
 
@@ -524,6 +536,7 @@ GemmConfig GemmConfigAttr::getConfig() const {
   c.store = getStore();
   c.dactUnroll = getDactUnroll();
   c.activation = getActivation();
+  c.bias = getBias();
   return c;
 }
 
@@ -568,6 +581,7 @@ enum class Key {
   Store,
   DactUnroll,
   Activation,
+  Bias,
   Count
 };
 
@@ -578,7 +592,7 @@ constexpr StringLiteral kKeyNames[] = {
     "tile",        "stages",     "warp_specialized",
     "registers",   "schedule",   "idle_skip",
     "group_m",     "rows_tma",   "store",
-    "dact_unroll", "activation",
+    "dact_unroll", "activation", "bias",
 };
 static_assert(std::size(kKeyNames) == static_cast<size_t>(Key::Count),
               "one name a key");
@@ -700,6 +714,8 @@ Attribute GemmConfigAttr::parse(AsmParser &parser, Type) {
       return parser.parseInteger(c.dactUnroll);
     case Key::Activation:
       return parseEnumValue(parser, c.activation);
+    case Key::Bias:
+      return parseBool(parser, c.bias);
     case Key::Count:
       break;
     }
@@ -758,6 +774,8 @@ void GemmConfigAttr::print(AsmPrinter &printer) const {
   integer("dact_unroll", c.dactUnroll, d.dactUnroll);
   if (c.activation != d.activation)
     os << ", activation = " << stringifyEnum(c.activation);
+  if (c.bias)
+    os << ", bias = true";
   os << ">";
 }
 

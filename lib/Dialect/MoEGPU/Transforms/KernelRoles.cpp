@@ -72,8 +72,15 @@ SmallVector<GemmRole> mlir::moe_gpu::gemmRolesOf(Operation *op) {
         return {role("dx", G::RowsKBf16), role("dw", G::WgradRows)};
       })
       .Case([&](ExpertFFNOp ffn) -> SmallVector<GemmRole> {
-        return {role("up", readsY(ffn) ? G::UpGather : G::UpGatherH),
-                role("down", G::RowsMnBf16)};
+        SmallVector<GemmRole> roles = {
+            role("up", readsY(ffn) ? G::UpGather : G::UpGatherH),
+            role("down", G::RowsMnBf16)};
+        // The expert biases: the up GEMM adds b_gate_up, the down GEMM
+        // b_down (variants; a layer without them runs the library's).
+        if (ffn.getBGateUp())
+          for (GemmRole &biased : roles)
+            biased.libraryConfig.bias = true;
+        return roles;
       })
       .Case([&](SharedExpertOp ffn) -> SmallVector<GemmRole> {
         return {role("up", readsY(ffn) ? G::UpRows : G::UpRowsH),

@@ -62,6 +62,9 @@ struct GemmConfig {
   int64_t dactUnroll = 4;
   /// The swiglu and dswiglu epilogues' function; swiglu is the gated one.
   GemmActivation activation = GemmActivation::Swiglu;
+  /// The epilogue adds a per-expert bias row to the accumulator (the expert
+  /// biases: b_gate_up in the up GEMM, b_down in the down GEMM).
+  bool bias = false;
 
   /// This config with every unset parameter at its default.
   GemmConfig resolved() const;

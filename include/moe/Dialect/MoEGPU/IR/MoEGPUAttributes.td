@@ -54,6 +54,10 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
       epilogues. `swiglu` is gated (H holds gate and up, A = silu(gate) *
       up; the up GEMM's b = w_mn_swiglu); `silu`, `gelu_tanh` and `gelu_erf`
       are not (A = act(H) element-wise, H as wide as A; b = w_mn).
+    - `bias` (false): the `swiglu` and the varlen-M `store_bf16` epilogues add
+      the tile's expert's bias row (an extra `[E, N]` bf16 argument; for a
+      gated `swiglu`, `[E, 2N]` in H's gate-then-up layout) to the
+      accumulator before the activation or the store: the expert biases.
 
     The persistent kernels' CTA count is not a parameter: it is the chip's
     SM count, a launch decision.
@@ -96,7 +100,8 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
         "ring, threads, bulk_rows, tma_boxes">:$store,
     AttrParameter<"int64_t", "dSwiGLU rows loaded ahead">:$dact_unroll,
     MoEGPU_EnumParameter<MoEGPU_GemmActivation,
-        "swiglu, silu, gelu_tanh, gelu_erf">:$activation
+        "swiglu, silu, gelu_tanh, gelu_erf">:$activation,
+    AttrParameter<"bool", "the epilogue adds the expert's bias row">:$bias
   );
   let builders = [
     AttrBuilder<(ins "const GemmConfig &":$config), [{
@@ -106,7 +111,7 @@ def MoEGPU_GemmConfigAttr : MoEGPU_Attr<"GemmConfig", "gemm"> {
                    c.tileM, c.tileN, c.tileK, *c.stages, *c.warpSpecialized,
                    c.producerRegisters, c.consumerRegisters, c.schedule,
                    *c.idleSkip, c.groupM, *c.rowsTma, *c.store, c.dactUnroll,
-                   c.activation);
+                   c.activation, c.bias);
     }]>
   ];
   let hasCustomAssemblyFormat = 1;

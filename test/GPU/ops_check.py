@@ -790,6 +790,118 @@ def run_aux_loss_empty(lib):
     return ok
 
 
+def router_aux_inputs(T, d, E, k, scoring, bias):
+    x, wr = bf(T, d), bf(d, E, std=0.5)
+    b = (torch.rand(E, device=DEV) * 0.1) if bias else torch.empty(0, device=DEV)
+    return x, wr, b
+
+
+def run_router_aux(lib, T, d, E, k, scoring, G=1, TG=1, bias=False, round_logits=False):
+    """router_aux (the router whose kernels compute the auxiliary losses) against router
+    then aux_loss on its outputs: the same bits for the weights, experts, logits and both
+    losses; the losses against the fp32 reference on its logits and experts; the same bits
+    run to run."""
+    name = "softmax" if scoring == 0 else "sigmoid"
+    tag = f"aux-fused T={T} d={d} E={E} k={k} {name}"
+    if G > 1:
+        tag += f" groups={G}/{TG}"
+    if bias:
+        tag += " bias"
+    if round_logits:
+        tag += " round_logits"
+    x, wr, b = router_aux_inputs(T, d, E, k, scoring, bias)
+    args = (x, wr, b, scoring, 1, G, TG, 1.0, int(round_logits))
+
+    def outputs():
+        w = torch.full((T, k), float("nan"), device=DEV)
+        ex = torch.full((T, k), -7, dtype=torch.int32, device=DEV)
+        lg = torch.full((T, E), float("nan"), device=DEV)
+        lb = torch.full((), float("nan"), device=DEV)
+        z = torch.full((), float("nan"), device=DEV)
+        return w, ex, lg, lb, z
+
+    w1, ex1, lg1, lb1, z1 = outputs()
+    lib.call("router", *args, w1, ex1, lg1)
+    lib.call("aux_loss", lg1, ex1, scoring, lb1, z1)
+    fused = []
+    for _ in range(2):
+        out = outputs()
+        lib.call("router_aux", *args, *out)
+        fused.append(out)
+    (w2, ex2, lg2, lb2, z2), again = fused
+    ok = check_exact(f"{tag} weights as router's", w2, w1)
+    ok &= check_exact(f"{tag} experts as router's", ex2, ex1)
+    ok &= check_exact(f"{tag} logits as router's", lg2, lg1)
+    ok &= check_exact(f"{tag} load_balance as aux_loss's", lb2, lb1)
+    ok &= check_exact(f"{tag} z_loss as aux_loss's", z2, z1)
+    lb_ref, z_ref = ref.aux_loss(lg2.cpu().numpy(), ex2.cpu().numpy(), name)
+    lb_t = torch.from_numpy(np.asarray(lb_ref, dtype=np.float32)).to(DEV)
+    z_t = torch.from_numpy(np.asarray(z_ref, dtype=np.float32)).to(DEV)
+    ok &= check(f"{tag} load_balance", rel(lb2, lb_t), 1e-5)
+    ok &= check(f"{tag} z_loss", rel(z2, z_t), 1e-5)
+    ok &= check(f"{tag} logits", rel(lg2, x.float() @ wr.float()), 1e-2)
+    c = ref_scores(lg2, scoring) + (b if bias else 0)
+    ref_ex = ref_select(c, k, G, TG)
+    ok &= check_exact(f"{tag} experts", torch.sort(ex2, 1).values, torch.sort(ref_ex, 1).values)
+    for got, first, what in zip(again, fused[0], ("weights", "experts", "logits", "lb", "z")):
+        ok &= check_exact(f"{tag} {what} twice", got, first)
+    return ok
+
+
+def run_router_aux_empty(lib):
+    """T = 0: both losses 0, as aux_loss gives them."""
+    E, k, d = 8, 2, 128
+    ok = True
+    for scoring in (0, 1):
+        x, wr, b = router_aux_inputs(0, d, E, k, scoring, False)
+        w = torch.empty(0, k, device=DEV)
+        ex = torch.empty(0, k, dtype=torch.int32, device=DEV)
+        lg = torch.empty(0, E, device=DEV)
+        lb = torch.full((), float("nan"), device=DEV)
+        z = torch.full((), float("nan"), device=DEV)
+        lib.call("router_aux", x, wr, b, scoring, 1, 1, 1, 1.0, 0, w, ex, lg, lb, z)
+        zero = torch.zeros((), device=DEV)
+        ok &= check_exact(f"aux-fused T=0 scoring={scoring} load_balance", lb, zero)
+        ok &= check_exact(f"aux-fused T=0 scoring={scoring} z_loss", z, zero)
+    return ok
+
+
+def bench_router_aux(lib, T, d, E, k, scoring, reps=20):
+    """Times router + aux_loss (what convert-moe-to-gpu calls without the fusion) against
+    router_aux, CUDA events around each, medians in ms (MOE_PROFILE-style, not a check)."""
+    x, wr, b = router_aux_inputs(T, d, E, k, scoring, False)
+    args = (x, wr, b, scoring, 1, 1, 1, 1.0, 0)
+    w = torch.empty(T, k, device=DEV)
+    ex = torch.empty(T, k, dtype=torch.int32, device=DEV)
+    lg = torch.empty(T, E, device=DEV)
+    lb, z = torch.empty((), device=DEV), torch.empty((), device=DEV)
+    ops = {
+        "router": lambda: lib.call("router", *args, w, ex, lg),
+        "aux_loss": lambda: lib.call("aux_loss", lg, ex, scoring, lb, z),
+        "router_aux": lambda: lib.call("router_aux", *args, w, ex, lg, lb, z),
+    }
+    times = {name: [] for name in ops}
+    for rep in range(reps + 1):
+        for name, fn in ops.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            if rep:
+                times[name].append(start.elapsed_time(end))
+    med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+    separate = med["router"] + med["aux_loss"]
+    tag = f"aux-fused-bench T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
+    print(
+        f"BENCH {tag}: router {med['router']:.4f} + aux_loss {med['aux_loss']:.4f} = "
+        f"{separate:.4f} ms, router_aux {med['router_aux']:.4f} ms",
+        flush=True,
+    )
+    RESULTS.append({"check": tag, "ms": med, "ok": True})
+    return True
+
+
 def run_shared(lib, T, d, m):
     tag = f"shared T={T} d={d} m={m}"
     x = bf(T, d)
@@ -1719,6 +1831,30 @@ def main():
         ("aux-37-e1024-softmax-k8", lambda: run_aux_loss(lib, 37, 1024, 8, 0, "random")),
         ("aux-t0", lambda: run_aux_loss_empty(lib)),
     ]
+    if lib.has("router_aux"):
+        # the losses in the router's kernels: T of part of a chunk, several chunks and a
+        # layer's; E of one lane a warp, several and many; both scorings, groups, a
+        # selection bias and bf16-rounded logits
+        steps += [
+            (
+                f"aux-fused-{T}-e{E}-{'softmax' if s == 0 else 'sigmoid'}",
+                lambda T=T, E=E, s=s: run_router_aux(lib, T, 128, E, min(8, E // 4), s),
+            )
+            for T in (37, 1000, 16384)
+            for E in (8, 64, 256)
+            for s in (0, 1)
+        ]
+        steps += [
+            (
+                "aux-fused-groups-bias",
+                lambda: run_router_aux(lib, 1000, 128, 64, 4, 1, 8, 2, bias=True),
+            ),
+            (
+                "aux-fused-round-logits",
+                lambda: run_router_aux(lib, 1000, 256, 64, 8, 0, round_logits=True),
+            ),
+            ("aux-fused-t0", lambda: run_router_aux_empty(lib)),
+        ]
     if lib.has("router_grad_acc"):
         # dx += the router's part by TMA reduce-add boxes: T below a tile (37) and a
         # partial last tile (3000 = 23 * 128 + 56 rows); d of one tile (128), of two (256)
@@ -1763,6 +1899,17 @@ def main():
                 "split-vs-fused-big",
                 lambda: run_split_vs_fused(lib, 1000, 1536, 704, 8, 2, "skewed"),
             ),
+        ]
+    if lib.has("router_aux") and "aux-fused-bench" in args.only:
+        # only on request (--only=aux-fused-bench): router + aux_loss against router_aux
+        steps += [
+            (
+                f"aux-fused-bench-{T}-e{E}-{'softmax' if s == 0 else 'sigmoid'}",
+                lambda T=T, E=E, s=s: bench_router_aux(lib, T, 2048, E, 8, s),
+            )
+            for T in (1024, 16384)
+            for E in (64, 256)
+            for s in (0, 1)
         ]
     if ACT != "swiglu":
         steps = [s for s in steps if s[0].startswith(EXPERT_STEPS)]

@@ -940,7 +940,7 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
   SmallVector<StringRef> callees =
       TypeSwitch<Operation *, SmallVector<StringRef>>(op)
           .Case([](RouterOp) -> SmallVector<StringRef> {
-            return {"__moe_gpu_router"};
+            return {"__moe_gpu_router", "__moe_gpu_router_aux"};
           })
           .Case([](RouterGradOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_router_grad", "__moe_gpu_router_grad_acc"};
@@ -1622,7 +1622,31 @@ protected:
   HostCallContext &ctx;
 };
 
-/// moe.router: `__moe_gpu_router`, with an empty bias where it has none.
+/// The moe.aux_loss that `router`'s kernels compute (`__moe_gpu_router_aux`):
+/// the first one after it on its logits and experts, with its scoring, whose
+/// losses the host function returns (out-parameters, there before the
+/// router runs); null if none.
+AuxLossOp getFusedAuxLoss(RouterOp router, const HostCallContext &ctx) {
+  AuxLossOp fused;
+  for (Operation *user : router.getLogits().getUsers()) {
+    auto aux = dyn_cast<AuxLossOp>(user);
+    if (!aux || aux.getExperts() != router.getExperts() ||
+        aux.getScoring() != router.getRouting().getScoring() ||
+        aux->getBlock() != router->getBlock())
+      continue;
+    bool returned = llvm::all_of(aux->getResults(), [&](Value result) {
+      return ctx.bufferOf(result) &&
+             !llvm::is_contained(ctx.temporaries.lookup(aux), result);
+    });
+    if (returned && (!fused || aux->isBeforeInBlock(fused)))
+      fused = aux;
+  }
+  return fused;
+}
+
+/// moe.router: `__moe_gpu_router`, with an empty bias where it has none;
+/// `__moe_gpu_router_aux` with the losses of the moe.aux_loss it computes
+/// too (getFusedAuxLoss).
 class LowerRouter : public HostCallPattern<RouterOp> {
 public:
   using HostCallPattern::HostCallPattern;
@@ -1639,6 +1663,12 @@ public:
                       h.f32(routing.getScalingFactorValue()),
                       h.i1(routing.getRoundLogits())});
     call.addResults();
+    if (AuxLossOp aux = getFusedAuxLoss(op, ctx)) {
+      for (Value loss : aux->getResults())
+        call.args.push_back(h.dynamic(ctx.bufferOf(loss)));
+      call.call("__moe_gpu_router_aux");
+      return;
+    }
     call.call("__moe_gpu_router");
   }
 };
@@ -1824,6 +1854,11 @@ public:
 
   void emitCall(OpTy op, typename HostCallPattern<OpTy>::OpAdaptor adaptor,
                 HostCall &call) const override {
+    // The router's call computed the losses (getFusedAuxLoss).
+    if constexpr (std::is_same_v<OpTy, AuxLossOp>)
+      if (auto router = op.getLogits().template getDefiningOp<RouterOp>();
+          router && getFusedAuxLoss(router, this->ctx) == op)
+        return;
     call.addOperands();
     call.args.push_back(this->ctx.h.i32(static_cast<int32_t>(op.getScoring())));
     call.addResults();

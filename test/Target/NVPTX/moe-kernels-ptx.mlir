@@ -300,4 +300,17 @@
 // CHECK-NOT: atom.
 // CHECK: setp.ge.u32
 // CHECK-NOT: atom.
+// The router's kernels with the auxiliary losses: the partial sums as
+// moe_aux_partials makes them (no atomics), the counts as moe_aux_counts
+// (integer atomics, in shared memory and then one a block an expert).
+// CHECK-LABEL: .entry moe_router_scores_aux(
+// CHECK-NOT: atom.
+// CHECK: shfl.sync.bfly.b32
+// CHECK-NOT: atom.
+// CHECK: lg2.approx.ftz.f32
+// CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_router_select_counts(
+// CHECK: atom.shared.add.u32
+// CHECK: bar.sync 0;
+// CHECK: atom.global.add.u32
 // CHECK-NOT: .entry

@@ -203,16 +203,25 @@ void mlir::moe::kernels::buildAuxCountsKernel(OpBuilder &b, Location loc) {
 // moe_aux_partials
 //===----------------------------------------------------------------------===//
 
-void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
-  Type f32 = b.getF32Type(), index = b.getIndexType();
-  MemRefType buffer = flatBuffer(f32);
-  gpu::GPUFuncOp kernel = createKernel(
-      b, loc, "moe_aux_partials",
-      {buffer, index, index, b.getI32Type(), index, index, buffer});
-  Value logits = kernel.getArgument(0), numTokens = kernel.getArgument(1),
-        numExperts = kernel.getArgument(2), scoring = kernel.getArgument(3),
-        chunkTokens = kernel.getArgument(4), numChunks = kernel.getArgument(5),
-        partials = kernel.getArgument(6);
+namespace {
+
+/// moe_router_scores_aux's work: `before` the statistics of a chunk's tokens
+/// (the block's, on logits [first, last)), `after` those of a token (its
+/// warp's; base: the token's first logit) with the softmax's max and sum.
+struct TokenHooks {
+  function_ref<void(K &, Value first, Value last, Value tid)> before;
+  function_ref<void(K &, Value base, Value lane, Value max, Value sum,
+                    Value soft)>
+      after;
+};
+
+/// moe_aux_partials' body in `kernel`: a block a chunk of tokens, its
+/// per-expert score sums and lse^2 in a row of `partials`.
+void buildPartialsBody(OpBuilder &b, Location loc, gpu::GPUFuncOp kernel,
+                       Value logits, Value numTokens, Value numExperts,
+                       Value scoring, Value chunkTokens, Value numChunks,
+                       Value partials, TokenHooks hooks = {}) {
+  Type f32 = b.getF32Type();
   K k{b, loc};
   // A column an expert and one of the tokens' lse^2; a token's lse and the
   // sum of its sigmoids (1 for softmax).
@@ -233,6 +242,9 @@ void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
     Value stop = k.minu(k.add(start, chunkTokens), numTokens);
     buildFor(b, loc, tid, columns, threads,
              [&](Value e) { k.store(zero, acc, e); });
+    // The first sub-chunk's barrier orders this before the statistics.
+    if (hooks.before)
+      hooks.before(k, k.mul(start, numExperts), k.mul(stop, numExperts), tid);
     buildFor(b, loc, start, stop, k.c(kStatTokens), [&](Value sub) {
       Value subStop = k.minu(k.add(sub, k.c(kStatTokens)), stop);
       // The last sub-chunk's readers are done with the statistics.
@@ -242,6 +254,8 @@ void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
         Value max, sum;
         std::tie(max, sum) = softmaxStats(k, logits, base, lane, numExperts);
         Value lse = k.fadd(max, k.log(sum));
+        if (hooks.after)
+          hooks.after(k, base, lane, max, sum, soft);
         Value total = buildIfElse(
             b, loc, f32, soft, [&] { return one; },
             [&] {
@@ -303,6 +317,76 @@ void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
     });
   });
   gpu::ReturnOp::create(b, loc);
+}
+
+} // namespace
+
+void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  MemRefType buffer = flatBuffer(f32);
+  gpu::GPUFuncOp kernel = createKernel(
+      b, loc, "moe_aux_partials",
+      {buffer, index, index, b.getI32Type(), index, index, buffer});
+  buildPartialsBody(b, loc, kernel, kernel.getArgument(0),
+                    kernel.getArgument(1), kernel.getArgument(2),
+                    kernel.getArgument(3), kernel.getArgument(4),
+                    kernel.getArgument(5), kernel.getArgument(6));
+}
+
+//===----------------------------------------------------------------------===//
+// moe_router_scores_aux
+//===----------------------------------------------------------------------===//
+
+void mlir::moe::kernels::buildRouterScoresAuxKernel(OpBuilder &b,
+                                                    Location loc) {
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  MemRefType buffer = flatBuffer(f32);
+  gpu::GPUFuncOp kernel =
+      createKernel(b, loc, "moe_router_scores_aux",
+                   {buffer, buffer, index, index, b.getI32Type(), b.getI1Type(),
+                    index, index, buffer});
+  Value logits = kernel.getArgument(0), scores = kernel.getArgument(1),
+        round = kernel.getArgument(5);
+  // moe_router_scores' rounding and scores, with the same ops (the same
+  // bits), then the statistics of moe_aux_partials on the rounded logits.
+  // The chunk's logits by the whole block, in a pass of their own (inside
+  // the token loop the rounding made ptxas spill).
+  auto rounding = [&](K &k, Value first, Value last, Value tid) {
+    buildIf(b, loc, round, [&] {
+      Value i0 = k.add(first, tid);
+      buildFor(b, loc, i0, last, k.c(kSimpleThreads), [&](Value i) {
+        Value l = k.load(logits, i);
+        Value h = arith::TruncFOp::create(b, loc, b.getBF16Type(), l);
+        k.store(arith::ExtFOp::create(b, loc, f32, h), logits, i);
+      });
+    });
+  };
+  auto scoring = [&](K &k, Value base, Value lane, Value max, Value sum,
+                     Value soft) {
+    Value numExperts = kernel.getArgument(3);
+    Value one = k.cf(1.0f);
+    auto store = [&](function_ref<Value(Value)> score) {
+      buildFor(b, loc, lane, numExperts, k.c(32), [&](Value e) {
+        Value i = k.add(base, e);
+        k.store(score(k.load(logits, i)), scores, i);
+      });
+    };
+    buildIfElse(
+        b, loc, soft,
+        [&] {
+          store([&](Value l) { return k.fdiv(k.exp(k.fsub(l, max)), sum); });
+        },
+        [&] {
+          store([&](Value l) {
+            Value x = k.exp(arith::NegFOp::create(b, loc, l));
+            return k.fdiv(one, k.fadd(x, one));
+          });
+        });
+  };
+  buildPartialsBody(b, loc, kernel, logits, kernel.getArgument(2),
+                    kernel.getArgument(3), kernel.getArgument(4),
+                    kernel.getArgument(6), kernel.getArgument(7),
+                    kernel.getArgument(8), {rounding, scoring});
 }
 
 //===----------------------------------------------------------------------===//

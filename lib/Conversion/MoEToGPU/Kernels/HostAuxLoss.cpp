@@ -38,7 +38,69 @@ Value countSelections(HostFunctionBuilder &h, Value experts, Value slots,
   return counts;
 }
 
+/// moe_aux_partials' chunks of T tokens: (tokens a chunk, chunks). They
+/// depend on T alone: the sums' order is fixed by the sizes.
+std::pair<Value, Value> auxChunks(HostFunctionBuilder &h, Value t) {
+  Value one = h.c(1);
+  Value perChunk = h.ceil(t, kMaxChunks);
+  Value minTokens = h.c(kMinChunkTokens);
+  Value chunkTokens = h.maxu(perChunk, minTokens);
+  Value last = h.sub(chunkTokens, one);
+  Value spanned = h.add(t, last);
+  Value chunks = h.div(spanned, chunkTokens);
+  return {chunkTokens, chunks};
+}
+
+/// The losses from the chunks' partial sums and the counts.
+void finishLosses(HostFunctionBuilder &h, Value partials, Value chunks,
+                  Value counts, Value t, Value e, Value slots,
+                  Value loadBalance, Value zLoss) {
+  Type f32 = Float32Type::get(t.getContext());
+  Value one = h.c(1);
+  Value columns = h.add(e, one);
+  Value sums = h.alloc(columns, f32);
+  Value columnBlocks = h.ceil(columns, kTokenWarps);
+  h.launch("moe_aux_columns", columnBlocks, one, one,
+           {partials, chunks, e, sums});
+  h.launch("moe_aux_finish", one, one, one,
+           {sums, counts, t, e, slots, loadBalance, zLoss});
+  h.dealloc(sums);
+}
+
 } // namespace
+
+void mlir::moe::host::routerAuxScoresAndSelect(HostFunctionBuilder &h, Value lf,
+                                               Value t, Value e, Value k,
+                                               Value wf, Value ef,
+                                               Value loadBalance, Value zLoss) {
+  Type f32 = Float32Type::get(t.getContext());
+  Value one = h.c(1);
+  Value slots = h.mul(t, k);
+  Value size = h.grid(e);
+  Value counts = h.alloc(size, h.i32());
+  h.memset(counts, h.cI32(0));
+  auto [chunkTokens, chunks] = auxChunks(h, t);
+  Value columns = h.add(e, one);
+  Value rows = h.grid(chunks);
+  Value partialsSize = h.mul(rows, columns);
+  Value partials = h.alloc(partialsSize, f32);
+  Value scoresSize = h.mul(t, e);
+  Value scores = h.alloc(scoresSize, f32);
+  // A block a chunk: the scores (logits rounded first) and the partial sums.
+  h.launch("moe_router_scores_aux", chunks, one, one,
+           {lf, scores, t, e, h.arg("scoring"), h.arg("round_logits"),
+            chunkTokens, chunks, partials});
+  Value nb = h.dim(h.arg("bias"), 0);
+  Value selectBlocks = h.ceil(t, kTokenWarps);
+  h.launch("moe_router_select_counts", selectBlocks, one, one,
+           {scores, h.arg("bias"), nb, t, e, k, h.arg("num_groups"),
+            h.arg("topk_groups"), h.arg("renormalize"), h.arg("scaling"), wf,
+            ef, counts});
+  h.dealloc(scores);
+  finishLosses(h, partials, chunks, counts, t, e, slots, loadBalance, zLoss);
+  h.dealloc(partials);
+  h.dealloc(counts);
+}
 
 void mlir::moe::host::buildAuxLossHost(OpBuilder &b, ModuleOp module) {
   Type f32 = b.getF32Type();

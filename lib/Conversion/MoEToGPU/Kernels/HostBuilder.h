@@ -225,8 +225,10 @@ Value round8(HostFunctionBuilder &h, Value v);
 // One builder a host function (HostFunctions.cpp, HostBackward.cpp); each
 // builds at `b`'s insertion point in `module`.
 // Those with GEMMs take `gemms` (a variant's configs).
-void buildRouterHost(OpBuilder &b, ModuleOp module,
-                     const HostGemms &gemms = {});
+// With `aux`, `__moe_gpu_router_aux`: the auxiliary losses too
+// (routerAuxScoresAndSelect).
+void buildRouterHost(OpBuilder &b, ModuleOp module, const HostGemms &gemms = {},
+                     bool aux = false);
 void buildDispatchHost(OpBuilder &b, ModuleOp module, bool capacity = false);
 void buildExpertFfnHost(OpBuilder &b, ModuleOp module, bool withY,
                         const HostGemms &gemms = {});
@@ -254,6 +256,12 @@ void buildScatterRowsHost(OpBuilder &b, ModuleOp module);
 // HostAuxLoss.cpp
 void buildAuxLossHost(OpBuilder &b, ModuleOp module);
 void buildAuxLossGradHost(OpBuilder &b, ModuleOp module);
+/// `__moe_gpu_router_aux`'s scores and selection from the logits `lf`
+/// [T, E]: its kernels also write the auxiliary losses' partial sums and
+/// selection counts, then the losses into `loadBalance` and `zLoss`.
+void routerAuxScoresAndSelect(HostFunctionBuilder &h, Value lf, Value t,
+                              Value e, Value k, Value wf, Value ef,
+                              Value loadBalance, Value zLoss);
 
 } // namespace mlir::moe::host
 

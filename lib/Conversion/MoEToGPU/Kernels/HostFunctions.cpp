@@ -465,22 +465,22 @@ Value mlir::moe::host::round8(HostFunctionBuilder &h, Value v) {
 //===----------------------------------------------------------------------===//
 
 void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module,
-                                      const HostGemms &gemms) {
+                                      const HostGemms &gemms, bool aux) {
   Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type(),
        i1 = b.getI1Type(), index = b.getIndexType();
-  HostFunctionBuilder h(b, module, ("router" + gemms.suffix()).str(),
-                        {{"x", buffer(bf16, 2)},
-                         {"wr", buffer(bf16, 2)},
-                         {"bias", buffer(f32)},
-                         {"scoring", i32},
-                         {"renormalize", i1},
-                         {"num_groups", index},
-                         {"topk_groups", index},
-                         {"scaling", f32},
-                         {"round_logits", i1},
-                         {"weights", buffer(f32, 2)},
-                         {"experts", buffer(i32, 2)},
-                         {"logits", buffer(f32, 2)}});
+  SmallVector<std::pair<StringRef, Type>> params = {
+      {"x", buffer(bf16, 2)},      {"wr", buffer(bf16, 2)},
+      {"bias", buffer(f32)},       {"scoring", i32},
+      {"renormalize", i1},         {"num_groups", index},
+      {"topk_groups", index},      {"scaling", f32},
+      {"round_logits", i1},        {"weights", buffer(f32, 2)},
+      {"experts", buffer(i32, 2)}, {"logits", buffer(f32, 2)}};
+  if (aux)
+    params.append(
+        {{"load_balance", buffer(f32, 0)}, {"z_loss", buffer(f32, 0)}});
+  HostFunctionBuilder h(
+      b, module, ((aux ? "router_aux" : "router") + gemms.suffix()).str(),
+      params);
   Value t = h.dim(h.arg("x"), 0);
   Value d = h.dim(h.arg("x"), 1);
   Value e = h.dim(h.arg("wr"), 1);
@@ -519,6 +519,13 @@ void mlir::moe::host::buildRouterHost(OpBuilder &b, ModuleOp module,
   h.dealloc(lp);
   h.dealloc(wrp);
 
+  if (aux) {
+    routerAuxScoresAndSelect(h, lf, t, e, k, wf, ef, h.arg("load_balance"),
+                             h.arg("z_loss"));
+    h.dealloc(offs);
+    h.finish();
+    return;
+  }
   Value scoresSize = h.mul(t, e);
   Value scores = h.alloc(scoresSize, f32);
   Value blocks = h.ceil(t, kTokenWarps);
@@ -951,6 +958,11 @@ const std::vector<HostEntry> &hostEntries() {
          host::buildAuxLossGradHost(b, m);
        },
        {}},
+      {"__moe_gpu_router_aux",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildRouterHost(b, m, g, /*aux=*/true);
+       },
+       {{"logits", LibraryGemm::RowsMnF32}}},
   };
   return entries;
 }

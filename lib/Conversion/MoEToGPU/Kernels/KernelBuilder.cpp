@@ -72,6 +72,8 @@ constexpr KernelEntry kKernels[] = {
     {"moe_aux_loss_grad", kernels::buildAuxLossGradKernel},
     {"moe_dispatch_scan_capacity", kernels::buildDispatchScanCapacityKernel},
     {"moe_dispatch_place_capacity", kernels::buildDispatchPlaceCapacityKernel},
+    {"moe_router_scores_aux", kernels::buildRouterScoresAuxKernel},
+    {"moe_router_select_counts", kernels::buildRouterSelectCountsKernel},
 };
 
 } // namespace

@@ -48,6 +48,7 @@ void buildSelectionBiasCountKernel(OpBuilder &b, Location loc);
 void buildSelectionBiasUpdateKernel(OpBuilder &b, Location loc);
 void buildRouterScoresKernel(OpBuilder &b, Location loc);
 void buildRouterSelectKernel(OpBuilder &b, Location loc);
+void buildRouterSelectCountsKernel(OpBuilder &b, Location loc);
 void buildRouterGradLogitsKernel(OpBuilder &b, Location loc);
 // Dispatch.cpp
 void buildDispatchRankKernel(OpBuilder &b, Location loc);
@@ -84,6 +85,7 @@ void buildAuxPartialsKernel(OpBuilder &b, Location loc);
 void buildAuxColumnsKernel(OpBuilder &b, Location loc);
 void buildAuxFinishKernel(OpBuilder &b, Location loc);
 void buildAuxLossGradKernel(OpBuilder &b, Location loc);
+void buildRouterScoresAuxKernel(OpBuilder &b, Location loc);
 // Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp
 /// The grouped GEMM of `config`, named gemmKernelName(config).
 void buildGemmKernel(OpBuilder &b, Location loc,

@@ -29,6 +29,10 @@ constexpr int32_t kXorMasks[] = {16, 8, 4, 2, 1};
 /// Warps a block of the warp-a-token kernels.
 constexpr int64_t kTokenWarps = kSimpleThreads / 32;
 
+/// The experts moe_router_select_counts' shared table holds (the contract's
+/// max_experts).
+constexpr int64_t kMaxCountedExperts = 1024;
+
 Value i64Constant(OpBuilder &b, Location loc, int64_t value) {
   return arith::ConstantIntOp::create(b, loc, b.getI64Type(), value);
 }
@@ -227,7 +231,10 @@ struct Key {
 /// prelude, and the comparisons and warp reductions over keys.
 class SelectBuilder {
 public:
-  SelectBuilder(OpBuilder &b, Location loc) : b(b), loc(loc) {}
+  /// With `counts`, moe_router_select_counts: the selection counts of each
+  /// expert too, added to a buffer of E (moe_aux_counts' counts).
+  SelectBuilder(OpBuilder &b, Location loc, bool counts = false)
+      : b(b), loc(loc), withCounts(counts) {}
 
   void build();
 
@@ -263,6 +270,7 @@ private:
 
   OpBuilder &b;
   Location loc;
+  bool withCounts;
 
   // Arguments.
   Value scores, bias, numBias, numTokens, numExperts, topK, numGroups,
@@ -425,10 +433,14 @@ void SelectBuilder::buildGroupSelection(Value multi) {
 void SelectBuilder::build() {
   Type f32 = b.getF32Type(), index = b.getIndexType(), i32 = b.getI32Type();
   MemRefType f32Buffer = flatBuffer(f32);
-  gpu::GPUFuncOp kernel =
-      createKernel(b, loc, "moe_router_select",
-                   {f32Buffer, f32Buffer, index, index, index, index, index,
-                    index, b.getI1Type(), f32, f32Buffer, flatBuffer(i32)});
+  SmallVector<Type> argTypes = {
+      f32Buffer, f32Buffer, index,         index, index,     index,
+      index,     index,     b.getI1Type(), f32,   f32Buffer, flatBuffer(i32)};
+  if (withCounts)
+    argTypes.push_back(flatBuffer(i32));
+  gpu::GPUFuncOp kernel = createKernel(
+      b, loc, withCounts ? "moe_router_select_counts" : "moe_router_select",
+      argTypes);
   scores = kernel.getArgument(0);
   bias = kernel.getArgument(1);
   numBias = kernel.getArgument(2);
@@ -469,6 +481,26 @@ void SelectBuilder::build() {
   Value first = arith::MulIOp::create(b, loc, bid, warps);
   Value token = arith::AddIOp::create(b, loc, first, warp);
   lead = cmpi(arith::CmpIPredicate::eq, lane, c0);
+  // The block's counts in shared memory, one global atomic an expert a block
+  // after (integer sums: the same whatever the order).
+  Value shared, counts;
+  if (withCounts) {
+    counts = kernel.getArgument(12);
+    auto type =
+        MemRefType::get({kMaxCountedExperts}, i32, MemRefLayoutAttrInterface(),
+                        gpu::AddressSpaceAttr::get(
+                            b.getContext(), gpu::AddressSpace::Workgroup));
+    shared = kernel.addWorkgroupAttribution(type, loc);
+    Value threads = indexConstant(b, loc, kSimpleThreads);
+    auto zeroLoop = scf::ForOp::create(b, loc, tid, numExperts, threads);
+    {
+      OpBuilder::InsertionGuard loopGuard(b);
+      b.setInsertionPointToStart(zeroLoop.getBody());
+      memref::StoreOp::create(b, loc, c0I32, shared,
+                              zeroLoop.getInductionVar());
+    }
+    gpu::BarrierOp::create(b, loc);
+  }
   // The token is the whole warp's, so the shuffles below see every lane.
   Value ok = cmpi(arith::CmpIPredicate::ult, token, numTokens);
   auto ifOk = scf::IfOp::create(b, loc, ok, /*withElseRegion=*/false);
@@ -546,6 +578,15 @@ void SelectBuilder::build() {
         b.setInsertionPointToStart(ifLead.thenBlock());
         memref::StoreOp::create(b, loc, winner.index, experts, slot);
         memref::StoreOp::create(b, loc, u, weights, slot);
+        if (withCounts) {
+          // A negative index is a huge one as unsigned: outside the experts.
+          Value wu = arith::IndexCastUIOp::create(b, loc, index, winner.index);
+          Value inRange = cmpi(arith::CmpIPredicate::ult, wu, numExperts);
+          auto ifIn = scf::IfOp::create(b, loc, inRange, false);
+          b.setInsertionPointToStart(ifIn.thenBlock());
+          memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addi, c1I32,
+                                      shared, wu);
+        }
       }
       Value newTotal = arith::AddFOp::create(b, loc, total, u);
       scf::YieldOp::create(b, loc, ValueRange{newTaken, newTotal});
@@ -566,6 +607,20 @@ void SelectBuilder::build() {
     Value scaled = arith::MulFOp::create(b, loc, renormed, scaling);
     memref::StoreOp::create(b, loc, scaled, weights, slot);
   }
+  if (withCounts) {
+    gpu::BarrierOp::create(b, loc);
+    Value threads = indexConstant(b, loc, kSimpleThreads);
+    auto flush = scf::ForOp::create(b, loc, tid, numExperts, threads);
+    b.setInsertionPointToStart(flush.getBody());
+    Value e = flush.getInductionVar();
+    Value n = memref::LoadOp::create(b, loc, shared, e);
+    Value some = cmpi(arith::CmpIPredicate::ne, n, c0I32);
+    auto ifSome = scf::IfOp::create(b, loc, some, false);
+    b.setInsertionPointToStart(ifSome.thenBlock());
+    memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addi, n, counts,
+                                e);
+    b.setInsertionPointAfter(flush);
+  }
   gpu::ReturnOp::create(b, loc);
 }
 
@@ -573,6 +628,11 @@ void SelectBuilder::build() {
 
 void mlir::moe::kernels::buildRouterSelectKernel(OpBuilder &b, Location loc) {
   SelectBuilder(b, loc).build();
+}
+
+void mlir::moe::kernels::buildRouterSelectCountsKernel(OpBuilder &b,
+                                                       Location loc) {
+  SelectBuilder(b, loc, /*counts=*/true).build();
 }
 
 //===----------------------------------------------------------------------===//

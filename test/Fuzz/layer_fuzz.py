@@ -4,10 +4,15 @@ every pipeline and moe-compile.
 
 Mutating the text of known-good tests rarely gets past the parser and the verifiers; these
 modules do, by construction, and then probe what the passes assume: every routing option,
-shared experts, router bias, capacity factors, the three element types and activations,
-dynamic dimensions, sizes at and past every limit (zero, one, 2^31, 2^62, d and n off the
-GPU's tiles), extra returns (logits, an argument returned as it is), several functions, and
-layers inside a nested module. Each module runs through:
+shared experts, router bias, capacity factors (on layers the GPU path takes too), the three
+element types and the four activations (gelu_tanh too; non-gated experts on GPU-bound layers),
+expert biases, dynamic dimensions, sizes at and past every limit (zero, one, 2^31, 2^62, d and
+n off the GPU's tiles), extra returns (logits, an argument returned as it is), several
+functions, moe.update_selection_bias functions (alone, or as the forward and empty backward
+pair moe-compile takes), and layers inside a nested module. The choices added after the first
+ones (gelu_tanh, non-gated and capacity on GPU-bound layers, expert biases, the bias updates)
+come from a second generator of the same seed, so a seed keeps the layers it gave before.
+Each module runs through:
 
     moe-opt --moe-decompose [--moe-generate-backward]
     moe-opt --moe-decompose --moe-plan-activations=policy=P --moe-generate-backward
@@ -63,10 +68,15 @@ def mul(a: str, b: int) -> str:
     return "?" if a == "?" else str(int(a) * b)
 
 
-def random_layer(rng: random.Random, name: str) -> Tuple[str, List[str]]:
+def random_layer(
+    rng: random.Random, name: str, ext: Optional[random.Random] = None
+) -> Tuple[str, List[str]]:
     """One func.func holding a moe.layer, and its arguments' types. A third of the layers fit
-    the GPU path (bf16 SwiGLU, d and n multiples of 64), a third the CPU path (any options),
-    and a third are sized at and past the limits (and often invalid)."""
+    the GPU path (bf16, d and n multiples of 64), a third the CPU path (any options), and a
+    third are sized at and past the limits (and often invalid). `ext` makes the later choices
+    (gelu_tanh, non-gated experts and capacity factors on GPU-bound layers, expert biases)
+    without moving `rng`'s draws."""
+    ext = ext or random.Random(0)
     mode = rng.choice(("gpu", "cpu", "limits"))
     dynamic = mode != "gpu" and rng.random() < 0.3
     if mode == "limits":
@@ -85,6 +95,10 @@ def random_layer(rng: random.Random, name: str) -> Tuple[str, List[str]]:
         top_k = rng.randint(1, min(experts, 8))
     element = "bf16" if mode == "gpu" else rng.choice(ELEMENTS)
     activation = "swiglu" if mode == "gpu" else rng.choice(ACTIVATIONS)
+    if mode == "gpu" and ext.random() < 0.4:  # the GPU path's non-gated experts
+        activation = ext.choice(("silu", "gelu", "gelu_tanh"))
+    elif activation in ("gelu", "silu") and ext.random() < 0.4:
+        activation = "gelu_tanh"
     scoring = rng.choice(("softmax", "sigmoid"))
     routing = [f"scoring = {scoring}", f"top_k = {top_k}"]
     if rng.random() < 0.5:
@@ -103,6 +117,8 @@ def random_layer(rng: random.Random, name: str) -> Tuple[str, List[str]]:
     attrs = [f"activation = #moe.activation<{activation}>"]
     if mode != "gpu" and rng.random() < 0.15:
         attrs.append(f"capacity_factor = {rng.choice(('1.0', '1.25', '0.5', '0.0'))} : f64")
+    elif mode == "gpu" and ext.random() < 0.3:
+        attrs.append(f"capacity_factor = {ext.choice(('0.75', '1.0', '1.25', '0.25'))} : f64")
     attrs.append("routing = #moe.routing<" + ", ".join(routing) + ">")
 
     width = mul(n, 2) if activation == "swiglu" else n
@@ -123,6 +139,12 @@ def random_layer(rng: random.Random, name: str) -> Tuple[str, List[str]]:
         sd_t = tensor([m, d], element)
         args += [("shared_gate_up", sgu_t), ("shared_down", sd_t)]
         extras += f" shared(%shared_gate_up, %shared_down : {sgu_t}, {sd_t})"
+    # Expert biases: the CPU path runs them, the GPU path refuses them by name.
+    if ext.random() < (0.05 if mode == "gpu" else 0.2):
+        bgu_t = tensor([str(experts), width], element)
+        bd_t = tensor([str(experts), d], element)
+        args += [("b_gate_up", bgu_t), ("b_down", bd_t)]
+        extras += f" expert_bias(%b_gate_up, %b_down : {bgu_t}, {bd_t})"
     out_t = x_t
     logits_t = tensor([tokens, str(experts)], "f32")
     results = [("%out", out_t)]
@@ -145,8 +167,48 @@ def random_layer(rng: random.Random, name: str) -> Tuple[str, List[str]]:
     return text, [t for _, t in args]
 
 
-def random_module(rng: random.Random) -> str:
-    functions = [random_layer(rng, f"layer{i}")[0] for i in range(rng.choice((1, 1, 1, 2, 3)))]
+def selection_bias_update(rng: random.Random, name: str) -> str:
+    """moe.update_selection_bias on a bias [E] and experts [T, k]: a function returning it,
+    or the forward (nothing saved) and empty backward pair moe-compile compiles it as."""
+    experts = rng.choice((8, 1, 64, 256, 1024, 1025))
+    tokens = rng.choice(("?", "?", "1", "37", "0", str(2**31)))
+    top_k = rng.choice((2, 1, 8))
+    # mostly valid; 0 and -1 the attribute refuses
+    rate = rng.choice(("1.0e-3", "1.0e-2", "1.0", "2.5e-4") * 4 + ("0.0", "-1.0"))
+    rule = rng.choice(("sign", "proportional"))
+    b_t, e_t = tensor([str(experts)], "f32"), tensor([tokens, str(top_k)], "i32")
+    attrs = []
+    if tokens == "?" or rng.random() < 0.2:
+        attrs.append(f"moe.max_tokens = {rng.choice((64, 1, 65536, 2**30))} : i64")
+    pair = rng.random() < 0.5
+    fwd_attrs = attrs + (["moe.num_saved = 0 : i64"] if pair else [])
+    text = (
+        f"func.func @{name}{'_forward' if pair else ''}(%b: {b_t}, %e: {e_t}) -> {b_t}"
+        + (f" attributes {{{', '.join(fwd_attrs)}}}" if fwd_attrs else "")
+        + " {\n"
+        f"  %r = moe.update_selection_bias %b, %e {{rate = {rate} : f64, "
+        f"rule = #moe.bias_update<{rule}>}} : {b_t}, {e_t} -> {b_t}\n"
+        f"  return %r : {b_t}\n}}\n"
+    )
+    if pair:
+        bwd_attrs = attrs + ["moe.gradient_args = array<i64>"]
+        text += (
+            f"func.func @{name}_backward(%d: {b_t}) attributes {{{', '.join(bwd_attrs)}}} {{\n"
+            f"  return\n}}\n"
+        )
+    return text
+
+
+def random_module(rng: random.Random, ext: Optional[random.Random] = None) -> str:
+    ext = ext or random.Random(0)
+    functions = [random_layer(rng, f"layer{i}", ext)[0] for i in range(rng.choice((1, 1, 1, 2, 3)))]
+    # moe.update_selection_bias: beside the layers (moe-generate-backward refuses a plain
+    # one, so the GPU pipelines stop there) or, a third of those times, alone.
+    if ext.random() < 0.25:
+        updates = [
+            selection_bias_update(ext, f"selection_bias{i}") for i in range(ext.choice((1, 2)))
+        ]
+        functions = updates if ext.random() < 0.33 else functions + updates
     body = "\n".join(functions)
     if rng.random() < 0.1:
         inner = "\n".join("    " + line for line in body.splitlines())
@@ -262,7 +324,7 @@ def main(argv=None) -> int:
         while time.monotonic() - start < opts.seconds and not (
             opts.runs and passed + failed >= opts.runs
         ):
-            module = random_module(random.Random(seed))
+            module = random_module(random.Random(seed), random.Random(f"ext-{seed}"))
             problem = check(module, tools, opts.timeout, Path(tmp), seen)
             if problem:
                 failed += 1

@@ -20,9 +20,12 @@
 // the fuzzer's bytes choose a module of moe.layer functions, built with the op
 // builders (every routing option, bias, shared experts, capacity factors, the
 // element types and activations, dynamic dimensions, sizes at and past every
-// limit, extra and passthrough results, several functions, a nested module),
-// and what verifies goes through the same passes. test/Fuzz/layer_fuzz.py does
-// the same from random seeds through the command-line tools.
+// limit, extra and passthrough results, several functions, a nested module;
+// then, from the bytes left, gelu_tanh in place of the non-gated activations,
+// expert biases and moe.update_selection_bias functions, alone or as the
+// forward and backward pair that moe-compile takes), and what verifies goes
+// through the same passes. test/Fuzz/layer_fuzz.py does the same from random
+// seeds through the command-line tools.
 //
 // Built with -DMOE_ENABLE_FUZZER=ON; scripts/fuzz.sh runs both modes.
 //
@@ -273,6 +276,113 @@ bool buildLayer(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
   return true;
 }
 
+/// Gives `layer`, in `func`, expert biases b_gate_up [E, G] and b_down [E, d]
+/// (two more arguments, the weights' element type).
+void addExpertBiases(OpBuilder &builder, func::FuncOp func,
+                     moe::LayerOp layer) {
+  Location loc = layer.getLoc();
+  auto wGateUp = cast<RankedTensorType>(layer.getWGateUp().getType());
+  auto wDown = cast<RankedTensorType>(layer.getWDown().getType());
+  Type element = wGateUp.getElementType();
+  int64_t experts = wGateUp.getDimSize(0);
+  Type bGateUpType =
+      RankedTensorType::get({experts, wGateUp.getDimSize(2)}, element);
+  Type bDownType =
+      RankedTensorType::get({experts, wDown.getDimSize(2)}, element);
+  unsigned at = func.getNumArguments();
+  if (failed(func.insertArgument(at, bGateUpType, {}, loc)) ||
+      failed(func.insertArgument(at + 1, bDownType, {}, loc)))
+    return;
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPoint(layer);
+  auto biased = moe::LayerOp::create(
+      builder, loc, layer.getOut().getType(), layer.getRouterLogits().getType(),
+      layer.getX(), layer.getRouterWeight(), layer.getRouterBias(),
+      layer.getWGateUp(), layer.getWDown(), layer.getSharedGateUp(),
+      layer.getSharedDown(), func.getArgument(at), func.getArgument(at + 1),
+      layer.getRoutingAttr(), layer.getActivationAttr(),
+      layer.getCapacityFactorAttr(), layer.getMaxTokensAttr(),
+      layer.getEpSizeAttr(), layer.getEpCapacityAttr(),
+      layer.getEpOverflowAttr(), layer.getEpChunkTokensAttr());
+  layer.replaceAllUsesWith(biased);
+  layer.erase();
+}
+
+/// Appends `moe.update_selection_bias` on a bias [E] and experts [T, k] chosen
+/// by `bytes`: a function returning it, or the forward (nothing saved) and
+/// empty backward pair that moe-compile compiles it as, at a token bound.
+void buildSelectionBiasUpdate(OpBuilder &builder, FuzzedDataProvider &bytes,
+                              Block &block, unsigned index, bool pair) {
+  MLIRContext *context = builder.getContext();
+  Location loc = builder.getUnknownLoc();
+  int64_t experts =
+      bytes.PickValueInArray<int64_t>({8, 1, 64, 256, 1024, 1025});
+  int64_t tokens = pickSize(bytes, {1, 37, 64});
+  int64_t topK = bytes.PickValueInArray<int64_t>({2, 1, 8});
+  double rate = bytes.PickValueInArray<double>({1e-3, 1e-2, 1.0});
+  auto rule = bytes.ConsumeBool() ? moe::BiasUpdate::proportional
+                                  : moe::BiasUpdate::sign;
+  IntegerAttr maxTokens;
+  if (ShapedType::isDynamic(tokens) || bytes.ConsumeBool())
+    maxTokens = builder.getI64IntegerAttr(
+        bytes.PickValueInArray<int64_t>({64, 1, 65536, 1073741824}));
+  auto biasType = RankedTensorType::get({experts}, builder.getF32Type());
+  auto expertsType =
+      RankedTensorType::get({tokens, topK}, builder.getI32Type());
+
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToEnd(&block);
+  std::string name = "selection_bias" + std::to_string(index);
+  auto func = func::FuncOp::create(
+      builder, loc, pair ? name + "_forward" : name,
+      builder.getFunctionType({biasType, expertsType}, {biasType}));
+  if (maxTokens)
+    func->setAttr("moe.max_tokens", maxTokens);
+  if (pair)
+    func->setAttr("moe.num_saved", builder.getI64IntegerAttr(0));
+  Block *body = func.addEntryBlock();
+  builder.setInsertionPointToEnd(body);
+  auto update = moe::UpdateSelectionBiasOp::create(
+      builder, loc, biasType, body->getArgument(0), body->getArgument(1),
+      builder.getF64FloatAttr(rate), moe::BiasUpdateAttr::get(context, rule));
+  func::ReturnOp::create(builder, loc, update.getResult());
+  if (!pair)
+    return;
+  builder.setInsertionPointToEnd(&block);
+  auto backward = func::FuncOp::create(builder, loc, name + "_backward",
+                                       builder.getFunctionType({biasType}, {}));
+  if (maxTokens)
+    backward->setAttr("moe.max_tokens", maxTokens);
+  backward->setAttr("moe.gradient_args", builder.getDenseI64ArrayAttr({}));
+  builder.setInsertionPointToEnd(backward.addEntryBlock());
+  func::ReturnOp::create(builder, loc);
+}
+
+/// Choices added to the structure-aware mode after its first ones, read from
+/// the bytes those leave, so that an input of an older corpus builds the same
+/// layers (spent bytes read as 0, which is "none of these"): per layer,
+/// gelu_tanh for a non-gated activation and expert biases; then up to two
+/// moe.update_selection_bias functions.
+void extendLayers(OpBuilder &builder, FuzzedDataProvider &bytes, Block &block,
+                  unsigned functions) {
+  MLIRContext *context = builder.getContext();
+  SmallVector<moe::LayerOp> layers;
+  block.walk([&](moe::LayerOp layer) { layers.push_back(layer); });
+  for (moe::LayerOp layer : layers) {
+    int choice = bytes.ConsumeIntegralInRange<int>(0, 3);
+    if ((choice & 1) &&
+        layer.getActivationAttr().getValue() != moe::Activation::swiglu)
+      layer.setActivationAttr(
+          moe::ActivationAttr::get(context, moe::Activation::gelu_tanh));
+    if (choice & 2)
+      addExpertBiases(builder, layer->getParentOfType<func::FuncOp>(), layer);
+  }
+  unsigned updates = bytes.ConsumeIntegralInRange<unsigned>(0, 2);
+  for (unsigned i = 0; i < updates; ++i)
+    buildSelectionBiasUpdate(builder, bytes, block, functions + i,
+                             bytes.ConsumeBool());
+}
+
 /// The module of layer functions that `data` chooses, or null.
 OwningOpRef<ModuleOp> buildLayers(MLIRContext &context, const uint8_t *data,
                                   size_t size) {
@@ -291,6 +401,7 @@ OwningOpRef<ModuleOp> buildLayers(MLIRContext &context, const uint8_t *data,
   for (unsigned i = 0; i < functions; ++i)
     if (!buildLayer(builder, bytes, *block, i))
       return nullptr;
+  extendLayers(builder, bytes, *block, functions);
   if (failed(verify(*module)))
     return nullptr;
   return module;

@@ -190,12 +190,19 @@ OPS = {
 # The accumulating host functions: the result added to what its buffer holds.
 OPS["combine_acc"] = OPS["combine"]
 OPS["expert_combine_grad_acc"] = OPS["expert_combine_grad"]
+ROUTER_GRAD_AUX = (
+    OPS["router_grad"][:5] + [("d_load_balance", S0), ("d_z_loss", S0)] + OPS["router_grad"][6:]
+)
 # Host functions of a library built with some configs only: wrapped where it has them.
 OPTIONAL_OPS = {
     # not where the router's dX config cannot add to C (a store other than tma_boxes)
     "router_grad_acc": OPS["router_grad"],
     # moe.router with its moe.aux_loss in its kernels (a library older than it has none)
     "router_aux": OPS["router"] + [("load_balance", S0), ("z_loss", S0)],
+    # moe.router_grad with its moe.aux_loss_grad's d_logits added in its pass (d_logits'
+    # place holds the losses' gradients); `_acc` where router_grad_acc is
+    "router_grad_aux": ROUTER_GRAD_AUX,
+    "router_grad_aux_acc": ROUTER_GRAD_AUX,
     # moe.dispatch with a capacity factor (a library older than it has none)
     "dispatch_capacity": [
         ("experts", I2),

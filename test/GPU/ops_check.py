@@ -848,6 +848,53 @@ def run_router_aux(lib, T, d, E, k, scoring, G=1, TG=1, bias=False, round_logits
     return ok
 
 
+def run_router_grad_aux(lib, T, d, E, k, scoring, accumulate=False):
+    """router_grad_aux (moe.aux_loss_grad's d_logits added in the router's d_logits pass)
+    against aux_loss_grad then router_grad with those d_logits: the same bits for dx and
+    d_w_router; and against autograd of the router's weights plus the fp32 reference's
+    d_logits of the losses. accumulate: the `_acc` forms, from the same random dx."""
+    name = "softmax" if scoring == 0 else "sigmoid"
+    suffix = "_acc" if accumulate else ""
+    tag = f"aux-fused grad{suffix} T={T} d={d} E={E} k={k} {name}"
+    x, wr = bf(T, d), bf(d, E, std=0.5)
+    logits = x.float() @ wr.float()
+    ex = distinct_picks(T, E, k).to(torch.int32)
+    dw = torch.randn(T, k, device=DEV)
+    d_lb = torch.tensor(float(torch.randn(())), device=DEV)
+    d_z = torch.tensor(float(torch.randn(())), device=DEV)
+    dl_ref = torch.from_numpy(
+        ref.aux_loss_grad(
+            logits.cpu().numpy(), ex.cpu().numpy(), d_lb.cpu().numpy(), d_z.cpu().numpy(), name
+        )
+    ).to(DEV)
+    xr = x.float().requires_grad_()
+    wrr = wr.float().requires_grad_()
+    lg = xr @ wrr
+    u = torch.gather(ref_scores(lg, scoring), 1, ex.long())
+    u = u / u.sum(1, keepdim=True)
+    ((u * dw).sum() + (lg * dl_ref).sum()).backward()
+    dx0 = bf(T, d, std=xr.grad.std().item()) if accumulate else None
+
+    def fresh():
+        dx = dx0.clone() if accumulate else torch.full((T, d), float("nan"), device=DEV)
+        return dx.to(torch.bfloat16), torch.full((d, E), float("nan"), device=DEV).bfloat16()
+
+    dl = torch.full_like(logits, float("nan"))
+    lib.call("aux_loss_grad", logits, ex, d_lb, d_z, scoring, dl)
+    dx1, dwr1 = fresh()
+    lib.call("router_grad" + suffix, x, wr, logits, ex, dw, dl, scoring, 1, 1.0, dx1, dwr1)
+    dx2, dwr2 = fresh()
+    lib.call(
+        "router_grad_aux" + suffix, x, wr, logits, ex, dw, d_lb, d_z, scoring, 1, 1.0, dx2, dwr2
+    )
+    ok = check_exact(f"{tag} dx as aux_loss_grad + router_grad", dx2, dx1)
+    ok &= check_exact(f"{tag} d_w_router as aux_loss_grad + router_grad", dwr2, dwr1)
+    base = dx0.float() if accumulate else 0
+    ok &= check(f"{tag} dx", rel(dx2, base + xr.grad), 2e-2)
+    ok &= check(f"{tag} d_w_router", rel(dwr2, wrr.grad), 2e-2)
+    return ok
+
+
 def run_router_aux_empty(lib):
     """T = 0: both losses 0, as aux_loss gives them."""
     E, k, d = 8, 2, 128
@@ -1854,6 +1901,24 @@ def main():
                 lambda: run_router_aux(lib, 1000, 256, 64, 8, 0, round_logits=True),
             ),
             ("aux-fused-t0", lambda: run_router_aux_empty(lib)),
+        ]
+    if lib.has("router_grad_aux"):
+        steps += [
+            (
+                f"aux-fused-grad-{T}-e{E}-{'softmax' if s == 0 else 'sigmoid'}",
+                lambda T=T, E=E, s=s: run_router_grad_aux(lib, T, 128, E, min(8, E // 4), s),
+            )
+            for T in (37, 1000, 16384)
+            for E in (8, 64, 256)
+            for s in (0, 1)
+        ]
+    if lib.has("router_grad_aux_acc"):
+        steps += [
+            (
+                f"aux-fused-grad-acc-1000-e64-{'softmax' if s == 0 else 'sigmoid'}",
+                lambda s=s: run_router_grad_aux(lib, 1000, 256, 64, 8, s, accumulate=True),
+            )
+            for s in (0, 1)
         ]
     if lib.has("router_grad_acc"):
         # dx += the router's part by TMA reduce-add boxes: T below a tile (37) and a

@@ -943,7 +943,9 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
             return {"__moe_gpu_router", "__moe_gpu_router_aux"};
           })
           .Case([](RouterGradOp) -> SmallVector<StringRef> {
-            return {"__moe_gpu_router_grad", "__moe_gpu_router_grad_acc"};
+            return {"__moe_gpu_router_grad", "__moe_gpu_router_grad_acc",
+                    "__moe_gpu_router_grad_aux",
+                    "__moe_gpu_router_grad_aux_acc"};
           })
           .Case([](ExpertFFNOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_expert_ffn", "__moe_gpu_expert_ffn_h"};
@@ -1673,6 +1675,23 @@ public:
   }
 };
 
+/// The moe.aux_loss_grad whose d_logits `grad` adds in its own pass
+/// (`__moe_gpu_router_grad_aux`): its logits gradient, read by `grad` alone,
+/// on its logits and experts with its scoring, the losses' gradients the
+/// function's arguments (alive at `grad`); null if none.
+AuxLossGradOp getFusedAuxLossGrad(RouterGradOp grad) {
+  Value dLogits = grad.getDLogits();
+  auto aux = dLogits ? dLogits.getDefiningOp<AuxLossGradOp>() : AuxLossGradOp();
+  if (!aux || !dLogits.hasOneUse() || aux.getLogits() != grad.getLogits() ||
+      aux.getExperts() != grad.getExperts() ||
+      aux.getScoring() != grad.getRouting().getScoring() ||
+      aux->getBlock() != grad->getBlock() ||
+      !isa<BlockArgument>(aux.getDLoadBalance()) ||
+      !isa<BlockArgument>(aux.getDZLoss()))
+    return {};
+  return aux;
+}
+
 /// moe.router_grad: `__moe_gpu_router_grad`, with empty logits gradients
 /// where it has none; `_acc` into a folded add.
 class LowerRouterGrad : public HostCallPattern<RouterGradOp> {
@@ -1683,13 +1702,23 @@ public:
                 HostCall &call) const override {
     HostFunctionBuilder &h = ctx.h;
     RoutingAttr routing = op.getRouting();
-    call.addOperands();
+    AuxLossGradOp aux = getFusedAuxLossGrad(op);
+    if (aux) {
+      // The losses' gradients where d_logits was.
+      for (Value operand : adaptor.getOperands().take_front(5))
+        call.args.push_back(h.dynamic(operand));
+      for (Value d : {aux.getDLoadBalance(), aux.getDZLoss()})
+        call.args.push_back(h.dynamic(ctx.bufferOf(d)));
+    } else {
+      call.addOperands();
+    }
     if (!op.getDLogits())
       call.args.push_back(h.empty(adaptor.getLogits(), 2));
     call.args.append({scoring(routing), h.i1(routing.getRenormalize()),
                       h.f32(routing.getScalingFactorValue())});
     call.addResults();
-    call.call("__moe_gpu_router_grad", ctx.accumulates(op));
+    call.call(aux ? "__moe_gpu_router_grad_aux" : "__moe_gpu_router_grad",
+              ctx.accumulates(op));
   }
 };
 
@@ -1859,6 +1888,12 @@ public:
       if (auto router = op.getLogits().template getDefiningOp<RouterOp>();
           router && getFusedAuxLoss(router, this->ctx) == op)
         return;
+    // The router's gradient adds d_logits itself (getFusedAuxLossGrad).
+    if constexpr (std::is_same_v<OpTy, AuxLossGradOp>)
+      if (op->hasOneUse())
+        if (auto grad = dyn_cast<RouterGradOp>(*op->getUsers().begin());
+            grad && getFusedAuxLossGrad(grad) == op)
+          return;
     call.addOperands();
     call.args.push_back(this->ctx.h.i32(static_cast<int32_t>(op.getScoring())));
     call.addResults();

@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}17d97a4ace12a491e1723a8456e8e6a634bb5dee91ff346236cce695fdce4f35{{$}}
+// DIGEST: {{^}}2c044ef9a2f0fb1efdc74a56db36e269abd0e0a95494488e21d74fb646d462a6{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.

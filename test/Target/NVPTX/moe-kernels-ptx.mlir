@@ -313,4 +313,10 @@
 // CHECK: atom.shared.add.u32
 // CHECK: bar.sync 0;
 // CHECK: atom.global.add.u32
+// CHECK-LABEL: .entry moe_router_grad_logits_aux(
+// CHECK-NOT: atom.
+// CHECK: shfl.sync.bfly.b32
+// CHECK-NOT: atom.
+// CHECK: lg2.approx.ftz.f32
+// CHECK-NOT: atom.
 // CHECK-NOT: .entry

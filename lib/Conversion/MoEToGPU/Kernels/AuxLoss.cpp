@@ -27,6 +27,7 @@
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 
 #include <cmath>
 #include <tuple>
@@ -331,6 +332,79 @@ void mlir::moe::kernels::buildAuxPartialsKernel(OpBuilder &b, Location loc) {
                     kernel.getArgument(1), kernel.getArgument(2),
                     kernel.getArgument(3), kernel.getArgument(4),
                     kernel.getArgument(5), kernel.getArgument(6));
+}
+
+//===----------------------------------------------------------------------===//
+// moe_router_grad_logits_aux's term
+//===----------------------------------------------------------------------===//
+
+std::function<Value(Value, Value)>
+mlir::moe::kernels::buildAuxGradTerm(OpBuilder &b, Location loc,
+                                     const AuxGradInputs &in) {
+  K k{b, loc};
+  Type f32 = k.f32();
+  Value logits = in.logits, counts = in.counts, numExperts = in.numExperts,
+        numSlots = in.numSlots, base = in.base, lane = in.lane, max = in.max,
+        sum = in.sum;
+  // moe_aux_loss_grad's ops, so that its d_logits are the same bits.
+  Value c0 = k.c(0);
+  Value zero = k.cf(0.0f), one = k.cf(1.0f), two = k.cf(2.0f);
+  Value soft = k.eq(in.scoring, k.ci(0));
+  Value dlb = k.load(in.dLoadBalance, {});
+  Value dz = k.load(in.dZLoss, {});
+  Value tokensF = k.toF32(in.numTokens);
+  Value expertsF = k.toF32(numExperts);
+  Value slotsF = k.toF32(numSlots);
+  Value scale = k.fdiv(k.fmul(dlb, expertsF), tokensF);
+  Value noSlots = k.eq(numSlots, c0);
+  auto g = [=](Value e) mutable {
+    Value n = k.load(counts, e);
+    Value nf = arith::SIToFPOp::create(k.b, k.loc, f32, n);
+    Value f = k.select(noSlots, zero, k.fdiv(nf, slotsF));
+    return k.fmul(scale, f);
+  };
+  Value lse = k.fadd(max, k.log(sum));
+  Value zc = k.fdiv(k.fmul(k.fmul(dz, two), lse), tokensF);
+  auto softmax = [=](Value l) mutable {
+    return k.fdiv(k.exp(k.fsub(l, max)), sum);
+  };
+  // (inner, total): <g, p> and, for sigmoid, the sum of the sigmoids.
+  auto stats = scf::IfOp::create(b, loc, TypeRange{f32, f32}, soft,
+                                 /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(stats.thenBlock());
+    Value inner = k.laneSum(logits, base, lane, numExperts, zero,
+                            [&](Value e, Value l, Value a) {
+                              return k.fadd(a, k.fmul(g(e), softmax(l)));
+                            });
+    scf::YieldOp::create(b, loc, ValueRange{inner, one});
+    b.setInsertionPointToStart(stats.elseBlock());
+    Value total = k.laneSum(
+        logits, base, lane, numExperts, zero,
+        [&](Value, Value l, Value a) { return k.fadd(a, k.sigmoid(l)); });
+    Value innerS = k.laneSum(
+        logits, base, lane, numExperts, zero, [&](Value e, Value l, Value a) {
+          return k.fadd(a, k.fdiv(k.fmul(g(e), k.sigmoid(l)), total));
+        });
+    scf::YieldOp::create(b, loc, ValueRange{innerS, total});
+  }
+  Value inner = stats.getResult(0), total = stats.getResult(1);
+  return [=, &b](Value e, Value l) mutable -> Value {
+    return buildIfElse(
+        b, loc, f32, soft,
+        [&] {
+          Value p = softmax(l);
+          Value d = k.fsub(g(e), inner);
+          return k.fmul(p, k.fadd(d, zc));
+        },
+        [&] {
+          Value s = k.sigmoid(l);
+          Value d = k.fdiv(k.fsub(g(e), inner), total);
+          Value ds = k.fmul(d, k.fmul(s, k.fsub(one, s)));
+          return k.fadd(ds, k.fmul(zc, softmax(l)));
+        });
+  };
 }
 
 //===----------------------------------------------------------------------===//

@@ -69,6 +69,11 @@ void finishLosses(HostFunctionBuilder &h, Value partials, Value chunks,
 
 } // namespace
 
+Value mlir::moe::host::auxSelectionCounts(HostFunctionBuilder &h, Value experts,
+                                          Value slots, Value e) {
+  return countSelections(h, experts, slots, e);
+}
+
 void mlir::moe::host::routerAuxScoresAndSelect(HostFunctionBuilder &h, Value lf,
                                                Value t, Value e, Value k,
                                                Value wf, Value ef,

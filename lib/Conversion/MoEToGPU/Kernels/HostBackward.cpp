@@ -340,32 +340,13 @@ void mlir::moe::host::buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
   h.finish();
 }
 
-void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
-                                          bool accumulate,
-                                          const HostGemms &gemms) {
-  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
-  HostFunctionBuilder h(
-      b, module,
-      ((accumulate ? "router_grad_acc" : "router_grad") + gemms.suffix()).str(),
-      {{"x", buffer(bf16, 2)},
-       {"wr", buffer(bf16, 2)},
-       {"logits", buffer(f32, 2)},
-       {"experts", buffer(i32, 2)},
-       {"d_weights", buffer(f32, 2)},
-       {"d_logits", buffer(f32, 2)},
-       {"scoring", i32},
-       {"renormalize", b.getI1Type()},
-       {"scaling", f32},
-       {"dx", buffer(bf16, 2)},
-       {"d_wr", buffer(bf16, 2)}});
+namespace {
+
+/// The router's d_logits in bf16 into `dl` [T, E8], with d_logits' input
+/// added.
+void routerGradLogits(HostFunctionBuilder &h, Value dl, Value t, Value e,
+                      Value k, Value e8) {
   Value one = h.c(1);
-  Value t = h.dim(h.arg("x"), 0);
-  Value d = h.dim(h.arg("x"), 1);
-  Value e = h.dim(h.arg("wr"), 1);
-  Value k = h.dim(h.arg("experts"), 1);
-  Value e8 = round8(h, e);
-  Value dlSize = h.mul(t, e8);
-  Value dl = h.alloc(h.grid(dlSize), bf16);
   // d_logits is an output only where the layer wants it.
   Value dlogitsRows = h.dim(h.arg("d_logits"), 0);
   Value zero = h.c(0);
@@ -378,6 +359,66 @@ void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
   h.launch("moe_router_grad_logits", blocks, one, one,
            {logitsf, expertsf, dweightsf, dlogitsf, has, t, e, k,
             h.arg("scoring"), h.arg("renormalize"), h.arg("scaling"), dl, e8});
+}
+
+/// The same with the auxiliary losses' d_logits added in the same pass.
+void routerGradAuxLogits(HostFunctionBuilder &h, Value dl, Value t, Value e,
+                         Value k, Value e8) {
+  Value one = h.c(1);
+  Value slots = h.mul(t, k);
+  Value counts = auxSelectionCounts(h, h.arg("experts"), slots, e);
+  Value blocks = h.ceil(t, kTokenWarps);
+  Value logitsf = h.flat(h.arg("logits"));
+  Value expertsf = h.flat(h.arg("experts"));
+  Value dweightsf = h.flat(h.arg("d_weights"));
+  // No d_logits input: the kernel reads neither it nor its flag.
+  Value none = h.cI1(false);
+  h.launch("moe_router_grad_logits_aux", blocks, one, one,
+           {logitsf, expertsf, dweightsf, logitsf, none, t, e, k,
+            h.arg("scoring"), h.arg("renormalize"), h.arg("scaling"), dl, e8,
+            counts, h.arg("d_load_balance"), h.arg("d_z_loss"), slots});
+  h.dealloc(counts);
+}
+
+} // namespace
+
+void mlir::moe::host::buildRouterGradHost(OpBuilder &b, ModuleOp module,
+                                          bool accumulate,
+                                          const HostGemms &gemms, bool aux) {
+  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
+  SmallVector<std::pair<StringRef, Type>> params = {
+      {"x", buffer(bf16, 2)},
+      {"wr", buffer(bf16, 2)},
+      {"logits", buffer(f32, 2)},
+      {"experts", buffer(i32, 2)},
+      {"d_weights", buffer(f32, 2)}};
+  // With `aux`, the gradients of moe.aux_loss's losses where d_logits was.
+  if (aux)
+    params.append(
+        {{"d_load_balance", buffer(f32, 0)}, {"d_z_loss", buffer(f32, 0)}});
+  else
+    params.push_back({"d_logits", buffer(f32, 2)});
+  params.append({{"scoring", i32},
+                 {"renormalize", b.getI1Type()},
+                 {"scaling", f32},
+                 {"dx", buffer(bf16, 2)},
+                 {"d_wr", buffer(bf16, 2)}});
+  std::string name = aux ? "router_grad_aux" : "router_grad";
+  if (accumulate)
+    name += "_acc";
+  HostFunctionBuilder h(b, module, name + gemms.suffix().str(), params);
+  Value one = h.c(1);
+  Value t = h.dim(h.arg("x"), 0);
+  Value d = h.dim(h.arg("x"), 1);
+  Value e = h.dim(h.arg("wr"), 1);
+  Value k = h.dim(h.arg("experts"), 1);
+  Value e8 = round8(h, e);
+  Value dlSize = h.mul(t, e8);
+  Value dl = h.alloc(h.grid(dlSize), bf16);
+  if (aux)
+    routerGradAuxLogits(h, dl, t, e, k, e8);
+  else
+    routerGradLogits(h, dl, t, e, k, e8);
   Value offs = singleOffsets(h, t);
   Value xf = h.flat(h.arg("x"));
   Value wrf = h.flat(h.arg("wr"));

@@ -245,8 +245,10 @@ void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
 void buildExpertFfnGradHost(OpBuilder &b, ModuleOp module,
                             const HostGemms &gemms = {});
 void buildCombineGradHost(OpBuilder &b, ModuleOp module);
+// With `aux`, `__moe_gpu_router_grad_aux` (`_acc`): moe.aux_loss_grad's
+// d_logits added in the router's d_logits pass.
 void buildRouterGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
-                         const HostGemms &gemms = {});
+                         const HostGemms &gemms = {}, bool aux = false);
 // HostExpertParallel.cpp
 void buildEPPackHost(OpBuilder &b, ModuleOp module, bool gather);
 void buildEPUnpackHost(OpBuilder &b, ModuleOp module, bool reduce);
@@ -259,6 +261,10 @@ void buildAuxLossGradHost(OpBuilder &b, ModuleOp module);
 /// `__moe_gpu_router_aux`'s scores and selection from the logits `lf`
 /// [T, E]: its kernels also write the auxiliary losses' partial sums and
 /// selection counts, then the losses into `loadBalance` and `zLoss`.
+/// A new buffer of the E experts' selection counts among the T * k slots of
+/// `experts` (moe_aux_counts).
+Value auxSelectionCounts(HostFunctionBuilder &h, Value experts, Value slots,
+                         Value e);
 void routerAuxScoresAndSelect(HostFunctionBuilder &h, Value lf, Value t,
                               Value e, Value k, Value wf, Value ef,
                               Value loadBalance, Value zLoss);

@@ -963,6 +963,17 @@ const std::vector<HostEntry> &hostEntries() {
          host::buildRouterHost(b, m, g, /*aux=*/true);
        },
        {{"logits", LibraryGemm::RowsMnF32}}},
+      {"__moe_gpu_router_grad_aux",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildRouterGradHost(b, m, false, g, /*aux=*/true);
+       },
+       {{"dx", LibraryGemm::RowsKBf16}, {"dw", LibraryGemm::WgradRows}}},
+      {"__moe_gpu_router_grad_aux_acc",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildRouterGradHost(b, m, true, g, /*aux=*/true);
+       },
+       {{"dx", LibraryGemm::RowsKBf16, /*accumulating=*/true},
+        {"dw", LibraryGemm::WgradRows}}},
   };
   return entries;
 }
@@ -981,7 +992,9 @@ bool hasRouterGradAcc() {
 }
 
 bool isBuilt(const HostEntry &entry) {
-  return entry.name != "__moe_gpu_router_grad_acc" || hasRouterGradAcc();
+  return (entry.name != "__moe_gpu_router_grad_acc" &&
+          entry.name != "__moe_gpu_router_grad_aux_acc") ||
+         hasRouterGradAcc();
 }
 
 /// Fails (with an error at `module`) where `module` cannot take the host

@@ -74,6 +74,7 @@ constexpr KernelEntry kKernels[] = {
     {"moe_dispatch_place_capacity", kernels::buildDispatchPlaceCapacityKernel},
     {"moe_router_scores_aux", kernels::buildRouterScoresAuxKernel},
     {"moe_router_select_counts", kernels::buildRouterSelectCountsKernel},
+    {"moe_router_grad_logits_aux", kernels::buildRouterGradLogitsAuxKernel},
 };
 
 } // namespace

@@ -13,6 +13,8 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 
+#include <functional>
+
 namespace mlir::moe_gpu {
 struct GemmConfig;
 } // namespace mlir::moe_gpu
@@ -86,6 +88,20 @@ void buildAuxColumnsKernel(OpBuilder &b, Location loc);
 void buildAuxFinishKernel(OpBuilder &b, Location loc);
 void buildAuxLossGradKernel(OpBuilder &b, Location loc);
 void buildRouterScoresAuxKernel(OpBuilder &b, Location loc);
+void buildRouterGradLogitsAuxKernel(OpBuilder &b, Location loc);
+
+/// What moe_router_grad_logits_aux's warp knows of its token for the
+/// auxiliary losses' d_logits: the logits, the selection counts, the
+/// gradients of the losses (0-d), the sizes and scoring, the token's first
+/// logit, the lane, and the softmax's max and sum over the token.
+struct AuxGradInputs {
+  Value logits, counts, dLoadBalance, dZLoss, numTokens, numExperts, numSlots,
+      scoring, base, lane, max, sum;
+};
+/// Emits the token's part of moe_aux_loss_grad (its ops: the same bits) and
+/// returns what emits d_logits[e] from expert e and its logit l.
+std::function<Value(Value, Value)> buildAuxGradTerm(OpBuilder &b, Location loc,
+                                                    const AuxGradInputs &in);
 // Gemm.cpp, GemmWarpSpecialized.cpp, GemmEpilogue.cpp
 /// The grouped GEMM of `config`, named gemmKernelName(config).
 void buildGemmKernel(OpBuilder &b, Location loc,

@@ -662,15 +662,35 @@ Slot loadSlot(OpBuilder &b, Location loc, Value experts, Value outBase, Value j,
 
 } // namespace
 
-void mlir::moe::kernels::buildRouterGradLogitsKernel(OpBuilder &b,
-                                                     Location loc) {
+namespace {
+
+/// moe_router_grad_logits, and with `aux` moe_router_grad_logits_aux, which
+/// adds the auxiliary losses' d_logits (buildAuxGradTerm) where the plain
+/// kernel adds d_logits' input: its arguments after ldl are the selection
+/// counts, d_load_balance, d_z_loss (0-d) and T * k.
+void buildRouterGradLogits(OpBuilder &b, Location loc, bool aux) {
   Type f32 = b.getF32Type(), index = b.getIndexType(), i1 = b.getI1Type();
   MemRefType f32Buffer = flatBuffer(f32);
-  gpu::GPUFuncOp kernel =
-      createKernel(b, loc, "moe_router_grad_logits",
-                   {f32Buffer, flatBuffer(b.getI32Type()), f32Buffer, f32Buffer,
-                    i1, index, index, index, b.getI32Type(), i1, f32,
-                    flatBuffer(b.getBF16Type()), index});
+  SmallVector<Type> argTypes = {f32Buffer,
+                                flatBuffer(b.getI32Type()),
+                                f32Buffer,
+                                f32Buffer,
+                                i1,
+                                index,
+                                index,
+                                index,
+                                b.getI32Type(),
+                                i1,
+                                f32,
+                                flatBuffer(b.getBF16Type()),
+                                index};
+  if (aux) {
+    auto scalar = MemRefType::get({}, f32);
+    argTypes.append({flatBuffer(b.getI32Type()), scalar, scalar, index});
+  }
+  gpu::GPUFuncOp kernel = createKernel(
+      b, loc, aux ? "moe_router_grad_logits_aux" : "moe_router_grad_logits",
+      argTypes);
   Value logits = kernel.getArgument(0), experts = kernel.getArgument(1),
         dw = kernel.getArgument(2), dlin = kernel.getArgument(3),
         hasDlin = kernel.getArgument(4), numTokens = kernel.getArgument(5),
@@ -701,6 +721,13 @@ void mlir::moe::kernels::buildRouterGradLogitsKernel(OpBuilder &b,
   auto score = [&](Value logit) {
     return callF32(b, loc, "__moe_gpu_score", {logit, max, sum, soft});
   };
+  std::function<Value(Value, Value)> auxTerm;
+  if (aux)
+    auxTerm = buildAuxGradTerm(b, loc,
+                               {logits, kernel.getArgument(13),
+                                kernel.getArgument(14), kernel.getArgument(15),
+                                numTokens, numExperts, kernel.getArgument(16),
+                                scoring, base, w.lane, max, sum});
 
   // S = sum_j u_j and sum_j dw_j u_j over the valid picks.
   auto sums = scf::ForOp::create(b, loc, c0, topK, c1, {zero, zero});
@@ -803,20 +830,41 @@ void mlir::moe::kernels::buildRouterGradLogitsKernel(OpBuilder &b,
     Value sigmoidGrad = arith::MulFOp::create(b, loc, ds.getResult(0), slope);
     scf::YieldOp::create(b, loc, sigmoidGrad);
   }
-  auto g2 = scf::IfOp::create(b, loc, f32, hasDlin, /*withElseRegion=*/true);
-  {
-    OpBuilder::InsertionGuard ifGuard(b);
-    b.setInsertionPointToStart(g2.thenBlock());
-    Value x = memref::LoadOp::create(b, loc, dlin, li);
-    Value y = arith::AddFOp::create(b, loc, g.getResult(0), x);
-    scf::YieldOp::create(b, loc, y);
-    b.setInsertionPointToStart(g2.elseBlock());
-    scf::YieldOp::create(b, loc, g.getResult(0));
+  Value gl;
+  if (aux) {
+    // The aux losses' d_logits, then the add that the plain kernel makes of
+    // d_logits' input.
+    Value x = auxTerm(e, l);
+    gl = arith::AddFOp::create(b, loc, g.getResult(0), x);
+  } else {
+    auto g2 = scf::IfOp::create(b, loc, f32, hasDlin, /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard ifGuard(b);
+      b.setInsertionPointToStart(g2.thenBlock());
+      Value x = memref::LoadOp::create(b, loc, dlin, li);
+      Value y = arith::AddFOp::create(b, loc, g.getResult(0), x);
+      scf::YieldOp::create(b, loc, y);
+      b.setInsertionPointToStart(g2.elseBlock());
+      scf::YieldOp::create(b, loc, g.getResult(0));
+    }
+    gl = g2.getResult(0);
   }
-  Value gb = arith::TruncFOp::create(b, loc, b.getBF16Type(), g2.getResult(0));
+  Value gb = arith::TruncFOp::create(b, loc, b.getBF16Type(), gl);
   Value row = arith::MulIOp::create(b, loc, w.token, ldl);
   Value dli = arith::AddIOp::create(b, loc, row, e);
   memref::StoreOp::create(b, loc, gb, dl, dli);
   b.setInsertionPointAfter(ifOk);
   gpu::ReturnOp::create(b, loc);
+}
+
+} // namespace
+
+void mlir::moe::kernels::buildRouterGradLogitsKernel(OpBuilder &b,
+                                                     Location loc) {
+  buildRouterGradLogits(b, loc, /*aux=*/false);
+}
+
+void mlir::moe::kernels::buildRouterGradLogitsAuxKernel(OpBuilder &b,
+                                                        Location loc) {
+  buildRouterGradLogits(b, loc, /*aux=*/true);
 }

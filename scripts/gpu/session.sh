@@ -20,9 +20,12 @@
 #             build,nongated (their small layers against the torch reference);
 #   parity    the op checks of the features that made the GPU path match the CPU path's
 #             (MOE_PARITY_CHECKS, default capacity,aux,selection_bias: capacity factor, auxiliary
-#             losses, selection-bias update) on gpu-inputs/ops with memcheck over their --quick
-#             shapes, then the non-gated experts' op checks at --quick shapes and their layers
-#             (the nongated step, shorter: one call holds all of it);
+#             losses standalone and inside the router's kernels, selection-bias update) on
+#             gpu-inputs/ops with memcheck over their --quick shapes, the expert-bias forward
+#             (ops-check.sh --bias), the non-gated experts' op checks at --quick shapes, then the
+#             layers: the non-gated ones and the capacity-factor ones (layer-check.sh --only
+#             build,nongated,capacity); one call holds all of it (carry gpu-inputs/ops, layers
+#             and mlir);
 #   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled with
 #             other kernel configs: inputs/build-layers.sh --out gpu-inputs-NAME --
 #             --kernel-config=ROLE:KEY=VALUE, or against another library file with
@@ -170,8 +173,9 @@ for step in ${steps//,/ }; do
   parity)
     MOE_SANITIZE_TOOLS=memcheck MOE_SANITIZE_TOOL_LIMIT=120 run_step parity-ops 240 \
       bash "$root/scripts/gpu/ops-check.sh" --sanitize --only="${MOE_PARITY_CHECKS:-capacity,aux,selection_bias}"
+    run_step parity-bias-ops 120 bash "$root/scripts/gpu/ops-check.sh" --bias --quick
     run_step parity-nongated-ops 200 bash "$root/scripts/gpu/ops-check.sh" --nongated --quick
-    run_step parity-nongated-layers 150 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated \
+    run_step parity-layers 150 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated,capacity \
       --deadline $(($(seconds_left) - 20)) ;;
   variants)
     found=0

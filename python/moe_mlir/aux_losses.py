@@ -51,7 +51,6 @@ def _compiled(experts: int, top_k: int, scoring: str):
 
 # Cached beside the layers, keyed by a config of hidden = ffn = 1 (no sm_90a layer has one:
 # its sizes are multiples of 64) with the aux function's E, k, scoring and bound.
-_GPU_TARGET = "sm_90a"
 _GPU_KERNELS: Dict[Tuple[int, int, str, int], object] = {}
 
 
@@ -76,39 +75,13 @@ def build_gpu_aux(experts: int, top_k: int, scoring: str, max_tokens: int):
         raise NotImplementedError(
             f"the CUDA path's auxiliary losses take at most {limit} experts, got {experts}"
         )
-    config = _gpu_config(experts, top_k, scoring, max_tokens)
-    options = cc.BuildOptions(max_tokens=max_tokens)
-    ckey = cc.config_key(config, _GPU_TARGET, options)
-    tool = cc.find_moe_compile()
-    if tool is None:
-        entry = cc._lookup(_GPU_TARGET, ckey, None)
-        if entry is None:
-            raise cc.NoCompilerError(
-                f"no moe-compile on this machine and no prebuilt sm_90a aux-loss function "
-                f"(E={experts}, k={top_k}, {scoring}, max_tokens={max_tokens}; config key "
-                f"{ckey}): build it on the LLVM machine (MoELayer.compile_for(T, 'cuda') or "
-                f"moe_mlir.aux_losses.build_gpu_aux) and point MOE_MLIR_PREBUILT at the cache"
-            )
-        return entry
-    tkey = cc.tool_key(tool)
-    entry = cc._lookup(_GPU_TARGET, ckey, tkey)
-    if entry is not None:
-        return entry
-
-    def build(folder, name, progress):
-        import subprocess  # noqa: PLC0415
-
-        src = folder / "aux.mlir"
-        src.write_text(aux_loss_mlir(experts, top_k, scoring, name, max_tokens, grad=False))
-        progress.step = "moe-compile"
-        cmd = [tool, str(src), "-o", str(folder / name)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            from .cpu import CompileError  # noqa: PLC0415
-
-            raise CompileError("moe-compile", cmd, proc.returncode, proc.stderr or proc.stdout)
-
-    return cc._build(_GPU_TARGET, ckey, tkey, config, options, tool, build)
+    return cc.gpu_function_entry(
+        _gpu_config(experts, top_k, scoring, max_tokens),
+        cc.BuildOptions(max_tokens=max_tokens),
+        lambda name: aux_loss_mlir(experts, top_k, scoring, name, max_tokens, grad=False),
+        f"aux-loss function (E={experts}, k={top_k}, {scoring}, max_tokens={max_tokens}",
+        "MoELayer.compile_for(T, 'cuda') or moe_mlir.aux_losses.build_gpu_aux",
+    )
 
 
 def _gpu_kernel(experts: int, top_k: int, scoring: str, tokens: int, bound: int):

@@ -520,6 +520,44 @@ def build_gpu_entry(
     return _build("sm_90a", ckey, tkey, config, options, tool, build)
 
 
+def gpu_function_entry(
+    config: LayerConfig, options: BuildOptions, source, what: str, hint: str
+) -> CacheEntry:
+    """The sm_90a entry of a function that is not a layer (an op alone: the auxiliary losses,
+    the selection-bias update), keyed by `config`, a stand-in whose fields name the function,
+    and `options`: built with moe-compile from `source(name)` (the function's MLIR) when this
+    machine has moe-compile, else the newest prebuilt. Without either, NoCompilerError naming
+    `what` and saying how to build it (`hint`)."""
+    ckey = config_key(config, "sm_90a", options)
+    tool = find_moe_compile()
+    if tool is None:
+        entry = _lookup("sm_90a", ckey, None)
+        if entry is None:
+            raise NoCompilerError(
+                f"no moe-compile on this machine and no prebuilt sm_90a {what}; config key "
+                f"{ckey}): build it on the LLVM machine ({hint}) and point MOE_MLIR_PREBUILT "
+                f"at the cache"
+            )
+        return entry
+    tkey = tool_key(tool)
+    entry = _lookup("sm_90a", ckey, tkey)
+    if entry is not None:
+        return entry
+
+    def build(folder: Path, name: str, progress: Progress) -> None:
+        src = folder / "function.mlir"
+        src.write_text(source(name))
+        progress.step = "moe-compile"
+        cmd = [tool, str(src), "-o", str(folder / name)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            from .cpu import CompileError  # noqa: PLC0415
+
+            raise CompileError("moe-compile", cmd, proc.returncode, proc.stderr or proc.stdout)
+
+    return _build("sm_90a", ckey, tkey, config, options, tool, build)
+
+
 def moe_compile_command(tool: str, source: str, out: str, options: BuildOptions) -> List[str]:
     """The moe-compile command line of an sm_90a entry: the layer's source (an expert-parallel
     one's holds ep_size, ep_capacity, ...) and the options moe-compile takes as flags."""

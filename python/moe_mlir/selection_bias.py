@@ -19,7 +19,6 @@ import torch
 
 __all__ = ["build_gpu_selection_bias", "gpu_bound", "gpu_update", "selection_bias_gpu_mlir"]
 
-_GPU_TARGET = "sm_90a"
 _KERNELS: Dict[Tuple[int, int, float, str, int], object] = {}
 _LOCK = threading.Lock()
 
@@ -71,40 +70,13 @@ def build_gpu_selection_bias(E: int, k: int, rate: float, rule: str, max_tokens:
         )
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    config = _gpu_config(E, k, rate, rule, max_tokens)
-    options = cc.BuildOptions(max_tokens=max_tokens)
-    ckey = cc.config_key(config, _GPU_TARGET, options)
-    tool = cc.find_moe_compile()
-    if tool is None:
-        entry = cc._lookup(_GPU_TARGET, ckey, None)
-        if entry is None:
-            raise cc.NoCompilerError(
-                f"no moe-compile on this machine and no prebuilt sm_90a selection-bias update "
-                f"(E={E}, k={k}, rate={rate!r}, {rule}, max_tokens={max_tokens}; config key "
-                f"{ckey}): build it on the LLVM machine "
-                f"(moe_mlir.selection_bias.build_gpu_selection_bias) and point "
-                f"MOE_MLIR_PREBUILT at the cache"
-            )
-        return entry
-    tkey = cc.tool_key(tool)
-    entry = cc._lookup(_GPU_TARGET, ckey, tkey)
-    if entry is not None:
-        return entry
-
-    def build(folder, name, progress):
-        import subprocess  # noqa: PLC0415
-
-        src = folder / "selection_bias.mlir"
-        src.write_text(selection_bias_gpu_mlir(E, k, rate, rule, name, max_tokens))
-        progress.step = "moe-compile"
-        cmd = [tool, str(src), "-o", str(folder / name)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            from .cpu import CompileError  # noqa: PLC0415
-
-            raise CompileError("moe-compile", cmd, proc.returncode, proc.stderr or proc.stdout)
-
-    return cc._build(_GPU_TARGET, ckey, tkey, config, options, tool, build)
+    return cc.gpu_function_entry(
+        _gpu_config(E, k, rate, rule, max_tokens),
+        cc.BuildOptions(max_tokens=max_tokens),
+        lambda name: selection_bias_gpu_mlir(E, k, rate, rule, name, max_tokens),
+        f"selection-bias update (E={E}, k={k}, rate={rate!r}, {rule}, max_tokens={max_tokens}",
+        "moe_mlir.selection_bias.build_gpu_selection_bias",
+    )
 
 
 def _kernel(E: int, k: int, rate: float, rule: str, bound: int, entry=None):

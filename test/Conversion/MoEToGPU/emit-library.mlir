@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}2c044ef9a2f0fb1efdc74a56db36e269abd0e0a95494488e21d74fb646d462a6{{$}}
+// DIGEST: {{^}}b4cace361b60119d6f46f5b6b6e16d34951843e3cb0999257a5f5e5f31af1523{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.
@@ -28,6 +28,9 @@
 // CHECK: gpu.func @moe_aux_loss_grad(
 // CHECK: gpu.func @moe_dispatch_scan_capacity(
 // CHECK: gpu.func @moe_dispatch_place_capacity(
+// CHECK: gpu.func @moe_segment_colsum(
+// CHECK: gpu.func @moe_sum_splits_f32(
+// CHECK: gpu.func @moe_bias_dweights(
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(
@@ -40,6 +43,9 @@
 // CHECK: func.func private @__moe_gpu_dispatch_capacity(
 // CHECK: func.func private @__moe_gpu_aux_loss(
 // CHECK: func.func private @__moe_gpu_aux_loss_grad(
+// CHECK: func.func private @__moe_gpu_expert_combine_grad_bias(
+// CHECK: func.func private @__moe_gpu_expert_combine_grad_bias_acc(
+// CHECK: func.func private @__moe_gpu_expert_ffn_grad_bias(
 
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16(
 // CONFIGS: gpu.func @moe_gemm_rows_mn_bf16_s2(

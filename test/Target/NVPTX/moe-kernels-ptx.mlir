@@ -319,4 +319,20 @@
 // CHECK-NOT: atom.
 // CHECK: lg2.approx.ftz.f32
 // CHECK-NOT: atom.
+// The expert biases' gradients: per-expert column sums in 16-byte vectors,
+// sliced rows then the slices in order, and the routing weight's
+// <dout, b_down[e]> a warp a slot by xor shuffles; no atomics, so the same
+// bits run to run.
+// CHECK-LABEL: .entry moe_segment_colsum(
+// CHECK-NOT: atom.
+// CHECK: ld.global.v4.b32
+// CHECK-NOT: atom.
+// CHECK: st.global.v4.b32
+// CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_sum_splits_f32(
+// CHECK-NOT: atom.
+// CHECK-LABEL: .entry moe_bias_dweights(
+// CHECK-NOT: atom.
+// CHECK: shfl.sync.bfly.b32
+// CHECK-NOT: atom.
 // CHECK-NOT: .entry

@@ -61,5 +61,8 @@
 // CHECK-DAG: Compiling entry function 'moe_router_scores_aux' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_router_select_counts' for 'sm_90a'
 // CHECK-DAG: Compiling entry function 'moe_router_grad_logits_aux' for 'sm_90a'
-// COUNT-COUNT-52: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+// CHECK-DAG: Compiling entry function 'moe_segment_colsum' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_sum_splits_f32' for 'sm_90a'
+// CHECK-DAG: Compiling entry function 'moe_bias_dweights' for 'sm_90a'
+// COUNT-COUNT-55: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 // COUNT-NOT: bytes stack frame

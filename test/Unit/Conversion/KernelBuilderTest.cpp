@@ -63,7 +63,7 @@ TEST_F(KernelBuilderTest, EachKernelBuildsOnceAndVerifies) {
   b.setInsertionPointToEnd(built->getBody());
   auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
   SmallVector<StringRef> names = moe::builtLibraryKernelNames();
-  ASSERT_EQ(names.size(), 52u);
+  ASSERT_EQ(names.size(), 55u);
   llvm::StringSet<> unique;
   ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
   for (StringRef name : names) {
@@ -104,7 +104,7 @@ TEST_F(KernelBuilderTest, TheWholeLibrary) {
   SmallVector<StringRef> hostFunctions = moe::libraryHostFunctionNames();
   expected.append(hostFunctions.begin(), hostFunctions.end());
   EXPECT_EQ(functions, expected);
-  EXPECT_EQ(hostFunctions.size(), 30u);
+  EXPECT_EQ(hostFunctions.size(), 33u);
 }
 
 // The same text every time: the kernel cache and the kernel library key a
@@ -245,6 +245,69 @@ TEST_F(KernelBuilderTest, AuxLossKernels) {
                                       "moe_aux_columns", "moe_aux_finish"}));
   EXPECT_EQ(launches("__moe_gpu_aux_loss_grad"),
             (SmallVector<std::string>{"moe_aux_counts", "moe_aux_loss_grad"}));
+}
+
+// The expert biases' gradient kernels, and the host functions of biased
+// experts: the plain function's launches, then each expert's column sums (of
+// dH, then of dout's rows) after the GEMMs, and the routing weights' bias term
+// after their partial sums; the plain functions launch none of them.
+TEST_F(KernelBuilderTest, ExpertBiasGradients) {
+  OpBuilder b(&context);
+  OwningOpRef<ModuleOp> built = ModuleOp::create(b.getUnknownLoc());
+  built.get()->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                       b.getUnitAttr());
+  b.setInsertionPointToEnd(built->getBody());
+  auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
+  ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
+  for (auto [name, arguments] :
+       {std::pair<StringRef, unsigned>{"moe_segment_colsum", 11},
+        {"moe_sum_splits_f32", 6},
+        {"moe_bias_dweights", 10}}) {
+    SCOPED_TRACE(name.str());
+    FailureOr<gpu::GPUFuncOp> made = moe::buildLibraryKernel(module, name);
+    ASSERT_TRUE(succeeded(made));
+    EXPECT_EQ(made->getNumArguments(), arguments);
+    EXPECT_EQ(made->getNumWorkgroupAttributions(), 0u);
+  }
+  EXPECT_TRUE(succeeded(verify(*built)));
+
+  OwningOpRef<ModuleOp> library = moe::buildGPULibrary(&context);
+  ASSERT_TRUE(library);
+  auto launches = [&](StringRef name) {
+    SmallVector<std::string> kernels;
+    if (auto function = library->lookupSymbol<func::FuncOp>(name))
+      function.walk([&](gpu::LaunchFuncOp launch) {
+        kernels.push_back(launch.getKernelName().str());
+      });
+    return kernels;
+  };
+  auto withBiasSums = [](SmallVector<std::string> plain, size_t at) {
+    plain.insert(plain.begin() + at,
+                 {"moe_segment_colsum", "moe_sum_splits_f32",
+                  "moe_segment_colsum", "moe_sum_splits_f32"});
+    return plain;
+  };
+  for (StringRef suffix : {"", "_acc"}) {
+    SCOPED_TRACE(suffix.str());
+    SmallVector<std::string> plain =
+        launches(("__moe_gpu_expert_combine_grad" + suffix).str());
+    // scatter weights, dact, dx, dW_down, dW_gate_up, then the sums.
+    ASSERT_EQ(plain.size(), 7u);
+    SmallVector<std::string> expected = withBiasSums(plain, 5);
+    expected.insert(expected.begin() + 10, "moe_bias_dweights");
+    EXPECT_EQ(launches(("__moe_gpu_expert_combine_grad_bias" + suffix).str()),
+              expected);
+  }
+  SmallVector<std::string> plainFfn = launches("__moe_gpu_expert_ffn_grad");
+  ASSERT_GE(plainFfn.size(), 4u);
+  EXPECT_EQ(launches("__moe_gpu_expert_ffn_grad_bias"),
+            withBiasSums(plainFfn, 4));
+  for (StringRef plainName :
+       {"__moe_gpu_expert_combine_grad", "__moe_gpu_expert_ffn_grad"})
+    for (const std::string &kernel : launches(plainName))
+      EXPECT_TRUE(kernel != "moe_segment_colsum" &&
+                  kernel != "moe_bias_dweights")
+          << plainName.str();
 }
 
 } // namespace

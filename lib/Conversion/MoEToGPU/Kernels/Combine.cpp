@@ -140,6 +140,46 @@ void buildRepack(OpBuilder &b, Location loc, StringRef name, Type element) {
   gpu::ReturnOp::create(b, loc);
 }
 
+/// dst[r, c] = bf16(sum over s of src[s, r, c]) in f32, s ascending: the
+/// slices of a split reduction, each `numRows` rows of `srcCols` columns,
+/// summed into `numRows` rows of `dstCols`.
+void buildSumSplits(OpBuilder &b, Location loc, StringRef name, Type element) {
+  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), index = b.getIndexType();
+  gpu::GPUFuncOp kernel = createKernel(
+      b, loc, name,
+      {flatBuffer(element), flatBuffer(bf16), index, index, index, index});
+  Value src = kernel.getArgument(0), dst = kernel.getArgument(1),
+        numRows = kernel.getArgument(2), srcCols = kernel.getArgument(3),
+        dstCols = kernel.getArgument(4), numSlices = kernel.getArgument(5);
+
+  Value gid = buildGlobalThreadId(b, loc);
+  Value c0 = indexConstant(b, loc, 0);
+  Value c1 = indexConstant(b, loc, 1);
+  Value zero = f32Constant(b, loc, 0.0f);
+  Value total = arith::MulIOp::create(b, loc, numRows, dstCols);
+  Value in =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, gid, total);
+  buildIf(b, loc, in, [&] {
+    Value r = arith::DivUIOp::create(b, loc, gid, dstCols);
+    Value col = arith::RemUIOp::create(b, loc, gid, dstCols);
+    Value row0 = arith::MulIOp::create(b, loc, r, srcCols);
+    Value at = arith::AddIOp::create(b, loc, row0, col);
+    Value slice = arith::MulIOp::create(b, loc, numRows, srcCols);
+    // The slices in order of s, summed in f32.
+    Value sum =
+        buildFor(b, loc, c0, numSlices, c1, zero, [&](Value s, Value acc) {
+          Value offset = arith::MulIOp::create(b, loc, s, slice);
+          Value i = arith::AddIOp::create(b, loc, offset, at);
+          Value v = memref::LoadOp::create(b, loc, src, i);
+          Value vf = element == f32 ? v : arith::ExtFOp::create(b, loc, f32, v);
+          return arith::AddFOp::create(b, loc, acc, vf).getResult();
+        });
+    Value rounded = arith::TruncFOp::create(b, loc, bf16, sum);
+    memref::StoreOp::create(b, loc, rounded, dst, gid);
+  });
+  gpu::ReturnOp::create(b, loc);
+}
+
 } // namespace
 
 void mlir::moe::kernels::buildGatherSumKernel(OpBuilder &b, Location loc) {
@@ -224,39 +264,9 @@ void mlir::moe::kernels::buildRepackF32Kernel(OpBuilder &b, Location loc) {
 }
 
 void mlir::moe::kernels::buildSumSplitsBf16Kernel(OpBuilder &b, Location loc) {
-  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), index = b.getIndexType();
-  MemRefType buffer = flatBuffer(bf16);
-  gpu::GPUFuncOp kernel =
-      createKernel(b, loc, "moe_sum_splits_bf16",
-                   {buffer, buffer, index, index, index, index});
-  Value src = kernel.getArgument(0), dst = kernel.getArgument(1),
-        numRows = kernel.getArgument(2), srcCols = kernel.getArgument(3),
-        dstCols = kernel.getArgument(4), numSlices = kernel.getArgument(5);
+  buildSumSplits(b, loc, "moe_sum_splits_bf16", b.getBF16Type());
+}
 
-  Value gid = buildGlobalThreadId(b, loc);
-  Value c0 = indexConstant(b, loc, 0);
-  Value c1 = indexConstant(b, loc, 1);
-  Value zero = f32Constant(b, loc, 0.0f);
-  Value total = arith::MulIOp::create(b, loc, numRows, dstCols);
-  Value in =
-      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, gid, total);
-  buildIf(b, loc, in, [&] {
-    Value r = arith::DivUIOp::create(b, loc, gid, dstCols);
-    Value col = arith::RemUIOp::create(b, loc, gid, dstCols);
-    Value row0 = arith::MulIOp::create(b, loc, r, srcCols);
-    Value at = arith::AddIOp::create(b, loc, row0, col);
-    Value slice = arith::MulIOp::create(b, loc, numRows, srcCols);
-    // The slices in order of s, summed in f32.
-    Value sum =
-        buildFor(b, loc, c0, numSlices, c1, zero, [&](Value s, Value acc) {
-          Value offset = arith::MulIOp::create(b, loc, s, slice);
-          Value i = arith::AddIOp::create(b, loc, offset, at);
-          Value v = memref::LoadOp::create(b, loc, src, i);
-          Value vf = arith::ExtFOp::create(b, loc, f32, v);
-          return arith::AddFOp::create(b, loc, acc, vf).getResult();
-        });
-    Value rounded = arith::TruncFOp::create(b, loc, bf16, sum);
-    memref::StoreOp::create(b, loc, rounded, dst, gid);
-  });
-  gpu::ReturnOp::create(b, loc);
+void mlir::moe::kernels::buildSumSplitsF32Kernel(OpBuilder &b, Location loc) {
+  buildSumSplits(b, loc, "moe_sum_splits_f32", b.getF32Type());
 }

@@ -33,6 +33,53 @@ struct ExpertValues {
   Value ids, wrow, dspart, numNtiles;
 };
 
+/// The expert biases' gradients [E, cols] (d_b_gate_up, d_b_down) of a
+/// routed FFN's backward, where it has biases: the column sums of dH and of
+/// dout's rows over each expert's rows of the queue. dout's row of queue
+/// row r is doutIds[r] where given (the combine's dout by token, doutRows
+/// rows), else r; `doutScale` (the routing weight of each row) scales it
+/// where given.
+struct BiasGradValues {
+  Value dbgu, dbd, doutRows, doutIds, doutScale;
+};
+
+/// Slices of an expert's rows a column sum splits into: about 128 rows a
+/// slice for evenly routed rows, at most kBiasSlices.
+constexpr int64_t kBiasRowsPerSlice = 128;
+constexpr int64_t kBiasSlices = 64;
+
+/// out[e, :] = bf16 of the sum over expert e's rows r of the queue
+/// (offsets[e] <= r < offsets[e + 1]) of scale[r] * src[ids[r] or r, :], in
+/// f32, in a fixed order: S slices of each expert's rows (moe_segment_colsum,
+/// rows in order), then the slices in order (moe_sum_splits_f32). S depends
+/// on the queue's size alone, so the same rows sum to the same bits.
+void expertColumnSums(HostFunctionBuilder &h, Value src, Value srcRows,
+                      Value cols, Value ids, Value scale, Value offs, Value e,
+                      Value r, Value out) {
+  Value one = h.c(1);
+  Value perExpert = h.mul(e, h.c(kBiasRowsPerSlice));
+  Value wanted = h.div(h.add(r, h.sub(perExpert, one)), perExpert);
+  Value s = h.maxs(one, h.minu(wanted, h.c(kBiasSlices)));
+  Value partialSize = h.mul(h.mul(s, e), cols);
+  Value partial =
+      h.alloc(h.grid(partialSize), Float32Type::get(out.getContext()));
+  Value colBlocks = h.ceil(cols, 8 * kThreads);
+  Value sliceBlocks = h.mul(s, e);
+  Value hasIds = h.cI1(static_cast<bool>(ids));
+  Value hasScale = h.cI1(static_cast<bool>(scale));
+  // An absent operand's buffer is never read: offsets stand in for it.
+  Value idsArg = ids ? ids : offs;
+  Value scaleArg = scale ? scale : partial;
+  h.launch("moe_segment_colsum", h.grid(colBlocks), sliceBlocks, one,
+           {src, idsArg, hasIds, scaleArg, hasScale, offs, e, srcRows, cols, s,
+            partial});
+  Value sumSize = h.mul(e, cols);
+  Value sumBlocks = h.ceil(sumSize, kThreads);
+  h.launch("moe_sum_splits_f32", h.grid(sumBlocks), one, one,
+           {partial, out, e, cols, cols, s});
+  h.dealloc(partial);
+}
+
 /// dA (with dSwiGLU, and dS for routed experts), dX_e, dW_down and
 /// dW_gate_up of one grouped FFN (ffn_backward). dout's rows are the queue's
 /// (read by rows) unless `experts` gathers them by token; x's are gathered by
@@ -41,7 +88,8 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
                  Value e, Value wguf, Value wdf, Value hf, Value m, Value d,
                  Value n, Value dxe, Value dwguf, Value dwdf,
                  std::optional<ExpertValues> experts, Value xIds,
-                 const HostGemms &gemms) {
+                 const HostGemms &gemms,
+                 std::optional<BiasGradValues> biases = std::nullopt) {
   const GemmTraits &dact = gemms.get("dact", experts ? LibraryGemm::DactGather
                                                      : LibraryGemm::DactRows);
   Value one = h.c(1);
@@ -138,6 +186,12 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
               gemms.get("dw_gate_up", xIds ? LibraryGemm::WgradGatherA
                                            : LibraryGemm::WgradRows),
               &GemmValues::ids, xIds, gateUp);
+  if (biases) {
+    expertColumnSums(h, dh, m, hWidth, Value(), Value(), offs, e, m,
+                     biases->dbgu);
+    expertColumnSums(h, dout, biases->doutRows, d, biases->doutIds,
+                     biases->doutScale, offs, e, m, biases->dbd);
+  }
   h.dealloc(dh);
   h.dealloc(wa);
 }
@@ -146,27 +200,34 @@ void ffnBackward(HostFunctionBuilder &h, Value x, Value dout, Value offs,
 
 void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
                                                  bool accumulate,
-                                                 const HostGemms &gemms) {
+                                                 const HostGemms &gemms,
+                                                 bool bias) {
   Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), i32 = b.getI32Type();
-  HostFunctionBuilder h(
-      b, module,
-      ((accumulate ? "expert_combine_grad_acc" : "expert_combine_grad") +
-       gemms.suffix())
-          .str(),
-      {{"x", buffer(bf16, 2)},
-       {"token_ids", buffer(i32)},
-       {"offsets", buffer(i32)},
-       {"rows", buffer(i32, 2)},
-       {"weights", buffer(f32, 2)},
-       {"wgu", buffer(bf16, 3)},
-       {"wd", buffer(bf16, 3)},
-       {"h", buffer(bf16, 2)},
-       {"dout", buffer(bf16, 2)},
-       {"act", i32},
-       {"dx", buffer(bf16, 2)},
-       {"d_weights", buffer(f32, 2)},
-       {"d_wgu", buffer(bf16, 3)},
-       {"d_wd", buffer(bf16, 3)}});
+  // With `bias`, the experts' biases after dout (as moe.expert_combine_grad's
+  // operands come) and their gradients after the weights'.
+  SmallVector<std::pair<StringRef, Type>> params = {
+      {"x", buffer(bf16, 2)},      {"token_ids", buffer(i32)},
+      {"offsets", buffer(i32)},    {"rows", buffer(i32, 2)},
+      {"weights", buffer(f32, 2)}, {"wgu", buffer(bf16, 3)},
+      {"wd", buffer(bf16, 3)},     {"h", buffer(bf16, 2)},
+      {"dout", buffer(bf16, 2)}};
+  if (bias)
+    params.append(
+        {{"b_gate_up", buffer(bf16, 2)}, {"b_down", buffer(bf16, 2)}});
+  params.append({{"act", i32},
+                 {"dx", buffer(bf16, 2)},
+                 {"d_weights", buffer(f32, 2)},
+                 {"d_wgu", buffer(bf16, 3)},
+                 {"d_wd", buffer(bf16, 3)}});
+  if (bias)
+    params.append(
+        {{"d_b_gate_up", buffer(bf16, 2)}, {"d_b_down", buffer(bf16, 2)}});
+  std::string name = "expert_combine_grad";
+  if (bias)
+    name += "_bias";
+  if (accumulate)
+    name += "_acc";
+  HostFunctionBuilder h(b, module, name + gemms.suffix().str(), params);
   Value one = h.c(1);
   Value t = h.dim(h.arg("x"), 0);
   Value d = h.dim(h.arg("x"), 1);
@@ -194,13 +255,26 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
   Value hf = h.flat(h.arg("h"));
   Value dwguf = h.flat(h.arg("d_wgu"));
   Value dwdf = h.flat(h.arg("d_wd"));
+  // d_b_down sums each row's dy = w dout[token].
+  std::optional<BiasGradValues> biases;
+  if (bias)
+    biases =
+        BiasGradValues{h.flat(h.arg("d_b_gate_up")), h.flat(h.arg("d_b_down")),
+                       t, h.arg("token_ids"), wrow};
   ffnBackward(h, xf, doutf, h.arg("offsets"), e, wguf, wdf, hf, r, d, n, dxe,
               dwguf, dwdf, ExpertValues{h.arg("token_ids"), wrow, dspart, nt},
-              h.arg("token_ids"), gemms);
+              h.arg("token_ids"), gemms, biases);
   Value dweightBlocks = h.ceil(tk, kThreads);
   Value dweightsf = h.flat(h.arg("d_weights"));
   h.launch("moe_dweights", dweightBlocks, one, one,
            {dspart, rowsf, tk, nt, dweightsf});
+  // y = A W_down + b_down: dS gains <dout[t], b_down[e]>, a warp a slot.
+  if (bias) {
+    Value dotBlocks = h.ceil(tk, kTokenWarps);
+    h.launch("moe_bias_dweights", h.grid(dotBlocks), one, one,
+             {doutf, h.flat(h.arg("b_down")), rowsf, h.arg("offsets"), e, tk, k,
+              r, d, dweightsf});
+  }
   Value weighted = h.cI1(false);
   Value dxf = h.flat(h.arg("dx"));
   h.launch(accumulate ? "moe_gather_sum_acc" : "moe_gather_sum", t, one, one,
@@ -212,20 +286,29 @@ void mlir::moe::host::buildExpertCombineGradHost(OpBuilder &b, ModuleOp module,
 }
 
 void mlir::moe::host::buildExpertFfnGradHost(OpBuilder &b, ModuleOp module,
-                                             const HostGemms &gemms) {
+                                             const HostGemms &gemms,
+                                             bool bias) {
   Type bf16 = b.getBF16Type(), i32 = b.getI32Type();
-  HostFunctionBuilder h(b, module, ("expert_ffn_grad" + gemms.suffix()).str(),
-                        {{"x", buffer(bf16, 2)},
-                         {"token_ids", buffer(i32)},
-                         {"offsets", buffer(i32)},
-                         {"wgu", buffer(bf16, 3)},
-                         {"wd", buffer(bf16, 3)},
-                         {"h", buffer(bf16, 2)},
-                         {"dy", buffer(bf16, 2)},
-                         {"act", i32},
-                         {"dx", buffer(bf16, 2)},
-                         {"d_wgu", buffer(bf16, 3)},
-                         {"d_wd", buffer(bf16, 3)}});
+  SmallVector<std::pair<StringRef, Type>> params = {
+      {"x", buffer(bf16, 2)},   {"token_ids", buffer(i32)},
+      {"offsets", buffer(i32)}, {"wgu", buffer(bf16, 3)},
+      {"wd", buffer(bf16, 3)},  {"h", buffer(bf16, 2)},
+      {"dy", buffer(bf16, 2)}};
+  if (bias)
+    params.append(
+        {{"b_gate_up", buffer(bf16, 2)}, {"b_down", buffer(bf16, 2)}});
+  params.append({{"act", i32},
+                 {"dx", buffer(bf16, 2)},
+                 {"d_wgu", buffer(bf16, 3)},
+                 {"d_wd", buffer(bf16, 3)}});
+  if (bias)
+    params.append(
+        {{"d_b_gate_up", buffer(bf16, 2)}, {"d_b_down", buffer(bf16, 2)}});
+  HostFunctionBuilder h(
+      b, module,
+      ((bias ? "expert_ffn_grad_bias" : "expert_ffn_grad") + gemms.suffix())
+          .str(),
+      params);
   Value one = h.c(1);
   Value xRows = h.dim(h.arg("x"), 0);
   Value d = h.dim(h.arg("x"), 1);
@@ -241,10 +324,15 @@ void mlir::moe::host::buildExpertFfnGradHost(OpBuilder &b, ModuleOp module,
   Value hf = h.flat(h.arg("h"));
   Value dwguf = h.flat(h.arg("d_wgu"));
   Value dwdf = h.flat(h.arg("d_wd"));
+  // d_b_down sums dy's rows, in queue order.
+  std::optional<BiasGradValues> biases;
+  if (bias)
+    biases = BiasGradValues{h.flat(h.arg("d_b_gate_up")),
+                            h.flat(h.arg("d_b_down")), r, Value(), Value()};
   // The fused function's GEMMs with dy in queue order as dA's A (no gather,
   // no routing weight, no dS) and x gathered by the token ids.
   ffnBackward(h, xf, dyf, h.arg("offsets"), e, wguf, wdf, hf, r, d, n, dxe,
-              dwguf, dwdf, std::nullopt, h.arg("token_ids"), gemms);
+              dwguf, dwdf, std::nullopt, h.arg("token_ids"), gemms, biases);
   // dx[t]: the rows of token t in row order, from per-token lists.
   Value head = h.alloc(h.grid(xRows), i32);
   Value none = h.cI32(-1);

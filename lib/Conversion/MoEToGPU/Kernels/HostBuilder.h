@@ -239,11 +239,11 @@ void buildAddHost(OpBuilder &b, ModuleOp module);
 // SelectionBias.cpp
 void buildUpdateSelectionBiasHost(OpBuilder &b, ModuleOp module);
 void buildExpertCombineGradHost(OpBuilder &b, ModuleOp module, bool accumulate,
-                                const HostGemms &gemms = {});
+                                const HostGemms &gemms = {}, bool bias = false);
 void buildSharedExpertGradHost(OpBuilder &b, ModuleOp module,
                                const HostGemms &gemms = {});
 void buildExpertFfnGradHost(OpBuilder &b, ModuleOp module,
-                            const HostGemms &gemms = {});
+                            const HostGemms &gemms = {}, bool bias = false);
 void buildCombineGradHost(OpBuilder &b, ModuleOp module);
 // With `aux`, `__moe_gpu_router_grad_aux` (`_acc`): moe.aux_loss_grad's
 // d_logits added in the router's d_logits pass.

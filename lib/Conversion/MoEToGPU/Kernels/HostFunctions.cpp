@@ -808,12 +808,18 @@ struct HostEntry {
 /// then the accumulating ones (the calls of the ops that moe-fold-adds gave
 /// an accumulate operand), then those of the expert-parallel ops and of the
 /// unfused combine and expert FFN backward (the expert-parallel layer's),
-/// then the dispatch with a capacity, then the auxiliary losses.
+/// then the dispatch with a capacity, then the auxiliary losses, then the
+/// expert FFN backward of experts with biases.
 const std::vector<HostEntry> &hostEntries() {
   static const SmallVector<VariantRole, 4> kExpertGradRoles = {
       {"dact", LibraryGemm::DactGather},
       {"dx", LibraryGemm::RowsKBf16},
       {"dw_down", LibraryGemm::WgradGather},
+      {"dw_gate_up", LibraryGemm::WgradGatherA}};
+  static const SmallVector<VariantRole, 4> kExpertFfnGradRoles = {
+      {"dact", LibraryGemm::DactRows},
+      {"dx", LibraryGemm::RowsKBf16},
+      {"dw_down", LibraryGemm::WgradRows},
       {"dw_gate_up", LibraryGemm::WgradGatherA}};
   static const std::vector<HostEntry> entries = {
       {"__moe_gpu_router",
@@ -939,10 +945,7 @@ const std::vector<HostEntry> &hostEntries() {
        [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
          host::buildExpertFfnGradHost(b, m, g);
        },
-       {{"dact", LibraryGemm::DactRows},
-        {"dx", LibraryGemm::RowsKBf16},
-        {"dw_down", LibraryGemm::WgradRows},
-        {"dw_gate_up", LibraryGemm::WgradGatherA}}},
+       kExpertFfnGradRoles},
       {"__moe_gpu_dispatch_capacity",
        [](OpBuilder &b, ModuleOp m, const HostGemms &) {
          host::buildDispatchHost(b, m, /*capacity=*/true);
@@ -974,6 +977,21 @@ const std::vector<HostEntry> &hostEntries() {
        },
        {{"dx", LibraryGemm::RowsKBf16, /*accumulating=*/true},
         {"dw", LibraryGemm::WgradRows}}},
+      {"__moe_gpu_expert_combine_grad_bias",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertCombineGradHost(b, m, false, g, /*bias=*/true);
+       },
+       kExpertGradRoles},
+      {"__moe_gpu_expert_combine_grad_bias_acc",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertCombineGradHost(b, m, true, g, /*bias=*/true);
+       },
+       kExpertGradRoles},
+      {"__moe_gpu_expert_ffn_grad_bias",
+       [](OpBuilder &b, ModuleOp m, const HostGemms &g) {
+         host::buildExpertFfnGradHost(b, m, g, /*bias=*/true);
+       },
+       kExpertFfnGradRoles},
   };
   return entries;
 }

@@ -75,6 +75,9 @@ constexpr KernelEntry kKernels[] = {
     {"moe_router_scores_aux", kernels::buildRouterScoresAuxKernel},
     {"moe_router_select_counts", kernels::buildRouterSelectCountsKernel},
     {"moe_router_grad_logits_aux", kernels::buildRouterGradLogitsAuxKernel},
+    {"moe_segment_colsum", kernels::buildSegmentColumnSumKernel},
+    {"moe_sum_splits_f32", kernels::buildSumSplitsF32Kernel},
+    {"moe_bias_dweights", kernels::buildBiasDWeightsKernel},
 };
 
 } // namespace

@@ -65,6 +65,7 @@ void buildGatherSumKernel(OpBuilder &b, Location loc);
 void buildGatherSumAccKernel(OpBuilder &b, Location loc);
 void buildScatterWeightsKernel(OpBuilder &b, Location loc);
 void buildSumSplitsBf16Kernel(OpBuilder &b, Location loc);
+void buildSumSplitsF32Kernel(OpBuilder &b, Location loc);
 void buildDWeightsKernel(OpBuilder &b, Location loc);
 void buildRepackBf16Kernel(OpBuilder &b, Location loc);
 void buildRepackF32Kernel(OpBuilder &b, Location loc);
@@ -89,6 +90,9 @@ void buildAuxFinishKernel(OpBuilder &b, Location loc);
 void buildAuxLossGradKernel(OpBuilder &b, Location loc);
 void buildRouterScoresAuxKernel(OpBuilder &b, Location loc);
 void buildRouterGradLogitsAuxKernel(OpBuilder &b, Location loc);
+// ExpertBias.cpp
+void buildSegmentColumnSumKernel(OpBuilder &b, Location loc);
+void buildBiasDWeightsKernel(OpBuilder &b, Location loc);
 
 /// What moe_router_grad_logits_aux's warp knows of its token for the
 /// auxiliary losses' d_logits: the logits, the selection counts, the

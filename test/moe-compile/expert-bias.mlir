@@ -1,13 +1,22 @@
-// moe-compile refuses a layer with expert biases (its forward lowers, but no
-// kernel computes the bias gradients: gpu_contract.json's
-// expert_bias_supported), naming the feature, with a non-zero exit and no
-// output.
+// moe-compile builds a layer with expert biases (gpt-oss's b_gate_up, b_down):
+// the header names them as inputs and the backward returns their gradients,
+// which the expert FFN's gradient host function computes
+// (__moe_gpu_expert_combine_grad_bias; gpu_contract.json's
+// expert_bias_supported).
 // RUN: rm -rf %t && mkdir -p %t
-// RUN: not moe-compile %s -o %t/out/bias --format=isa 2>&1 | FileCheck %s
-// RUN: not test -e %t/out
+// RUN: moe-compile %s -o %t/bias --format=isa --emit=header,manifest
+// RUN: FileCheck %s --check-prefix=HEADER < %t/bias.h
+// RUN: FileCheck %s --check-prefix=MANIFEST < %t/bias.json
 
-// CHECK: error: the GPU path does not run expert biases (b_gate_up, b_down) backward: no kernel computes their gradients; run this layer on the CPU path
-// CHECK: moe-compile: error: compiling '{{.*}}expert-bias.mlir' failed
+// HEADER: inputs: x = arg0; w_router = arg1; w_gate_up = arg2; w_down = arg3; b_gate_up = arg4; b_down = arg5;
+// HEADER: void *arg4 /* input, bf16 [4, 128] */,
+// HEADER: void *arg5 /* input, bf16 [4, 64] */,
+// HEADER: int bias_backward(void *stream,
+// HEADER: void *d_arg4 /* gradient of arg4, bf16 [4, 128] */,
+// HEADER-NEXT: void *d_arg5 /* gradient of arg5, bf16 [4, 64] */);
+
+// MANIFEST: "b_gate_up": "arg4",
+// MANIFEST-NEXT: "b_down": "arg5"
 func.func @bias(%x: tensor<64x64xbf16>, %wr: tensor<64x4xbf16>,
                 %wgu: tensor<4x64x128xbf16>, %wd: tensor<4x64x64xbf16>,
                 %bgu: tensor<4x128xbf16>, %bd: tensor<4x64xbf16>)

@@ -205,8 +205,9 @@ std::string layerSummary(DictionaryAttr layer) {
      << ", shared expert width: " << integer("shared_n") << "\n";
   if (auto inputs = layer.getAs<DictionaryAttr>("inputs")) {
     os << " *   inputs:";
-    for (StringRef key : {"x", "w_router", "bias", "w_gate_up", "w_down",
-                          "shared_w_gate_up", "shared_w_down"})
+    for (StringRef key :
+         {"x", "w_router", "bias", "w_gate_up", "w_down", "b_gate_up", "b_down",
+          "shared_w_gate_up", "shared_w_down"})
       if (auto arg = inputs.getAs<StringAttr>(key))
         os << " " << key << " = " << arg.getValue() << ";";
     os << "\n";
@@ -406,8 +407,9 @@ void writeLayer(llvm::json::OStream &j, DictionaryAttr layer) {
     auto inputs = layer ? layer.getAs<DictionaryAttr>("inputs") : nullptr;
     if (!inputs)
       return;
-    for (StringRef key : {"x", "w_router", "bias", "w_gate_up", "w_down",
-                          "shared_w_gate_up", "shared_w_down"})
+    for (StringRef key :
+         {"x", "w_router", "bias", "w_gate_up", "w_down", "b_gate_up", "b_down",
+          "shared_w_gate_up", "shared_w_down"})
       if (auto arg = inputs.getAs<StringAttr>(key))
         j.attribute(key, arg.getValue());
   });

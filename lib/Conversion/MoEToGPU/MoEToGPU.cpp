@@ -94,19 +94,25 @@ SmallVector<Value> getDataValues(Operation *op) {
                    shared.getY(), shared.getH()});
   else if (auto combine = dyn_cast<CombineOp>(op))
     add(ValueRange{combine.getY(), combine.getOut()});
-  else if (auto grad = dyn_cast<ExpertCombineGradOp>(op))
+  else if (auto grad = dyn_cast<ExpertCombineGradOp>(op)) {
     add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
                    grad.getDout(), grad.getDx(), grad.getDWGateUp(),
                    grad.getDWDown()});
-  else if (auto grad = dyn_cast<SharedExpertGradOp>(op))
+    if (grad.getBGateUp())
+      add(ValueRange{grad.getBGateUp(), grad.getBDown(), grad.getDBGateUp(),
+                     grad.getDBDown()});
+  } else if (auto grad = dyn_cast<SharedExpertGradOp>(op))
     add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
                    grad.getDy(), grad.getDx(), grad.getDWGateUp(),
                    grad.getDWDown()});
-  else if (auto grad = dyn_cast<ExpertFFNGradOp>(op))
+  else if (auto grad = dyn_cast<ExpertFFNGradOp>(op)) {
     add(ValueRange{grad.getX(), grad.getWGateUp(), grad.getWDown(), grad.getH(),
                    grad.getDy(), grad.getDx(), grad.getDWGateUp(),
                    grad.getDWDown()});
-  else if (auto grad = dyn_cast<CombineGradOp>(op))
+    if (grad.getBGateUp())
+      add(ValueRange{grad.getBGateUp(), grad.getBDown(), grad.getDBGateUp(),
+                     grad.getDBDown()});
+  } else if (auto grad = dyn_cast<CombineGradOp>(op))
     add(ValueRange{grad.getDout(), grad.getY(), grad.getDy()});
   else if (auto grad = dyn_cast<RouterGradOp>(op))
     add(ValueRange{grad.getX(), grad.getRouterWeight(), grad.getDx(),
@@ -685,6 +691,8 @@ DictionaryAttr getLayerAttr(func::FuncOp func) {
         b.getStringAttr(stringifyActivation(experts.getActivation()))));
     addInput("w_gate_up", experts.getWGateUp());
     addInput("w_down", experts.getWDown());
+    addInput("b_gate_up", experts.getBGateUp());
+    addInput("b_down", experts.getBDown());
   }
   addInt("shared_n", shared ? dim(shared.getWDown(), 0) : 0);
   if (shared) {
@@ -953,14 +961,19 @@ SmallVector<StringRef> getVariantBases(Operation *op) {
           .Case([](SharedExpertOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_shared_expert", "__moe_gpu_shared_expert_h"};
           })
-          .Case([](ExpertCombineGradOp) -> SmallVector<StringRef> {
+          .Case([](ExpertCombineGradOp op) -> SmallVector<StringRef> {
+            if (op.getBGateUp())
+              return {"__moe_gpu_expert_combine_grad_bias",
+                      "__moe_gpu_expert_combine_grad_bias_acc"};
             return {"__moe_gpu_expert_combine_grad",
                     "__moe_gpu_expert_combine_grad_acc"};
           })
           .Case([](SharedExpertGradOp) -> SmallVector<StringRef> {
             return {"__moe_gpu_shared_expert_grad"};
           })
-          .Case([](ExpertFFNGradOp) -> SmallVector<StringRef> {
+          .Case([](ExpertFFNGradOp op) -> SmallVector<StringRef> {
+            if (op.getBGateUp())
+              return {"__moe_gpu_expert_ffn_grad_bias"};
             return {"__moe_gpu_expert_ffn_grad"};
           })
           .Default([](Operation *) { return SmallVector<StringRef>(); });
@@ -1080,8 +1093,9 @@ std::pair<Value, StringRef> getAccumulate(Operation *op) {
   StringRef callee =
       TypeSwitch<Operation *, StringRef>(op)
           .Case([](RouterGradOp) { return "__moe_gpu_router_grad"; })
-          .Case([](ExpertCombineGradOp) {
-            return "__moe_gpu_expert_combine_grad";
+          .Case([](ExpertCombineGradOp op) {
+            return op.getBGateUp() ? "__moe_gpu_expert_combine_grad_bias"
+                                   : "__moe_gpu_expert_combine_grad";
           })
           .Default([](Operation *) { return "__moe_gpu_combine"; });
   return {accumulate->get(), callee};
@@ -1601,11 +1615,12 @@ public:
     ctx.startOp(rewriter, operation);
     ctx.awaitPrefetches(operation->getOperands());
     ctx.allocateTemporaries(operation);
-    // The `accumulate` operand (the last) is no argument: its producer
-    // wrote it into the result's buffer.
-    ValueRange operands = adaptor.getOperands();
-    if (HostCallContext::accumulates(operation))
-      operands = operands.drop_back();
+    // The `accumulate` operand is no argument: its producer wrote it into
+    // the result's buffer. (The expert biases may come after it.)
+    SmallVector<Value> operands(adaptor.getOperands());
+    if (OpOperand *accumulate = getAccumulateOperand(operation);
+        accumulate && HostCallContext::accumulates(operation))
+      operands.erase(operands.begin() + accumulate->getOperandNumber());
     HostCall call(ctx, operation, operands);
     emitCall(op, adaptor, call);
     ctx.deallocTemporaries(ctx.freeAfter.lookup(operation));
@@ -1986,8 +2001,10 @@ private:
   StringRef base;
 };
 
-/// moe.expert_combine_grad and moe.shared_expert_grad: the host function
-/// `base`; `<base>_acc` where the op accumulates (a folded add).
+/// moe.expert_combine_grad, moe.expert_ffn_grad and moe.shared_expert_grad:
+/// the host function `base`, `<base>_bias` for experts with biases (their
+/// operands and their gradients after the others); `_acc` after it where the
+/// op accumulates (a folded add).
 template <typename OpTy>
 class LowerFFNGrad : public HostCallPattern<OpTy> {
 public:
@@ -2000,7 +2017,10 @@ public:
     call.addOperands();
     call.addActivation();
     call.addResults();
-    call.call(base, HostCallContext::accumulates(op));
+    std::string callee = base.str();
+    if (hasExpertBias(op))
+      callee += "_bias";
+    call.call(callee, HostCallContext::accumulates(op));
   }
 
 private:

@@ -213,6 +213,24 @@ OPTIONAL_OPS = {
     ],
 }
 
+
+def with_biases(args, after):
+    """`args` with b_gate_up and b_down after input `after` and their gradients at the end
+    (the expert-bias backward host functions)."""
+    at = [a for a, _ in args].index(after) + 1
+    return (
+        args[:at]
+        + [("b_gate_up", B2), ("b_down", B2)]
+        + args[at:]
+        + [("d_b_gate_up", B2), ("d_b_down", B2)]
+    )
+
+
+# the backward of experts with biases (a library older than it has none)
+OPTIONAL_OPS["expert_combine_grad_bias"] = with_biases(OPS["expert_combine_grad"], "dout")
+OPTIONAL_OPS["expert_combine_grad_bias_acc"] = OPTIONAL_OPS["expert_combine_grad_bias"]
+OPTIONAL_OPS["expert_ffn_grad_bias"] = with_biases(OPS["expert_ffn_grad"], "dy")
+
 # expert_ffn and expert_ffn_h of a library built with the expert biases (build-ops-harness.sh
 # --bias): b_gate_up and b_down after the weights.
 BIAS_OPS = {

@@ -18,7 +18,9 @@ ops are the library's and are not run again.
 A library built with the expert biases (build-ops-harness.sh --bias: expert_ffn's up and down
 GEMMs with bias=true, its host functions taking b_gate_up [E, G] and b_down [E, d] after the
 weights; docs/gpu-kernels.md) runs only the bias-ffn checks: H = x wgu[e] + b_gate_up[e] and
-y = act(H) wd[e] + b_down[e] against fp32 torch.
+y = act(H) wd[e] + b_down[e] against fp32 torch, and the bias-grad checks of the backward
+host functions with biases (expert_combine_grad_bias, its _acc form, expert_ffn_grad_bias) on
+its forward's H; the default library runs the bias-grad checks on an H made in torch.
 """
 
 import argparse
@@ -50,7 +52,7 @@ ACT_CODE = 0
 # The steps a non-gated library runs: those of the expert FFNs, forward and backward.
 EXPERT_STEPS = ("ffn", "shared", "split-vs-fused", "empty")
 # Whether the library's expert_ffn adds the expert biases (--variant): it runs the bias-ffn
-# steps alone.
+# and bias-grad steps alone.
 BIAS = False
 
 
@@ -480,6 +482,227 @@ def run_bias_ffn(lib, T, d, n, E, k, mode):
         f"{tag} h only (recompute) bitwise", h_only.view(torch.int16), h.view(torch.int16)
     )
     return ok
+
+
+# The backward of experts with biases: the host functions that take b_gate_up and b_down
+# after dout (dy) and write d_b_gate_up and d_b_down after the weights' gradients.
+BIAS_GRAD_OPS = ("expert_combine_grad_bias", "expert_combine_grad_bias_acc")
+BIAS_FFN_GRAD_OPS = ("expert_ffn_grad_bias",)
+
+
+def has_ops(lib, tag, *names):
+    """Whether the library has host functions `names`; a FAIL line names each one it lacks
+    (a check that cannot run is no pass)."""
+    missing = [name for name in names if not lib.has(name)]
+    for name in missing:
+        RESULTS.append({"check": f"{tag} {name}", "error": "not in the library", "ok": False})
+        print(f"FAIL {tag}: the library has no {name}", flush=True)
+    return not missing
+
+
+def bias_grad_routing(T, k, E, mode):
+    """token_ids, offsets and rows: ep_routing's for random, skewed (experts E/2.. empty) and
+    all-to-one; dropped: capacity_routing's skewed picks through the reference's dispatch at
+    capacity factor 1 (expert 0 overflows: slots with rows -1, queue rows past offsets[E])."""
+    if mode == "dropped":
+        ex = capacity_routing(T, k, E, "skewed")
+        return tuple(ref_dispatch_capacity(ex, E, ref.capacity_for(1.0, T, k, E)))
+    return ep_routing(T, k, E, 2, mode)
+
+
+def bias_grad_inputs(lib, T, d, n, E, k, mode, forward):
+    """Routing, x, the weights, the biases and H [R, G] of the biased FFN: the library's biased
+    expert_ffn's H with `forward` (a --bias library), else fp32 torch's rounded to bf16 (the
+    default library's expert_ffn takes no biases). The biases are about as large as what they
+    are added to, so that one left out shows."""
+    tid, off, rows = bias_grad_routing(T, k, E, mode)
+    G = up_width(n)
+    x = bf(T, d)
+    wgu, wd = bf(E, d, G, std=0.05), bf(E, n, d, std=0.05)
+    bgu, bd = bf(E, G, std=0.5), bf(E, d, std=0.2)
+    if forward:
+        y = torch.zeros(T * k, d, dtype=torch.bfloat16, device=DEV)
+        h = torch.zeros(T * k, G, dtype=torch.bfloat16, device=DEV)
+        lib.call("expert_ffn", x, tid, off, wgu, wd, bgu, bd, ACT_CODE, y, h)
+    else:
+        h = ref_ffn(x.float(), tid, off, wgu.float(), wd.float(), bgu.float(), bd.float())[1]
+        h = h.to(torch.bfloat16)
+    return tid, off, rows, x, wgu, wd, bgu, bd, h
+
+
+def bias_ffn_autograd(x, tid, off, wgu, wd, bgu, bd, h):
+    """fp32 leaves x, wgu, wd, bgu, bd requiring grad, and y [R + 1, d] of the biased FFN on
+    the queues with H's values as its pre-activations (the kernels' bf16 H; the gradient
+    flows as through x wgu[e] + bgu[e]); rows in no queue and row R (a dropped slot's) 0."""
+    leaves = [t.float().requires_grad_() for t in (x, wgu, wd, bgu, bd)]
+    xr, wgur, wdr, bgur, bdr = leaves
+    R, d = h.shape[0], x.shape[1]
+    parts = []
+    for e in range(wgu.shape[0]):
+        lo, hi = int(off[e]), int(off[e + 1])
+        if hi == lo:
+            continue
+        he = xr[tid[lo:hi].long()] @ wgur[e] + bgur[e]
+        he = h[lo:hi].float() + (he - he.detach())
+        parts.append(act_ref(he) @ wdr[e] + bdr[e])
+    used = int(off[-1])
+    yall = torch.cat(parts + [torch.zeros(R + 1 - used, d, device=x.device)])
+    return leaves, yall
+
+
+def nan_bf16(*shape):
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+
+
+def raw_bytes(*tensors):
+    """The bytes of the tensors, one after another: a bitwise comparison of mixed dtypes."""
+    return torch.cat([t.detach().cpu().contiguous().flatten().view(torch.uint8) for t in tensors])
+
+
+def check_bias_grad_zeros(tag, off, dbgu, dbd):
+    """The bias gradients of experts without rows are 0 (a sum of nothing, written)."""
+    empty = (off[1:] - off[:-1]) == 0
+    if not bool(empty.any()):
+        return True
+    got = flat(dbgu[empty].float(), dbd[empty].float())
+    return check_exact(f"{tag} bias gradients of experts without rows are 0", got, 0 * got)
+
+
+def run_bias_grad(lib, T, d, n, E, k, mode, forward=False):
+    """expert_combine_grad_bias and its _acc form (the fused combine and expert backward of
+    experts with biases, y = act(H) wd[e] + b_down[e]) against fp32 autograd of the biased FFN
+    and the combine with the biases as leaves: dx, d_weights (<dout[t], y[r]>, b_down's part
+    too), d_w_gate_up, d_w_down, d_b_gate_up and d_b_down; dropped slots' d_weights and empty
+    experts' bias gradients exactly 0; the same bits twice; dx, d_w_gate_up and d_w_down the
+    plain expert_combine_grad's bits (H given, the biases change no GEMM); _acc's dx the
+    plain call's added to what dx held, its other outputs the plain call's bits."""
+    tag = f"bias-grad T={T} d={d} n={n} E={E} k={k} {mode} {ACT}{' forward' if forward else ''}"
+    if not has_ops(lib, tag, *BIAS_GRAD_OPS):
+        return False
+    tid, off, rows, x, wgu, wd, bgu, bd, h = bias_grad_inputs(lib, T, d, n, E, k, mode, forward)
+    G = up_width(n)
+    w = torch.rand(T, k, device=DEV)
+    dout = bf(T, d)
+
+    def call(name, dx):
+        outs = (dx, torch.full((T, k), float("nan"), device=DEV), nan_bf16(E, d, G))
+        outs += (nan_bf16(E, n, d), nan_bf16(E, G), nan_bf16(E, d))
+        lib.call(name, x, tid, off, rows, w, wgu, wd, h, dout, bgu, bd, ACT_CODE, *outs)
+        return outs
+
+    outs = call("expert_combine_grad_bias", nan_bf16(T, d))
+    leaves, yall = bias_ffn_autograd(x, tid, off, wgu, wd, bgu, bd, h)
+    wr_ = w.clone().requires_grad_()
+    slot_rows = torch.where(rows >= 0, rows, h.shape[0]).long()
+    o = (yall[slot_rows] * wr_[..., None]).sum(1)
+    (o * dout.float()).sum().backward()
+    xr, wgur, wdr, bgur, bdr = leaves
+    refs = (xr.grad, wr_.grad, wgur.grad, wdr.grad, bgur.grad, bdr.grad)
+    names = ("dx", "d_weights", "d_w_gate_up", "d_w_down", "d_b_gate_up", "d_b_down")
+    ok = True
+    for name, got, want in zip(names, outs, refs):
+        ok &= check(f"{tag} {name}", rel(got, want), 2e-2)
+    dw = outs[1]
+    dropped = rows < 0
+    if bool(dropped.any()):
+        ok &= check_exact(
+            f"{tag} d_weights of dropped slots are 0", dw[dropped], torch.zeros_like(dw[dropped])
+        )
+    ok &= check_bias_grad_zeros(tag, off, outs[4], outs[5])
+    again = call("expert_combine_grad_bias", nan_bf16(T, d))
+    ok &= check_exact(f"{tag} bitwise twice", raw_bytes(*again), raw_bytes(*outs))
+    plain = (nan_bf16(T, d), torch.full((T, k), float("nan"), device=DEV), nan_bf16(E, d, G))
+    plain += (nan_bf16(E, n, d),)
+    lib.call("expert_combine_grad", x, tid, off, rows, w, wgu, wd, h, dout, ACT_CODE, *plain)
+    ok &= check_exact(
+        f"{tag} dx, d_w_gate_up, d_w_down as expert_combine_grad's",
+        raw_bytes(outs[0], outs[2], outs[3]),
+        raw_bytes(plain[0], plain[2], plain[3]),
+    )
+    # dx += the experts' dx, from values of its size (an error in either part shows)
+    dx0 = bf(T, d, std=xr.grad.std().item())
+    acc = call("expert_combine_grad_bias_acc", dx0.clone())
+    ok &= check(f"{tag} dx accumulated", rel(acc[0], dx0.float() + outs[0].float()), 2e-2)
+    ok &= check_exact(
+        f"{tag} accumulating call's other outputs as the plain call's bitwise",
+        raw_bytes(*acc[1:]),
+        raw_bytes(*outs[1:]),
+    )
+    return ok
+
+
+def run_bias_ffn_grad(lib, T, d, n, E, k, mode, forward=False):
+    """expert_ffn_grad_bias (the experts' backward from dy in queue order, with biases)
+    against fp32 autograd of the biased FFN with the biases as leaves: dx, d_w_gate_up,
+    d_w_down, d_b_gate_up (each expert's column sums of dH) and d_b_down (of its dy rows;
+    dy's rows in no queue, past offsets[E], random and counted nowhere); empty experts' bias
+    gradients exactly 0; the same bits twice; dx, d_w_gate_up and d_w_down the plain
+    expert_ffn_grad's bits."""
+    tag = f"bias-grad ffn T={T} d={d} n={n} E={E} k={k} {mode} {ACT}{' forward' if forward else ''}"
+    if not has_ops(lib, tag, *BIAS_FFN_GRAD_OPS):
+        return False
+    tid, off, rows, x, wgu, wd, bgu, bd, h = bias_grad_inputs(lib, T, d, n, E, k, mode, forward)
+    G = up_width(n)
+    dy = bf(h.shape[0], d)
+
+    def call():
+        outs = (nan_bf16(T, d), nan_bf16(E, d, G), nan_bf16(E, n, d), nan_bf16(E, G))
+        outs += (nan_bf16(E, d),)
+        lib.call("expert_ffn_grad_bias", x, tid, off, wgu, wd, h, dy, bgu, bd, ACT_CODE, *outs)
+        return outs
+
+    outs = call()
+    leaves, yall = bias_ffn_autograd(x, tid, off, wgu, wd, bgu, bd, h)
+    (yall[: h.shape[0]] * dy.float()).sum().backward()
+    refs = [t.grad for t in leaves]
+    names = ("dx", "d_w_gate_up", "d_w_down", "d_b_gate_up", "d_b_down")
+    ok = True
+    for name, got, want in zip(names, outs, refs):
+        ok &= check(f"{tag} {name}", rel(got, want), 2e-2)
+    ok &= check_bias_grad_zeros(tag, off, outs[3], outs[4])
+    again = call()
+    ok &= check_exact(f"{tag} bitwise twice", raw_bytes(*again), raw_bytes(*outs))
+    plain = (nan_bf16(T, d), nan_bf16(E, d, G), nan_bf16(E, n, d))
+    lib.call("expert_ffn_grad", x, tid, off, wgu, wd, h, dy, ACT_CODE, *plain)
+    ok &= check_exact(
+        f"{tag} dx, d_w_gate_up, d_w_down as expert_ffn_grad's",
+        raw_bytes(*outs[:3]),
+        raw_bytes(*plain),
+    )
+    return ok
+
+
+def bias_grad_steps(lib, quick, forward):
+    """The bias-grad steps: odd T (a partial M tile), T = 1, d of 3 k-steps and n of a
+    64-column tail tile, skewed routing (empty experts), all-to-one, dropped slots; with
+    `forward`, H from the library's biased expert_ffn."""
+    shapes = [
+        (37, 128, 128, 4, 2, "random"),
+        (37, 256, 192, 6, 2, "skewed"),
+        (1, 128, 64, 4, 2, "random"),
+        (300, 128, 128, 8, 2, "dropped"),
+    ]
+    if not quick:
+        shapes += [
+            (300, 192, 320, 8, 3, "skewed"),
+            (53, 128, 192, 6, 3, "all-to-one"),
+            (1000, 1536, 704, 8, 2, "random"),
+            (1000, 1536, 704, 8, 2, "dropped"),
+        ]
+    steps = []
+    for T, d, n, E, k, mode in shapes:
+        shape = f"t{T}-d{d}-n{n}-e{E}-k{k}-{mode}"
+        steps += [
+            (
+                f"bias-grad-{shape}",
+                lambda s=(T, d, n, E, k, mode): run_bias_grad(lib, *s, forward=forward),
+            ),
+            (
+                f"bias-grad-ffn-{shape}",
+                lambda s=(T, d, n, E, k, mode): run_bias_ffn_grad(lib, *s, forward=forward),
+            ),
+        ]
+    return steps
 
 
 def capacity_routing(T, k, E, mode):
@@ -1965,6 +2188,8 @@ def main():
                 lambda: run_split_vs_fused(lib, 1000, 1536, 704, 8, 2, "skewed"),
             ),
         ]
+    # the backward of experts with biases, H of the biases made in torch
+    steps += bias_grad_steps(lib, args.quick, forward=False)
     if lib.has("router_aux") and "aux-fused-bench" in args.only:
         # only on request (--only=aux-fused-bench): router + aux_loss against router_aux
         steps += [
@@ -1995,6 +2220,8 @@ def main():
             )
             if not (args.quick and T == 1000)
         ]
+        # and their backward, from the library's biased forward's H
+        steps += bias_grad_steps(lib, args.quick, forward=True)
     if args.bench:
         steps = [
             (f"bench-{b}", (lambda b=b: bench(lib, b, args.reps))) for b in args.bench.split(",")

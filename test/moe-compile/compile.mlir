@@ -77,6 +77,7 @@
 // MANIFEST-NEXT: "round_logits": true,
 // MANIFEST-NEXT: "has_bias": false,
 // MANIFEST-NEXT: "shared_n": 0,
+// MANIFEST-NEXT: "expert_bias": false,
 // MANIFEST-NEXT: "inputs": {
 // MANIFEST-NEXT: "x": "arg0",
 // MANIFEST-NEXT: "w_router": "arg1",

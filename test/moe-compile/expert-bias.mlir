@@ -8,13 +8,15 @@
 // RUN: FileCheck %s --check-prefix=HEADER < %t/bias.h
 // RUN: FileCheck %s --check-prefix=MANIFEST < %t/bias.json
 
-// HEADER: inputs: x = arg0; w_router = arg1; w_gate_up = arg2; w_down = arg3; b_gate_up = arg4; b_down = arg5;
+// HEADER: selection bias: no, shared expert width: 0, expert biases
+// HEADER-NEXT: inputs: x = arg0; w_router = arg1; w_gate_up = arg2; w_down = arg3; b_gate_up = arg4; b_down = arg5;
 // HEADER: void *arg4 /* input, bf16 [4, 128] */,
 // HEADER: void *arg5 /* input, bf16 [4, 64] */,
 // HEADER: int bias_backward(void *stream,
 // HEADER: void *d_arg4 /* gradient of arg4, bf16 [4, 128] */,
 // HEADER-NEXT: void *d_arg5 /* gradient of arg5, bf16 [4, 64] */);
 
+// MANIFEST: "expert_bias": true,
 // MANIFEST: "b_gate_up": "arg4",
 // MANIFEST-NEXT: "b_down": "arg5"
 func.func @bias(%x: tensor<64x64xbf16>, %wr: tensor<64x4xbf16>,

@@ -32,6 +32,7 @@
 // MANIFEST-NEXT: "round_logits": false,
 // MANIFEST-NEXT: "has_bias": true,
 // MANIFEST-NEXT: "shared_n": 128,
+// MANIFEST-NEXT: "expert_bias": false,
 // MANIFEST-NEXT: "inputs": {
 // MANIFEST-NEXT: "x": "arg0",
 // MANIFEST-NEXT: "w_router": "arg1",

@@ -202,7 +202,8 @@ std::string layerSummary(DictionaryAttr layer) {
      << ", scaling " << llvm::format("%g", scaling)
      << (boolean("round_logits") ? ", logits rounded to bf16" : "") << "\n"
      << " *   selection bias: " << (boolean("has_bias") ? "yes" : "no")
-     << ", shared expert width: " << integer("shared_n") << "\n";
+     << ", shared expert width: " << integer("shared_n")
+     << (boolean("expert_bias") ? ", expert biases" : "") << "\n";
   if (auto inputs = layer.getAs<DictionaryAttr>("inputs")) {
     os << " *   inputs:";
     for (StringRef key :
@@ -403,6 +404,7 @@ void writeLayer(llvm::json::OStream &j, DictionaryAttr layer) {
   j.attribute("round_logits", boolean("round_logits"));
   j.attribute("has_bias", boolean("has_bias"));
   j.attribute("shared_n", integer("shared_n"));
+  j.attribute("expert_bias", boolean("expert_bias"));
   j.attributeObject("inputs", [&] {
     auto inputs = layer ? layer.getAs<DictionaryAttr>("inputs") : nullptr;
     if (!inputs)

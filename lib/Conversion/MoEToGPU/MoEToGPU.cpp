@@ -691,6 +691,8 @@ DictionaryAttr getLayerAttr(func::FuncOp func) {
         b.getStringAttr(stringifyActivation(experts.getActivation()))));
     addInput("w_gate_up", experts.getWGateUp());
     addInput("w_down", experts.getWDown());
+    entries.push_back(b.getNamedAttr(
+        "expert_bias", b.getBoolAttr(experts.getBGateUp() != nullptr)));
     addInput("b_gate_up", experts.getBGateUp());
     addInput("b_down", experts.getBDown());
   }

@@ -19,7 +19,7 @@
 // CHECK-SAME: %[[OUT:[a-z0-9]+]]: memref<37x64xbf16>, %[[W:[a-z0-9]+]]: memref<37x2xf32>, %[[E:[a-z0-9]+]]: memref<37x2xi32>, %[[L:[a-z0-9]+]]: memref<37x8xf32>,
 // CHECK-SAME: %[[IDS:[a-z0-9]+]]: memref<74xi32>, %[[OFF:[a-z0-9]+]]: memref<9xi32>, %[[ROWS:[a-z0-9]+]]: memref<37x2xi32>, %[[H:[a-z0-9]+]]: memref<74x128xbf16>, %[[SH:[a-z0-9]+]]: memref<37x256xbf16>)
 // CHECK-SAME: moe.gpu.entry = "forward"
-// CHECK-SAME: moe.gpu.layer = {E = 8 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, has_bias = true,
+// CHECK-SAME: moe.gpu.layer = {E = 8 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, expert_bias = false, has_bias = true,
 // CHECK-SAME: inputs = {bias = "arg2", shared_w_down = "arg6", shared_w_gate_up = "arg5", w_down = "arg4", w_gate_up = "arg3", w_router = "arg1", x = "arg0"},
 // CHECK-SAME: k = 2 : i64, n = 64 : i64, num_groups = 4 : i64, renormalize = true, round_logits = false, scaling_factor = 2.500000e+00 : f64, scoring = "sigmoid", shared_n = 128 : i64, topk_groups = 2 : i64}
 // CHECK-SAME: moe.gpu.layer_name = "ds"
@@ -134,7 +134,7 @@ func.func @ds_backward(%arg0: tensor<37x64xbf16> {moe.saved = "arg0"}, %arg1: te
 
 // CHECK-LABEL: func.func @layer_forward(
 // CHECK-SAME: %[[RESULT1:[a-z0-9]+]]: memref<37x4xf32>, %[[W:[a-z0-9]+]]: memref<37x2xf32>, %{{.*}}: memref<37x2xi32>, %[[SAVEDL:[a-z0-9]+]]: memref<37x4xf32>,
-// CHECK-SAME: moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, has_bias = false, inputs = {w_down = "arg3", w_gate_up = "arg2", w_router = "arg1", x = "arg0"}, k = 2 : i64, n = 128 : i64, num_groups = 1 : i64, renormalize = true, round_logits = true, scaling_factor = 1.000000e+00 : f64, scoring = "softmax", shared_n = 0 : i64, topk_groups = 1 : i64}
+// CHECK-SAME: moe.gpu.layer = {E = 4 : i64, T = 37 : i64, activation = "swiglu", d = 64 : i64, expert_bias = false, has_bias = false, inputs = {w_down = "arg3", w_gate_up = "arg2", w_router = "arg1", x = "arg0"}, k = 2 : i64, n = 128 : i64, num_groups = 1 : i64, renormalize = true, round_logits = true, scaling_factor = 1.000000e+00 : f64, scoring = "softmax", shared_n = 0 : i64, topk_groups = 1 : i64}
 // CHECK-SAME: {dtype = "f32", name = "result1", role = "output", shape = array<i64: 37, 4>}, {dtype = "f32", name = "moe.router.weights", role = "saved"
 // CHECK: gpu.wait async
 // CHECK: %[[ARENA:.*]], %[[T0:.*]] = gpu.alloc async

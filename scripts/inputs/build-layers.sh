@@ -23,7 +23,10 @@
 #   - token dropping (capacity_factor 0.75, each expert keeping its first
 #     ceil(0.75 * T * k / E) pairs): capacity-t37 (T=37, d=256, n=192, E=8, k=2, softmax,
 #     SwiGLU) and capacity-dyn (the same sizes, T dynamic up to 64, sigmoid + bias,
-#     renormalised, shared expert m=128, gelu's tanh form).
+#     renormalised, shared expert m=128, gelu's tanh form);
+#   - experts with biases (b_gate_up, b_down, as gpt-oss has): bias-t37 (T=37, d=256, n=192,
+#     E=8, k=2, softmax, renormalised, SwiGLU) and bias-gelu-shared-t37 (gelu-shared-t37's
+#     sizes and routing, gelu (erf), its experts' dx added into the shared expert's).
 # The generated .mlir files go to gpu-inputs/mlir/. What this script writes (layers/, mlir/)
 # must stay under 32 MiB: a device call carries at most 64 MiB, these inputs and the folder of
 # the session's other step beside them (ep/, dynamic/, ops/, ...; each built by its own
@@ -94,6 +97,11 @@ layers = {
     "capacity-dyn": LayerConfig(37, 256, 192, 8, 2, scoring="sigmoid", renormalize=True,
                                 router_bias=True, shared_ffn=128, activation="gelu_tanh",
                                 capacity_factor=0.75, dtype="bf16"),
+    # experts with biases (scripts/gpu/layer-check.sh's bias step)
+    "bias-t37": LayerConfig(37, 256, 192, 8, 2, renormalize=True, expert_bias=True, dtype="bf16"),
+    "bias-gelu-shared-t37": LayerConfig(37, 192, 320, 8, 3, scoring="sigmoid", renormalize=True,
+                                        router_bias=True, shared_ffn=192, activation="gelu",
+                                        expert_bias=True, dtype="bf16"),
 }
 # Layers of dynamic token count: the bound.
 bounds = {"example": 64, "silu-shared-dyn": 64, "gelu-dyn": 64, "capacity-dyn": 64}
@@ -110,7 +118,8 @@ for example in mixtral-8x7b olmoe-1b-7b qwen3-30b-a3b deepseek-v3; do
   sources+=("$root/examples/$example.mlir")
 done
 for name in small-t1 small-t37 small-t1000 sigmoid-groups-shared tiny example deepseek-v3-routed \
-  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn gelu-tanh-t37 capacity-t37 capacity-dyn; do
+  silu-t37 gelu-shared-t37 silu-shared-dyn gelu-dyn gelu-tanh-t37 capacity-t37 capacity-dyn \
+  bias-t37 bias-gelu-shared-t37; do
   sources+=("$mlir/$name.mlir")
 done
 

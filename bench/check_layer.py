@@ -3,23 +3,24 @@
 
 For each `--layer DIR/NAME` (NAME.so + NAME.json) and each routing variant:
 
-- random inputs: x ~ N(0, 1), weights N(0, 0.02^2), selection bias N(0, 0.01^2); random
-  cotangents for out and the router logits (never zeros);
+- random inputs: x ~ N(0, 1), weights N(0, 0.02^2), selection bias N(0, 0.01^2), expert
+  biases (with expert_bias) b_gate_up N(0, 0.1^2) and b_down N(0, 0.01^2); random cotangents
+  for out and the router logits (never zeros);
 - our forward + backward, then the fp32 reference (python/moe_mlir/torch_reference.py) with
   our experts forced; relative Frobenius errors ||ours - ref|| / ||ref|| of out, router logits,
-  dx, d_w_router, d_w_gate_up, d_w_down (and the shared expert's) against 1e-2 (outputs) and
-  2e-2 (gradients); NaN fails;
+  dx, d_w_router, d_w_gate_up, d_w_down (and the shared expert's, the expert biases') against
+  1e-2 (outputs) and 2e-2 (gradients); NaN fails;
 - our experts against the reference's own routing: differences are allowed only at near-ties
   (selection scores within --tie-tol), and counted;
 - the dispatch offsets, when saved, against the experts' token counts;
 - ours run twice: every output, saved tensor and gradient bitwise identical;
-- for a Mixtral-shaped layer (softmax, renormalised, no bias, groups, scaling or shared expert),
-  transformers' MixtralSparseMoeBlock (grouped_mm experts) with the same weights and our
-  routing decisions, d_logits = 0 on both sides.
+- for a Mixtral-shaped layer (softmax, renormalised, no bias, groups, scaling, shared expert or
+  expert biases), transformers' MixtralSparseMoeBlock (grouped_mm experts) with the same
+  weights and our routing decisions, d_logits = 0 on both sides.
 
 Routing variants: `random`; `all-to-one` (one expert is every token's first pick, through a
-constant input feature and a large router column, and the bias when there is one); `skewed`
-(half the experts get no token).
+constant input feature and a large router column, and the selection bias when there is one);
+`skewed` (half the experts get no token).
 
 Prints one table last, writes JSON to $OUT (or --out), exits 1 on any failure, 2 on bad usage.
 
@@ -54,6 +55,8 @@ GRAD_LABELS = {
     "w_down": "d_w_down",
     "shared_gate_up": "d_shared_w_gate_up",
     "shared_down": "d_shared_w_down",
+    "b_gate_up": "d_b_gate_up",
+    "b_down": "d_b_down",
 }
 
 
@@ -118,7 +121,8 @@ class Check:
 
 
 def make_inputs(torch, cfg, routing: str, gen, device) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """Layer arguments by LayerConfig name (bf16, bias f32) and what the variant did."""
+    """Layer arguments by LayerConfig name (bf16, the selection bias f32) and what the variant
+    did."""
     T, d, n, E, k = cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k
 
     def normal(shape, std, dtype=torch.bfloat16):
@@ -163,6 +167,11 @@ def make_inputs(torch, cfg, routing: str, gen, device) -> Tuple[Dict[str, Any], 
     if cfg.has_shared:
         args["shared_gate_up"] = normal((d, cfg.shared_gate_up_width), 0.02)
         args["shared_down"] = normal((cfg.shared_ffn, d), 0.02)
+    if cfg.expert_bias:
+        # Of the order of what they are added to (H about 0.3, y 0.015 to 0.05 with these
+        # weights): either bias dropped moves out by 10% or more, ten times OUT_TOL.
+        args["b_gate_up"] = normal((E, cfg.gate_up_width), 0.1)
+        args["b_down"] = normal((E, d), 0.01)
     return args, info
 
 
@@ -281,6 +290,7 @@ def hf_shaped(cfg) -> bool:
         and float(cfg.scaling_factor) == 1.0
         and not cfg.has_shared
         and cfg.activation == "swiglu"
+        and not cfg.expert_bias  # MixtralSparseMoeBlock's experts have no biases
     )
 
 
@@ -409,6 +419,7 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
         scaling=cfg.scaling_factor,
         bias=cfg.router_bias,
         shared_n=cfg.shared_ffn,
+        expert_bias=cfg.expert_bias,
     )
     check.metrics["workspace_bytes"] = {
         "forward": layer.workspace_bytes("forward"),
@@ -544,6 +555,10 @@ def print_table(checks: List[Check]) -> None:
         "d_shared_w_down",
     ]
     short = ["out", "logits", "dx", "d_wr", "d_wgu", "d_wd", "d_sgu", "d_sd"]
+    # The expert biases' columns only where a layer has them.
+    if any("d_b_gate_up" in c.metrics.get("rel_error", {}) for c in checks):
+        cols += ["d_b_gate_up", "d_b_down"]
+        short += ["d_bgu", "d_bd"]
     head = f"{'layer':<22} {'routing':<10} " + " ".join(f"{s:>8}" for s in short)
     head += f" {'ties':>5} {'bits':>4} {'hf_out':>8} {'result':>6}"
     log("")

@@ -76,6 +76,9 @@ def config_from_manifest(layer: Mapping[str, Any]) -> LayerConfig:
         round_logits=bool(get("round_logits", False)),
         router_bias=bool(get("has_bias", False)),
         shared_ffn=int(get("shared_n", 0)),
+        # A manifest without "expert_bias" (an older moe-compile's): the layer has expert
+        # biases when its inputs name them.
+        expert_bias=bool(layer.get("expert_bias", "b_gate_up" in (layer.get("inputs") or {}))),
         activation=str(get("activation", "swiglu")),
         dtype="bf16",
     ).validate()

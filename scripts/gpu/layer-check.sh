@@ -22,6 +22,10 @@
 #             capacity factor 0.75): test/GPU/capacity_layer_check.py with every routing
 #             against the torch reference applying the same drops, forward and backward, and
 #             the dropped pairs against the reference dispatch's (not among the default steps);
+#   bias      the layers with expert biases (bias-t37, bias-gelu-shared-t37: b_gate_up and
+#             b_down, gpt-oss style): bench/check_layer.py with every routing against the torch
+#             reference, forward and backward, the biases' gradients too (not among the default
+#             steps);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny layer's forward + backward
 #             (last: the slowest and least predictable step).
 # Output in $OUT (default /tmp/moe-gpu-out): gpu-layer-check.log (every step's output, with the
@@ -47,7 +51,7 @@ work=${MOE_LAYER_BUILD_DIR:-/tmp/moe-layer-build}
 parse_options --only=only=build,example,check,sanitize,bench --quick:quick=1 \
   --deadline=deadline=530 -- "$@"
 no_positional
-check_steps "$only" build example check sanitize bench recompute offload nongated capacity
+check_steps "$only" build example check sanitize bench recompute offload nongated capacity bias
 
 mkdir -p "$work"
 gpu_check_start gpu-layer-check.log
@@ -73,7 +77,7 @@ lib=$work/runtime/lib
 
 # ---------------------------------------------------------------- build
 if wants build || wants example || wants check || wants sanitize || wants bench || wants offload ||
-  wants nongated || wants capacity; then
+  wants nongated || wants capacity || wants bias; then
   if [ ! -d "$layers_dir" ]; then
     fail "no $layers_dir: run scripts/inputs/build-layers.sh on the LLVM machine and carry gpu-inputs"
     finish
@@ -278,6 +282,18 @@ if wants capacity; then
       --json "$out/capacity/capacity_layer_check.json"
     verdict "capacity_layer_check.py" "$mark" $? "log: gpu-layer-check.log"
   fi
+fi
+
+# ---------------------------------------------------------------- bias
+# Experts with biases: H = x W_gate_up[e] + b_gate_up[e], y = act(H) W_down[e] + b_down[e]
+# (no transformers comparison: Mixtral's experts have none)
+if wants bias; then
+  routing=all
+  [ "$quick" = 1 ] && routing=random
+  mkdir -p "$out/bias"
+  check_layers 150 "check_layer.py bias" "log: gpu-layer-check.log" \
+    bias-t37 bias-gelu-shared-t37 -- --routing "$routing" --out "$out/bias" \
+    --json-name check_layer_bias.json
 fi
 
 # ---------------------------------------------------------------- sanitize

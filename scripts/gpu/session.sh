@@ -19,13 +19,14 @@
 #             inputs/build-ops-harness.sh --nongated), then gpu/layer-check.sh --only
 #             build,nongated (their small layers against the torch reference);
 #   parity    the op checks of the features that made the GPU path match the CPU path's
-#             (MOE_PARITY_CHECKS, default capacity,aux,selection_bias: capacity factor, auxiliary
-#             losses standalone and inside the router's kernels, selection-bias update) on
-#             gpu-inputs/ops with memcheck over their --quick shapes, the expert-bias forward
-#             (ops-check.sh --bias), the non-gated experts' op checks at --quick shapes, then the
-#             layers: the non-gated ones and the capacity-factor ones (layer-check.sh --only
-#             build,nongated,capacity); one call holds all of it (carry gpu-inputs/ops, layers
-#             and mlir);
+#             (MOE_PARITY_CHECKS, default capacity,aux,selection_bias,bias-grad: capacity
+#             factor, auxiliary losses standalone and inside the router's kernels, selection-bias
+#             update, the expert biases' backward) on gpu-inputs/ops with memcheck over their
+#             --quick shapes, the expert-bias forward and backward (ops-check.sh --bias), the
+#             non-gated experts' op checks at --quick shapes, then the layers: the non-gated
+#             ones, the capacity-factor ones and those with expert biases (layer-check.sh
+#             --only build,nongated,capacity,bias); one call holds all of it (carry
+#             gpu-inputs/ops, layers and mlir);
 #   variants  after layer: the layers of each variant tree gpu-inputs-NAME/ (compiled with
 #             other kernel configs: inputs/build-layers.sh --out gpu-inputs-NAME --
 #             --kernel-config=ROLE:KEY=VALUE, or against another library file with
@@ -171,11 +172,12 @@ for step in ${steps//,/ }; do
     run_step nongated-layers 200 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated \
       --deadline $(($(seconds_left) - 20)) ;;
   parity)
-    MOE_SANITIZE_TOOLS=memcheck MOE_SANITIZE_TOOL_LIMIT=120 run_step parity-ops 240 \
-      bash "$root/scripts/gpu/ops-check.sh" --sanitize --only="${MOE_PARITY_CHECKS:-capacity,aux,selection_bias}"
+    MOE_SANITIZE_TOOLS=memcheck MOE_SANITIZE_TOOL_LIMIT=120 run_step parity-ops 270 \
+      bash "$root/scripts/gpu/ops-check.sh" --sanitize \
+      --only="${MOE_PARITY_CHECKS:-capacity,aux,selection_bias,bias-grad}"
     run_step parity-bias-ops 120 bash "$root/scripts/gpu/ops-check.sh" --bias --quick
     run_step parity-nongated-ops 200 bash "$root/scripts/gpu/ops-check.sh" --nongated --quick
-    run_step parity-layers 150 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated,capacity \
+    run_step parity-layers 180 bash "$root/scripts/gpu/layer-check.sh" --only build,nongated,capacity,bias \
       --deadline $(($(seconds_left) - 20)) ;;
   variants)
     found=0

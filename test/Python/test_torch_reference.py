@@ -160,3 +160,21 @@ def test_config_from_manifest():
         "router_bias": 1,
         "shared_down": 2,
     }
+
+
+def test_config_from_manifest_expert_bias():
+    """moe-compile's "expert_bias"; without it (an older manifest), the inputs decide."""
+    layer = {"T": 37, "d": 256, "n": 192, "E": 8, "k": 2, "renormalize": True}
+    assert not TR.config_from_manifest(layer).expert_bias
+    inputs = {"x": "arg0", "w_router": "arg1", "w_gate_up": "arg2", "w_down": "arg3"}
+    assert not TR.config_from_manifest(dict(layer, inputs=inputs)).expert_bias
+    assert not TR.config_from_manifest(dict(layer, expert_bias=False, inputs=inputs)).expert_bias
+    biased = dict(inputs, b_gate_up="arg4", b_down="arg5")
+    for manifest in (dict(layer, expert_bias=True, inputs=biased), dict(layer, inputs=biased)):
+        cfg = TR.config_from_manifest(manifest)
+        assert cfg.expert_bias
+        specs = {n: s for n, s, _ in cfg.arg_specs()}
+        assert specs["b_gate_up"] == (8, 384) and specs["b_down"] == (8, 256)
+        # the manifest's input names are arg_specs' own: nothing to rename
+        assert TR.canonical_inputs(biased) == biased
+        assert set(TR.canonical_inputs(biased)) == set(specs)

@@ -656,7 +656,7 @@ class MoELayer(nn.Module):
     [E, n, d], the buffer `router_bias` [E] (f32, no gradient: DeepSeek-V3's
     e_score_correction_bias), `shared_gate_up` [d, 2m], `shared_down` [m, d], and with
     `config.expert_bias` the experts' biases `b_gate_up` [E, G] and `b_down` [E, d]
-    (gpt-oss; the CPU path only: the CUDA path refuses them, gpu_contract.json).
+    (gpt-oss style; both paths, forward and backward).
 
     `config.tokens` and `config.dtype` are ignored: T comes from the input, the element type
     from the parameters (bf16 on CUDA; f32 or bf16 on the CPU). `memory_budget` / `policy`: the

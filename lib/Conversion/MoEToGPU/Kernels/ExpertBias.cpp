@@ -164,8 +164,6 @@ void mlir::moe::kernels::buildBiasDWeightsKernel(OpBuilder &b, Location loc) {
         k = kernel.getArgument(6), numRows = kernel.getArgument(7),
         d = kernel.getArgument(8), dWeights = kernel.getArgument(9);
   auto wideF32 = VectorType::get({kColumns}, f32);
-  auto wideBf16 = VectorType::get({kColumns}, bf16);
-  llvm::MaybeAlign align(16);
 
   // A warp a slot s = t * k + j with row r = rows[s] of expert e
   // (offsets[e] <= r < offsets[e + 1]): d_weights[s] += <dout[t], b_down[e]>
@@ -209,33 +207,8 @@ void mlir::moe::kernels::buildBiasDWeightsKernel(OpBuilder &b, Location loc) {
   Value biasBase = arith::MulIOp::create(b, loc, expert, d);
   Value col0 = arith::MulIOp::create(b, loc, lane, c8);
   Value end = arith::SelectOp::create(b, loc, hasRow, d, c0);
-  Value acc =
-      buildFor(b, loc, col0, end, stride, zeros, [&](Value col, Value sum) {
-        Value oi = arith::AddIOp::create(b, loc, outBase, col);
-        Value bi = arith::AddIOp::create(b, loc, biasBase, col);
-        Value ov = vector::LoadOp::create(b, loc, wideBf16, dout, oi,
-                                          /*nontemporal=*/false, align);
-        Value bv = vector::LoadOp::create(b, loc, wideBf16, bDown, bi,
-                                          /*nontemporal=*/false, align);
-        Value of = arith::ExtFOp::create(b, loc, wideF32, ov);
-        Value bf = arith::ExtFOp::create(b, loc, wideF32, bv);
-        Value product = arith::MulFOp::create(b, loc, of, bf);
-        return arith::AddFOp::create(b, loc, sum, product).getResult();
-      });
-  // The lane's 8 columns in order.
-  Value part = zeroF;
-  for (int64_t i = 0; i < kColumns; ++i) {
-    Value x = vector::ExtractOp::create(b, loc, acc, i);
-    part = arith::AddFOp::create(b, loc, part, x);
-  }
-  for (int64_t mask : {16, 8, 4, 2, 1}) {
-    Value offset = i32Constant(b, loc, static_cast<int32_t>(mask));
-    Value width = i32Constant(b, loc, kWarp);
-    Value other = gpu::ShuffleOp::create(b, loc, part, offset, width,
-                                         gpu::ShuffleMode::XOR)
-                      .getShuffleResult();
-    part = arith::AddFOp::create(b, loc, part, other);
-  }
+  Value part = buildWarpRowDot(b, loc, dout, outBase, bDown, biasBase, col0,
+                               end, stride, zeros, zeroF);
   Value lead = arith::CmpIOp::create(b, loc, Pred::eq, lane, c0);
   Value store = arith::AndIOp::create(
       b, loc, arith::AndIOp::create(b, loc, lead, inSlots), hasRow);

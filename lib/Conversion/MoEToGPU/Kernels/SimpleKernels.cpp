@@ -3,7 +3,9 @@
 #include "SimpleKernels.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/TypeUtilities.h"
@@ -66,6 +68,48 @@ Value mlir::moe::kernels::buildFor(
   Value next = body(loop.getInductionVar(), loop.getRegionIterArgs()[0]);
   scf::YieldOp::create(b, loc, next);
   return loop.getResult(0);
+}
+
+Value mlir::moe::kernels::buildWarpRowDot(OpBuilder &b, Location loc, Value lhs,
+                                          Value lhsBase, Value rhs,
+                                          Value rhsBase, Value col0, Value end,
+                                          Value stride, Value zeros,
+                                          Value zero) {
+  auto wideF32 = cast<VectorType>(zeros.getType());
+  int64_t columns = wideF32.getDimSize(0);
+  auto wideBf16 = VectorType::get({columns}, b.getBF16Type());
+  llvm::MaybeAlign align(16);
+  Value acc =
+      buildFor(b, loc, col0, end, stride, zeros, [&](Value col, Value sum) {
+        Value li = arith::AddIOp::create(b, loc, lhsBase, col);
+        Value ri = arith::AddIOp::create(b, loc, rhsBase, col);
+        Value lv = vector::LoadOp::create(b, loc, wideBf16, lhs, li,
+                                          /*nontemporal=*/false, align);
+        Value rv = vector::LoadOp::create(b, loc, wideBf16, rhs, ri,
+                                          /*nontemporal=*/false, align);
+        Value lf = arith::ExtFOp::create(b, loc, wideF32, lv);
+        Value rf = arith::ExtFOp::create(b, loc, wideF32, rv);
+        // A multiply and an add: ptxas gave fma here a stack frame.
+        Value product = arith::MulFOp::create(b, loc, lf, rf);
+        return arith::AddFOp::create(b, loc, sum, product).getResult();
+      });
+  Value part = zero;
+  for (int64_t i = 0; i < columns; ++i) {
+    Value x = vector::ExtractOp::create(b, loc, acc, i);
+    part = arith::AddFOp::create(b, loc, part, x);
+  }
+  constexpr int32_t kWarp = 32;
+  for (int32_t mask : {16, 8, 4, 2, 1}) {
+    Value offset =
+        arith::ConstantIntOp::create(b, loc, b.getI32Type(), mask).getResult();
+    Value width =
+        arith::ConstantIntOp::create(b, loc, b.getI32Type(), kWarp).getResult();
+    Value other = gpu::ShuffleOp::create(b, loc, part, offset, width,
+                                         gpu::ShuffleMode::XOR)
+                      .getShuffleResult();
+    part = arith::AddFOp::create(b, loc, part, other);
+  }
+  return part;
 }
 
 Value mlir::moe::kernels::floatConstant(OpBuilder &b, Location loc, Type type,

@@ -40,6 +40,16 @@ void buildFor(OpBuilder &b, Location loc, Value lower, Value upper, Value step,
 Value buildFor(OpBuilder &b, Location loc, Value lower, Value upper, Value step,
                Value init, llvm::function_ref<Value(Value iv, Value acc)> body);
 
+/// The warp's dot product of two bf16 rows in f32: the sum over columns c in
+/// [col0, end) by `stride` of lhs[lhsBase + c .. + 8] * rhs[rhsBase + c ..
+/// + 8] (16-byte loads; the lane's columns from col0 = 8 lane, stride 256),
+/// its columns in order, then its 8 values in order, then the lanes by xor
+/// shuffles, so every lane gets the same bits. `zeros` is a vector<8xf32> of
+/// 0, `zero` an f32 0. Call it where the whole warp is converged.
+Value buildWarpRowDot(OpBuilder &b, Location loc, Value lhs, Value lhsBase,
+                      Value rhs, Value rhsBase, Value col0, Value end,
+                      Value stride, Value zeros, Value zero);
+
 /// arith.constant `value` of a float type, or a splat of it for a vector of
 /// floats (arith.constant dense<value>), rounded to the element type.
 Value floatConstant(OpBuilder &b, Location loc, Type type, double value);

@@ -137,8 +137,6 @@ void mlir::moe::kernels::buildRowDotsKernel(OpBuilder &b, Location loc) {
         k = kernel.getArgument(4), numRows = kernel.getArgument(5),
         d = kernel.getArgument(6), dWeights = kernel.getArgument(7);
   auto wideF32 = VectorType::get({kColumns}, f32);
-  auto wideBf16 = VectorType::get({kColumns}, bf16);
-  llvm::MaybeAlign align(16);
 
   // A warp a slot s = t * k + j: <dout[t], y[rows[s]]> in f32, each lane's
   // columns 8 apart in order, then the lanes by xor shuffles; 0 for a slot
@@ -171,34 +169,8 @@ void mlir::moe::kernels::buildRowDotsKernel(OpBuilder &b, Location loc) {
   Value yBase = arith::MulIOp::create(b, loc, row, d);
   Value col0 = arith::MulIOp::create(b, loc, lane, c8);
   Value end = arith::SelectOp::create(b, loc, yRow.valid, d, c0);
-  Value acc =
-      buildFor(b, loc, col0, end, stride, zeros, [&](Value col, Value sum) {
-        Value oi = arith::AddIOp::create(b, loc, outBase, col);
-        Value yi = arith::AddIOp::create(b, loc, yBase, col);
-        Value ov = vector::LoadOp::create(b, loc, wideBf16, dout, oi,
-                                          /*nontemporal=*/false, align);
-        Value yv = vector::LoadOp::create(b, loc, wideBf16, y, yi,
-                                          /*nontemporal=*/false, align);
-        Value of = arith::ExtFOp::create(b, loc, wideF32, ov);
-        Value yf = arith::ExtFOp::create(b, loc, wideF32, yv);
-        // A multiply and an add: ptxas gave fma here a stack frame.
-        Value product = arith::MulFOp::create(b, loc, of, yf);
-        return arith::AddFOp::create(b, loc, sum, product).getResult();
-      });
-  // The lane's 8 columns in order.
-  Value part = zeroF;
-  for (int64_t i = 0; i < kColumns; ++i) {
-    Value x = vector::ExtractOp::create(b, loc, acc, i);
-    part = arith::AddFOp::create(b, loc, part, x);
-  }
-  for (int64_t mask : {16, 8, 4, 2, 1}) {
-    Value offset = i32Constant(b, loc, static_cast<int32_t>(mask));
-    Value width = i32Constant(b, loc, kWarp);
-    Value other = gpu::ShuffleOp::create(b, loc, part, offset, width,
-                                         gpu::ShuffleMode::XOR)
-                      .getShuffleResult();
-    part = arith::AddFOp::create(b, loc, part, other);
-  }
+  Value part = buildWarpRowDot(b, loc, dout, outBase, y, yBase, col0, end,
+                               stride, zeros, zeroF);
   Value lead = arith::CmpIOp::create(b, loc, Pred::eq, lane, c0);
   Value store = arith::AndIOp::create(b, loc, lead, inSlots);
   buildIf(b, loc, store,

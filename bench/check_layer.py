@@ -431,7 +431,7 @@ def run_check(torch, layer_path: str, routing: str, opts) -> Check:
     check.metrics.update(info)
     params = forward_param_names(layer, cfg)
     inputs = {params[a]: t for a, t in args.items()}
-    cot_specs = layer.manifest.backward.by_role("cotangent")
+    cot_specs = layer.manifest.backward.at(cfg.tokens).by_role("cotangent")
     cots = {}
     for spec in cot_specs:
         shape = tuple(spec.shape)

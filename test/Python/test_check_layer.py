@@ -4,6 +4,7 @@ correct layer and catches wrong numbers, wrong routing and non-determinism.
 Skipped without torch (CI has none).
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import check_layer  # noqa: E402
 import emulate  # noqa: E402
+from moe_mlir import compile_cache as cc  # noqa: E402
 from moe_mlir import torch_reference as TR  # noqa: E402
 from moe_mlir.config import LayerConfig  # noqa: E402
 
@@ -84,13 +86,11 @@ def test_correct_layer_passes_every_routing(tmp_path, cfg, capsys):
 
 
 def write_bias_layer(tmp_path, cfg):
-    """emulate.py's manifest with moe-compile's "expert_bias" key, which it lacks."""
+    """emulate.py's manifest, with moe-compile's "expert_bias" key."""
     prefix = emulate.write_layer(cfg, str(tmp_path / "layer"))
-    path = tmp_path / "layer.json"
-    manifest = json.loads(path.read_text())
-    manifest["layer"]["expert_bias"] = True
+    manifest = json.loads((tmp_path / "layer.json").read_text())
+    assert manifest["layer"]["expert_bias"] is True
     assert "b_gate_up" in manifest["layer"]["inputs"]
-    path.write_text(json.dumps(manifest))
     return prefix
 
 
@@ -211,3 +211,88 @@ def test_transformers_block_agrees_with_the_mapping(tmp_path, capsys):
     data = json.loads((tmp_path / "out" / "check_layer.json").read_text())
     metrics = data["checks"][0]["metrics"]
     assert metrics["hf_out"] < 1e-2 and metrics["hf_d_w_gate_up"] < 2e-2
+
+
+# --------------------------------------------------------------------------- moe-compile manifests
+
+needs_compiler = pytest.mark.skipif(cc.find_moe_compile() is None, reason="no moe-compile")
+
+
+def compiled_manifest(tmp_path, monkeypatch, cfg, max_tokens=None):
+    """moe-compile's NAME.json of `cfg` (through the compile cache, in tmp_path) at
+    tmp_path/NAME.json; returns tmp_path/NAME."""
+    monkeypatch.setenv("MOE_MLIR_CACHE", str(tmp_path / "cache"))
+    entry = cc.build_gpu_entry(cfg, cc.BuildOptions(max_tokens=max_tokens))
+    prefix = tmp_path / "compiled"
+    os.symlink(entry.path / f"{entry.name}.json", f"{prefix}.json")
+    return str(prefix)
+
+
+def params_of(manifest, kind):
+    return [
+        (p["name"], p["role"], p["dtype"], p["shape"], p.get("of"), p.get("forward_param"))
+        for p in manifest["entry_points"][kind]["params"]
+    ]
+
+
+@needs_compiler
+def test_compiled_bias_shared_expert_bias_layer_passes(tmp_path, monkeypatch, capsys):
+    """A manifest of moe-compile with a router bias (the backward takes none: it has no
+    gradient), a shared expert and expert biases: the stand-in runs it and every routing
+    passes; emulate.py's own manifest is the same."""
+    prefix = compiled_manifest(tmp_path, monkeypatch, BIAS_GELU_SHARED)
+    real = json.loads(open(prefix + ".json").read())
+    inputs = real["layer"]["inputs"]
+    bias = inputs["bias"]
+    assert bias in {p[0] for p in params_of(real, "forward")}
+    assert bias not in {p[0] for p in params_of(real, "backward")}
+    assert {"shared_w_gate_up", "b_gate_up", "b_down"} <= set(inputs)
+    mine = emulate.manifest_for(BIAS_GELU_SHARED, real["name"])
+    for kind in ("forward", "backward"):
+        assert params_of(mine, kind) == params_of(real, kind)
+    assert mine["layer"]["inputs"] == inputs
+
+    argv = ["--emulate", "--device", "cpu", "--no-hf", "--layer", prefix]
+    assert check_layer.main(argv + ["--routing", "all", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "3 passed, 0 failed" in out
+    data = json.loads((tmp_path / "out" / "check_layer.json").read_text())
+    for check in data["checks"]:
+        errors = check["metrics"]["rel_error"]
+        for label in ("d_shared_w_gate_up", "d_shared_w_down", "d_b_gate_up", "d_b_down"):
+            assert errors[label] < 2e-2
+
+
+@needs_compiler
+def test_stand_in_runs_a_compiled_dynamic_layer_at_the_call_tokens(tmp_path, monkeypatch):
+    """A dynamic-T manifest (router bias, shared expert, expert biases, GELU): the stand-in
+    computes at the T of the call, its saved dispatch is the reference's, and its gradients
+    (none of the bias) are the reference's with its experts."""
+    from moe_mlir import reference as R
+
+    cfg = dataclasses.replace(BIAS_GELU_SHARED, tokens=32)
+    layer = emulate.EmulatedLayer(None, compiled_manifest(tmp_path, monkeypatch, cfg, 32) + ".json")
+    assert layer.manifest.max_tokens == 32
+    T = 13
+    at = dataclasses.replace(cfg, tokens=T)
+    gen = torch.Generator().manual_seed(5)
+    args, _ = check_layer.make_inputs(torch, at, "random", gen, torch.device("cpu"))
+    params = check_layer.forward_param_names(layer, at)
+    fwd = layer.forward({params[a]: t for a, t in args.items()})
+    assert tuple(fwd["result0"].shape) == (T, cfg.hidden)
+    d_out = torch.randn((T, cfg.hidden), generator=gen).to(torch.bfloat16)
+    grads = layer.backward(fwd, {"d_result0": d_out})
+    experts = fwd["moe.router.experts"]
+    ref, ref_grads = TR.forward_backward(at, args, d_out, None, experts=experts)
+    assert torch.equal(experts.long(), ref.experts)
+    assert check_layer.rel_error(torch, fwd["result0"], ref.out) < 1e-2
+    token_ids, offsets, rows = R.dispatch(experts.numpy(), cfg.experts)
+    assert fwd["moe.dispatch.offsets"].tolist() == offsets.tolist()
+    assert fwd["moe.dispatch.rows"].tolist() == rows.tolist()
+    assert fwd["moe.dispatch.token_ids"].tolist() == token_ids.tolist()
+    named = check_layer.grads_by_arg(layer, params, grads)
+    assert "router_bias" not in named
+    assert set(named) == set(ref_grads)
+    for arg, g in named.items():
+        assert tuple(g.shape) == tuple(ref_grads[arg].shape)
+        assert check_layer.rel_error(torch, g, ref_grads[arg]) < 2e-2, arg

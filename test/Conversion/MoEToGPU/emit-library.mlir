@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}b4cace361b60119d6f46f5b6b6e16d34951843e3cb0999257a5f5e5f31af1523{{$}}
+// DIGEST: {{^}}f35c7848c4bf2a303eb7784c66064d07f6b31e4b4108f31c6bb0c811f119823e{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.

@@ -260,7 +260,7 @@ TEST_F(KernelBuilderTest, ExpertBiasGradients) {
   auto module = gpu::GPUModuleOp::create(b, b.getUnknownLoc(), "built");
   ASSERT_TRUE(succeeded(moe::buildLibraryDeviceFunctions(module)));
   for (auto [name, arguments] :
-       {std::pair<StringRef, unsigned>{"moe_segment_colsum", 11},
+       {std::pair<StringRef, unsigned>{"moe_segment_colsum", 12},
         {"moe_sum_splits_f32", 6},
         {"moe_bias_dweights", 10}}) {
     SCOPED_TRACE(name.str());

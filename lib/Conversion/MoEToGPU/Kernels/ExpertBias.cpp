@@ -57,13 +57,14 @@ void mlir::moe::kernels::buildSegmentColumnSumKernel(OpBuilder &b,
   gpu::GPUFuncOp kernel =
       createKernel(b, loc, "moe_segment_colsum",
                    {flatBuffer(bf16), ids, i1, flatBuffer(f32), i1, ids, index,
-                    index, index, index, flatBuffer(f32)});
+                    index, index, index, index, flatBuffer(f32)});
   Value src = kernel.getArgument(0), rowIds = kernel.getArgument(1),
         hasIds = kernel.getArgument(2), scales = kernel.getArgument(3),
         hasScales = kernel.getArgument(4), offsets = kernel.getArgument(5),
-        numExperts = kernel.getArgument(6), numSrcRows = kernel.getArgument(7),
-        cols = kernel.getArgument(8), numSlices = kernel.getArgument(9),
-        out = kernel.getArgument(10);
+        numExperts = kernel.getArgument(6),
+        numQueueRows = kernel.getArgument(7),
+        numSrcRows = kernel.getArgument(8), cols = kernel.getArgument(9),
+        numSlices = kernel.getArgument(10), out = kernel.getArgument(11);
   auto wideF32 = VectorType::get({kColumns}, f32);
   auto wideBf16 = VectorType::get({kColumns}, bf16);
   llvm::MaybeAlign align(16);
@@ -71,8 +72,9 @@ void mlir::moe::kernels::buildSegmentColumnSumKernel(OpBuilder &b,
   // Block (x, y): columns [8 * (128 x + tid), +8) of slice s = y / E of
   // expert e = y % E. The expert's rows [offsets[e], offsets[e + 1]) split
   // into S slices of ceil(rows / S); the slice's rows r in order: the sum of
-  // scale[r] * src[ids[r] or r] in f32, into out[s, e, columns]. A row id
-  // outside [0, numSrcRows) adds nothing. Divisions in 32 bits: ptxas's
+  // scale[r] * src[ids[r] or r] in f32, into out[s, e, columns]. Offsets are
+  // clamped to the queue's rows; a row id outside [0, numSrcRows) adds
+  // nothing. Divisions in 32 bits: ptxas's
   // 64-bit division takes a stack frame.
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value bx = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
@@ -92,12 +94,15 @@ void mlir::moe::kernels::buildSegmentColumnSumKernel(OpBuilder &b,
   Value ok = arith::AndIOp::create(b, loc, inCols, inSlices);
   buildIf(b, loc, ok, [&] {
     Value eNext = arith::AddIOp::create(b, loc, e, c1);
-    Value lo =
+    // A negative offset extends to more than any size: the unsigned min
+    // takes it to the end. Offsets that decrease give the expert no rows.
+    Value loRead =
         toIndex(b, loc, memref::LoadOp::create(b, loc, offsets, e).getResult());
+    Value lo = arith::MinUIOp::create(b, loc, loRead, numQueueRows);
     Value hiRead = toIndex(
         b, loc, memref::LoadOp::create(b, loc, offsets, eNext).getResult());
-    // Offsets that decrease give the expert no rows.
-    Value hi = arith::MaxSIOp::create(b, loc, hiRead, lo);
+    Value hi = arith::MinUIOp::create(
+        b, loc, arith::MaxSIOp::create(b, loc, hiRead, lo), numQueueRows);
     Value rows = arith::SubIOp::create(b, loc, hi, lo);
     Value sMinus = arith::SubIOp::create(b, loc, numSlices, c1);
     Value chunk =

@@ -71,8 +71,8 @@ void expertColumnSums(HostFunctionBuilder &h, Value src, Value srcRows,
   Value idsArg = ids ? ids : offs;
   Value scaleArg = scale ? scale : partial;
   h.launch("moe_segment_colsum", h.grid(colBlocks), sliceBlocks, one,
-           {src, idsArg, hasIds, scaleArg, hasScale, offs, e, srcRows, cols, s,
-            partial});
+           {src, idsArg, hasIds, scaleArg, hasScale, offs, e, r, srcRows, cols,
+            s, partial});
   Value sumSize = h.mul(e, cols);
   Value sumBlocks = h.ceil(sumSize, kThreads);
   h.launch("moe_sum_splits_f32", h.grid(sumBlocks), one, one,

@@ -32,7 +32,7 @@
 // DEEPSEEK: moe.shared_expert {{.*}} -> tensor<8192x7168xbf16>, tensor<8192x4096xbf16>
 // DEEPSEEK: arith.addf
 
-// DEEPSEEK-GPU: llvm.func @deepseek_v3_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 256 : i64, T = 8192 : i64, activation = "swiglu", d = 7168 : i64, has_bias = true
+// DEEPSEEK-GPU: llvm.func @deepseek_v3_forward({{.*}}moe.gpu.entry = "forward", moe.gpu.layer = {E = 256 : i64, T = 8192 : i64, activation = "swiglu", d = 7168 : i64, expert_bias = false, has_bias = true
 // DEEPSEEK-GPU-SAME: shared_n = 2048 : i64
 // DEEPSEEK-GPU: llvm.func @deepseek_v3_backward(
 // DEEPSEEK-GPU: gpu.binary @moe_gemm_up_rows

@@ -225,8 +225,10 @@ void buildPartialsBody(OpBuilder &b, Location loc, gpu::GPUFuncOp kernel,
   Type f32 = b.getF32Type();
   K k{b, loc};
   // A column an expert and one of the tokens' lse^2; a token's lse and the
-  // sum of its sigmoids (1 for softmax).
-  Value acc = k.shared(kernel, kMaxExperts + 1, f32);
+  // sum of its sigmoids (1 for softmax). `acc` is rounded up to 16 bytes:
+  // the statistics after it are stored a pair at a time, which LLVM merges
+  // into one 8-byte store (misaligned after 1025 floats on the GPU).
+  Value acc = k.shared(kernel, kMaxExperts + 4, f32);
   Value stats = k.shared(kernel, 2 * kStatTokens, f32);
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value bid = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);

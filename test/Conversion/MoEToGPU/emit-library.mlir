@@ -7,7 +7,7 @@
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | FileCheck %s
 // RUN: moe-opt %t/empty.mlir --moe-gpu-emit-library | %PYTHON -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())" | FileCheck %s --check-prefix=DIGEST
-// DIGEST: {{^}}f35c7848c4bf2a303eb7784c66064d07f6b31e4b4108f31c6bb0c811f119823e{{$}}
+// DIGEST: {{^}}97372436b36335ebdca252a3c33eab4c9cf11fad44fa734d21e26d1c03a6f569{{$}}
 // RUN: moe-opt %t/taken.mlir --moe-gpu-emit-library --verify-diagnostics
 // With configs, the host functions of those roles launch their kernels under
 // the library's names; the others keep the library's.
@@ -31,6 +31,7 @@
 // CHECK: gpu.func @moe_segment_colsum(
 // CHECK: gpu.func @moe_sum_splits_f32(
 // CHECK: gpu.func @moe_bias_dweights(
+// CHECK: gpu.func @moe_add_expert_rows(
 // CHECK: func.func private @__moe_gpu_exp(
 // CHECK: func.func private @moeTensorMapDeviceBf16(
 // CHECK: func.func private @__moe_gpu_router(

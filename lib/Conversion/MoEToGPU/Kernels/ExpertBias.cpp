@@ -48,6 +48,19 @@ Value remU32(OpBuilder &b, Location loc, Value x, Value y) {
   return divideU32<arith::RemUIOp>(b, loc, x, y);
 }
 
+/// The expert of queue row `row`: how many of offsets[1..E) are at most it
+/// (`c0`, `c1`: the kernel's index constants 0 and 1).
+Value expertOfRow(OpBuilder &b, Location loc, Value offsets, Value numExperts,
+                  Value row, Value c0, Value c1) {
+  return buildFor(b, loc, c1, numExperts, c1, c0, [&](Value i, Value count) {
+    Value next =
+        toIndex(b, loc, memref::LoadOp::create(b, loc, offsets, i).getResult());
+    Value past = arith::CmpIOp::create(b, loc, Pred::sle, next, row);
+    Value add = arith::SelectOp::create(b, loc, past, c1, c0);
+    return arith::AddIOp::create(b, loc, count, add).getResult();
+  });
+}
+
 } // namespace
 
 void mlir::moe::kernels::buildSegmentColumnSumKernel(OpBuilder &b,
@@ -198,16 +211,8 @@ void mlir::moe::kernels::buildBiasDWeightsKernel(OpBuilder &b, Location loc) {
       [&] { return i32Constant(b, loc, -1); });
   Value row = toIndex(b, loc, r32);
   Value hasRow = arith::CmpIOp::create(b, loc, Pred::ult, row, numRows);
-  // The row's expert: how many of offsets[1..E) are at most r (the warp
-  // reads the same words).
-  Value expert =
-      buildFor(b, loc, c1, numExperts, c1, c0, [&](Value i, Value count) {
-        Value next = toIndex(
-            b, loc, memref::LoadOp::create(b, loc, offsets, i).getResult());
-        Value past = arith::CmpIOp::create(b, loc, Pred::sle, next, row);
-        Value add = arith::SelectOp::create(b, loc, past, c1, c0);
-        return arith::AddIOp::create(b, loc, count, add).getResult();
-      });
+  // (the warp reads the same words)
+  Value expert = expertOfRow(b, loc, offsets, numExperts, row, c0, c1);
   Value t = divU32(b, loc, slot, k);
   Value outBase = arith::MulIOp::create(b, loc, t, d);
   Value biasBase = arith::MulIOp::create(b, loc, expert, d);
@@ -254,15 +259,7 @@ void mlir::moe::kernels::buildAddExpertRowsKernel(OpBuilder &b, Location loc) {
   Value owned = arith::MinUIOp::create(b, loc, endRead, numRows);
   Value ok = arith::CmpIOp::create(b, loc, Pred::ult, row, owned);
   buildIf(b, loc, ok, [&] {
-    // The row's expert: how many of offsets[1..E) are at most r.
-    Value expert =
-        buildFor(b, loc, c1, numExperts, c1, c0, [&](Value i, Value count) {
-          Value next = toIndex(
-              b, loc, memref::LoadOp::create(b, loc, offsets, i).getResult());
-          Value past = arith::CmpIOp::create(b, loc, Pred::sle, next, row);
-          Value add = arith::SelectOp::create(b, loc, past, c1, c0);
-          return arith::AddIOp::create(b, loc, count, add).getResult();
-        });
+    Value expert = expertOfRow(b, loc, offsets, numExperts, row, c0, c1);
     Value rowBase = arith::MulIOp::create(b, loc, row, cols);
     Value biasBase = arith::MulIOp::create(b, loc, expert, cols);
     Value col0 = arith::MulIOp::create(b, loc, tid, c8);

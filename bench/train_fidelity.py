@@ -298,26 +298,33 @@ def step_gradients(model, ids, autocast: bool):
 
 def gradient_errors(grads, ref):
     """Relative Frobenius error against `ref` per (group, layer) and per group (all layers):
-    sqrt(sum |g - r|^2 / sum |r|^2). A gradient missing on one side counts as all wrong."""
+    sqrt(sum |g - r|^2 / sum |r|^2). A gradient missing on one side counts as all wrong. Also,
+    per group, the error's part along the reference, sum (g - r) r / sum r^2: near 0 for
+    rounding noise, about minus the error for a gradient shrunk as a whole (a bias that
+    steps add up, where noise averages out)."""
     acc = {}
     for name, r in ref.items():
         g = grads.get(name)
         ref_pieces = grad_pieces(name, r)
         pieces = grad_pieces(name, g) if g is not None else [None] * len(ref_pieces)
         for (group, layer, rp), gp in zip(ref_pieces, pieces):
-            err = float((gp[2] - rp).double().square().sum()) if gp is not None else math.inf
-            den = float(rp.double().square().sum())
+            rp = rp.double()
+            diff = gp[2].double() - rp if gp is not None else None
+            err = float(diff.square().sum()) if diff is not None else math.inf
+            along = float((diff * rp).sum()) if diff is not None else math.nan
+            den = float(rp.square().sum())
             for key in ((group, layer), (group, None)):
-                e, d = acc.get(key, (0.0, 0.0))
-                acc[key] = (e + err, d + den)
-    by_group, by_layer = {}, {}
-    for (group, layer), (e, d) in acc.items():
+                e, a, d = acc.get(key, (0.0, 0.0, 0.0))
+                acc[key] = (e + err, a + along, d + den)
+    by_group, by_layer, bias = {}, {}, {}
+    for (group, layer), (e, a, d) in acc.items():
         rel = math.sqrt(e / d) if d > 0 else (0.0 if e == 0 else math.inf)
         if layer is None:
             by_group[group] = rel
+            bias[group] = a / d if d > 0 else 0.0
         else:
             by_layer.setdefault(group, {})[str(layer)] = rel
-    return by_group, by_layer
+    return by_group, by_layer, bias
 
 
 def drift_table(base, state, ids, precision: str, device):
@@ -332,12 +339,12 @@ def drift_table(base, state, ids, precision: str, device):
     del model
     runs = [(impl, impl, dtype, autocast) for impl in IMPLS]
     runs.append(("fp32_grouped_mm", "grouped_mm", torch.float32, False))
-    out = {"fp32_loss": ref_loss, "loss": {}, "groups": {}, "layers": {}}
+    out = {"fp32_loss": ref_loss, "loss": {}, "groups": {}, "layers": {}, "bias": {}}
     for key, experts, run_dtype, run_autocast in runs:
         model = clone_model(base, experts, run_dtype, state)
         loss, grads = step_gradients(model, ids, run_autocast)
         out["loss"][key] = loss
-        out["groups"][key], out["layers"][key] = gradient_errors(grads, ref)
+        out["groups"][key], out["layers"][key], out["bias"][key] = gradient_errors(grads, ref)
         del model, grads
         free_memory(device)
     return out
@@ -613,14 +620,23 @@ def print_report(reports) -> None:
             f"\n{rep['model']} {rep['precision']}: gradient of step {drift['step']} (seed "
             f"{drift['seed']}, the f32 run's weights) against f32, relative error per group"
         )
-        print("group          ours      HF grouped_mm  HF eager  f32 grouped_mm  ours/grouped_mm")
+        # the error's part along f32's gradient (reports from before it have none)
+        bias = drift.get("bias") or {}
+        print(
+            "group          ours      HF grouped_mm  HF eager  f32 grouped_mm  ours/grouped_mm"
+            + ("   along f32: ours  grouped_mm  eager" if bias else "")
+        )
         groups = [k for k in GROUP_ORDER if k in g["moe_mlir"]]
         groups += sorted(k for k in g["moe_mlir"] if k not in GROUP_ORDER)
         for k in groups:
+            along = "".join(
+                f"  {bias[impl].get(k, math.nan):+.2e}" for impl in IMPLS if impl in bias
+            )
             print(
                 f"{k:13s}  {fmt(g['moe_mlir'][k])}  {fmt(g['grouped_mm'][k])}       "
                 f"{fmt(g['eager'][k])}  {fmt(g['fp32_grouped_mm'][k])}        "
                 f"{ratio(g['moe_mlir'][k], g['grouped_mm'][k]):.3f}"
+                + (f"            {along}" if along else "")
             )
         losses = drift["loss"]
         print(

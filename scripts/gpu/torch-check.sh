@@ -27,7 +27,9 @@
 #           bf16 and mixed precision; one process an item of MOE_FIDELITY (MODEL or
 #           MODEL@SEEDS, comma-separated; default mixtral,qwen3), precisions
 #           MOE_FIDELITY_PRECISIONS (default bf16,amp); each writes its parts after every seed
-#           to $OUT/fidelity (fidelity-MODEL-PRECISION.json), then a merge of them there
+#           to $OUT/fidelity (fidelity-MODEL-PRECISION.json; MOE_FIDELITY_ARGS: more
+#           train_fidelity.py options, such as --drift-seed 3 --drift-step 35 for the gradient
+#           comparison at another step), then a merge of them there
 #           (train_fidelity.json, train_fidelity.png). The whole run is about 10 minutes on an
 #           H200 (train_fidelity.py --estimate), so it takes two calls (MOE_FIDELITY=
 #           mixtral,qwen3@3-4, then qwen3@0-2) and bench/train_fidelity.py --merge here over
@@ -130,11 +132,12 @@ if wants fidelity; then
     seeds=0-4
     [[ $item == *@* ]] && seeds=${item#*@}
     mark=$(lines)
+    read -r -a extra_args <<<"${MOE_FIDELITY_ARGS:-}"
     # each seed's parts are written as it ends: a process cut off keeps the seeds it finished
     run "${MOE_FIDELITY_LIMIT:-540}" "train_fidelity.py --model $model --seeds $seeds" \
       "$python" "$root/bench/train_fidelity.py" --device cuda --model "$model" \
       --precision "${MOE_FIDELITY_PRECISIONS:-bf16,amp}" --seeds "$seeds" --steps "$steps" \
-      --out "$out/fidelity"
+      "${extra_args[@]}" --out "$out/fidelity"
     rc=$?
     since "$mark" | grep -E '^estimate |^(mixtral|qwen3) +(bf16|amp) ' | sed 's/^/  /' |
       tee -a "$out/summary.txt"

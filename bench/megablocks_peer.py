@@ -518,16 +518,17 @@ def table(report: Dict[str, Any], impls) -> None:
         "ratios are ours / MegaBlocks (time, saved bytes after forward, peak during the steps); "
         "< 1: ours faster or smaller"
     )
-    head = f"{'config':<30} {'ours ms':>8}"
+    width = max([len("config")] + [len(e["name"]) for e in report["configs"]])
+    head = f"{'config':<{width}} {'ours ms':>8}"
     for impl in impls:
         head += f" {impl[:7] + ' ms':>10} {'time':>5} {'saved':>5} {'peak':>5}"
     log(head)
     log("-" * len(head))
     for e in report["configs"]:
         if "skipped" in e:
-            log(f"{e['name'][:30]:<30} skipped: {e['skipped']}")
+            log(f"{e['name']:<{width}} skipped: {e['skipped']}")
             continue
-        row = f"{e['name'][:30]:<30} {fmt(e.get('ours', {}).get('median_ms')):>8}"
+        row = f"{e['name']:<{width}} {fmt(e.get('ours', {}).get('median_ms')):>8}"
         for impl in impls:
             mb = e.get(f"megablocks_{impl}", {})
             r = e.get(f"ours_over_megablocks_{impl}", {})
@@ -547,6 +548,57 @@ def table(report: Dict[str, Any], impls) -> None:
             mb = e.get(f"megablocks_{impl}", {})
             if mb.get("check") and not mb["check"]["ok"]:
                 log(f"{e['name']}: MegaBlocks {impl} not timed, its check failed: {mb['check']}")
+
+
+def label(name: str) -> str:
+    """A grid name as docs/results.md writes it ("d 512, E 8, k 1, SiLU"), another as it is."""
+    cfg = config_from_name(name)
+    if cfg is None:
+        return name
+    act = {"silu": "SiLU", "swiglu": "SwiGLU"}[cfg.activation]
+    return f"d {cfg.hidden}, E {cfg.experts}, k {cfg.top_k}, {act}"
+
+
+def markdown(reports: List[Dict[str, Any]]) -> List[str]:
+    """docs/results.md's table from the JSON reports of one or more runs (one an
+    implementation, as scripts/gpu/session.sh runs them): each implementation's time with ours
+    measured in its own process, each ratio ours / MegaBlocks, "grouped / sparse"."""
+    impls: List[str] = []
+    rows: Dict[str, Dict[str, Any]] = {}
+    for report in reports:
+        for impl in report["impls"]:
+            if impl not in impls:
+                impls.append(impl)
+        for e in report["configs"]:
+            rows.setdefault(e["name"], {"name": e["name"]}).update(
+                {k: v for k, v in e.items() if k != "name"}
+                | {f"ours_{impl}": e.get("ours") for impl in report["impls"]}
+            )
+    impls = [i for i in IMPLS if i in impls]
+    both = " / ".join(impls)
+    out = [
+        f"| config | ours ms ({both} run) | {' | '.join(i + ' ms' for i in impls)} "
+        f"| time ({both}) | saved activations ({both}) | peak ({both}) |",
+        "|---" * (2 + len(impls) + 3) + "|",
+    ]
+    for name, e in rows.items():
+        why = [
+            e.get(f"megablocks_{i}_skipped") or e.get("skipped")
+            for i in impls
+            if f"megablocks_{i}" not in e
+        ]
+        if len(why) == len(impls) and why[0]:
+            out.append(f"| {label(name)} | {why[0]} |" + " |" * (len(impls) + 3))
+            continue
+        ours = " / ".join(fmt((e.get(f"ours_{i}") or {}).get("median_ms")) for i in impls)
+        cells = [label(name), ours]
+        cells += [fmt(e.get(f"megablocks_{i}", {}).get("median_ms")) for i in impls]
+        for key in ("time", "saved", "peak"):
+            cells.append(
+                " / ".join(fmt(e.get(f"ours_over_megablocks_{i}", {}).get(key)) for i in impls)
+            )
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -578,7 +630,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--json-name", default="megablocks.json")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--emulate", action="store_true", help="dry run on bench/emulate.py's stand-in")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="print docs/results.md's table from the JSON files of earlier runs and exit",
+    )
     opts = p.parse_args(argv)
+    if opts.merge:
+        reports = []
+        for path in opts.merge:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    reports.append(json.load(f))
+            except (OSError, ValueError) as e:
+                p.error(f"--merge: cannot read {path}: {e}")
+            if not isinstance(reports[-1], dict) or "configs" not in reports[-1]:
+                p.error(f"--merge: {path} is not a megablocks_peer.py report")
+        for line in markdown(reports):
+            log(line)
+        return 0
     opts.gaps = False
     opts.impl = [i for i in opts.impl.split(",") if i]
     bad = [i for i in opts.impl if i not in IMPLS]

@@ -116,14 +116,27 @@ def _host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return t.detach().to("cpu", dtype).contiguous().numpy()
 
 
+def _layer_bound(spec_key: str, logits: torch.Tensor, bound: int) -> int:
+    """The token bound of the layer `spec_key` serving these logits (its aux losses compile at
+    the layer's bound), else `bound`. Looked up here, inside the ops, where torch.compile does
+    not trace: the layer's kernel table is behind a lock, which Dynamo cannot enter."""
+    if not spec_key:
+        return bound
+    from .layer import kernel_for  # noqa: PLC0415
+
+    return kernel_for(spec_key, logits.shape[0], logits.device).bound
+
+
 @torch.library.custom_op("moe_mlir::aux_loss", mutates_args=())
 def aux_loss_op(
-    logits: torch.Tensor, experts: torch.Tensor, scoring: str, bound: int
+    logits: torch.Tensor, experts: torch.Tensor, scoring: str, bound: int, spec_key: str
 ) -> List[torch.Tensor]:
-    """[load_balance, z_loss] (0-d f32, on the logits' device) of moe.aux_loss."""
+    """[load_balance, z_loss] (0-d f32, on the logits' device) of moe.aux_loss. On CUDA the
+    function compiled at `bound`, or at the bound of the layer `spec_key` when one is named."""
     if logits.device.type == "cuda":
         if logits.shape[0] == 0:
             return [logits.new_zeros(()), logits.new_zeros(())]
+        bound = _layer_bound(spec_key, logits, bound)
         kernel = _gpu_kernel(logits.shape[1], experts.shape[1], scoring, logits.shape[0], bound)
         res = kernel.forward(_device_args(logits, experts))
         return [res["result0"], res["result1"]]
@@ -133,7 +146,7 @@ def aux_loss_op(
 
 
 @aux_loss_op.register_fake
-def _aux_loss_fake(logits, experts, scoring, bound):
+def _aux_loss_fake(logits, experts, scoring, bound, spec_key):
     return [logits.new_empty((), dtype=torch.float32) for _ in range(2)]
 
 
@@ -145,12 +158,14 @@ def aux_loss_grad_op(
     d_z_loss: torch.Tensor,
     scoring: str,
     bound: int,
+    spec_key: str,
 ) -> torch.Tensor:
     """d_logits [T, E] (f32, on the logits' device) of moe.aux_loss_grad."""
     T, E = logits.shape
     if logits.device.type == "cuda":
         if T == 0:
             return torch.zeros_like(logits)
+        bound = _layer_bound(spec_key, logits, bound)
         kernel = _gpu_kernel(E, experts.shape[1], scoring, T, bound)
         cot = {
             "d_result0": _aligned_scalar(d_load_balance),
@@ -173,21 +188,21 @@ def _aligned_scalar(t: torch.Tensor) -> torch.Tensor:
 
 
 @aux_loss_grad_op.register_fake
-def _aux_loss_grad_fake(logits, experts, d_load_balance, d_z_loss, scoring, bound):
+def _aux_loss_grad_fake(logits, experts, d_load_balance, d_z_loss, scoring, bound, spec_key):
     return torch.empty_like(logits, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    logits, experts, scoring, bound = inputs
-    ctx.scoring, ctx.bound = scoring, bound
+    logits, experts, scoring, bound, spec_key = inputs
+    ctx.scoring, ctx.bound, ctx.spec_key = scoring, bound, spec_key
     ctx.save_for_backward(logits, experts)
 
 
 def _backward(ctx, grads):
     logits, experts = ctx.saved_tensors
     d_lb, d_z = grads
-    d = aux_loss_grad_op(logits, experts, d_lb, d_z, ctx.scoring, ctx.bound)
-    return d.to(logits.dtype), None, None, None
+    d = aux_loss_grad_op(logits, experts, d_lb, d_z, ctx.scoring, ctx.bound, ctx.spec_key)
+    return d.to(logits.dtype), None, None, None, None
 
 
 aux_loss_op.register_autograd(_backward, setup_context=_setup_context)
@@ -230,9 +245,9 @@ def aux_losses(
     return layer_aux_losses(logits, experts, scoring)
 
 
-def layer_aux_losses(logits: torch.Tensor, experts: torch.Tensor, scoring: str, bound: int = 0):
+def layer_aux_losses(logits: torch.Tensor, experts: torch.Tensor, scoring: str, spec_key: str = ""):
     """aux_losses without its checks, for a layer's own logits and router choices (no value
-    is read on the host here, so torch.compile traces it); `bound`: the layer's token bound,
-    which the CUDA path compiles the function at."""
-    lb, z = aux_loss_op(logits, experts.to(torch.int32), scoring, int(bound))
+    is read on the host here, so torch.compile traces it); `spec_key`: the layer's, whose
+    token bound the CUDA path compiles the function at."""
+    lb, z = aux_loss_op(logits, experts.to(torch.int32), scoring, 0, spec_key)
     return lb, z

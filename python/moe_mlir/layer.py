@@ -654,7 +654,7 @@ class MoELayer(nn.Module):
     """A moe-mlir layer with its own parameters, in the compiler's layout (docs/dialect.md):
     `w_router` [d, E], `w_gate_up` [E, d, 2n] (gate columns first, then up), `w_down`
     [E, n, d], the buffer `router_bias` [E] (f32, no gradient: DeepSeek-V3's
-    e_score_correction_bias), `shared_gate_up` [d, 2m], `shared_down` [m, d], and with
+    e_score_correction_bias; it stays f32 when the layer moves to another dtype), `shared_gate_up` [d, 2m], `shared_down` [m, d], and with
     `config.expert_bias` the experts' biases `b_gate_up` [E, G] and `b_down` [E, d]
     (gpt-oss style; both paths, forward and backward).
 
@@ -808,6 +808,17 @@ class MoELayer(nn.Module):
         self.ep_group = None if isinstance(group, str) and group == "default" else group
         self.ep_size = dist.get_world_size(self.ep_group)
         self.ep_rank = dist.get_rank(self.ep_group)
+
+    def _apply(self, fn, recurse=True):
+        # router_bias stays f32 through .to(dtype) / .bfloat16() (as HF keeps DeepSeek-V3's
+        # e_score_correction_bias): the selection-bias update moves it by about 1e-3 a step,
+        # below bf16's spacing at the bias's size, and update_selection_bias takes f32 alone.
+        bias = self._buffers.get("router_bias")
+        out = super()._apply(fn, recurse)
+        moved = self._buffers.get("router_bias")
+        if bias is not None and moved is not None and moved.dtype != torch.float32:
+            self._buffers["router_bias"] = bias.to(device=moved.device, dtype=torch.float32)
+        return out
 
     def extra_repr(self) -> str:
         c = self.config
@@ -1034,10 +1045,7 @@ class MoELayer(nn.Module):
             if bias is not None:
                 scores = scores + bias.detach().float()[None, :]
             experts = tr.select_experts(scores, c.top_k, c.num_groups, c.topk_groups)
-        bound = 0
-        if logits.device.type == "cuda":
-            bound = kernel_for(self.spec_key, logits.shape[0], logits.device).bound
-        return layer_aux_losses(logits, experts, self.config.scoring, bound)
+        return layer_aux_losses(logits, experts, self.config.scoring, self.spec_key)
 
     def _ep_forward(self, hidden_states, weights, return_router_logits: bool):
         """The expert-parallel layer: its stages on this rank, the rows moved between them by

@@ -4,6 +4,7 @@ autograd on random data (f32, CPU path); the CUDA branch's shapes under FakeTens
 installs torch (scripts/install-deps.sh): there a missing torch fails instead of skipping."""
 
 import dataclasses
+import inspect
 import os
 
 import pytest
@@ -264,6 +265,27 @@ def test_layer_aux_losses_under_torch_compile():
         grads.append((y.detach(), lb.detach(), z.detach(), layer.w_router.grad.clone()))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_aux_ops_look_the_layer_bound_up_themselves():
+    """MoELayer hands the aux ops its spec key, and the ops look the layer's token bound up in
+    their implementation, which torch.compile does not trace: the layer table is behind a
+    lock that Dynamo cannot enter (a fullgraph compile of a CUDA layer with aux losses
+    failed on it). Without a key the op's own bound stands."""
+    from moe_mlir import aux_losses as A
+    from moe_mlir.layer import kernel_for
+
+    layer = MoELayer(CONFIGS["softmax"], max_tokens=48)
+    logits = torch.randn(20, CONFIGS["softmax"].experts)
+    assert A._layer_bound(layer.spec_key, logits, 0) == 48
+    assert (
+        A._layer_bound(layer.spec_key, logits, 0)
+        == kernel_for(layer.spec_key, 20, logits.device).bound
+    )
+    assert A._layer_bound("", logits, 7) == 7
+    # the traced part of MoELayer's aux losses does not reach the table any more
+    src = inspect.getsource(MoELayer._aux_losses)
+    assert "kernel_for" not in src and "self.spec_key" in src
 
 
 def test_gpu_aux_function_built_and_found_without_a_compiler(_cache, monkeypatch):

@@ -240,6 +240,34 @@ def test_layer_update_after_a_step(_cache, compiled, rule):
 
 
 @needs_torch
+def test_router_bias_stays_f32_when_the_layer_changes_dtype(_cache, compiled):
+    """layer.to(bf16) (as a bf16 model does) keeps router_bias f32 with its values: a bf16
+    bias would lose the update (rate 1e-3 is below bf16's spacing at 0.5) and
+    update_selection_bias refuses it."""
+    from moe_mlir import LayerConfig
+    from moe_mlir.layer import MoELayer
+
+    cfg = LayerConfig(0, 32, 16, 8, 2, scoring="sigmoid", renormalize=True, router_bias=True)
+    torch.manual_seed(3)
+    layer = MoELayer(cfg, init_std=0.2)
+    with torch.no_grad():
+        layer.router_bias.copy_(0.5 + 0.01 * torch.randn(8))
+    before = layer.router_bias.clone()
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.float()):
+        layer = cast(layer)
+        assert layer.router_bias.dtype == torch.float32
+        assert torch.equal(layer.router_bias, before)
+    layer = layer.to(torch.bfloat16)
+    assert layer.w_router.dtype == torch.bfloat16
+    assert layer.state_dict()["router_bias"].dtype == torch.float32
+    experts = torch.tensor([[0, 1]] * 5 + [[2, 3]], dtype=torch.int32)
+    want = ref.update_selection_bias(before.numpy(), experts.numpy(), 1e-3, "sign")
+    layer.update_selection_bias(rate=1e-3, rule="sign", experts=experts)
+    np.testing.assert_array_equal(layer.router_bias.numpy(), want)
+    assert not torch.equal(layer.router_bias, before)
+
+
+@needs_torch
 def test_layer_routing_without_saved_dispatch_is_recomputed(_cache):
     from moe_mlir import LayerConfig
     from moe_mlir import torch_reference as TR

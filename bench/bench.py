@@ -132,10 +132,14 @@ class Timer:
         }
 
 
-def useful_flops(T: int, d: int, n: int, E: int, k: int, shared: int = 0) -> float:
+def useful_flops(
+    T: int, d: int, n: int, E: int, k: int, shared: int = 0, gated: bool = True
+) -> float:
     """Forward + backward FLOPs of the layer: the routed experts, a shared expert of width
-    `shared` (every token, 18 T d m) and the router."""
-    return 18.0 * T * k * d * n + 18.0 * T * d * shared + 6.0 * T * d * E
+    `shared` (every token, 18 T d m) and the router. A gated FFN (SwiGLU) has three GEMMs of
+    d x n a row, forward and backward 18 T d n; a non-gated one (SiLU, GELU) two, 12 T d n."""
+    per_row = 18.0 if gated else 12.0
+    return per_row * T * k * d * n + per_row * T * d * shared + 6.0 * T * d * E
 
 
 def tflops(flops: float, median_ms: float) -> float:
@@ -783,9 +787,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 groups=cfg.num_groups,
                 shared_n=cfg.shared_ffn,
             )
-            entry["useful_flops"] = useful_flops(T, d, n, E, k, cfg.shared_ffn)
+            entry["useful_flops"] = useful_flops(T, d, n, E, k, cfg.shared_ffn, cfg.gated)
             # what the Mixtral block computes: no shared expert
-            entry["useful_flops_routed"] = useful_flops(T, d, n, E, k)
+            entry["useful_flops_routed"] = useful_flops(T, d, n, E, k, gated=cfg.gated)
             entry["floor_saved_bytes"] = floor_bytes(T, d, n, k)
             gen = torch.Generator(device=device)
             gen.manual_seed(opts.seed)

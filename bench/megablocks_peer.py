@@ -28,9 +28,10 @@ semantics in plain torch, which the CPU tests hold against our fp32 reference.
 Configurations: the four of docs/benchmarks.md (deepseek-v3 is skipped: MegaBlocks has no
 sigmoid router, selection bias, group-limited selection or scaling) and MoEBlaze's kind
 (`grid`): d in {512, 1024, 2048}, n = 4d, E in {8, 16}, k in {1, 2}, SiLU and SwiGLU, softmax
-top-k not renormalised (MegaBlocks' default), T long (--tokens, default 32768). Our sm_90a
-path runs SwiGLU only: a SiLU configuration runs MegaBlocks alone and reports
-"not run by moe-mlir: <why>" (moe_mlir.layer.check_gpu_config's message).
+top-k not renormalised (MegaBlocks' default), T long (--tokens, default 32768). A
+configuration our sm_90a path does not run (moe_mlir.layer.check_gpu_config) runs MegaBlocks
+alone and reports "not run by moe-mlir: <why>"; every one of the grid runs today, SiLU
+(non-gated, `activation="silu"`) and SwiGLU alike.
 
 Before timing, MegaBlocks' first step (which also autotunes Triton) is checked: its output and
 the gradients of x, the router and every expert weight against an fp32 reference given
@@ -41,6 +42,10 @@ allocator, both sides; ours also the manifest's saved tensors); peak = torch's p
 timed steps (ours plus its runtime workspace, which torch does not see).
 
     python3 bench/megablocks_peer.py --layers-dir gpu-inputs/megablocks/layers --impl grouped
+    python3 bench/megablocks_peer.py --merge megablocks-grouped.json megablocks-sparse.json
+
+--merge prints docs/results.md's table from the JSON reports of runs (one an implementation,
+as scripts/gpu/session.sh megablocks makes them).
 """
 
 from __future__ import annotations
@@ -441,7 +446,7 @@ def run_config(torch, name: str, opts, device, timer, entry: Dict[str, Any]) -> 
         renormalize=cfg.renormalize,
     )
     entry["useful_flops"] = bench.useful_flops(
-        cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k, cfg.shared_ffn
+        cfg.tokens, cfg.hidden, cfg.ffn, cfg.experts, cfg.top_k, cfg.shared_ffn, cfg.gated
     )
     failures = 0
     log(f"== {name}")

@@ -191,6 +191,10 @@ def test_useful_flops_count_the_shared_expert():
         18.0 * 8 * 2 * 64 * 32 + 18.0 * 8 * 64 * 16 + 6.0 * 8 * 64 * 4
     )
     assert bench.useful_flops(8, 64, 32, 4, 2) == 18.0 * 8 * 2 * 64 * 32 + 6.0 * 8 * 64 * 4
+    # a non-gated FFN: two GEMMs a row, not three
+    assert bench.useful_flops(8, 64, 32, 4, 2, shared=16, gated=False) == (
+        12.0 * 8 * 2 * 64 * 32 + 12.0 * 8 * 64 * 16 + 6.0 * 8 * 64 * 4
+    )
     assert "deepseek-v3-routed" in bench.ROUTED_LAYERS
 
 

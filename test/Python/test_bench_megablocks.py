@@ -419,6 +419,70 @@ def test_dry_run_with_a_stand_in(tmp_path, capsys, monkeypatch):
     assert "ours" not in silu and silu["ours_skipped"].startswith("not run by moe-mlir")
 
 
+def _report(impl, rows):
+    """A report as one implementation's run writes it: (name, ours ms, MegaBlocks ms, time,
+    saved, peak) a configuration, None for one skipped."""
+    configs = []
+    for name, ours, theirs, *ratios in rows:
+        if ours is None:
+            configs.append({"name": name, f"megablocks_{impl}_skipped": "no layer of this kind"})
+            continue
+        configs.append(
+            {
+                "name": name,
+                "ours": {"median_ms": ours},
+                f"megablocks_{impl}": {"median_ms": theirs},
+                f"ours_over_megablocks_{impl}": dict(zip(("time", "saved", "peak"), ratios)),
+            }
+        )
+    return {"impls": [impl], "configs": configs}
+
+
+def test_merge_prints_the_docs_table(tmp_path, capsys):
+    """--merge: one row a configuration from the runs of both implementations, ours timed in
+    each (grouped's run first), each ratio "grouped / sparse", a grid name as the docs write
+    it, a skipped configuration with its reason; bad files are argument errors."""
+    grouped = _report(
+        "grouped",
+        [
+            ("mixtral-8x7b", 55.6, 57.6, 0.966, 0.455, 0.75),
+            ("deepseek-v3", None, None),
+            ("mb-t32768-d2048-n8192-e8-k2-silu", 23.58, 22.61, 1.043, 0.43, 0.52),
+        ],
+    )
+    sparse = _report(
+        "sparse",
+        [
+            ("mixtral-8x7b", 55.5, 103.3, 0.537, 0.45, 0.74),
+            ("deepseek-v3", None, None),
+            ("mb-t32768-d2048-n8192-e8-k2-silu", 22.61, 34.54, 0.655, 0.43, 0.51),
+        ],
+    )
+    paths = []
+    for name, rep in (("s.json", sparse), ("g.json", grouped)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(rep))
+    assert mb.main(["--merge", *map(str, paths)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith(
+        "| config | ours ms (grouped / sparse run) | grouped ms | sparse ms |"
+    )
+    assert lines[2] == (
+        "| mixtral-8x7b | 55.60 / 55.50 | 57.60 | 103.30 | 0.97 / 0.54 | 0.46 / 0.45 | 0.75 / 0.74 |"
+    )
+    assert lines[3] == "| deepseek-v3 | no layer of this kind | | | | | |"
+    assert lines[4].startswith(
+        "| d 2048, E 8, k 2, SiLU | 23.58 / 22.61 | 22.61 | 34.54 | 1.04 / 0.66 |"
+    )
+    assert len(lines) == 5
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        mb.main(["--merge", str(bad)])
+    with pytest.raises(SystemExit):
+        mb.main(["--merge", str(tmp_path / "missing.json")])
+
+
 def test_list(capsys):
     assert mb.main(["--list", "--tokens", "16384"]) == 0
     names = capsys.readouterr().out.split()

@@ -68,7 +68,7 @@ void GemmKernelBuilder::writeHalf(const Tile &s, Value stage, int64_t h) {
     return sub(x32, y32);
   };
 
-  if (g.epi == GemmEpilogue::Swiglu && g.gated) {
+  if (g.swigluTile()) {
     // Rows tid/8 + 32 j, 16-byte group q = tid%8 of the 64 gate columns (and
     // group q + 8: the same up columns).
     Value half = dimN;
@@ -253,7 +253,7 @@ void GemmKernelBuilder::stageHalf(Value stage, Value acc, int64_t h) {
   Value base = c(h * kBM * kBN / 2);
   Value swz = div(lane, c(4)); // (fragment row) % 8
   SmallVector<std::pair<int64_t, int64_t>> groups;
-  if (g.epi == GemmEpilogue::Swiglu && g.gated) {
+  if (g.swigluTile()) {
     for (int64_t q = 0; q < 8; ++q)
       groups.push_back({8 * h + q, q});
     for (int64_t q = 0; q < 8; ++q)
@@ -296,12 +296,14 @@ Value GemmKernelBuilder::addBias(const Tile &s, Value acc) {
   // n0 + 8j + qcol and [16, 32) the same up columns, which H (and the bias
   // row, 2 dimN wide) holds dimN further on. Groups past dimN load nothing:
   // their values are not stored.
-  Value width = g.gated ? mul(dimN, c(2)) : dimN;
+  // The down GEMM's tile is d columns of y: its bias row is d wide.
+  bool gatedTile = g.swigluTile();
+  Value width = gatedTile ? mul(dimN, c(2)) : dimN;
   Value rowBase = mul(s.expert, width);
   Value first = add(rowBase, add(s.n0, qcol));
   Value base = gep1(biasPtr, mul(i64(first), cI64(2)));
-  Value upBase = g.gated ? gep1(base, mul(i64(dimN), cI64(2))) : base;
-  int64_t half = g.gated ? kBN / 16 : kBN / 8; // column groups a half
+  Value upBase = gatedTile ? gep1(base, mul(i64(dimN), cI64(2))) : base;
+  int64_t half = gatedTile ? kBN / 16 : kBN / 8; // column groups a half
   auto vec2 = VectorType::get({2}, bf16);
   for (int64_t j = 0; j < kBN / 8; ++j) {
     int64_t jl = j % half;

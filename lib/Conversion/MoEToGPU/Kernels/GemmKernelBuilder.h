@@ -46,8 +46,15 @@ struct GemmTraits {
   moe_gpu::BOperand b;
   moe_gpu::GemmEpilogue epi;
   bool varlenM, gatherA, gatherB, hasW, hasDs, storeA;
-  /// The activation is SwiGLU (H holds gate and up columns).
+  /// The activation is SwiGLU (H holds gate and up columns). A config's
+  /// activation defaults to SwiGLU, so this holds for the store GEMMs too:
+  /// only swigluTile() says a tile's columns are gate and up halves.
   bool gated;
+  /// The tile's outputs are SwiGLU's gate and up columns: the up GEMM's
+  /// SwiGLU epilogue.
+  bool swigluTile() const {
+    return epi == moe_gpu::GemmEpilogue::Swiglu && gated;
+  }
   /// The epilogue adds the tile's expert's bias row (bias).
   bool bias;
   bool persistent, ws, tmaB, tmaRowsA, tmaRowsB;

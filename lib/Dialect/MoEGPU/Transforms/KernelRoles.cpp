@@ -75,12 +75,12 @@ SmallVector<GemmRole> mlir::moe_gpu::gemmRolesOf(Operation *op) {
         SmallVector<GemmRole> roles = {
             role("up", readsY(ffn) ? G::UpGather : G::UpGatherH),
             role("down", G::RowsMnBf16)};
-        // The expert biases: the up GEMM adds b_gate_up (a variant; a layer
-        // without them runs the library's). b_down is added to y's rows
-        // after the library's down GEMM (moe_add_expert_rows): its
-        // epilogue's bias gave wrong rows on the GPU.
+        // The expert biases: the up GEMM adds b_gate_up, the down GEMM
+        // b_down, each in its epilogue (variants; a layer without them runs
+        // the library's).
         if (ffn.getBGateUp())
-          roles.front().libraryConfig.bias = true;
+          for (GemmRole &biased : roles)
+            biased.libraryConfig.bias = true;
         return roles;
       })
       .Case([&](SharedExpertOp ffn) -> SmallVector<GemmRole> {

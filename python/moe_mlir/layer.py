@@ -654,9 +654,10 @@ class MoELayer(nn.Module):
     """A moe-mlir layer with its own parameters, in the compiler's layout (docs/dialect.md):
     `w_router` [d, E], `w_gate_up` [E, d, 2n] (gate columns first, then up), `w_down`
     [E, n, d], the buffer `router_bias` [E] (f32, no gradient: DeepSeek-V3's
-    e_score_correction_bias; it stays f32 when the layer moves to another dtype), `shared_gate_up` [d, 2m], `shared_down` [m, d], and with
-    `config.expert_bias` the experts' biases `b_gate_up` [E, G] and `b_down` [E, d]
-    (gpt-oss style; both paths, forward and backward).
+    e_score_correction_bias; it stays f32 when the layer moves to another dtype),
+    `shared_gate_up` [d, 2m], `shared_down` [m, d], and with `config.expert_bias` the experts'
+    biases `b_gate_up` [E, G] and `b_down` [E, d] (gpt-oss style; both paths, forward and
+    backward).
 
     `config.tokens` and `config.dtype` are ignored: T comes from the input, the element type
     from the parameters (bf16 on CUDA; f32 or bf16 on the CPU). `memory_budget` / `policy`: the

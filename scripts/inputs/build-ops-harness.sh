@@ -13,12 +13,10 @@
 # activation's up and dact GEMMs (CONFIGs up:b=w_mn:activation=ACT dact:activation=ACT), which
 # gpu/ops-check.sh --nongated checks.
 #   bash scripts/inputs/build-ops-harness.sh --bias [DIR]
-# builds the libraries whose expert_ffn adds the expert biases (b_gate_up and b_down after the
-# weights) into DIR/bias-swiglu, whose up and down GEMMs add them in their epilogues (bias=true
-# on both, as a compiled layer with biases does), and DIR/bias-gelu_erf, whose up GEMM alone has
-# bias=true, so b_down is added to y's rows after the library's down GEMM (moe_add_expert_rows);
-# DIR default gpu-inputs/ops. gpu/ops-check.sh --bias checks both (the bias-ffn and bias-grad
-# checks).
+# builds the libraries whose expert_ffn adds the expert biases (its up and down GEMMs with
+# bias=true, b_gate_up and b_down after the weights) into DIR/bias-swiglu and DIR/bias-gelu_erf
+# (DIR default gpu-inputs/ops), which gpu/ops-check.sh --bias checks (the bias-ffn and
+# bias-grad checks).
 set -euo pipefail
 # shellcheck source=../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -36,7 +34,7 @@ if [ "${1:-}" = --bias ]; then
   base=$(realpath -m "${2:-$root/gpu-inputs/ops}")
   bash "${BASH_SOURCE[0]}" "$base/bias-swiglu" expert_ffn.up:bias=true expert_ffn.down:bias=true
   bash "${BASH_SOURCE[0]}" "$base/bias-gelu_erf" up:b=w_mn:activation=gelu_erf \
-    dact:activation=gelu_erf expert_ffn.up:bias=true
+    dact:activation=gelu_erf expert_ffn.up:bias=true expert_ffn.down:bias=true
   du -sk "$base"/bias-swiglu "$base"/bias-gelu_erf
   exit 0
 fi

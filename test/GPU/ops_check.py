@@ -117,10 +117,8 @@ def activation_of_variant(text):
 
 
 def bias_of_variant(text):
-    """Whether a library's VARIANT file builds expert_ffn with the expert biases: its up config
-    sets bias=true (expert_ffn then takes b_gate_up and b_down, and adds b_down after the down
-    GEMM, or in its epilogue where the down config sets bias=true too); bias=true on the down
-    GEMM alone has no reference, and is refused."""
+    """Whether a library's VARIANT file builds expert_ffn with the expert biases: its up and
+    down configs both set bias=true (one of them alone has no reference, and is refused)."""
     roles = set()
     for line in text.splitlines():
         _, sep, value = line.partition("--moe-gpu-emit-library=configs=")
@@ -133,8 +131,8 @@ def bias_of_variant(text):
                 if op not in ("", "expert_ffn"):
                     raise ValueError(f"bias=true on {head}: only expert_ffn's GEMMs add biases")
                 roles.add(role)
-    if roles and "up" not in roles:
-        raise ValueError(f"bias=true on {sorted(roles)}: expert_ffn's up GEMM needs it too")
+    if roles and roles != {"up", "down"}:
+        raise ValueError(f"bias=true on {sorted(roles)}: expert_ffn's up and down need it both")
     return bool(roles)
 
 

@@ -101,9 +101,9 @@ def test_bias_of_variant():
         "expert_ffn.down:bias=true",
     )
     assert oc.bias_of_variant(text) and oc.activation_of_variant(text) == "gelu_erf"
-    assert oc.bias_of_variant(_variant("expert_ffn.up:bias=true"))
-    with pytest.raises(ValueError, match="up GEMM needs it too"):
-        oc.bias_of_variant(_variant("expert_ffn.down:bias=true"))
+    for alone in ("expert_ffn.up:bias=true", "expert_ffn.down:bias=true"):
+        with pytest.raises(ValueError, match="up and down need it both"):
+            oc.bias_of_variant(_variant(alone))
     with pytest.raises(ValueError, match="only expert_ffn's GEMMs"):
         oc.bias_of_variant(_variant("shared_expert.up:bias=true"))
 
@@ -127,7 +127,7 @@ MOE_OPT = os.environ.get("MOE_OPT", os.path.join(ROOT, "build", "bin", "moe-opt"
 def test_harness_of_the_bias_library(tmp_path):
     """build-ops-harness.sh --bias's library: gen_ops_harness.py wraps its expert_ffn and
     expert_ffn_h with the biases, the plain library's without."""
-    configs = "--moe-gpu-emit-library=configs=expert_ffn.up:bias=true"
+    configs = "--moe-gpu-emit-library=configs=expert_ffn.up:bias=true,expert_ffn.down:bias=true"
     for option, biased in ((configs, True), ("--moe-gpu-emit-library", False)):
         lib = tmp_path / "library.mlir"
         subprocess.run(
@@ -343,7 +343,7 @@ def test_main_runs_the_bias_grad_steps(monkeypatch, tmp_path, variant, capsys):
     monkeypatch.setattr(oc, "BIAS", False)
     argv = ["ops_check.py", "--lib", "none.so", "--quick", "--only=bias-grad"]
     if variant:
-        configs = ["expert_ffn.up:bias=true"]
+        configs = ["expert_ffn.up:bias=true", "expert_ffn.down:bias=true"]
         if variant != "swiglu":
             configs += [f"up:b=w_mn:activation={act}", f"dact:activation={act}"]
         (tmp_path / "VARIANT").write_text(_variant(*configs))
@@ -382,7 +382,7 @@ def test_harness_of_the_bias_gradients(tmp_path, biased):
     the harness's wrappers pass."""
     option = "--moe-gpu-emit-library"
     if biased:
-        option += "=configs=expert_ffn.up:bias=true"
+        option += "=configs=expert_ffn.up:bias=true,expert_ffn.down:bias=true"
     lib = subprocess.run(
         [MOE_OPT, option], input=b"module {}", check=True, capture_output=True
     ).stdout.decode()

@@ -62,6 +62,21 @@ struct MoEGPUEmitLibraryPass
         }
         chosen.push_back({role.role, config.getConfig()});
       }
+      // expert_ffn takes b_gate_up and b_down together, for its up and its
+      // down GEMM: one of them configured with the biases alone would drop
+      // the other's.
+      if (op == "expert_ffn" && name == ("__moe_gpu_" + op).str()) {
+        auto biased = [&](StringRef role) {
+          return llvm::any_of(chosen, [&](const moe::HostGemmConfig &c) {
+            return c.role == role && c.config.bias;
+          });
+        };
+        if (biased("up") != biased("down"))
+          return getOperation().emitError()
+                 << "in @" << name
+                 << ": expert_ffn's up and down GEMMs add the expert biases "
+                    "together (bias = true on both or on neither)";
+      }
       std::string variant = moe::libraryHostFunctionVariantName(name, chosen);
       if (variant == name)
         continue;

@@ -12,28 +12,29 @@
 // weights' <dout, b_down[e]> after the plain function's GEMMs.
 // RUN: rm -rf %t && split-file %s %t
 // RUN: moe-opt %t/ffn.mlir --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=FWD
-// RUN: moe-opt %t/ffn.mlir --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=NOADD
 // RUN: sed 's/<swiglu>/<gelu>/; s/4x64x128xbf16/4x64x64xbf16/; s/128x128xbf16/128x64xbf16/; s/4x128xbf16/4x64xbf16/' %t/ffn.mlir | moe-opt --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=GELU
 // RUN: moe-opt %t/ffn-h.mlir --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=HONLY
 // RUN: moe-opt %t/grad.mlir --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=GRAD
 // RUN: moe-opt %t/layer.mlir --moe-decompose --canonicalize --moe-generate-backward --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=PIPELINE
 // RUN: sed '/ shared(/d' %t/layer.mlir | moe-opt --moe-decompose --canonicalize --moe-generate-backward --moe-gpu-select-kernels --moe-fold-adds --moe-plan-memory --convert-moe-to-gpu | FileCheck %s --check-prefix=NOSHARED
-// RUN: echo 'module {}' | moe-opt '--moe-gpu-emit-library=configs=expert_ffn.up:bias=true' | FileCheck %s --check-prefix=HARNESS
-// RUN: echo 'module {}' | moe-opt '--moe-gpu-emit-library=configs=expert_ffn.up:bias=true,expert_ffn.down:bias=true' | FileCheck %s --check-prefix=DOWNBIAS
+// RUN: echo 'module {}' | moe-opt '--moe-gpu-emit-library=configs=expert_ffn.up:bias=true,expert_ffn.down:bias=true' -o %t/harness.mlir
+// RUN: FileCheck %s --check-prefix=HARNESS < %t/harness.mlir
+// RUN: FileCheck %s --check-prefix=DOWNBIAS < %t/harness.mlir
+// RUN: echo 'module {}' | not moe-opt '--moe-gpu-emit-library=configs=expert_ffn.up:bias=true' 2>&1 | FileCheck %s --check-prefix=HALFBIAS
+// RUN: echo 'module {}' | not moe-opt '--moe-gpu-emit-library=configs=expert_ffn.down:bias=true' 2>&1 | FileCheck %s --check-prefix=HALFBIAS
 // RUN: echo 'module {}' | not moe-opt '--moe-gpu-emit-library=configs=expert_combine_grad.dact:bias=true' 2>&1 | FileCheck %s --check-prefix=BADCONFIG
 // RUN: not moe-opt %t/ffn.mlir --moe-gpu-select-kernels=configs=up:bias=false --moe-plan-memory --convert-moe-to-gpu 2>&1 | FileCheck %s --check-prefix=NOBIAS
 // RUN: not moe-opt %t/ffn.mlir --moe-gpu-select-kernels=configs=down:bias=false --moe-plan-memory --convert-moe-to-gpu 2>&1 | FileCheck %s --check-prefix=NOBIAS-DOWN
 
 // FWD: call @__moe_gpu_expert_ffn__moe_gemm_up_gather_bias__moe_gemm_rows_mn_bf16_bias(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[BGU:.*]], %[[BD:.*]], %c0_i32, %{{.*}}, %{{.*}}) : (!gpu.async.token, memref<?x?xbf16>, memref<?xi32>, memref<?xi32>, memref<?x?x?xbf16>, memref<?x?x?xbf16>, memref<?x?xbf16>, memref<?x?xbf16>, i32, memref<?x?xbf16>, memref<?x?xbf16>)
 // The library's kernels, and the up and down GEMMs' bias variants with the
-// bias row last; nothing adds b_down after the down GEMM.
+// bias row last.
 // FWD-DAG: gpu.func @moe_gemm_up_gather(%{{[^)]*}}: memref<?xbf16>, %{{[^)]*}}: memref<?xbf16>) kernel
 // FWD-DAG: gpu.func @moe_gemm_up_gather_bias({{.*}}, %arg9: memref<?xbf16>, %arg10: memref<?xbf16>, %arg11: memref<?xbf16>) kernel
 // FWD-DAG: gpu.func @moe_gemm_rows_mn_bf16_bias({{.*}}, %arg10: !llvm.ptr, %arg11: memref<?xbf16>) kernel
 // FWD-DAG: func.func private @__moe_gpu_expert_ffn__moe_gemm_up_gather_bias__moe_gemm_rows_mn_bf16_bias(
 // FWD-DAG: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_up_gather_bias
 // FWD-DAG: gpu.launch_func {{.*}} @moe_kernels::@moe_gemm_rows_mn_bf16_bias blocks
-// NOADD-NOT: gpu.launch_func {{.*}} @moe_kernels::@moe_add_expert_rows
 
 // GELU: call @__moe_gpu_expert_ffn__moe_gemm_up_gather_gelu_erf_bias__moe_gemm_rows_mn_bf16_bias(
 // GELU-DAG: gpu.func @moe_gemm_up_gather_gelu_erf_bias(
@@ -58,8 +59,7 @@
 // NOSHARED-NOT: call @__moe_gpu_expert_combine_grad_bias_acc(
 
 // The ops harness's library: expert_ffn and expert_ffn_h take the biases
-// under their own names (b_down added after the library's down GEMM, whose
-// config has no bias here).
+// under their own names; the shared expert keeps the library's down GEMM.
 // HARNESS-DAG: func.func private @__moe_gpu_expert_ffn(%{{[^)]*}}, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: i32,
 // HARNESS-DAG: func.func private @__moe_gpu_expert_ffn_h(%{{[^)]*}}, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: i32,
 // HARNESS-DAG: func.func private @__moe_gpu_shared_expert(%{{[^)]*}}: !gpu.async.token, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: memref<?x?xbf16>, %{{[^)]*}}: i32,
@@ -73,6 +73,7 @@
 // DOWNBIAS-NOT: arith.muli %arg6, %c2{{(_[0-9]+)?}} :
 // DOWNBIAS-LABEL: gpu.func @moe_gemm_up_gather_h_bias(
 
+// HALFBIAS: in @__moe_gpu_expert_ffn: expert_ffn's up and down GEMMs add the expert biases together (bias = true on both or on neither)
 // BADCONFIG: bias = true needs epilogue = swiglu, or store_bf16 with problem = varlen_m and no accumulate, got dswiglu
 // NOBIAS: 'moe_gpu.kernels' chooses @moe_gemm_up_gather for 'up', which computes another GEMM than the one moe.expert_ffn runs there (@moe_gemm_up_gather_bias)
 // NOBIAS-DOWN: 'moe_gpu.kernels' chooses @moe_gemm_rows_mn_bf16 for 'down', which computes another GEMM than the one moe.expert_ffn runs there (@moe_gemm_rows_mn_bf16_bias)

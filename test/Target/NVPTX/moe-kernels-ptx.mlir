@@ -335,8 +335,4 @@
 // CHECK-NOT: atom.
 // CHECK: shfl.sync.bfly.b32
 // CHECK-NOT: atom.
-// The forward's b_down added to y's rows, 16 bytes at a time.
-// CHECK-LABEL: .entry moe_add_expert_rows(
-// CHECK: ld.global.v4.b32
-// CHECK: st.global.v4.b32
 // CHECK-NOT: .entry

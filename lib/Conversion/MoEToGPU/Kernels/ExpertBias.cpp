@@ -1,10 +1,9 @@
 //===- ExpertBias.cpp - the expert biases' gradients ----------------------===//
 //
-// The forward's y[r] += b_down[e] for the rows of expert e, and the
-// gradients: d_b_gate_up[e] and d_b_down[e] are column sums over expert e's
-// rows of the dispatch queue (of dH, and of the rows' routing-weighted dout),
-// and the routing weight's gradient gains <dout[t], b_down[e]>. Memory-bound:
-// 16-byte vectors of bf16, 8 columns a thread; every index read from memory is
+// d_b_gate_up[e] and d_b_down[e] are column sums over expert e's rows of the
+// dispatch queue (of dH, and of the rows' routing-weighted dout), and the
+// routing weight's gradient gains <dout[t], b_down[e]>. Memory-bound: 16-byte
+// vectors of bf16, 8 columns a thread; every index read from memory is
 // checked before use; every sum has a fixed order, so the gradients are the
 // same bits run after run.
 //
@@ -227,56 +226,6 @@ void mlir::moe::kernels::buildBiasDWeightsKernel(OpBuilder &b, Location loc) {
     Value held = memref::LoadOp::create(b, loc, dWeights, slot);
     Value sum = arith::AddFOp::create(b, loc, held, part);
     memref::StoreOp::create(b, loc, sum, dWeights, slot);
-  });
-  gpu::ReturnOp::create(b, loc);
-}
-
-void mlir::moe::kernels::buildAddExpertRowsKernel(OpBuilder &b, Location loc) {
-  Type bf16 = b.getBF16Type(), f32 = b.getF32Type(), index = b.getIndexType();
-  MemRefType rowsBuffer = flatBuffer(bf16);
-  gpu::GPUFuncOp kernel =
-      createKernel(b, loc, "moe_add_expert_rows",
-                   {rowsBuffer, rowsBuffer, flatBuffer(b.getI32Type()), index,
-                    index, index});
-  Value y = kernel.getArgument(0), bias = kernel.getArgument(1),
-        offsets = kernel.getArgument(2), numExperts = kernel.getArgument(3),
-        numRows = kernel.getArgument(4), cols = kernel.getArgument(5);
-  auto wideF32 = VectorType::get({kColumns}, f32);
-  auto wideBf16 = VectorType::get({kColumns}, bf16);
-  llvm::MaybeAlign align(16);
-
-  // A block a row r of the queue: y[r, :] += bias[e, :] in f32, rounded to
-  // bf16, for the expert e with offsets[e] <= r < offsets[e + 1]; a row past
-  // offsets[E] (no expert's, or past the queue) is left as it is.
-  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-  Value row = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
-  Value c0 = indexConstant(b, loc, 0);
-  Value c1 = indexConstant(b, loc, 1);
-  Value c8 = indexConstant(b, loc, kColumns);
-  Value stride = indexConstant(b, loc, kColumns * kSimpleThreads);
-  Value endRead = toIndex(
-      b, loc, memref::LoadOp::create(b, loc, offsets, numExperts).getResult());
-  Value owned = arith::MinUIOp::create(b, loc, endRead, numRows);
-  Value ok = arith::CmpIOp::create(b, loc, Pred::ult, row, owned);
-  buildIf(b, loc, ok, [&] {
-    Value expert = expertOfRow(b, loc, offsets, numExperts, row, c0, c1);
-    Value rowBase = arith::MulIOp::create(b, loc, row, cols);
-    Value biasBase = arith::MulIOp::create(b, loc, expert, cols);
-    Value col0 = arith::MulIOp::create(b, loc, tid, c8);
-    buildFor(b, loc, col0, cols, stride, [&](Value col) {
-      Value yi = arith::AddIOp::create(b, loc, rowBase, col);
-      Value bi = arith::AddIOp::create(b, loc, biasBase, col);
-      Value yv = vector::LoadOp::create(b, loc, wideBf16, y, yi,
-                                        /*nontemporal=*/false, align);
-      Value bv = vector::LoadOp::create(b, loc, wideBf16, bias, bi,
-                                        /*nontemporal=*/false, align);
-      Value sum = arith::AddFOp::create(
-          b, loc, arith::ExtFOp::create(b, loc, wideF32, yv),
-          arith::ExtFOp::create(b, loc, wideF32, bv));
-      Value rounded = arith::TruncFOp::create(b, loc, wideBf16, sum);
-      vector::StoreOp::create(b, loc, rounded, y, yi, /*nontemporal=*/false,
-                              align);
-    });
   });
   gpu::ReturnOp::create(b, loc);
 }

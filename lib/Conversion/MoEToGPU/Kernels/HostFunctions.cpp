@@ -661,14 +661,9 @@ void ffnForward(HostFunctionBuilder &h, Value x, Value ids, Value offs, Value e,
   dv.dimK = n;
   dv.cout = yf;
   dv.ldc = d;
-  // b_down: in the GEMM's epilogue where its config says so, else added to
-  // y's rows after it.
-  dv.bias = down.bias ? bdf : Value();
+  dv.bias = bdf;
   SmallVector<Value> args = gemmArgs(h, down, dv);
   h.launchGemm(down, mtiles, ntiles, one, args);
-  if (bdf && !down.bias)
-    h.launch("moe_add_expert_rows", h.grid(m), one, one,
-             {yf, bdf, offs, e, m, d});
   h.dealloc(a);
 }
 

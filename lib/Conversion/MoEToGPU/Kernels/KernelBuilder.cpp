@@ -78,7 +78,6 @@ constexpr KernelEntry kKernels[] = {
     {"moe_segment_colsum", kernels::buildSegmentColumnSumKernel},
     {"moe_sum_splits_f32", kernels::buildSumSplitsF32Kernel},
     {"moe_bias_dweights", kernels::buildBiasDWeightsKernel},
-    {"moe_add_expert_rows", kernels::buildAddExpertRowsKernel},
 };
 
 } // namespace

@@ -93,7 +93,6 @@ void buildRouterGradLogitsAuxKernel(OpBuilder &b, Location loc);
 // ExpertBias.cpp
 void buildSegmentColumnSumKernel(OpBuilder &b, Location loc);
 void buildBiasDWeightsKernel(OpBuilder &b, Location loc);
-void buildAddExpertRowsKernel(OpBuilder &b, Location loc);
 
 /// What moe_router_grad_logits_aux's warp knows of its token for the
 /// auxiliary losses' d_logits: the logits, the selection counts, the

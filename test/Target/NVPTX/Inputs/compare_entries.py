@@ -3,9 +3,7 @@
 same entries, each the same text but for the numbers of its basic-block labels
 ($L__BB<function>_<block>, numbered by the function's place in its module).
 
-    compare_entries.py 'A/*.ptx' 'B/*.ptx' [NAME...]
-
-NAMEs: entries that may be in A alone (kernels nothing in B's module launches).
+    compare_entries.py 'A/*.ptx' 'B/*.ptx'
 """
 
 import glob
@@ -28,8 +26,7 @@ def entries(pattern: str) -> dict:
 
 def main() -> int:
     a, b = entries(sys.argv[1]), entries(sys.argv[2])
-    unlaunched = set(sys.argv[3:])
-    problems = [f"only in {sys.argv[1]}: {name}" for name in sorted(set(a) - set(b) - unlaunched)]
+    problems = [f"only in {sys.argv[1]}: {name}" for name in sorted(set(a) - set(b))]
     problems += [f"only in {sys.argv[2]}: {name}" for name in sorted(set(b) - set(a))]
     problems += [f"differs: {name}" for name in sorted(set(a) & set(b)) if a[name] != b[name]]
     for problem in problems:

@@ -309,9 +309,10 @@ CHECK_LAYERS = {
 SELECTION_BIAS_RATES = {"sign": 1e-3, "proportional": 1e-2}
 
 
-def training_layer_configs(size: str):
+def training_layer_configs(size: str, router_logits_dtype: str = "auto"):
     """The LayerConfig (bf16, T = batch * seq) of every MoE block of the training models,
-    read from the models themselves (built on the meta device, no memory)."""
+    read from the models themselves (built on the meta device, no memory);
+    `router_logits_dtype` as `moe_mlir.hf.replace_moe_blocks` takes it."""
     import dataclasses  # noqa: PLC0415
     from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM  # noqa: PLC0415
     from moe_mlir import hf  # noqa: PLC0415
@@ -323,19 +324,22 @@ def training_layer_configs(size: str):
             model = cls(model_config(name, size))
         for _, module in model.named_modules():
             if type(module).__name__ in hf.SUPPORTED_BLOCKS:
-                cfg = hf.config_from_hf_block(module)
+                cfg = hf.config_from_hf_block(module, router_logits_dtype=router_logits_dtype)
                 configs[name] = dataclasses.replace(cfg, tokens=tokens, dtype="bf16")
     return configs
 
 
 def prebuild(folder: str, size: str) -> int:
     """Compiles, with moe-compile, the sm_90a cache entries the device run needs (the training
-    models' layers and CHECK_LAYERS) into `folder` (MOE_MLIR_CACHE layout)."""
+    models' layers, also with f32 router logits for train_fidelity.py's moe_mlir+f32_logits,
+    and CHECK_LAYERS) into `folder` (MOE_MLIR_CACHE layout)."""
     from moe_mlir import compile_cache as cc  # noqa: PLC0415
     from moe_mlir.config import LayerConfig  # noqa: PLC0415
 
     os.environ["MOE_MLIR_CACHE"] = os.path.abspath(folder)
     configs = dict(training_layer_configs(size))
+    for name, cfg in training_layer_configs(size, "float32").items():
+        configs[name + "+f32_logits"] = cfg
     for name, kw in CHECK_LAYERS.items():
         configs[name] = LayerConfig(**kw, dtype="bf16")
     failed = 0

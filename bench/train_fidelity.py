@@ -25,6 +25,14 @@ beside HF's, so that a failure names the op whose gradient is off.
     python bench/train_fidelity.py --model mixtral --precision bf16 --out $OUT  # one part
     python bench/train_fidelity.py --merge DIR_OR_TGZ... --out DIR          # table + plots
     python bench/train_fidelity.py --estimate                               # H200 run time
+    python bench/train_fidelity.py --model mixtral --precision bf16 --seeds 5-24 \
+        --variants grouped_mm+f32_swiglu,grouped_mm+index_ties,moe_mlir+f32_logits --out $OUT
+
+--variants runs diagnostic variants beside the three (VARIANTS: HF grouped_mm with one
+property of ours, ours with f32 router logits), each reported against grouped_mm on the seeds
+it ran, with the signed mean of loss - fp32 (the lag of a curve behind f32) and, for the
+router variant, how often the k-th and (k+1)-th probabilities tie; they are not in the verdict.
+A seed already in --out runs only the variants it lacks, against its stored f32 curve.
 
 A part (model, precision) writes fidelity-MODEL-PRECISION.json to --out after each seed; a run
 finds the seeds already in --out (same settings) and skips them, so a part cut off by a time
@@ -68,6 +76,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_check as tc  # noqa: E402
 
 IMPLS = ("moe_mlir", "grouped_mm", "eager")  # compared against "fp32"
+# Diagnostic variants (--variants): one implementation changed in one respect, each run beside
+# the others on the same seeds, to find what moves a part's D. Reported apart (D and the
+# signed mean of loss - fp32 against grouped_mm's on the same seeds), never in the verdict.
+VARIANTS = {
+    "grouped_mm+f32_swiglu": "HF grouped_mm with its SwiGLU in f32, rounded once to bf16 "
+    "(forward and backward), as our kernels compute it",
+    "grouped_mm+index_ties": "HF grouped_mm with its router's top-k taking the lowest index "
+    "among equal probabilities (bf16 logits tie), as our router does",
+    "moe_mlir+f32_logits": "ours with the router logits kept in f32 "
+    '(router_logits_dtype="float32"): no ties, no rounded logits',
+}
 PRECISIONS = ("bf16", "amp")
 COLORS = {
     "fp32": (127, 127, 127),
@@ -117,6 +136,15 @@ def mean_abs_diff(curve, ref) -> float:
             return math.inf
         total += abs(x - y)
     return total / len(curve)
+
+
+def mean_diff(curve, ref) -> float:
+    """Mean over steps of curve - ref (signed: > 0 where the curve trains slower than the
+    reference); nan when a value is not finite or the lengths differ."""
+    if len(curve) != len(ref) or not curve:
+        return math.nan
+    total = sum(x - y for x, y in zip(curve, ref))
+    return total / len(curve) if math.isfinite(total) else math.nan
 
 
 def ratio(a: float, b: float) -> float:
@@ -173,9 +201,14 @@ def fidelity_stats(losses, threshold: float = 1.1, atol: float = 0.0, rounds: in
             "min": [min(c) for c in cols],
             "max": [max(c) for c in cols],
         }
+    signed = {
+        impl: sum(mean_diff(c, r) for c, r in zip(losses[impl], ref)) / seeds if seeds else math.nan
+        for impl in IMPLS
+    }
     out = {
         "seeds": seeds,
         "mean_abs_to_fp32": mean,
+        "mean_to_fp32": signed,
         "per_seed_mean_abs_to_fp32": per_seed,
         "per_step_abs_to_fp32": per_step,
         "threshold": threshold,
@@ -196,26 +229,128 @@ def fidelity_stats(losses, threshold: float = 1.1, atol: float = 0.0, rounds: in
     return out
 
 
+def variant_stats(part, rounds: int = 2000):
+    """The diagnostic variants a part holds: for each, the seeds that ran it and, over those
+    seeds, D and the signed mean of loss - fp32 of the variant, of grouped_mm and of ours,
+    D(variant) / D(grouped_mm) with its bootstrap interval, and the summed tie counts of its
+    runs (index_ties_router's). {} without variants."""
+    out = {}
+    for name in VARIANTS:
+        seeds = sorted((s for s, r in part["seeds"].items() if name in r["losses"]), key=int)
+        if not seeds:
+            continue
+        runs = [part["seeds"][s] for s in seeds]
+        row = {"seeds": [int(s) for s in seeds]}
+        per_seed = {}
+        for impl in (name, "grouped_mm", "moe_mlir"):
+            curves = [(r["losses"][impl], r["losses"]["fp32"]) for r in runs]
+            per_seed[impl] = [mean_abs_diff(c, f) for c, f in curves]
+            row[impl] = {
+                "D": sum(per_seed[impl]) / len(seeds),
+                "mean": sum(mean_diff(c, f) for c, f in curves) / len(seeds),
+            }
+        row["ratio"] = ratio(row[name]["D"], row["grouped_mm"]["D"])
+        row["ratio_interval"] = bootstrap_ratio(per_seed[name], per_seed["grouped_mm"], rounds)
+        ties = [r["ties"][name] for r in runs if name in r.get("ties", {})]
+        if ties:
+            row["ties"] = {k: sum(t[k] for t in ties) for k in ties[0]}
+        out[name] = row
+    return out
+
+
 # --------------------------------------------------------------------------- models
 
 
 def clone_model(base, experts: str, dtype, state=None):
     """A copy of the f32 `base` model (train_check.build_model's, so the same initial weights)
-    with `experts` = "eager", "grouped_mm" or "moe_mlir" (blocks swapped), cast to `dtype`;
-    `state`: a state_dict loaded first (the f32 run's weights at the drift step)."""
+    with `experts` = "eager", "grouped_mm" or "moe_mlir" (blocks swapped) or one of VARIANTS,
+    cast to `dtype`; `state`: a state_dict loaded first (the f32 run's weights at the drift
+    step)."""
+    impl, _, change = experts.partition("+")
+    if impl not in IMPLS or (change and experts not in VARIANTS):
+        known = ", ".join(IMPLS + tuple(VARIANTS))
+        raise ValueError(f"experts must be one of {known}, got {experts!r}")
     model = copy.deepcopy(base)
     if state is not None:
         model.load_state_dict(state)
-    model.config._experts_implementation = "eager" if experts == "eager" else "grouped_mm"
+    model.config._experts_implementation = "eager" if impl == "eager" else "grouped_mm"
     model.to(dtype=dtype)
     model.train()
-    if experts == "moe_mlir":
+    if impl == "moe_mlir":
         from moe_mlir import hf  # noqa: PLC0415
 
-        hf.replace_moe_blocks(model)
-    elif experts not in ("grouped_mm", "eager"):
-        raise ValueError(f"experts must be grouped_mm, eager or moe_mlir, got {experts!r}")
+        logits = "float32" if change == "f32_logits" else "auto"
+        hf.replace_moe_blocks(model, router_logits_dtype=logits)
+    elif change == "f32_swiglu":
+        for module in model.modules():
+            if hasattr(module, "gate_up_proj") and hasattr(module, "act_fn"):
+                module._apply_gate = f32_swiglu(module.act_fn)
+    elif change == "index_ties":
+        for module in model.modules():
+            if type(module).__name__.endswith("TopKRouter"):
+                module.forward = index_ties_router(module)
     return model
+
+
+def f32_swiglu(act):
+    """HF's `_apply_gate` (act(gate) * up) computed in f32 and rounded once: its backward too
+    rounds d(gate, up) once, from f32."""
+
+    def apply_gate(gate_up):
+        gate, up = gate_up.float().chunk(2, dim=-1)
+        return (act(gate) * up).to(gate_up.dtype)
+
+    return apply_gate
+
+
+def index_ties_router(router):
+    """The forward of HF's Mixtral or Qwen3-MoE router (softmax in f32 of the logits in the
+    model's dtype, top-k, renormalised: Mixtral always, Qwen3 as configured; Qwen3 rounds the
+    weights to the logits' dtype) with the top-k taking, among equal probabilities, the lowest
+    index. Counts on `router.tie_counts` (a [3] tensor, on the device): tokens, tokens whose
+    k-th and (k+1)-th probabilities are equal, and tokens whose set of experts differs from
+    torch.topk's."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    qwen3 = type(router).__name__.startswith("Qwen3")
+    renormalize = bool(getattr(router, "norm_topk_prob", True))
+    k = router.top_k
+    router.tie_counts = torch.zeros(3, dtype=torch.long, device=router.weight.device)
+
+    def forward(hidden_states):
+        x = hidden_states.reshape(-1, router.hidden_dim)
+        logits = F.linear(x, router.weight)
+        probs = torch.softmax(logits.float(), dim=-1)
+        ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        picks = order[:, :k]
+        top = probs.gather(1, picks)
+        with torch.no_grad():
+            theirs = torch.topk(probs, k, dim=-1).indices.sort(dim=-1).values
+            differ = (theirs != picks.sort(dim=-1).values).any(dim=-1)
+            if k < probs.shape[-1]:
+                tie = ranked[:, k - 1] == ranked[:, k]
+            else:
+                tie = torch.zeros_like(differ)
+            tokens = torch.full((), x.shape[0], dtype=torch.long, device=x.device)
+            router.tie_counts += torch.stack([tokens, tie.sum(), differ.sum()])
+        if renormalize:
+            top = top / top.sum(dim=-1, keepdim=True)
+        if qwen3:
+            top = top.to(logits.dtype)
+        return logits, top, picks
+
+    return forward
+
+
+def tie_counts(model):
+    """Summed `tie_counts` of index_ties_router's routers: {"tokens", "ties", "differ"} (token
+    and layer pairs), or None without such a router."""
+    counts = [m.tie_counts for m in model.modules() if hasattr(m, "tie_counts")]
+    if not counts:
+        return None
+    total = [int(v) for v in sum(counts).tolist()]
+    return dict(zip(("tokens", "ties", "differ"), total))
 
 
 def precision_setup(precision: str, device):
@@ -327,17 +462,17 @@ def gradient_errors(grads, ref):
     return by_group, by_layer, bias
 
 
-def drift_table(base, state, ids, precision: str, device):
-    """Each implementation's gradient of one step (the f32 run's weights `state`, batch `ids`)
-    against the f32 model's, group by group; also HF grouped_mm in f32 (the floor: two f32
-    implementations)."""
+def drift_table(base, state, ids, precision: str, device, variants=()):
+    """Each implementation's (and variant's) gradient of one step (the f32 run's weights
+    `state`, batch `ids`) against the f32 model's, group by group; also HF grouped_mm in f32
+    (the floor: two f32 implementations)."""
     import torch  # noqa: PLC0415
 
     dtype, autocast = precision_setup(precision, device)
     model = clone_model(base, "eager", torch.float32, state)
     ref_loss, ref = step_gradients(model, ids, False)
     del model
-    runs = [(impl, impl, dtype, autocast) for impl in IMPLS]
+    runs = [(impl, impl, dtype, autocast) for impl in IMPLS + tuple(variants)]
     runs.append(("fp32_grouped_mm", "grouped_mm", torch.float32, False))
     out = {"fp32_loss": ref_loss, "loss": {}, "groups": {}, "layers": {}, "bias": {}}
     for key, experts, run_dtype, run_autocast in runs:
@@ -417,8 +552,16 @@ def run_parts(args, device, env) -> list:
             parts[precision] = (path, part)
             written.append(path)
         size = tc.SIZES[args.size]
+        wanted = IMPLS + tuple(args.variants)
         for seed in args.seeds:
-            todo = [p for p, (_, part) in parts.items() if str(seed) not in part["seeds"]]
+            # per precision, the runs this seed lacks (a seed run before without a variant
+            # gets that variant alone, against its stored f32 curve)
+            todo = {}
+            for precision, (_, part) in parts.items():
+                have = part["seeds"].get(str(seed), {}).get("losses", {})
+                missing = [impl for impl in wanted if impl not in have]
+                if missing:
+                    todo[precision] = missing
             if not todo:
                 continue
             t0 = time.perf_counter()
@@ -427,7 +570,9 @@ def run_parts(args, device, env) -> list:
                 size[name]["vocab_size"], size["batch"], size["seq"], args.steps, seed + 1
             )
             warmup = min(3, args.steps - 1)
+            fresh = [p for p in todo if str(seed) not in parts[p][1]["seeds"]]
             drift_here = seed == args.drift_seed and 1 <= args.drift_step <= args.steps
+            drift_here = drift_here and bool(fresh)
             snapshot = {}
 
             def keep(step, model, ids, drift_here=drift_here, snapshot=snapshot):
@@ -438,17 +583,23 @@ def run_parts(args, device, env) -> list:
                     snapshot["ids"] = ids
 
             seconds = {"build": time.perf_counter() - t0}
-            t0 = time.perf_counter()
-            model = clone_model(base, "eager", torch.float32)
-            ref = tc.train(model, batches, args.lr, device, warmup, False, hook=keep)
-            seconds["fp32"] = time.perf_counter() - t0
-            del model
-            free_memory(device)
-            for precision in todo:
+            ref_losses = None
+            if fresh:
+                t0 = time.perf_counter()
+                model = clone_model(base, "eager", torch.float32)
+                ref_losses = tc.train(model, batches, args.lr, device, warmup, False, hook=keep)[
+                    "losses"
+                ]
+                seconds["fp32"] = time.perf_counter() - t0
+                del model
+                free_memory(device)
+            for precision, missing in todo.items():
                 path, part = parts[precision]
                 dtype, autocast = precision_setup(precision, device)
-                result = {"losses": {"fp32": ref["losses"]}, "seconds": dict(seconds)}
-                for impl in IMPLS:
+                result = part["seeds"].get(str(seed))
+                if result is None:
+                    result = {"losses": {"fp32": ref_losses}, "seconds": dict(seconds)}
+                for impl in missing:
                     t0 = time.perf_counter()
                     model = clone_model(base, impl, dtype)
                     r = tc.train(model, batches, args.lr, device, warmup, autocast)
@@ -456,12 +607,22 @@ def run_parts(args, device, env) -> list:
                     result["seconds"][impl] = time.perf_counter() - t0
                     if "peak_bytes" in r:
                         result.setdefault("peak_bytes", {})[impl] = r["peak_bytes"]
+                    ties = tie_counts(model)
+                    if ties is not None:
+                        result.setdefault("ties", {})[impl] = ties
                     del model
                     free_memory(device)
-                if drift_here and "state" in snapshot:
+                if precision in fresh and drift_here and "state" in snapshot:
                     t0 = time.perf_counter()
                     part["drift"] = dict(
-                        drift_table(base, snapshot["state"], snapshot["ids"], precision, device),
+                        drift_table(
+                            base,
+                            snapshot["state"],
+                            snapshot["ids"],
+                            precision,
+                            device,
+                            args.variants,
+                        ),
                         seed=seed,
                         step=args.drift_step,
                     )
@@ -470,7 +631,8 @@ def run_parts(args, device, env) -> list:
                 with open(path + ".tmp", "w") as f:
                     json.dump(part, f, indent=1)
                 os.replace(path + ".tmp", path)
-                d = {impl: mean_abs_diff(result["losses"][impl], ref["losses"]) for impl in IMPLS}
+                ref = result["losses"]["fp32"]
+                d = {impl: mean_abs_diff(result["losses"][impl], ref) for impl in missing}
                 print(
                     f"{name} {precision} seed {seed}: mean |loss - fp32| "
                     + ", ".join(f"{k} {v:.3e}" for k, v in d.items())
@@ -555,6 +717,7 @@ def summarize(parts, expected_seeds, threshold: float, atol: float):
             "env": part.get("env"),
             "sources": part.get("sources", []),
             "stats": stats,
+            "variants": variant_stats(part),
             "drift": part.get("drift"),
             "mean_loss": {
                 k: [sum(c[t] for c in v) / len(v) for t in range(len(v[0]))] if v else []
@@ -602,7 +765,7 @@ def print_report(reports) -> None:
         s = rep["stats"]
         d = s["mean_abs_to_fp32"]
         lo, hi = s["ratio_interval"]
-        per_seed = " ".join(f"{v:.2f}" for v in s["ratio_per_seed"])
+        per_seed = seed_ratios(s["ratio_per_seed"])
         verdict = "PASS" if rep["passed"] else "FAIL"
         if rep["missing_seeds"]:
             verdict += f" (missing seeds {rep['missing_seeds']})"
@@ -611,6 +774,16 @@ def print_report(reports) -> None:
             f"{fmt(d['grouped_mm'])}      {fmt(d['eager'])}  {s['ratio']:8.3f}  "
             f"[{lo:.3f}, {hi:.3f}]  {per_seed:22s} {s['eager_ratio']:9.3f}  {verdict}"
         )
+    print("\nmean of loss - f32 over steps and seeds (> 0: trains slower than f32)")
+    for rep in reports:
+        m = rep["stats"].get("mean_to_fp32")
+        if m:
+            print(
+                f"{rep['model']:8s} {rep['precision']:9s} "
+                + "  ".join(f"{impl} {m[impl]:+.2e}" for impl in IMPLS)
+            )
+    for rep in reports:
+        print_variants(rep)
     for rep in reports:
         drift = rep.get("drift")
         if not drift:
@@ -652,6 +825,52 @@ def print_report(reports) -> None:
         print(
             "furthest from f32 relative to HF grouped_mm: "
             + ", ".join(f"{k} {r:.2f}x" for r, k in worst)
+        )
+        for name in VARIANTS:
+            if name in g:
+                print(
+                    f"{name} / grouped_mm: "
+                    + ", ".join(f"{k} {ratio(g[name][k], g['grouped_mm'][k]):.2f}" for k in groups)
+                )
+
+
+def seed_ratios(values) -> str:
+    """Each seed's ratio, or for many seeds their range, median and how many are over 1."""
+    if len(values) <= 6:
+        return " ".join(f"{v:.2f}" for v in values)
+    v = sorted(values)
+    over = sum(x > 1 for x in v)
+    return f"{v[0]:.2f}..{v[-1]:.2f} med {v[len(v) // 2]:.2f} >1: {over}/{len(v)}"
+
+
+def print_variants(rep) -> None:
+    """The diagnostic variants' table of one part (nothing without variants)."""
+    variants = rep.get("variants") or {}
+    if not variants:
+        return
+    print(
+        f"\n{rep['model']} {rep['precision']}: diagnostic variants (each against grouped_mm and "
+        "ours on the seeds it ran; not in the verdict)"
+    )
+    print(
+        "variant                 seeds  D variant  D gmm     D ours    variant/gmm (90%)"
+        "         ours/gmm  mean: variant  gmm        ours       ties / differ of tokens"
+    )
+    for name, row in variants.items():
+        lo, hi = row["ratio_interval"]
+        ties = row.get("ties")
+        tie_text = (
+            f"{ties['ties'] / ties['tokens']:.2e} / {ties['differ'] / ties['tokens']:.2e}"
+            if ties and ties["tokens"]
+            else "-"
+        )
+        print(
+            f"{name:23s} {len(row['seeds']):5d}  {fmt(row[name]['D'])}   "
+            f"{fmt(row['grouped_mm']['D'])}  {fmt(row['moe_mlir']['D'])}  "
+            f"{row['ratio']:6.3f} [{lo:.3f}, {hi:.3f}]  "
+            f"{ratio(row['moe_mlir']['D'], row['grouped_mm']['D']):8.3f}  "
+            f"{row[name]['mean']:+.2e}  {row['grouped_mm']['mean']:+.2e}  "
+            f"{row['moe_mlir']['mean']:+.2e}  {tie_text}"
         )
 
 
@@ -854,6 +1073,12 @@ def main(argv=None) -> int:
         help="the step whose gradients are compared (1-based; 0: none)",
     )
     p.add_argument("--drift-seed", type=int, default=0)
+    p.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated diagnostic variants to run beside (reported apart): "
+        + ", ".join(VARIANTS),
+    )
     p.add_argument("--fresh", action="store_true", help="ignore part files already in --out")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument(
@@ -869,6 +1094,10 @@ def main(argv=None) -> int:
         args.model = [m for m in args.model.split(",") if m]
         args.precision = [x for x in args.precision.split(",") if x]
         args.seeds = parse_seeds(args.seeds)
+        args.variants = [v for v in args.variants.split(",") if v]
+        for v in args.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"unknown variant {v!r} (known: {', '.join(VARIANTS)})")
         for m in args.model:
             if m not in ("mixtral", "qwen3"):
                 raise ValueError(f"unknown model {m!r} (known: mixtral, qwen3)")
@@ -913,6 +1142,7 @@ def main(argv=None) -> int:
                 seeds=args.seeds,
                 models=args.model,
                 precisions=args.precision,
+                variants=args.variants,
             )
         ),
     )

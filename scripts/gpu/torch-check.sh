@@ -148,7 +148,8 @@ if wants fidelity; then
   mark=$(lines)
   run 120 "train_fidelity.py --merge" "$python" "$root/bench/train_fidelity.py" \
     --merge "$out/fidelity" --out "$out/fidelity"
-  since "$mark" | grep -E '^(mixtral|qwen3) +(bf16|amp) |^furthest' | sed 's/^/  /' |
+  since "$mark" | grep -E '^(mixtral|qwen3) +(bf16|amp) |^furthest|^(grouped_mm|moe_mlir)\+' |
+    sed 's/^/  /' |
     tee -a "$out/summary.txt"
 fi
 note "elapsed $(($(date +%s) - start)) s; log: $log"

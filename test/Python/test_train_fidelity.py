@@ -2,7 +2,9 @@
 failing, at the bound, non-finite, all at the reference), the parameter groups of the gradient
 table, merging parts seed by seed; and the whole run at tiny size on the CPU path (two seeds,
 both precisions, the drift table, JSON and PNG, the resumed run, a merge from a .tgz and one
-that lacks a seed). The statistic needs no torch; the run skips without torch and
+that lacks a seed); the diagnostic variants: their statistics, HF's router with index ties and
+the SwiGLU in f32 on crafted inputs, and a run that adds variants to stored seeds. The
+statistic needs no torch; the run skips without torch and
 transformers (CI installs them: there a missing one fails)."""
 
 import json
@@ -109,6 +111,121 @@ def test_parameter_groups_and_merging():
     assert len(notes) == 2 and "seed 1" in notes[0] and "settings" in notes[1]
 
 
+def test_variant_statistics():
+    """A variant is held against grouped_mm and ours on the seeds it ran (seed 2 lacks it),
+    with D, the signed mean of loss - fp32 and the summed tie counts."""
+    ref = curves(seeds=3, steps=10)
+    gm = [[x + 1e-3 for x in c] for c in ref]
+    ours = [[x + 3e-3 for x in c] for c in ref]
+    var = [[x - 2e-3 for x in c] for c in ref]
+    part = {"seeds": {}}
+    for s in range(3):
+        losses = {"fp32": ref[s], "grouped_mm": gm[s], "moe_mlir": ours[s], "eager": gm[s]}
+        run = {"losses": losses}
+        if s < 2:
+            losses["grouped_mm+index_ties"] = var[s]
+            run["ties"] = {"grouped_mm+index_ties": {"tokens": 100, "ties": 3, "differ": s}}
+        part["seeds"][str(s)] = run
+    stats = tf.variant_stats(part)
+    assert list(stats) == ["grouped_mm+index_ties"]
+    row = stats["grouped_mm+index_ties"]
+    assert row["seeds"] == [0, 1]
+    assert row["grouped_mm+index_ties"]["D"] == pytest.approx(2e-3)
+    assert row["grouped_mm+index_ties"]["mean"] == pytest.approx(-2e-3)
+    assert row["moe_mlir"]["mean"] == pytest.approx(3e-3)
+    assert row["ratio"] == pytest.approx(2.0) and row["ratio_interval"] == pytest.approx([2, 2])
+    assert row["ties"] == {"tokens": 200, "ties": 6, "differ": 1}
+    assert tf.variant_stats({"seeds": {"0": {"losses": {"fp32": ref[0]}}}}) == {}
+    assert tf.mean_diff([1.0, 2.0], [0.5, 2.5]) == 0.0 and math.isnan(tf.mean_diff([1.0], []))
+    assert tf.seed_ratios([1.5, 0.5]) == "1.50 0.50"
+    assert tf.seed_ratios([0.9, 1.2, 1.1, 1.3, 0.8, 1.4, 1.0]) == "0.80..1.40 med 1.10 >1: 4/7"
+
+
+def needs_torch():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the machine
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("needs torch and transformers (scripts/install-deps.sh installs them)")
+
+
+def test_index_ties_router_takes_the_lowest_index():
+    """On bf16 logits with ties at the k-th pick the variant's router picks the lowest index,
+    counts the tie, and counts a differing pick exactly where torch.topk chose otherwise;
+    elsewhere it is HF's router (Mixtral renormalises; Qwen3 also rounds the weights)."""
+    needs_torch()
+    import torch
+    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    torch.manual_seed(0)
+    E, d = 6, 8
+    mixtral = MixtralTopKRouter(
+        MixtralConfig(hidden_size=d, num_local_experts=E, num_experts_per_tok=2)
+    )
+    qwen3 = Qwen3MoeTopKRouter(
+        Qwen3MoeConfig(hidden_size=d, num_experts=E, num_experts_per_tok=2, norm_topk_prob=False)
+    )
+    for router in (mixtral, qwen3):
+        # rows 1 and 4 and 5 equal: every token ties experts 1, 4 and 5
+        w = torch.randn(E, d)
+        w[4] = w[1]
+        w[5] = w[1]
+        x = torch.randn(64, d)
+        x = x * torch.sign(x @ (w[1] - w[0]))[:, None]  # expert 1 (and 4, 5) above expert 0
+        with torch.no_grad():
+            router.weight.copy_(w.to(torch.bfloat16).float())
+        router.to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        want_logits, want_w, want_i = router(xb)
+        forward = tf.index_ties_router(router)
+        logits, weights, picks = forward(xb)
+        assert torch.equal(logits, want_logits)
+        probs = torch.softmax(logits.detach().float(), dim=-1)
+        for t in range(x.shape[0]):
+            order = sorted(range(E), key=lambda e: (-float(probs[t, e]), e))
+            assert picks[t].tolist() == order[:2], t
+        top = probs.gather(1, picks)
+        if router is mixtral:
+            assert weights.dtype == torch.float32
+            assert torch.allclose(weights, top / top.sum(-1, keepdim=True))
+        else:
+            assert weights.dtype == torch.bfloat16 and torch.equal(weights, top.to(torch.bfloat16))
+        # the same weights where torch.topk picked the same experts
+        same = (want_i.sort(-1).values == picks.sort(-1).values).all(-1)
+        assert same.any()
+        tokens, ties, differ = router.tie_counts.tolist()
+        ranked = probs.sort(dim=-1, descending=True).values
+        assert tokens == 64 and ties == int((ranked[:, 1] == ranked[:, 2]).sum()) > 0
+        assert differ == int((~same).sum())
+
+
+def test_f32_swiglu_rounds_once():
+    """The variant's gate: act(gate) * up in f32 from bf16 inputs, rounded once; its gradient
+    is f32 autograd's, rounded once."""
+    needs_torch()
+    import torch
+
+    torch.manual_seed(1)
+    gate_up = torch.randn(32, 16).to(torch.bfloat16).requires_grad_()
+    dout = torch.randn(32, 8).to(torch.bfloat16)
+    out = tf.f32_swiglu(torch.nn.functional.silu)(gate_up)
+    out.backward(dout)
+    ref_in = gate_up.detach().float().requires_grad_()
+    g, u = ref_in.chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(g) * u
+    ref.backward(dout.float())
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref.detach().to(torch.bfloat16))
+    assert torch.equal(gate_up.grad, ref_in.grad.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="one of"):
+        tf.clone_model(None, "grouped_mm+fast", torch.float32)
+    with pytest.raises(ValueError, match="one of"):
+        tf.clone_model(None, "eager+f32_swiglu", torch.float32)
+
+
 def test_estimate_splits_the_run():
     """The estimate that makes the GPU step run one model a call: the whole run is over 8
     minutes, each model's part under."""
@@ -192,4 +309,23 @@ def test_tiny_run_on_the_cpu(tmp_path, tmp_path_factory, monkeypatch, capsys):
         "missing_seeds"
     ] == [2]
     assert tf.main(["--merge", str(tmp_path / "nothing"), "--out", str(merged)]) == 2
+    # Variants added to the stored seeds: only they train, against the stored f32 curves; in
+    # f32 (the CPU path) they are HF grouped_mm exactly.
+    capsys.readouterr()
+    variants = "grouped_mm+f32_swiglu,grouped_mm+index_ties"
+    assert tf.main(argv + ["--precision", "bf16", "--variants", variants]) == 0
+    log = capsys.readouterr().out
+    assert "seed 0: mean |loss - fp32| grouped_mm+f32_swiglu" in log
+    assert "moe_mlir" not in log.split("seed 0:")[1].split("\n")[0]
+    assert "diagnostic variants" in log
+    data = json.loads((out / "train_fidelity.json").read_text())
+    (part,) = [p for p in data["parts"] if p["precision"] == "bf16"]
+    for name in variants.split(","):
+        row = part["variants"][name]
+        assert row["seeds"] == [0, 1] and row[name]["D"] == row["grouped_mm"]["D"]
+    ties = part["variants"]["grouped_mm+index_ties"]["ties"]
+    assert ties["tokens"] > 0 and ties["differ"] == 0
+    stored = json.loads((out / "fidelity-mixtral-bf16.json").read_text())["seeds"]["0"]["losses"]
+    assert stored["grouped_mm+f32_swiglu"] == stored["grouped_mm"]
+    assert tf.main(["--variants", "moe_mlir+fast"]) == 2
     assert tf.main(["--model", "llama"]) == 2 and tf.main(["--precision", "fp8"]) == 2

@@ -522,7 +522,18 @@ def load_part(path: str, settings):
             part = json.load(f)
     except (OSError, ValueError):
         return None
-    return part if part.get("settings") == settings else None
+    return part if same_runs(part.get("settings"), settings) else None
+
+
+def same_runs(a, b) -> bool:
+    """Whether two parts' settings train the same runs: all but where the gradient comparison
+    was taken (drift_step, drift_seed), which changes no loss curve."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    drift = ("drift_step", "drift_seed")
+    return {k: v for k, v in a.items() if k not in drift} == {
+        k: v for k, v in b.items() if k not in drift
+    }
 
 
 def run_parts(args, device, env) -> list:
@@ -673,16 +684,19 @@ def read_parts(sources):
 
 
 def combine_parts(found):
-    """Parts of the same model and precision (and settings) joined seed by seed; a seed that
-    two files hold is taken from the first. Returns {(model, precision): part}."""
+    """Parts of the same model and precision (and settings, but where the gradient comparison
+    was taken) joined seed by seed; a seed that two files hold is taken from the first; every
+    gradient comparison is kept ("drifts"; "drift" is the first). Returns
+    {(model, precision): part}."""
     parts, notes = {}, []
     for path, part in found:
         key = (part["model"], part["precision"])
         if key not in parts:
-            parts[key] = dict(part, seeds=dict(part["seeds"]), sources=[path])
+            drifts = [part["drift"]] if part.get("drift") else []
+            parts[key] = dict(part, seeds=dict(part["seeds"]), sources=[path], drifts=drifts)
             continue
         have = parts[key]
-        if have["settings"] != part["settings"]:
+        if not same_runs(have["settings"], part["settings"]):
             notes.append(f"{path}: other settings than {have['sources'][0]}, left out")
             continue
         have["sources"].append(path)
@@ -695,8 +709,10 @@ def combine_parts(found):
                 notes.append(f"{path}: seed {seed} already from {have['sources'][0]}, left out")
             else:
                 have["seeds"][seed] = result
-        if have.get("drift") is None and part.get("drift") is not None:
-            have["drift"] = part["drift"]
+        if part.get("drift") is not None:
+            have["drifts"].append(part["drift"])
+            if have.get("drift") is None:
+                have["drift"] = part["drift"]
     return parts, notes
 
 
@@ -719,6 +735,7 @@ def summarize(parts, expected_seeds, threshold: float, atol: float):
             "stats": stats,
             "variants": variant_stats(part),
             "drift": part.get("drift"),
+            "drifts": part.get("drifts") or ([part["drift"]] if part.get("drift") else []),
             "mean_loss": {
                 k: [sum(c[t] for c in v) / len(v) for t in range(len(v[0]))] if v else []
                 for k, v in losses.items()
@@ -784,10 +801,7 @@ def print_report(reports) -> None:
             )
     for rep in reports:
         print_variants(rep)
-    for rep in reports:
-        drift = rep.get("drift")
-        if not drift:
-            continue
+    for rep, drift in [(r, d) for r in reports for d in r.get("drifts") or []]:
         g = drift["groups"]
         print(
             f"\n{rep['model']} {rep['precision']}: gradient of step {drift['step']} (seed "

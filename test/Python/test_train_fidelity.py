@@ -109,6 +109,16 @@ def test_parameter_groups_and_merging():
     (p,) = parts.values()
     assert sorted(p["seeds"]) == ["0", "1", "2"] and p["sources"] == ["a", "b"]
     assert len(notes) == 2 and "seed 1" in notes[0] and "settings" in notes[1]
+    # Where the gradient comparison was taken changes no curve: such parts join, and each
+    # comparison is kept.
+    a = dict(part([0]), settings={"s": 1, "drift_seed": 0, "drift_step": 25}, drift={"seed": 0})
+    b = dict(part([5]), settings={"s": 1, "drift_seed": 5, "drift_step": 40}, drift={"seed": 5})
+    c = dict(part([6]), settings={"s": 2, "drift_seed": 5, "drift_step": 40})
+    parts, notes = tf.combine_parts([("a", a), ("b", b), ("c", c)])
+    (p,) = parts.values()
+    assert sorted(p["seeds"]) == ["0", "5"] and p["drift"] == {"seed": 0}
+    assert p["drifts"] == [{"seed": 0}, {"seed": 5}] and "settings" in notes[0]
+    assert tf.same_runs({"s": 1, "drift_step": 2}, {"s": 1}) and not tf.same_runs({"s": 1}, None)
 
 
 def test_variant_statistics():

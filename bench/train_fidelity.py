@@ -86,6 +86,10 @@ VARIANTS = {
     "among equal probabilities (bf16 logits tie), as our router does",
     "moe_mlir+f32_logits": "ours with the router logits kept in f32 "
     '(router_logits_dtype="float32"): no ties, no rounded logits',
+    "eager+bf16_boundary": "HF eager with its MoE block's output and the gradient into the "
+    "block rounded to bf16, as our layer's are under autocast (in bf16 parameters: HF eager)",
+    "grouped_mm+bf16_boundary": "HF grouped_mm with its MoE block's output and the gradient "
+    "into the block rounded to bf16, as eager+bf16_boundary",
 }
 PRECISIONS = ("bf16", "amp")
 COLORS = {
@@ -289,7 +293,44 @@ def clone_model(base, experts: str, dtype, state=None):
         for module in model.modules():
             if type(module).__name__.endswith("TopKRouter"):
                 module.forward = index_ties_router(module)
+    elif change == "bf16_boundary":
+        for module in model.modules():
+            if type(module).__name__.endswith("SparseMoeBlock"):
+                module.forward = bf16_boundary(module.forward)
     return model
+
+
+def bf16_boundary(forward):
+    """`forward` (an MoE block's) with its output rounded to bf16 and the gradient reaching its
+    input rounded to bf16, both kept in their dtype: what a layer computing in bf16 returns
+    under autocast. Tensors already in bf16 pass unchanged."""
+    import torch  # noqa: PLC0415
+
+    class RoundValue(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.to(torch.bfloat16).to(t.dtype)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    class RoundGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.to(torch.bfloat16).to(grad.dtype)
+
+    def rounded(hidden_states, *args, **kwargs):
+        out = forward(RoundGrad.apply(hidden_states), *args, **kwargs)
+        if isinstance(out, tuple):
+            return (RoundValue.apply(out[0]),) + out[1:]
+        return RoundValue.apply(out)
+
+    return rounded
 
 
 def f32_swiglu(act):

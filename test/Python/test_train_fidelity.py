@@ -236,6 +236,31 @@ def test_f32_swiglu_rounds_once():
         tf.clone_model(None, "eager+f32_swiglu", torch.float32)
 
 
+def test_bf16_boundary_rounds_the_output_and_the_input_gradient():
+    """The variant's block: its f32 output rounded to bf16 (the gradient passing as is), the
+    gradient into its input rounded to bf16; a tuple's first element alone; bf16 unchanged."""
+    needs_torch()
+    import torch
+
+    torch.manual_seed(2)
+    w = torch.randn(16, 16)
+
+    def block(h, scale=1.0):
+        return h @ w * scale
+
+    x = torch.randn(8, 16, requires_grad=True)
+    dout = torch.randn(8, 16)
+    out = tf.bf16_boundary(block)(x, scale=0.5)
+    out.backward(dout)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, (x @ w * 0.5).to(torch.bfloat16).float())
+    assert torch.equal(x.grad, (dout @ w.t() * 0.5).to(torch.bfloat16).float())
+    pair = tf.bf16_boundary(lambda h: (block(h), "logits"))(x)
+    assert pair[1] == "logits" and torch.equal(pair[0], block(x).to(torch.bfloat16).float())
+    xb = torch.randn(8, 16).to(torch.bfloat16)
+    assert torch.equal(tf.bf16_boundary(lambda h: h * 3)(xb), xb * 3)
+
+
 def test_estimate_splits_the_run():
     """The estimate that makes the GPU step run one model a call: the whole run is over 8
     minutes, each model's part under."""

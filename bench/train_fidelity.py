@@ -92,6 +92,7 @@ VARIANTS = {
     "into the block rounded to bf16, as eager+bf16_boundary",
 }
 PRECISIONS = ("bf16", "amp")
+BLOCK = 5  # seeds of the design: the blocks a long run is cut into for comparison
 COLORS = {
     "fp32": (127, 127, 127),
     "grouped_mm": (31, 119, 180),
@@ -229,6 +230,12 @@ def fidelity_stats(losses, threshold: float = 1.1, atol: float = 0.0, rounds: in
             if finite
             else [math.inf, math.inf]
         )
+        # the statistic over disjoint blocks of BLOCK seeds (in the given order): how a
+        # verdict on that many seeds alone would have varied
+        out[key + "_blocks"] = [
+            ratio(sum(per_seed[impl][b : b + BLOCK]), sum(per_seed["grouped_mm"][b : b + BLOCK]))
+            for b in range(0, seeds - BLOCK + 1, BLOCK)
+        ]
     out["passed"] = bool(seeds) and passes(mean["moe_mlir"], mean["grouped_mm"], threshold, atol)
     return out
 
@@ -840,6 +847,23 @@ def print_report(reports) -> None:
                 f"{rep['model']:8s} {rep['precision']:9s} "
                 + "  ".join(f"{impl} {m[impl]:+.2e}" for impl in IMPLS)
             )
+    print(
+        f"\neach disjoint block of {BLOCK} seeds alone (parts of {2 * BLOCK} seeds or more): "
+        f"ours / grouped_mm, eager / grouped_mm, and how many blocks are over {reports[0]['stats']['threshold'] if reports else 1.1:g}"
+    )
+    for rep in reports:
+        s = rep["stats"]
+        blocks, eager = s.get("ratio_blocks") or [], s.get("eager_ratio_blocks") or []
+        if len(blocks) < 2:
+            continue
+        bound = s["threshold"]
+        print(
+            f"{rep['model']:8s} {rep['precision']:9s} ours "
+            + " ".join(f"{v:.2f}" for v in blocks)
+            + f" ({sum(v > bound for v in blocks)} of {len(blocks)} over); eager "
+            + " ".join(f"{v:.2f}" for v in eager)
+            + f" ({sum(v > bound for v in eager)} of {len(eager)} over)"
+        )
     for rep in reports:
         print_variants(rep)
     for rep, drift in [(r, d) for r in reports for d in r.get("drifts") or []]:

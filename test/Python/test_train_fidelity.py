@@ -49,6 +49,8 @@ def test_the_statistic_passes_and_fails():
     lo, hi = s["ratio_interval"]
     assert min(s["ratio_per_seed"]) <= lo <= s["ratio"] <= hi <= max(s["ratio_per_seed"])
     assert 1.0 < s["eager_ratio"] < 1.5
+    # five seeds are one block, whose ratio is the whole statistic's
+    assert s["ratio_blocks"] == [pytest.approx(s["ratio"])] and len(s["eager_ratio_blocks"]) == 1
     d = s["mean_abs_to_fp32"]
     want = sum(abs(x - y) for c, r in zip(gm, ref) for x, y in zip(c, r)) / (5 * 50)
     assert d["grouped_mm"] == pytest.approx(want, rel=1e-12)
@@ -67,6 +69,13 @@ def test_the_statistic_passes_and_fails():
     assert s["passed"] and s["ratio"] == 1.0 and s["mean_abs_to_fp32"]["moe_mlir"] == 0.0
     with pytest.raises(ValueError, match="seeds"):
         tf.fidelity_stats(dict(losses, moe_mlir=ref[:4]))
+    # twelve seeds: two blocks of five in seed order (the last two in none), each its own ratio
+    ref12 = curves(seeds=12, steps=10)
+    gm12 = offset(ref12, 4e-3, 1)
+    ours12 = [offset([c], 4e-3 if i < 5 else 8e-3, i)[0] for i, c in enumerate(ref12)]
+    s = tf.fidelity_stats({"fp32": ref12, "grouped_mm": gm12, "eager": gm12, "moe_mlir": ours12})
+    first, second = s["ratio_blocks"]
+    assert 0.7 < first < 1.3 and 1.6 < second < 2.4 and s["eager_ratio_blocks"] == [1.0, 1.0]
 
 
 def test_the_pass_rule():

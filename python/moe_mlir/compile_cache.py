@@ -97,10 +97,6 @@ class BuildOptions:
     num_sms: int = 0
     # GEMM kernel parameters (moe-compile --kernel-config), "[OP.]ROLE:KEY=VALUE[:...]".
     kernel_configs: Tuple[str, ...] = ()
-    # The GPU's SMs (moe-compile --num-sms; 0: the chip's, 132 for sm_90a).
-    num_sms: int = 0
-    # GEMM kernel parameters (moe-compile --kernel-config), "[OP.]ROLE:KEY=VALUE[:...]".
-    kernel_configs: Tuple[str, ...] = ()
     # A dynamic token count up to this bound (moe.layer's max_tokens): one layer for every
     # T in [1, max_tokens]; config.tokens is then unused. None: the static config.tokens.
     max_tokens: Optional[int] = None
@@ -370,11 +366,15 @@ def _build(
     options: BuildOptions,
     tool: str,
     builder,
+    name: Optional[str] = None,
 ) -> CacheEntry:
+    """Builds an entry with `builder(folder, name, progress)` into a temporary folder, then
+    renames it into place (another process that finished first wins). `name`: the layer's
+    function name, default layer_name's."""
     final = cache_root() / target / ckey / tkey
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tkey}.", dir=final.parent))
-    name = layer_name(_keyed(config, options))
+    name = name or layer_name(_keyed(config, options))
     what = (
         f"{name} (T={config.tokens} d={config.hidden} n={config.ffn} E={config.experts} "
         f"k={config.top_k}, {config.dtype}) for {target}"

@@ -27,8 +27,8 @@ raises together; `"drop"` adds nothing.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-import tempfile
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -39,6 +39,7 @@ from .cpu import (
     CompiledModule,
     CpuModule,
     FunctionSignature,
+    IndexCheck,
     compile_mlir,
     parse_functions,
     run_opt,
@@ -547,6 +548,91 @@ def _stage_rows(
     return {name: [t.shape[0] if t.rank else None for t in s.results] for name, s in sigs.items()}
 
 
+def _cached_ep_state(
+    config: LayerConfig,
+    ep: EPSpec,
+    name: str,
+    max_tokens: Optional[int],
+    opt_tool: Optional[str],
+) -> dict:
+    """EPLayer's compiled state (`EPLayer.state()` without name and bound) from the compile
+    cache ([python.md](python.md): MOE_MLIR_CACHE, MOE_MLIR_PREBUILT), built there with
+    moe-opt, mlir-translate and clang when missing: the CPU target with `ep` and `max_tokens`
+    as options, the function name in the key where it is not the cache's own name."""
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from . import compile_cache as cc  # noqa: PLC0415
+    from .mlir_text import layer_mlir  # noqa: PLC0415
+
+    options = cc.BuildOptions(max_tokens=max_tokens, ep=ep)
+    ckey = cc.config_key(config, "cpu", options)
+    if name != cc.layer_name(cc._keyed(config, options)):
+        ckey += "-" + name
+    tool = opt_tool or cc._find_moe_opt()
+    entry = cc._lookup("cpu", ckey, cc.tool_key(tool) if tool else None)
+    if entry is None:
+        if tool is None:
+            raise cc.NoCompilerError(
+                f"no moe-opt here (set MOE_OPT or MOE_BUILD_DIR) and no cached CPU build of "
+                f"this expert-parallel layer (config key {ckey}) under "
+                f"{', '.join(map(str, cc._roots()))}"
+            )
+
+        def build(folder: Path, fname: str, progress) -> None:
+            source = layer_mlir(config, fname, max_tokens, ep=ep)
+            (folder / "layer.mlir").write_text(source)
+            progress.step = "moe-opt, mlir-translate + clang"
+            module = compile_mlir(
+                source, CPU_PIPELINE, pre_passes=EP_PRE_PASSES, opt_tool=tool, keep_dir=str(folder)
+            )
+            (folder / "module.ll").unlink(missing_ok=True)
+            (folder / "tensor.mlir").write_text(module.tensor_ir)
+            (folder / "module.mlir").write_text(module.lowered_ir)
+            checks = {n: [dataclasses.asdict(c) for c in cs] for n, cs in module.checks.items()}
+            (folder / "checks.json").write_text(json.dumps(checks))
+            rows = {}
+            if max_tokens is not None:
+                progress.step = "the stages' rows a token"
+                rows = _dynamic_rows(config, ep, fname, module, tool)
+            (folder / "rows.json").write_text(json.dumps(rows))
+
+        entry = cc._build("cpu", ckey, cc.tool_key(tool), config, options, tool, build, name)
+    checks = json.loads((entry.path / "checks.json").read_text())
+    return {
+        "tensor_ir": (entry.path / "tensor.mlir").read_text(),
+        "lowered_ir": (entry.path / "module.mlir").read_text(),
+        "so": str(entry.path / "module.so"),
+        "checks": {n: [_index_check(c) for c in cs] for n, cs in checks.items()},
+        "rows": json.loads((entry.path / "rows.json").read_text()),
+    }
+
+
+def _index_check(data: dict) -> IndexCheck:
+    """An IndexCheck from its JSON form (tuples come back as lists)."""
+    fields = dict(data)
+    for key in ("bound", "queue"):
+        if fields.get(key) is not None:
+            fields[key] = tuple(fields[key])
+    return IndexCheck(**fields)
+
+
+def _dynamic_rows(config, ep, name, module, opt_tool) -> Dict[str, List[Optional[int]]]:
+    """The rows a token of each stage result whose leading size follows T, for a layer of
+    dynamic T: the probe at T = 1 through the same passes, unchunked (a chunk's stages are a
+    step's at a smaller bound); results of static size are left out (None)."""
+    from .mlir_text import layer_mlir  # noqa: PLC0415
+
+    probe = dataclasses.replace(config, tokens=1)
+    unchunked = dataclasses.replace(ep, chunk_tokens=None)
+    rows = _stage_rows(layer_mlir(probe, name, ep=unchunked), EP_PRE_PASSES, opt_tool)
+    return {
+        n: [r if not t.is_static else None for r, t in zip(rows[n], s.results)]
+        for n, s in module.signatures.items()
+        if n in rows
+    }
+
+
 class EPLayer:
     """One expert-parallel `moe.layer` on the CPU path, compiled once, run on each rank.
 
@@ -558,7 +644,10 @@ class EPLayer:
 
     `args` by name or in `config.arg_names()` order, with this rank's expert weights
     (`shard_experts`). `dropped` holds, after each call, the rows this rank's dispatches
-    sent past the capacity of each rank (`overflow="drop"`)."""
+    sent past the capacity of each rank (`overflow="drop"`).
+
+    The layer compiles into the compile cache (its `.so` stays there for `state()`'s other
+    processes), or into `keep_dir` when given."""
 
     def __init__(
         self,
@@ -576,8 +665,8 @@ class EPLayer:
         ep.validate(config)
         self.config, self.ep, self.name, self.max_tokens = config, ep, name, max_tokens
         self.arg_names = config.arg_names()
-        if _compiled is None:
-            self.keep_dir = keep_dir or tempfile.mkdtemp(prefix="moe_mlir_ep_")
+        if _compiled is None and keep_dir is not None:
+            self.keep_dir = keep_dir
             source = layer_mlir(config, name, max_tokens, ep=ep)
             module = compile_mlir(
                 source,
@@ -588,16 +677,7 @@ class EPLayer:
             )
             rows = {}
             if max_tokens is not None:
-                # A chunk's stages are a step's at a smaller bound: the probe is unchunked.
-                probe = dataclasses.replace(config, tokens=1)
-                unchunked = dataclasses.replace(ep, chunk_tokens=None)
-                rows = _stage_rows(layer_mlir(probe, name, ep=unchunked), EP_PRE_PASSES, opt_tool)
-                dynamic = {
-                    n: [r if not t.is_static else None for r, t in zip(rows[n], s.results)]
-                    for n, s in module.signatures.items()
-                    if n in rows
-                }
-                rows = dynamic
+                rows = _dynamic_rows(config, ep, name, module, opt_tool)
             self._compiled = {
                 "tensor_ir": module.tensor_ir,
                 "lowered_ir": module.lowered_ir,
@@ -607,6 +687,9 @@ class EPLayer:
             }
             self.module = module
         else:
+            if _compiled is None:
+                _compiled = _cached_ep_state(config, ep, name, max_tokens, opt_tool)
+            self.keep_dir = os.path.dirname(_compiled["so"])
             self._compiled = _compiled
             self.module = CompiledModule(
                 _compiled["tensor_ir"],
@@ -630,7 +713,7 @@ class EPLayer:
 
     def state(self) -> dict:
         """What another process needs to load this layer without compiling (its `.so` stays
-        in `keep_dir`): `EPLayer.load(config, ep, state)`."""
+        in the compile cache, or in `keep_dir`): `EPLayer.load(config, ep, state)`."""
         return dict(self._compiled, name=self.name, max_tokens=self.max_tokens)
 
     @classmethod

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import tempfile
 import traceback
 
 import numpy as np
@@ -126,6 +127,18 @@ def _run(layer: EPLayer, per_rank, timeout: float = 120.0):
     for rank, (status, payload) in results.items():
         assert status != "error", f"rank {rank} failed:\n{payload}"
     return results
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The EP layers compile into the compile cache: this module's own."""
+    before = os.environ.get("MOE_MLIR_CACHE")
+    os.environ["MOE_MLIR_CACHE"] = str(tmp_path_factory.mktemp("ep_cpu_cache"))
+    yield
+    if before is None:
+        os.environ.pop("MOE_MLIR_CACHE", None)
+    else:
+        os.environ["MOE_MLIR_CACHE"] = before
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +344,38 @@ def test_world_of_one_is_the_layer(reference):
         assert _rel(ep_grads[name], grad) <= RTOL, name
     plain_out, plain_logits = layer.layer(args, LocalExchange())
     np.testing.assert_array_equal(plain_out, out)
+
+
+def test_compiles_into_the_cache(tmp_path, monkeypatch):
+    """The layer compiles into the compile cache, not a temporary folder of its own (which
+    nothing removed): a second layer of the same config, here without any moe-opt, loads that
+    entry and computes the same bits; another function name is another entry; keep_dir still
+    compiles into the folder given."""
+    from moe_mlir import compile_cache
+
+    monkeypatch.setenv("MOE_MLIR_CACHE", str(tmp_path / "cache"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    ep = EPSpec(1, BOUND * CONFIG.top_k)
+    first = EPLayer(CONFIG, ep, max_tokens=BOUND)
+    assert first.state()["so"].startswith(str(tmp_path / "cache" / "cpu"))
+    assert first.state()["rows"] and first.state()["checks"]
+    monkeypatch.setattr(compile_cache, "_find_moe_opt", lambda: None)
+    again = EPLayer(CONFIG, ep, max_tokens=BOUND)
+    assert again.state()["so"] == first.state()["so"]
+    assert again.state()["checks"] == first.state()["checks"]
+    ((args, _),) = _inputs(75, [9], skew=False)
+    for a, b in zip(
+        first.forward(args, LocalExchange())[:2], again.forward(args, LocalExchange())[:2]
+    ):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(compile_cache.NoCompilerError, match="expert-parallel layer"):
+        EPLayer(CONFIG, ep, "other_name", max_tokens=BOUND)
+    assert not [p for p in os.listdir(scratch) if p.startswith("moe_mlir_ep_")]
+    monkeypatch.undo()
+    kept = EPLayer(CONFIG, ep, max_tokens=BOUND, keep_dir=str(tmp_path / "kept"))
+    assert kept.state()["so"] == str(tmp_path / "kept" / "module.so")
 
 
 def test_bad_use_is_an_error():

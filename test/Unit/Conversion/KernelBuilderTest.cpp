@@ -43,6 +43,17 @@ std::string printed(Operation *op) {
   return text;
 }
 
+// The kernels a host function of `library` launches, in order; none for a
+// function it lacks.
+SmallVector<std::string> launchedKernels(ModuleOp library, StringRef name) {
+  SmallVector<std::string> kernels;
+  if (auto function = library.lookupSymbol<func::FuncOp>(name))
+    function.walk([&](gpu::LaunchFuncOp launch) {
+      kernels.push_back(launch.getKernelName().str());
+    });
+  return kernels;
+}
+
 class KernelBuilderTest : public ::testing::Test {
 protected:
   void SetUp() override {
@@ -232,13 +243,7 @@ TEST_F(KernelBuilderTest, AuxLossKernels) {
   OwningOpRef<ModuleOp> library = moe::buildGPULibrary(&context);
   ASSERT_TRUE(library);
   auto launches = [&](StringRef name) {
-    SmallVector<std::string> kernels;
-    auto function = library->lookupSymbol<func::FuncOp>(name);
-    if (function)
-      function.walk([&](gpu::LaunchFuncOp launch) {
-        kernels.push_back(launch.getKernelName().str());
-      });
-    return kernels;
+    return launchedKernels(*library, name);
   };
   EXPECT_EQ(launches("__moe_gpu_aux_loss"),
             (SmallVector<std::string>{"moe_aux_counts", "moe_aux_partials",
@@ -274,12 +279,7 @@ TEST_F(KernelBuilderTest, ExpertBiasGradients) {
   OwningOpRef<ModuleOp> library = moe::buildGPULibrary(&context);
   ASSERT_TRUE(library);
   auto launches = [&](StringRef name) {
-    SmallVector<std::string> kernels;
-    if (auto function = library->lookupSymbol<func::FuncOp>(name))
-      function.walk([&](gpu::LaunchFuncOp launch) {
-        kernels.push_back(launch.getKernelName().str());
-      });
-    return kernels;
+    return launchedKernels(*library, name);
   };
   auto withBiasSums = [](SmallVector<std::string> plain, size_t at) {
     plain.insert(plain.begin() + at,

@@ -187,27 +187,15 @@ void mlir::moe::kernels::buildBiasDWeightsKernel(OpBuilder &b, Location loc) {
   // (offsets[e] <= r < offsets[e + 1]): d_weights[s] += <dout[t], b_down[e]>
   // in f32, each lane's columns 8 apart in order, then the lanes by xor
   // shuffles. A slot without a row (dropped) keeps its d_weights.
-  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
-  Value cWarp = indexConstant(b, loc, kWarp);
-  Value warpsPerBlock = indexConstant(b, loc, kSimpleThreads / kWarp);
+  WarpSlot warp = buildWarpSlot(b, loc, rows, numSlots);
+  Value lane = warp.lane, slot = warp.slot, inSlots = warp.inSlots,
+        r32 = warp.row;
   Value c0 = indexConstant(b, loc, 0);
   Value c1 = indexConstant(b, loc, 1);
   Value c8 = indexConstant(b, loc, kColumns);
   Value stride = indexConstant(b, loc, kColumns * kWarp);
   Value zeroF = f32Constant(b, loc, 0.0f);
   Value zeros = floatConstant(b, loc, wideF32, 0.0);
-  Value warp = arith::DivUIOp::create(b, loc, tid, cWarp);
-  Value lane = arith::RemUIOp::create(b, loc, tid, cWarp);
-  Value first = arith::MulIOp::create(b, loc, block, warpsPerBlock);
-  Value slot = arith::AddIOp::create(b, loc, first, warp);
-  // The shuffles run outside every branch, so that ptxas sees the whole
-  // warp converged there.
-  Value inSlots = arith::CmpIOp::create(b, loc, Pred::ult, slot, numSlots);
-  Value r32 = buildIfElse(
-      b, loc, b.getI32Type(), inSlots,
-      [&] { return memref::LoadOp::create(b, loc, rows, slot).getResult(); },
-      [&] { return i32Constant(b, loc, -1); });
   Value row = toIndex(b, loc, r32);
   Value hasRow = arith::CmpIOp::create(b, loc, Pred::ult, row, numRows);
   // (the warp reads the same words)

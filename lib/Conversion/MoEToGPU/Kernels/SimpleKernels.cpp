@@ -2,8 +2,11 @@
 
 #include "SimpleKernels.h"
 
+#include "Kernels.h"
+
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -110,6 +113,30 @@ Value mlir::moe::kernels::buildWarpRowDot(OpBuilder &b, Location loc, Value lhs,
     part = arith::AddFOp::create(b, loc, part, other);
   }
   return part;
+}
+
+WarpSlot mlir::moe::kernels::buildWarpSlot(OpBuilder &b, Location loc,
+                                           Value rows, Value numSlots) {
+  constexpr int64_t kWarp = 32;
+  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value cWarp = arith::ConstantIndexOp::create(b, loc, kWarp);
+  Value warpsPerBlock =
+      arith::ConstantIndexOp::create(b, loc, kSimpleThreads / kWarp);
+  Value warp = arith::DivUIOp::create(b, loc, tid, cWarp);
+  Value lane = arith::RemUIOp::create(b, loc, tid, cWarp);
+  Value first = arith::MulIOp::create(b, loc, block, warpsPerBlock);
+  Value slot = arith::AddIOp::create(b, loc, first, warp);
+  Value inSlots =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, slot, numSlots);
+  Value row = buildIfElse(
+      b, loc, b.getI32Type(), inSlots,
+      [&] { return memref::LoadOp::create(b, loc, rows, slot).getResult(); },
+      [&] {
+        return arith::ConstantIntOp::create(b, loc, b.getI32Type(), -1)
+            .getResult();
+      });
+  return {lane, slot, inSlots, row};
 }
 
 Value mlir::moe::kernels::floatConstant(OpBuilder &b, Location loc, Type type,

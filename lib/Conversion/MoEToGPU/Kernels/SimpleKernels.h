@@ -50,6 +50,15 @@ Value buildWarpRowDot(OpBuilder &b, Location loc, Value lhs, Value lhsBase,
                       Value rhs, Value rhsBase, Value col0, Value end,
                       Value stride, Value zeros, Value zero);
 
+/// A warp a slot of a 128-thread block's warps (slot s = block * 4 + warp): its
+/// lane, s, whether s < numSlots, and rows[s] as i32 (-1 past numSlots). The
+/// load sits outside every branch, so that the warp's later shuffles see it
+/// converged.
+struct WarpSlot {
+  Value lane, slot, inSlots, row;
+};
+WarpSlot buildWarpSlot(OpBuilder &b, Location loc, Value rows, Value numSlots);
+
 /// arith.constant `value` of a float type, or a splat of it for a vector of
 /// floats (arith.constant dense<value>), rounded to the element type.
 Value floatConstant(OpBuilder &b, Location loc, Type type, double value);

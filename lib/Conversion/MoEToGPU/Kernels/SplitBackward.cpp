@@ -141,26 +141,14 @@ void mlir::moe::kernels::buildRowDotsKernel(OpBuilder &b, Location loc) {
   // A warp a slot s = t * k + j: <dout[t], y[rows[s]]> in f32, each lane's
   // columns 8 apart in order, then the lanes by xor shuffles; 0 for a slot
   // without a row.
-  Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
-  Value cWarp = indexConstant(b, loc, kWarp);
-  Value warpsPerBlock = indexConstant(b, loc, kSimpleThreads / kWarp);
+  WarpSlot warp = buildWarpSlot(b, loc, rows, numSlots);
+  Value lane = warp.lane, slot = warp.slot, inSlots = warp.inSlots,
+        r = warp.row;
   Value c0 = indexConstant(b, loc, 0);
   Value c8 = indexConstant(b, loc, kColumns);
   Value stride = indexConstant(b, loc, kColumns * kWarp);
   Value zeroF = f32Constant(b, loc, 0.0f);
   Value zeros = floatConstant(b, loc, wideF32, 0.0);
-  Value warp = arith::DivUIOp::create(b, loc, tid, cWarp);
-  Value lane = arith::RemUIOp::create(b, loc, tid, cWarp);
-  Value first = arith::MulIOp::create(b, loc, block, warpsPerBlock);
-  Value slot = arith::AddIOp::create(b, loc, first, warp);
-  // The shuffles run outside every branch, so that ptxas sees the whole
-  // warp converged there.
-  Value inSlots = arith::CmpIOp::create(b, loc, Pred::ult, slot, numSlots);
-  Value r = buildIfElse(
-      b, loc, b.getI32Type(), inSlots,
-      [&] { return memref::LoadOp::create(b, loc, rows, slot).getResult(); },
-      [&] { return i32Constant(b, loc, -1); });
   CheckedIndex yRow = checkIndex(b, loc, r, numRows);
   Value row = yRow.index;
   // A slot without a row runs no columns and sums to 0.

@@ -28,6 +28,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -1139,6 +1140,30 @@ def run_router_aux_empty(lib):
     return ok
 
 
+def median_ms(ops, reps):
+    """The median ms of each callable of `ops`, called in turn, `reps` timed rounds after an
+    untimed one: CUDA events around each call on the GPU, the wall clock elsewhere (the
+    tests' stand-in libraries)."""
+    times = {name: [] for name in ops}
+    for rep in range(reps + 1):
+        for name, fn in ops.items():
+            if DEV == "cuda":
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                ms = (time.perf_counter() - t0) * 1e3
+            if rep:
+                times[name].append(ms)
+    return {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+
+
 def bench_router_aux(lib, T, d, E, k, scoring, reps=20):
     """Times router + aux_loss (what convert-moe-to-gpu calls without the fusion) against
     router_aux, CUDA events around each, medians in ms (MOE_PROFILE-style, not a check)."""
@@ -1153,22 +1178,42 @@ def bench_router_aux(lib, T, d, E, k, scoring, reps=20):
         "aux_loss": lambda: lib.call("aux_loss", lg, ex, scoring, lb, z),
         "router_aux": lambda: lib.call("router_aux", *args, w, ex, lg, lb, z),
     }
-    times = {name: [] for name in ops}
-    for rep in range(reps + 1):
-        for name, fn in ops.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            if rep:
-                times[name].append(start.elapsed_time(end))
-    med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+    med = median_ms(ops, reps)
     separate = med["router"] + med["aux_loss"]
     tag = f"aux-fused-bench T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
     print(
         f"BENCH {tag}: router {med['router']:.4f} + aux_loss {med['aux_loss']:.4f} = "
         f"{separate:.4f} ms, router_aux {med['router_aux']:.4f} ms",
+        flush=True,
+    )
+    RESULTS.append({"check": tag, "ms": med, "ok": True})
+    return True
+
+
+def bench_bias_grad(lib, T, d, n, E, k, reps=10):
+    """Times expert_combine_grad against expert_combine_grad_bias (the same GEMMs, then each
+    expert's column sums of dH and of dout's rows and the routing weights' <dout, b_down[e]>),
+    random routing, CUDA events around each call, medians in ms (not a check)."""
+    tid, off, rows = bias_grad_routing(T, k, E, "random")
+    G = up_width(n)
+    x, h, dout = bf(T, d), bf(T * k, G), bf(T, d)
+    wgu, wd = bf(E, d, G, std=0.05), bf(E, n, d, std=0.05)
+    bgu, bd = bf(E, G, std=0.5), bf(E, d, std=0.2)
+    w = torch.rand(T, k, device=DEV)
+    dx, dw = nan_bf16(T, d), torch.empty(T, k, device=DEV)
+    dwgu, dwd, dbgu, dbd = nan_bf16(E, d, G), nan_bf16(E, n, d), nan_bf16(E, G), nan_bf16(E, d)
+    common = (x, tid, off, rows, w, wgu, wd, h, dout)
+    ops = {
+        "plain": lambda: lib.call("expert_combine_grad", *common, ACT_CODE, dx, dw, dwgu, dwd),
+        "bias": lambda: lib.call(
+            "expert_combine_grad_bias", *common, bgu, bd, ACT_CODE, dx, dw, dwgu, dwd, dbgu, dbd
+        ),
+    }
+    med = median_ms(ops, reps)
+    tag = f"bias-grad-bench T={T} d={d} n={n} E={E} k={k} {ACT}"
+    print(
+        f"BENCH {tag}: expert_combine_grad {med['plain']:.3f} ms, "
+        f"expert_combine_grad_bias {med['bias']:.3f} ms ({med['bias'] / med['plain']:.3f}x)",
         flush=True,
     )
     RESULTS.append({"check": tag, "ms": med, "ok": True})
@@ -2203,6 +2248,16 @@ def main():
             for T in (1024, 16384)
             for E in (64, 256)
             for s in (0, 1)
+        ]
+    if "bias-grad-bench" in args.only and not BIAS:
+        # only on request (--only=bias-grad-bench): the biased backward against the plain one,
+        # at mixtral-8x7b's and at olmoe-1b-7b's expert shapes
+        steps += [
+            (
+                f"bias-grad-bench-{T}-d{d}-e{E}",
+                lambda T=T, d=d, n=n, E=E, k=k: bench_bias_grad(lib, T, d, n, E, k),
+            )
+            for T, d, n, E, k in ((32768, 4096, 14336, 8, 2), (16384, 2048, 1024, 64, 8))
         ]
     if ACT != "swiglu":
         steps = [s for s in steps if s[0].startswith(EXPERT_STEPS)]

@@ -333,6 +333,19 @@ def test_bias_grad_steps():
     assert any(name.startswith("bias-grad-ffn-") for name, _ in quick)
 
 
+def test_bias_grad_bench_calls_both_functions(capsys):
+    """The bias-grad bench (--only=bias-grad-bench) calls the plain and the biased backward
+    with the harness's arguments (the stand-in checks their names, ranks and dtypes) and
+    prints their medians."""
+    lib = CpuBiasGradLib("swiglu")
+    assert oc.bench_bias_grad(lib, 37, 64, 64, 4, 2, reps=2)
+    assert lib.called == {"expert_combine_grad", "expert_combine_grad_bias"}
+    out = capsys.readouterr().out
+    assert "BENCH bias-grad-bench T=37 d=64 n=64 E=4 k=2 swiglu: expert_combine_grad" in out
+    (result,) = oc.RESULTS
+    assert set(result["ms"]) == {"plain", "bias"} and all(v >= 0 for v in result["ms"].values())
+
+
 @pytest.mark.parametrize("variant", [None, "gelu_erf"])
 def test_main_runs_the_bias_grad_steps(monkeypatch, tmp_path, variant, capsys):
     """ops_check.py --quick --only=bias-grad: the default library's list (H made in torch)

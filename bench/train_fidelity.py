@@ -951,6 +951,8 @@ def print_variants(rep) -> None:
             f"{row[name]['mean']:+.2e}  {row['grouped_mm']['mean']:+.2e}  "
             f"{row['moe_mlir']['mean']:+.2e}  {tie_text}"
         )
+    for name in variants:
+        print(f"  {name}: {VARIANTS[name]}")
 
 
 # --------------------------------------------------------------------------- plots

@@ -23,28 +23,8 @@ using Pred = arith::CmpIPredicate;
 
 namespace {
 
-/// Columns a thread moves at once: one 16-byte vector of bf16.
-constexpr int64_t kColumns = 8;
-constexpr int64_t kWarp = 32;
-
 Value toIndex(OpBuilder &b, Location loc, Value i32) {
   return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32);
-}
-
-/// x / y and x % y of indices below 2^31, in 32 bits.
-template <typename OpTy>
-Value divideU32(OpBuilder &b, Location loc, Value x, Value y) {
-  Type i32 = b.getI32Type();
-  Value x32 = arith::IndexCastUIOp::create(b, loc, i32, x);
-  Value y32 = arith::IndexCastUIOp::create(b, loc, i32, y);
-  Value q = OpTy::create(b, loc, x32, y32);
-  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), q);
-}
-Value divU32(OpBuilder &b, Location loc, Value x, Value y) {
-  return divideU32<arith::DivUIOp>(b, loc, x, y);
-}
-Value remU32(OpBuilder &b, Location loc, Value x, Value y) {
-  return divideU32<arith::RemUIOp>(b, loc, x, y);
 }
 
 /// The expert of queue row `row`: how many of offsets[1..E) are at most it

@@ -28,20 +28,6 @@ namespace {
 /// bf16.
 constexpr int64_t kRowColumns = 8;
 
-/// An i32 read from memory as an index (sign-extended), and whether it lies
-/// in [0, n): one unsigned compare, since a negative value extends to more
-/// than any size.
-struct CheckedIndex {
-  Value index;
-  Value valid;
-};
-
-CheckedIndex checkIndex(OpBuilder &b, Location loc, Value value, Value n) {
-  Value index = arith::IndexCastOp::create(b, loc, b.getIndexType(), value);
-  Value valid = arith::CmpIOp::create(b, loc, Pred::ult, index, n);
-  return {index, valid};
-}
-
 /// Rank `s`'s block of the dispatch offsets (`numOffsets` of them, E + 1,
 /// with `local` experts a rank): its first row offsets[s * local], the rows
 /// it has (offsets[(s + 1) * local] - first, at least 0) and those kept (at

@@ -115,9 +115,35 @@ Value mlir::moe::kernels::buildWarpRowDot(OpBuilder &b, Location loc, Value lhs,
   return part;
 }
 
+CheckedIndex mlir::moe::kernels::checkIndex(OpBuilder &b, Location loc,
+                                            Value value, Value n) {
+  Value index = arith::IndexCastOp::create(b, loc, b.getIndexType(), value);
+  Value valid =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, index, n);
+  return {index, valid};
+}
+
+namespace {
+template <typename OpTy>
+Value divideU32(OpBuilder &b, Location loc, Value x, Value y) {
+  Type i32 = b.getI32Type();
+  Value x32 = arith::IndexCastUIOp::create(b, loc, i32, x);
+  Value y32 = arith::IndexCastUIOp::create(b, loc, i32, y);
+  Value q = OpTy::create(b, loc, x32, y32);
+  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), q);
+}
+} // namespace
+
+Value mlir::moe::kernels::divU32(OpBuilder &b, Location loc, Value x, Value y) {
+  return divideU32<arith::DivUIOp>(b, loc, x, y);
+}
+
+Value mlir::moe::kernels::remU32(OpBuilder &b, Location loc, Value x, Value y) {
+  return divideU32<arith::RemUIOp>(b, loc, x, y);
+}
+
 WarpSlot mlir::moe::kernels::buildWarpSlot(OpBuilder &b, Location loc,
                                            Value rows, Value numSlots) {
-  constexpr int64_t kWarp = 32;
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value cWarp = arith::ConstantIndexOp::create(b, loc, kWarp);

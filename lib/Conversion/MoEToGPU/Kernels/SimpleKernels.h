@@ -50,6 +50,24 @@ Value buildWarpRowDot(OpBuilder &b, Location loc, Value lhs, Value lhsBase,
                       Value rhs, Value rhsBase, Value col0, Value end,
                       Value stride, Value zeros, Value zero);
 
+/// Columns a thread moves at once: one 16-byte vector of bf16.
+constexpr int64_t kColumns = 8;
+constexpr int64_t kWarp = 32;
+
+/// An i32 read from memory as an index (sign-extended), and whether it lies
+/// in [0, n): one unsigned compare, since a negative value extends to more
+/// than any size.
+struct CheckedIndex {
+  Value index;
+  Value valid;
+};
+CheckedIndex checkIndex(OpBuilder &b, Location loc, Value value, Value n);
+
+/// x / y and x % y of indices below 2^31, in 32 bits: ptxas's 64-bit division
+/// takes a stack frame.
+Value divU32(OpBuilder &b, Location loc, Value x, Value y);
+Value remU32(OpBuilder &b, Location loc, Value x, Value y);
+
 /// A warp a slot of a 128-thread block's warps (slot s = block * 4 + warp): its
 /// lane, s, whether s < numSlots, and rows[s] as i32 (-1 past numSlots). The
 /// load sits outside every branch, so that the warp's later shuffles see it

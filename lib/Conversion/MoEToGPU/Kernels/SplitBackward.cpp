@@ -23,23 +23,6 @@ using Pred = arith::CmpIPredicate;
 
 namespace {
 
-/// Columns a thread moves at once: one 16-byte vector of bf16.
-constexpr int64_t kColumns = 8;
-constexpr int64_t kWarp = 32;
-
-/// An i32 read from memory as an index, and whether it lies in [0, n) (one
-/// unsigned compare: a negative value extends to more than any size).
-struct CheckedIndex {
-  Value index;
-  Value valid;
-};
-
-CheckedIndex checkIndex(OpBuilder &b, Location loc, Value value, Value n) {
-  Value index = arith::IndexCastOp::create(b, loc, b.getIndexType(), value);
-  Value valid = arith::CmpIOp::create(b, loc, Pred::ult, index, n);
-  return {index, valid};
-}
-
 /// An scf.for from `lower` to `upper` by `step` carrying `inits`.
 SmallVector<Value>
 buildForN(OpBuilder &b, Location loc, Value lower, Value upper, Value step,
@@ -52,16 +35,6 @@ buildForN(OpBuilder &b, Location loc, Value lower, Value upper, Value step,
       body(loop.getInductionVar(), loop.getRegionIterArgs());
   scf::YieldOp::create(b, loc, next);
   return SmallVector<Value>(loop.getResults());
-}
-
-/// The token of slot `slot` of `k` slots a token, divided in 32 bits (slots
-/// are below 2^31): ptxas's 64-bit division takes a stack frame.
-Value tokenOfSlot(OpBuilder &b, Location loc, Value slot, Value k) {
-  Type i32 = b.getI32Type();
-  Value s32 = arith::IndexCastUIOp::create(b, loc, i32, slot);
-  Value k32 = arith::IndexCastUIOp::create(b, loc, i32, k);
-  Value t32 = arith::DivUIOp::create(b, loc, s32, k32);
-  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), t32);
 }
 
 } // namespace
@@ -100,7 +73,7 @@ void mlir::moe::kernels::buildScaleRowsKernel(OpBuilder &b, Location loc) {
         [&] {
           Value w = memref::LoadOp::create(b, loc, weights, slot);
           Value wv = vector::BroadcastOp::create(b, loc, wideF32, w);
-          Value t = tokenOfSlot(b, loc, slot, k);
+          Value t = divU32(b, loc, slot, k); // the slot's token
           Value srcBase = arith::MulIOp::create(b, loc, t, d);
           buildFor(b, loc, col0, d, stride, [&](Value col) {
             Value srcIndex = arith::AddIOp::create(b, loc, srcBase, col);
@@ -152,7 +125,7 @@ void mlir::moe::kernels::buildRowDotsKernel(OpBuilder &b, Location loc) {
   CheckedIndex yRow = checkIndex(b, loc, r, numRows);
   Value row = yRow.index;
   // A slot without a row runs no columns and sums to 0.
-  Value t = tokenOfSlot(b, loc, slot, k);
+  Value t = divU32(b, loc, slot, k); // the slot's token
   Value outBase = arith::MulIOp::create(b, loc, t, d);
   Value yBase = arith::MulIOp::create(b, loc, row, d);
   Value col0 = arith::MulIOp::create(b, loc, lane, c8);

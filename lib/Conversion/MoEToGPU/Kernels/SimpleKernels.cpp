@@ -146,9 +146,8 @@ WarpSlot mlir::moe::kernels::buildWarpSlot(OpBuilder &b, Location loc,
                                            Value rows, Value numSlots) {
   Value tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
-  Value cWarp = arith::ConstantIndexOp::create(b, loc, kWarp);
-  Value warpsPerBlock =
-      arith::ConstantIndexOp::create(b, loc, kSimpleThreads / kWarp);
+  Value cWarp = indexConstant(b, loc, kWarp);
+  Value warpsPerBlock = indexConstant(b, loc, kSimpleThreads / kWarp);
   Value warp = arith::DivUIOp::create(b, loc, tid, cWarp);
   Value lane = arith::RemUIOp::create(b, loc, tid, cWarp);
   Value first = arith::MulIOp::create(b, loc, block, warpsPerBlock);
@@ -158,10 +157,7 @@ WarpSlot mlir::moe::kernels::buildWarpSlot(OpBuilder &b, Location loc,
   Value row = buildIfElse(
       b, loc, b.getI32Type(), inSlots,
       [&] { return memref::LoadOp::create(b, loc, rows, slot).getResult(); },
-      [&] {
-        return arith::ConstantIntOp::create(b, loc, b.getI32Type(), -1)
-            .getResult();
-      });
+      [&] { return i32Constant(b, loc, -1); });
   return {lane, slot, inSlots, row};
 }
 

@@ -1164,6 +1164,13 @@ def median_ms(ops, reps):
     return {name: sorted(v)[len(v) // 2] for name, v in times.items()}
 
 
+def report_bench(tag, med, summary):
+    """A bench's line (BENCH TAG: SUMMARY) and its medians in the results (not a check)."""
+    print(f"BENCH {tag}: {summary}", flush=True)
+    RESULTS.append({"check": tag, "ms": med, "ok": True})
+    return True
+
+
 def bench_router_aux(lib, T, d, E, k, scoring, reps=20):
     """Times router + aux_loss (what convert-moe-to-gpu calls without the fusion) against
     router_aux, CUDA events around each, medians in ms (MOE_PROFILE-style, not a check)."""
@@ -1181,13 +1188,12 @@ def bench_router_aux(lib, T, d, E, k, scoring, reps=20):
     med = median_ms(ops, reps)
     separate = med["router"] + med["aux_loss"]
     tag = f"aux-fused-bench T={T} d={d} E={E} k={k} {'softmax' if scoring == 0 else 'sigmoid'}"
-    print(
-        f"BENCH {tag}: router {med['router']:.4f} + aux_loss {med['aux_loss']:.4f} = "
-        f"{separate:.4f} ms, router_aux {med['router_aux']:.4f} ms",
-        flush=True,
+    return report_bench(
+        tag,
+        med,
+        f"router {med['router']:.4f} + aux_loss {med['aux_loss']:.4f} = {separate:.4f} ms, "
+        f"router_aux {med['router_aux']:.4f} ms",
     )
-    RESULTS.append({"check": tag, "ms": med, "ok": True})
-    return True
 
 
 def bench_bias_grad(lib, T, d, n, E, k, reps=10):
@@ -1211,13 +1217,12 @@ def bench_bias_grad(lib, T, d, n, E, k, reps=10):
     }
     med = median_ms(ops, reps)
     tag = f"bias-grad-bench T={T} d={d} n={n} E={E} k={k} {ACT}"
-    print(
-        f"BENCH {tag}: expert_combine_grad {med['plain']:.3f} ms, "
-        f"expert_combine_grad_bias {med['bias']:.3f} ms ({med['bias'] / med['plain']:.3f}x)",
-        flush=True,
+    return report_bench(
+        tag,
+        med,
+        f"expert_combine_grad {med['plain']:.3f} ms, expert_combine_grad_bias "
+        f"{med['bias']:.3f} ms ({med['bias'] / med['plain']:.3f}x)",
     )
-    RESULTS.append({"check": tag, "ms": med, "ok": True})
-    return True
 
 
 def run_shared(lib, T, d, m):

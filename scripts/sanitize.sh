@@ -4,10 +4,10 @@
 # UndefinedBehaviorSanitizer (the MLIR and LLVM libraries they link are not),
 # builds everything and runs the ctest suite under it: lit (but the PTX
 # checks), GoogleTest, the Python suite's compiler and runtime tests (which run
-# the instrumented moe-opt as a subprocess) and the docs check. Not the guards (moe-lint), which run no
-# code of ours, nor lit's round-trip leg, whose parsing and printing lit itself
-# already runs under the sanitizers (scripts/test.sh runs it on the plain
-# build).
+# the instrumented moe-opt as a subprocess) and the docs check. Not the guards
+# (moe-lint), which run no code of ours, nor lit's round-trip leg, whose parsing
+# and printing lit itself already runs under the sanitizers (scripts/test.sh
+# runs it on the plain build).
 #
 #   scripts/sanitize.sh
 #
